@@ -1,0 +1,37 @@
+"""bchg-jax: Boltzmann Covariance HyperGradient (BC-HG) for decentralized bi-level RL in JAX.
+
+Public API (see README.md):
+  problems:   TabularCMDP, fourrooms, random_tabular_cmdp
+  follower:   soft_value_iteration, BestResponse
+  sampling:   rollout, Batch
+  critics:    init_tabular_critic, sarsa_update, benefit, state_value
+  estimators: hypergradient, follower_q_grad_cotangents, partial_cotangents,
+              forward_discounted_sum, discounted_suffix_sum, group_mean
+  exact:      best_response, leader_values, leader_objective, exact_hypergradient,
+              policy_evaluation
+  training:   TrainConfig, make_train, make_hparams, run_grid, product_grid, seed_keys
+"""
+from bchg_jax.critics import benefit, init_tabular_critic, sarsa_update, state_value
+from bchg_jax.estimators import (discounted_suffix_sum, follower_q_grad_cotangents,
+                                 forward_discounted_sum, group_mean, hypergradient,
+                                 partial_cotangents)
+from bchg_jax.exact import (best_response, exact_hypergradient, leader_objective, leader_values,
+                            policy_evaluation)
+from bchg_jax.followers.soft_vi import BestResponse, soft_value_iteration
+from bchg_jax.problems.fourrooms import fourrooms
+from bchg_jax.problems.random_tabular import random_tabular_cmdp
+from bchg_jax.problems.tabular import TabularCMDP
+from bchg_jax.rollout import Batch, rollout
+from bchg_jax.sweep import product_grid, run_grid, seed_keys
+from bchg_jax.train import METHODS, TrainConfig, make_hparams, make_train
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "TabularCMDP", "fourrooms", "random_tabular_cmdp", "soft_value_iteration", "BestResponse",
+    "rollout", "Batch", "init_tabular_critic", "sarsa_update", "benefit", "state_value",
+    "hypergradient", "follower_q_grad_cotangents", "partial_cotangents", "forward_discounted_sum",
+    "discounted_suffix_sum", "group_mean", "best_response", "leader_values", "leader_objective",
+    "exact_hypergradient", "policy_evaluation", "TrainConfig", "make_train", "make_hparams",
+    "METHODS", "run_grid", "product_grid", "seed_keys",
+]

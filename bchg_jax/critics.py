@@ -1,0 +1,49 @@
+"""Leader critics for the Benefit B_L = Q_L - E_{b~g} Q_L (Algorithms 2 and 8 of the paper)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from bchg_jax.rollout import Batch
+
+Array = jax.Array
+
+
+def init_tabular_critic(key: Array, num_states: int, num_actions: int, std: float = 1.0,
+                        dtype=jnp.float32) -> Array:
+    """Q_L table initialised N(0, std^2) (the reference's random critic initialisation)."""
+    return std * jax.random.normal(key, (num_states, num_actions), dtype)
+
+
+def sarsa_update(key: Array, Q: Array, batch: Batch, leader_reward: Array, gamma_L,
+                 alpha) -> Array:
+    """One SARSA pass over the batch in a random order (Algorithm 2 / 8).
+
+    Q(s,b) += alpha (r_L(s,b) + gamma_L Q(s',b') - Q(s,b)); (s', b') is the next step of the same
+    stream, and the bootstrap is 0 at an episode end or at the end of the batch.
+    """
+    E, T = batch.s.shape
+    nxt_s = jnp.concatenate([batch.s[:, 1:], batch.s[:, -1:]], axis=1)
+    nxt_b = jnp.concatenate([batch.b[:, 1:], batch.b[:, -1:]], axis=1)
+    last = jnp.zeros((E, T), bool).at[:, -1].set(True)
+    boot = (~(batch.done | last)).astype(Q.dtype)
+    s, b, s2, b2, bt = (x.reshape(-1) for x in (batch.s, batch.b, nxt_s, nxt_b, boot))
+    r = leader_reward[s, b]
+    order = jax.random.permutation(key, E * T)
+
+    def body(Q, i):
+        target = r[i] + gamma_L * bt[i] * Q[s2[i], b2[i]]
+        return Q.at[s[i], b[i]].add(alpha * (target - Q[s[i], b[i]])), None
+
+    Q, _ = jax.lax.scan(body, Q, order)
+    return Q
+
+
+def benefit(Q: Array, policy: Array) -> Array:
+    """B_L(s, b) = Q_L(s, b) - sum_b' g(b'|s) Q_L(s, b') (the paper's Benefit)."""
+    return Q - jnp.sum(policy * Q, axis=-1, keepdims=True)
+
+
+def state_value(Q: Array, policy: Array) -> Array:
+    """V_L(s) = sum_b g(b|s) Q_L(s, b) (Algorithm 1 line 10)."""
+    return jnp.sum(policy * Q, axis=-1)

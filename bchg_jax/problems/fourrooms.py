@@ -1,0 +1,117 @@
+"""Four-Rooms configurable MDP (paper Sec. "Configurable MDPs (Discrete)", appendix "Four-Rooms").
+
+104 free cells, 4 actions (0 up, 1 right, 2 down, 3 left), a move into a wall stays. The leader
+places a penalty budget of -0.2 over the cells through a softmax of x in R^{105} (one logit per
+cell plus one "ineffective" slot):
+
+    penalty(s) = -0.2 softmax(x)[s]
+    r_F(s, b) = 1{s = G} + penalty(s)            (no penalty at G)
+    r_L(s, b) = 1{s = T} - lambda 1{s = G} sum_cells |penalty|,   lambda = 5
+
+G is terminal. Slip: the intended move happens with probability ``p_intended``, each of the three
+other moves with ``(1 - p_intended) / 3``. ``slip_model="paper"`` uses 2/3 everywhere;
+``slip_model="reference"`` reproduces the authors' code, whose follower model / exact evaluator use
+0.56 while its sampler uses 2/3 (the setting behind the paper's figure).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bchg_jax.problems.tabular import TabularCMDP
+
+LAYOUT = (
+    "#############",
+    "#.....#..G..#",
+    "#.....#.....#",
+    "#...........#",
+    "#S....#.....#",
+    "#.....#.....#",
+    "##.####.....#",
+    "#.....###.###",
+    "#...T.#.....#",
+    "#.....#.....#",
+    "#...........#",
+    "#.....#.....#",
+    "#############",
+)
+MOVES = ((-1, 0), (0, 1), (1, 0), (0, -1))
+PAPER_P_INTENDED = 2.0 / 3.0
+REFERENCE_MODEL_P_INTENDED = 0.56
+SLIP_MODELS = ("paper", "reference")
+
+
+def _cells(layout=LAYOUT):
+    cells = [(r, c) for r, row in enumerate(layout) for c, ch in enumerate(row) if ch != "#"]
+    index = {rc: i for i, rc in enumerate(cells)}
+    marks = {ch: index[(r, c)] for r, row in enumerate(layout) for c, ch in enumerate(row)
+             if ch not in "#."}
+    return cells, index, marks
+
+
+def slip_transition(p_intended: float, layout=LAYOUT) -> np.ndarray:
+    """[S, 4, S] transition table of the slippery grid (numpy, theta-independent)."""
+    cells, index, _ = _cells(layout)
+    S = len(cells)
+    dest = np.zeros((S, 4), dtype=np.int64)
+    for i, (r, c) in enumerate(cells):
+        for a, (dr, dc) in enumerate(MOVES):
+            dest[i, a] = index.get((r + dr, c + dc), i)
+    p_other = (1.0 - p_intended) / 3.0
+    P = np.zeros((S, 4, S))
+    for i in range(S):
+        for b in range(4):
+            for a in range(4):
+                P[i, b, dest[i, a]] += p_intended if a == b else p_other
+    return P
+
+
+def fourrooms(slip_model: str = "reference", penalty_budget: float = 0.2, lam: float = 5.0,
+              gamma: float = 0.99, time_limit: int = 200, dtype=jnp.float32) -> TabularCMDP:
+    """Builds the Four-Rooms :class:`TabularCMDP` (theta = x, 105 logits, theta0 = zeros)."""
+    if slip_model not in SLIP_MODELS:
+        raise ValueError(f"slip_model must be one of {SLIP_MODELS}, got {slip_model!r}")
+    if penalty_budget < 0 or lam < 0:
+        raise ValueError("penalty_budget and lam must be >= 0")
+    cells, _, marks = _cells()
+    S, start, goal, target = len(cells), marks["S"], marks["G"], marks["T"]
+    sampler = jnp.asarray(slip_transition(PAPER_P_INTENDED), dtype)
+    model = sampler if slip_model == "paper" else jnp.asarray(
+        slip_transition(REFERENCE_MODEL_P_INTENDED), dtype)
+    is_goal = jnp.zeros((S,), dtype).at[goal].set(1.0)
+    is_target = jnp.zeros((S,), dtype).at[target].set(1.0)
+    rho = jnp.zeros((S,), dtype).at[start].set(1.0)
+
+    def penalty(x):
+        return -penalty_budget * jax.nn.softmax(x)[:S]
+
+    def follower_reward(x):
+        r = is_goal + penalty(x) * (1.0 - is_goal)
+        return jnp.broadcast_to(r[:, None], (S, 4))
+
+    def leader_reward(x):
+        r = is_target - lam * is_goal * jnp.sum(jnp.abs(penalty(x)))
+        return jnp.broadcast_to(r[:, None], (S, 4))
+
+    terminal = np.zeros((S,), dtype=bool)
+    terminal[goal] = True
+    return TabularCMDP(
+        transition=lambda x: model,
+        init_dist=lambda x: rho,
+        follower_reward=follower_reward,
+        leader_reward=leader_reward,
+        gamma_F=gamma,
+        gamma_L=gamma,
+        theta0=jnp.zeros((S + 1,), dtype),
+        terminal=terminal,
+        sample_transition=(None if slip_model == "paper" else (lambda x: sampler)),
+        time_limit=time_limit,
+        name=f"fourrooms[{slip_model}]",
+    )
+
+
+def fourrooms_cells():
+    """(cells, marks): the (row, col) of each state index and the indices of 'S', 'G', 'T'."""
+    cells, _, marks = _cells()
+    return cells, marks

@@ -1,0 +1,121 @@
+"""Estimators vs the exact hypergradient (statistical) and vs explicit per-step gradients (exact)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bchg_jax import (discounted_suffix_sum, exact, forward_discounted_sum, hypergradient,
+                      random_tabular_cmdp, rollout, soft_value_iteration)
+from bchg_jax.critics import benefit, state_value
+from bchg_jax.followers.soft_vi import BestResponse
+
+
+def _setup(key, beta, horizon, terminal=None):
+    prob = random_tabular_cmdp(key, num_states=5, num_actions=3, dim=4, time_limit=horizon,
+                               dtype=jnp.float64)
+    if terminal is not None:
+        prob = type(prob)(**{**prob.__dict__, "terminal": terminal})
+    th = prob.theta0
+    br = exact.best_response(prob, th, beta)
+    _, Q_L = exact.leader_values(prob, th, br.policy)
+    return prob, th, br, Q_L
+
+
+def _batch_estimates(prob, th, br, Q_L, beta, horizon, num_batches, envs, **kw):
+    def one(key):
+        b = rollout(key, br.policy, prob.transition(th), prob.init_dist(th), prob.terminal,
+                    horizon, envs, horizon)
+        return hypergradient(prob, th, b, br, Q_L, beta, **kw)
+    keys = jax.random.split(jax.random.key(42), num_batches)
+    return np.asarray(jax.jit(jax.vmap(one))(keys))
+
+
+def test_bchg_mean_agrees_with_exact_hypergradient_and_naive_does_not(x64):
+    """Theorem 1: with exact critics and a long horizon, E[BC-HG] = grad J_L (4 SE per coord)."""
+    beta, H = 0.5, 150          # gamma_L = 0.9: truncation gamma^H ~ 1e-7
+    prob, th, br, Q_L = _setup(jax.random.key(3), beta, H)
+    g = np.asarray(exact.exact_hypergradient(prob, th, beta))
+    est = _batch_estimates(prob, th, br, Q_L, beta, H, 40, 2000, guide="benefit",
+                           grouping="per_visit", partial="trajectory")
+    mean, se = est.mean(0), est.std(0, ddof=1) / np.sqrt(est.shape[0])
+    z = (mean - g) / se
+    assert np.all(np.abs(z) < 4.0), f"BC-HG z-scores {z}"
+    assert np.all(se < 0.05 * np.abs(g).max()), "the test must be sharp enough to detect a bias"
+    naive = _batch_estimates(prob, th, br, Q_L, beta, H, 40, 2000, guide="none",
+                             grouping="per_visit", partial="trajectory")
+    zn = (naive.mean(0) - g) / (naive.std(0, ddof=1) / np.sqrt(naive.shape[0]))
+    assert np.max(np.abs(zn)) > 10.0, f"naive should be biased, z-scores {zn}"
+
+
+def test_forward_sum_is_adjoint_of_suffix_sum():
+    key = jax.random.key(0)
+    w = jax.random.normal(key, (3, 17))
+    x = jax.random.normal(jax.random.key(1), (3, 17))
+    done = jax.random.bernoulli(jax.random.key(2), 0.2, (3, 17))
+    lhs = jnp.sum(w * discounted_suffix_sum(x, 0.9, done))
+    rhs = jnp.sum(forward_discounted_sum(w, 0.9, done) * x)
+    np.testing.assert_allclose(lhs, rhs, rtol=1e-5)
+
+
+@pytest.mark.parametrize("grouping,partial", [("every_visit", "every_visit"),
+                                              ("per_visit", "trajectory")])
+def test_weighted_vjp_equals_explicit_segment_gradients(x64, grouping, partial):
+    """The VJP implementation equals summing explicit per-step gradient vectors (Alg. 1, 3, 5)."""
+    beta, H = 0.4, 12
+    terminal = np.zeros(5, bool)
+    terminal[4] = True
+    prob, th, br, _ = _setup(jax.random.key(7), beta, H, terminal)
+    Q_L = jax.random.normal(jax.random.key(8), (5, 3), jnp.float64)   # any critic
+    batch = rollout(jax.random.key(9), br.policy, prob.transition(th), prob.init_dist(th),
+                    prob.terminal, H, 3, 40)
+    assert bool(batch.terminal.any()) and bool(batch.done.sum() > batch.terminal.sum())
+    got = hypergradient(prob, th, batch, br, Q_L, beta, grouping=grouping, partial=partial)
+
+    S, B = 5, 3
+    JrF = jax.jacrev(prob.follower_reward)(th)
+    JrL = jax.jacrev(prob.leader_reward)(th)
+    JlogP = jax.jacrev(lambda t: jnp.log(prob.transition(t)))(th)
+    Jlogrho = jax.jacrev(lambda t: jnp.log(prob.init_dist(t)))(th)
+    Jrho = jax.jacrev(prob.init_dist)(th)
+    s, b, s2 = batch.s, batch.b, batch.s_next
+    real = (1.0 - batch.terminal)[..., None]
+    V_L = state_value(Q_L, br.policy)
+    xF = JrF[s, b] + prob.gamma_F * br.V[s2][..., None] * real * JlogP[s, b, s2]
+    xL = JrL[s, b] + prob.gamma_L * V_L[s2][..., None] * real * JlogP[s, b, s2]
+    GF = discounted_suffix_sum(xF, prob.gamma_F, batch.done)
+    GL = discounted_suffix_sum(xL, prob.gamma_L, batch.done)
+    n_ep = max(int(batch.done.sum()), 1)
+    if grouping == "every_visit":
+        sb = np.asarray(s * B + b)
+        dQF = np.zeros_like(np.asarray(GF))
+        for key in np.unique(sb):
+            dQF[sb == key] = np.asarray(GF)[sb == key].mean(0)
+    else:
+        dQF = np.asarray(GF)
+    w = prob.gamma_L ** batch.t * benefit(Q_L, br.policy)[s, b] / (beta * n_ep)
+    guide = np.einsum("et,etd->d", np.asarray(w), dQF)
+    if partial == "every_visit":
+        rho = prob.init_dist(th)
+        part = sum(float(rho[k]) * np.asarray(GL)[np.asarray(s) == k].mean(0)
+                   for k in np.unique(np.asarray(s)))
+        part = part + np.asarray(jnp.einsum("s,sd->d", V_L, Jrho))
+    else:
+        first = np.asarray(batch.t == 0)
+        part = (np.einsum("et,etd->d", np.asarray(prob.gamma_L ** batch.t), np.asarray(xL))
+                + np.asarray(V_L[s][first] @ Jlogrho[s][first])) / n_ep
+        # the log-p term at step j is attached to s_{j+1}; its weight gamma^{t_j + 1} V_L(s_{j+1})
+        # is already in xL through gamma_L * V_L(s') * gamma_L^{t_j}.
+    reg = np.asarray(jax.grad(prob.leader_regularizer)(th))
+    np.testing.assert_allclose(np.asarray(got), guide + part + reg, rtol=1e-8, atol=1e-10)
+
+
+def test_unknown_options_raise():
+    prob = random_tabular_cmdp(jax.random.key(0))
+    th = prob.theta0
+    P, r = prob.transition(th), prob.follower_reward(th)
+    br = soft_value_iteration(P, r, 0.5, prob.gamma_F, num_sweeps=50)
+    batch = rollout(jax.random.key(1), br.policy, P, prob.init_dist(th), None, 10, 1, 10)
+    with pytest.raises(ValueError, match="guide"):
+        hypergradient(prob, th, batch, br, jnp.zeros((5, 3)), 0.5, guide="oracle")
+    with pytest.raises(ValueError, match="partial"):
+        hypergradient(prob, th, batch, br, jnp.zeros((5, 3)), 0.5, partial="first_visit")
