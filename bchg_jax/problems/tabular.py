@@ -88,7 +88,11 @@ class TabularCMDP:
         """
         for name in ("gamma_F", "gamma_L"):
             g = getattr(self, name)
-            if not (isinstance(g, (float, int)) and 0.0 <= float(g) < 1.0):
+            try:
+                ok = np.ndim(g) == 0 and 0.0 <= float(g) < 1.0
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
                 raise ValueError(f"{self.name}: {name} must be a number in [0, 1), got {g!r}")
         theta = self.theta0 if theta is None else theta
         theta = jnp.asarray(theta)
