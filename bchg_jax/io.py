@@ -15,6 +15,9 @@ def _atomic_write_bytes(path: str, data: bytes) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; results are for sharing
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -35,3 +35,13 @@ def test_batch_shapes():
     assert cli.batch_shape(200) == (1, 200)
     assert cli.batch_shape(400) == (2, 200)
     assert cli.batch_shape(1000) == (5, 200)
+
+
+def test_atomic_writes_leave_no_temporary_files(tmp_path):
+    from bchg_jax.io import save_csv, save_json, save_npz
+    save_json(str(tmp_path / "a.json"), {"x": 1})
+    save_npz(str(tmp_path / "b.npz"), {"y": np.arange(3)})
+    save_csv(str(tmp_path / "c.csv"), ["h"], [[1], [2]])
+    assert sorted(os.listdir(tmp_path)) == ["a.json", "b.npz", "c.csv"]
+    assert json.load(open(tmp_path / "a.json")) == {"x": 1}
+    assert (os.stat(tmp_path / "a.json").st_mode & 0o044) == 0o044  # readable by others
