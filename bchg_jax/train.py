@@ -156,7 +156,8 @@ def make_train(problem: TabularCMDP, method: str = "bchg", config: TrainConfig =
         opt = optax.chain(optax.clip_by_global_norm(config.clip_norm), optax.sgd(hp["lr"]))
         updates, _ = opt.update(jax.tree.map(jnp.negative, grad), opt.init(theta), theta)
         new_theta = optax.apply_updates(theta, updates)
-        metrics = {"J": J, "grad_norm": jnp.sqrt(sum(jnp.sum(x ** 2) for x in jax.tree.leaves(grad))), "sweeps": br.sweeps}
+        grad_norm = jnp.sqrt(sum(jnp.sum(x ** 2) for x in jax.tree.leaves(grad)))
+        metrics = {"J": J, "grad_norm": grad_norm, "sweeps": br.sweeps}
         return TrainState(new_theta, critic, br.V, V_L, key, state.step + 1), metrics
 
     def run(state: TrainState, hp, num_iterations: int):

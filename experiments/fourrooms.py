@@ -81,8 +81,10 @@ def main(argv=None) -> str:
     from experiments.plot import learning_curve_figure
 
     lrs, alphas = (PAPER_LR, PAPER_ALPHA) if a.grid == "paper" else (a.lr, a.sarsa_alpha)
-    if a.method in ("naive", "exact"):
-        alphas = alphas[:1]  # these methods have no critic: the SARSA step size is unused
+    if a.method in ("naive", "exact") and a.grid == "paper":
+        # exact has no critic; naive's critic only enters through grad log p / grad rho_0 terms,
+        # which vanish in Four-Rooms: the SARSA step size does not change the result
+        alphas = alphas[:1]
     grid = product_grid(lr=lrs, sarsa_alpha=alphas, beta=[a.beta])
     try:
         validate_hparams(grid)
