@@ -4,17 +4,18 @@ Public API (see README.md):
   problems:   TabularCMDP, fourrooms, random_tabular_cmdp
   follower:   soft_value_iteration, BestResponse
   sampling:   rollout, Batch
-  critics:    init_tabular_critic, sarsa_update, benefit, state_value
-  estimators: hypergradient, follower_q_grad_cotangents, partial_cotangents,
-              forward_discounted_sum, discounted_suffix_sum, group_mean
+  critics:    init_tabular_critic, sarsa_update, monte_carlo_critic, benefit, state_value
+  segments:   forward_discounted_sum, discounted_suffix_sum, group_mean, regroup
+  estimators: hypergradient, follower_q_grad_cotangents, partial_cotangents, sobirl_cotangent
   exact:      best_response, leader_values, leader_objective, exact_hypergradient,
               policy_evaluation
   training:   TrainConfig, make_train, make_hparams, run_grid, product_grid, seed_keys
 """
-from bchg_jax.critics import benefit, init_tabular_critic, sarsa_update, state_value
-from bchg_jax.estimators import (discounted_suffix_sum, follower_q_grad_cotangents,
-                                 forward_discounted_sum, group_mean, hypergradient,
-                                 partial_cotangents)
+from bchg_jax.critics import (benefit, init_tabular_critic, monte_carlo_critic, sarsa_update,
+                              state_value)
+from bchg_jax.estimators import (follower_q_grad_cotangents, hypergradient, partial_cotangents,
+                                 sobirl_cotangent)
+from bchg_jax.segments import discounted_suffix_sum, forward_discounted_sum, group_mean, regroup
 from bchg_jax.exact import (best_response, exact_hypergradient, leader_objective, leader_values,
                             policy_evaluation)
 from bchg_jax.followers.soft_vi import BestResponse, soft_value_iteration
@@ -29,9 +30,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "TabularCMDP", "fourrooms", "random_tabular_cmdp", "soft_value_iteration", "BestResponse",
-    "rollout", "Batch", "init_tabular_critic", "sarsa_update", "benefit", "state_value",
-    "hypergradient", "follower_q_grad_cotangents", "partial_cotangents", "forward_discounted_sum",
-    "discounted_suffix_sum", "group_mean", "best_response", "leader_values", "leader_objective",
+    "rollout", "Batch", "init_tabular_critic", "sarsa_update", "monte_carlo_critic", "benefit",
+    "state_value", "hypergradient", "follower_q_grad_cotangents", "partial_cotangents",
+    "sobirl_cotangent", "forward_discounted_sum", "discounted_suffix_sum", "group_mean", "regroup", "best_response", "leader_values", "leader_objective",
     "exact_hypergradient", "policy_evaluation", "TrainConfig", "make_train", "make_hparams",
     "METHODS", "run_grid", "product_grid", "seed_keys",
 ]

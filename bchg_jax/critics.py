@@ -1,10 +1,11 @@
-"""Leader critics for the Benefit B_L = Q_L - E_{b~g} Q_L (Algorithms 2 and 8 of the paper)."""
+"""Leader critics for the Benefit B_L = Q_L - V_L: SARSA (Algorithms 2, 8) and Monte Carlo (Alg. 6)."""
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
 from bchg_jax.rollout import Batch
+from bchg_jax.segments import discounted_suffix_sum
 
 Array = jax.Array
 
@@ -47,3 +48,19 @@ def benefit(Q: Array, policy: Array) -> Array:
 def state_value(Q: Array, policy: Array) -> Array:
     """V_L(s) = sum_b g(b|s) Q_L(s, b) (Algorithm 1 line 10)."""
     return jnp.sum(policy * Q, axis=-1)
+
+
+def monte_carlo_critic(batch: Batch, leader_reward: Array, gamma_L):
+    """(Q_L [S,B], V_L [S]) by every-visit Monte Carlo of leader returns (Algorithm 6).
+
+    Segment returns stop at episode ends and at the batch end; unvisited entries are 0.
+    """
+    S, B = leader_reward.shape
+    G = discounted_suffix_sum(leader_reward[batch.s, batch.b], gamma_L, batch.done)
+    ones = jnp.ones(G.size, G.dtype)
+    sb = (batch.s * B + batch.b).reshape(-1)
+    q = jax.ops.segment_sum(G.reshape(-1), sb, S * B) / jnp.maximum(
+        jax.ops.segment_sum(ones, sb, S * B), 1.0)
+    v = jax.ops.segment_sum(G.reshape(-1), batch.s.reshape(-1), S) / jnp.maximum(
+        jax.ops.segment_sum(ones, batch.s.reshape(-1), S), 1.0)
+    return q.reshape(S, B), v

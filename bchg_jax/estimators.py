@@ -17,21 +17,22 @@ so each estimator is computed in two stages:
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 
-from bchg_jax.critics import benefit, state_value
+from bchg_jax.critics import state_value
 from bchg_jax.followers.soft_vi import BestResponse
 from bchg_jax.problems.tabular import TabularCMDP
 from bchg_jax.rollout import Batch
+from bchg_jax.segments import forward_discounted_sum, regroup
 
 Array = jax.Array
 
 GROUPINGS = ("every_visit", "per_visit")
 PARTIALS = ("every_visit", "trajectory")
-GUIDES = ("benefit", "none")
+GUIDES = ("benefit", "hpgd", "sobirl", "none")
 
 
 class Cotangents(NamedTuple):
@@ -42,44 +43,6 @@ class Cotangents(NamedTuple):
     log_p: Array    # [S, B, S]
     log_rho: Array  # [S]
     rho: Array      # [S]
-
-
-def forward_discounted_sum(w: Array, gamma, done: Array) -> Array:
-    """Omega_j = w_j + gamma (1 - done_{j-1}) Omega_{j-1} along the last axis (per stream).
-
-    The adjoint of a discounted suffix sum that stops at episode ends: ``sum_k w_k G_k`` with
-    ``G_k = sum_{j>=k, same episode} gamma^{j-k} x_j`` equals ``sum_j Omega_j x_j``.
-    """
-    decay = gamma * (1.0 - jnp.concatenate([jnp.ones_like(done[..., :1]), done[..., :-1]],
-                                           axis=-1).astype(w.dtype))
-
-    def combine(a, b):
-        return a[0] * b[0], b[0] * a[1] + b[1]
-
-    _, out = jax.lax.associative_scan(combine, (decay, w), axis=w.ndim - 1)
-    return out
-
-
-def discounted_suffix_sum(x: Array, gamma, done: Array) -> Array:
-    """G_k = x_k + gamma (1 - done_k) G_{k+1} along axis 1 of ``x`` [E, T, ...] (segment returns)."""
-    keep = gamma * (1.0 - done.astype(x.dtype))
-    keep = keep.reshape(keep.shape + (1,) * (x.ndim - keep.ndim))
-
-    def step(g_next, inp):
-        xk, kk = inp
-        g = xk + kk * g_next
-        return g, g
-
-    xs = (jnp.moveaxis(x, 1, 0)[::-1], jnp.moveaxis(keep, 1, 0)[::-1])
-    _, out = jax.lax.scan(step, jnp.zeros_like(x[:, 0]), xs)
-    return jnp.moveaxis(out[::-1], 0, 1)
-
-
-def group_mean(w: Array, group: Array, num_groups: int) -> Array:
-    """Replaces each w_k by the mean of w over its group (every-visit grouping by (s,b) or s)."""
-    total = jax.ops.segment_sum(w.reshape(-1), group.reshape(-1), num_groups)
-    count = jax.ops.segment_sum(jnp.ones_like(w.reshape(-1)), group.reshape(-1), num_groups)
-    return (total / jnp.maximum(count, 1.0))[group]
 
 
 def _scatter_sb(coef: Array, batch: Batch, S: int, B: int) -> Array:
@@ -93,18 +56,46 @@ def _scatter_sbs(coef: Array, batch: Batch, S: int, B: int) -> Array:
 
 
 def follower_q_grad_cotangents(weights: Array, batch: Batch, V_F: Array, gamma_F, S: int,
-                               B: int, grouping: str = "every_visit"):
-    """(cot r_F, cot log p) such that VJP = sum_k weights_k * dQF_hat(s_k, b_k) (Eq. (8), Alg. 5).
+                               B: int, grouping: str = "every_visit", subtract_value: bool = False,
+                               segments: Optional[Batch] = None):
+    """(cot r_F, cot log p) with VJP = sum_k weights_k * guide_k (Eq. (8), Algorithms 1, 3, 5).
 
-    ``grouping="per_visit"`` uses each visit's own segment (unbiased); ``"every_visit"`` averages
-    the segments of all visits to the same (s, b) in the batch (Algorithm 1 line 12, reference).
+    guide_k = dQF_hat(s_k, b_k), or dQF_hat(s_k, b_k) - dVF_hat(s_k) with ``subtract_value``
+    (HPGD's advantage gradient, Eq. (11)). ``weights`` live on ``batch`` [E, T].
+    ``grouping="per_visit"``: each visit's own segment (unbiased; no ``subtract_value``, no
+    ``segments``). ``"every_visit"``: dQF_hat(s, b) (dVF_hat(s)) is the mean over all segments of
+    ``segments`` (default: ``batch``; HPGD (oracle): the oracle batch) starting at (s, b) (at s).
     """
-    if grouping == "every_visit":
-        weights = group_mean(weights, batch.s * B + batch.b, S * B)
-    omega = forward_discounted_sum(weights, gamma_F, batch.done)
-    real = 1.0 - batch.terminal.astype(omega.dtype)
-    return (_scatter_sb(omega, batch, S, B),
-            _scatter_sbs(gamma_F * V_F[batch.s_next] * omega * real, batch, S, B))
+    seg = batch if segments is None else segments
+    if grouping == "per_visit":
+        if subtract_value or segments is not None:
+            raise ValueError("per_visit grouping uses each visit's own segment: it cannot "
+                             "subtract dV_F or read another batch's segments")
+        omega = weights
+    elif grouping == "every_visit":
+        omega = regroup(weights, batch.s * B + batch.b, seg.s * B + seg.b, S * B)
+        if subtract_value:
+            omega = omega - regroup(weights, batch.s, seg.s, S)
+    else:
+        raise ValueError(f"grouping must be one of {GROUPINGS}, got {grouping!r}")
+    omega = forward_discounted_sum(omega, gamma_F, seg.done)
+    real = 1.0 - seg.terminal.astype(omega.dtype)
+    return (_scatter_sb(omega, seg, S, B),
+            _scatter_sbs(gamma_F * V_F[seg.s_next] * omega * real, seg, S, B))
+
+
+def sobirl_cotangent(coef: Array, batch: Batch, policy: Array, S: int, B: int) -> Array:
+    """cot r_F of sum_t coef_t (grad r_F(s_t, b_t) - E_{b~g(.|s_t)} grad r_F(s_t, b)) (SoBiRL)."""
+    onehot = jax.ops.segment_sum(coef.reshape(-1), (batch.s * B + batch.b).reshape(-1),
+                                 S * B).reshape(S, B)
+    per_state = jax.ops.segment_sum(coef.reshape(-1), batch.s.reshape(-1), S)
+    return onehot - per_state[:, None] * policy
+
+
+def episode_start_index(batch: Batch) -> Array:
+    """For every step, the index (along the stream) of the first step of its episode."""
+    idx = jnp.broadcast_to(jnp.arange(batch.t.shape[-1]), batch.t.shape)
+    return jax.lax.cummax(jnp.where(batch.t == 0, idx, 0), axis=batch.t.ndim - 1)
 
 
 def partial_cotangents(batch: Batch, V_L: Array, rho: Array, gamma_L, n_episodes, S: int, B: int,
@@ -154,25 +145,39 @@ def apply_cotangents(problem: TabularCMDP, theta: Array, cot: Cotangents) -> Arr
 
 def hypergradient(problem: TabularCMDP, theta: Array, batch: Batch, follower: BestResponse,
                   Q_L: Array, beta, guide: str = "benefit", grouping: str = "every_visit",
-                  partial: str = "every_visit") -> Array:
-    """BC-HG estimate of grad J_L (Theorem 1 / Algorithm 1): partial term + Benefit guiding term.
+                  partial: str = "every_visit", V_L: Optional[Array] = None,
+                  guide_batch: Optional[Batch] = None) -> Array:
+    """Hypergradient estimate: partial term + guiding term (Theorem 1, Algorithms 1, 5).
 
-    ``Q_L`` is the leader critic ([S,B], e.g. SARSA, or exact for tests); ``guide="none"`` gives
-    Naive-PGD (partial term only).
+    ``Q_L`` [S,B] (and optionally ``V_L`` [S], default sum_b g Q_L) is the leader critic: SARSA,
+    Monte Carlo, or exact (tests). The Benefit is B_L(s,b) = Q_L(s,b) - V_L(s). ``guide``:
+
+    * ``"benefit"`` (BC-HG): (1/(beta n_ep)) sum_k gamma_L^{t_k} B_L(s_k,b_k) dQF(s_k,b_k);
+    * ``"hpgd"`` (HPGD, Eq. (11) with the authors' Q_L - V_L): dQF - dVF in place of dQF, the
+      segments of ``guide_batch`` (oracle) or of ``batch``;
+    * ``"sobirl"``: (1/(beta n_ep)) sum_t Q_L(s_0,b_0) (grad r_F(s_t,b_t) - E_b grad r_F(s_t,b)),
+      the one-step truncation of Yang et al. (s_0, b_0: the first step of t's episode);
+    * ``"none"``: Naive-PGD (partial term only).
     """
+    if guide not in GUIDES:
+        raise ValueError(f"guide must be one of {GUIDES}, got {guide!r}")
     S, B = Q_L.shape
-    n_ep = batch.num_episodes.astype(Q_L.dtype)
-    V_L = state_value(Q_L, follower.policy)
+    dtype = Q_L.dtype
+    n_ep = batch.num_episodes.astype(dtype)
+    V_L = state_value(Q_L, follower.policy) if V_L is None else V_L
     rho = problem.init_dist(theta)
     c_rL, c_logp_L, c_log_rho, c_rho = partial_cotangents(batch, V_L, rho, problem.gamma_L, n_ep,
                                                           S, B, partial)
-    if guide == "benefit":
-        w = (problem.gamma_L ** batch.t.astype(Q_L.dtype)) * benefit(Q_L, follower.policy)[batch.s, batch.b]
-        c_rF, c_logp_F = follower_q_grad_cotangents(w / (beta * n_ep), batch, follower.V,
-                                                    problem.gamma_F, S, B, grouping)
-    elif guide == "none":
-        c_rF, c_logp_F = jnp.zeros((S, B), Q_L.dtype), jnp.zeros((S, B, S), Q_L.dtype)
-    else:
-        raise ValueError(f"guide must be one of {GUIDES}, got {guide!r}")
+    c_rF, c_logp_F = jnp.zeros((S, B), dtype), jnp.zeros((S, B, S), dtype)
+    if guide in ("benefit", "hpgd"):
+        ben = (Q_L - V_L[:, None])[batch.s, batch.b]
+        w = (problem.gamma_L ** batch.t.astype(dtype)) * ben / (beta * n_ep)
+        c_rF, c_logp_F = follower_q_grad_cotangents(
+            w, batch, follower.V, problem.gamma_F, S, B, grouping,
+            subtract_value=(guide == "hpgd"), segments=guide_batch)
+    elif guide == "sobirl":
+        start = episode_start_index(batch)
+        q0 = Q_L[jnp.take_along_axis(batch.s, start, -1), jnp.take_along_axis(batch.b, start, -1)]
+        c_rF = sobirl_cotangent(q0 / (beta * n_ep), batch, follower.policy, S, B)
     return apply_cotangents(problem, theta, Cotangents(c_rF, c_rL, c_logp_F + c_logp_L,
                                                        c_log_rho, c_rho))

@@ -4,7 +4,8 @@ One outer iteration i (Algorithm 1 / 7):
   1. follower best response g^{theta_i dagger}: soft value iteration, warm-started from V_F of i-1;
   2. a batch of ``num_envs x num_steps`` transitions under g (all streams reset to rho_0);
   3. the leader critic update (SARSA, Algorithm 2) on the batch;
-  4. the hypergradient estimate (``estimators.hypergradient``), or the exact one for ``exact``;
+  4. the hypergradient estimate (``estimators.hypergradient`` with the method's critic and guide,
+     see ``METHOD_SPECS``), or the exact one for ``exact``;
   5. SGD ascent after clipping to global norm ``clip_norm`` (optax).
 The metric of iteration i is the exact J_L(theta_i) under g^{theta_i dagger} (policy evaluation on
 the follower's model, warm-started sweeps to tolerance).
@@ -31,7 +32,18 @@ from bchg_jax.rollout import rollout
 
 Array = jax.Array
 
-METHODS = ("bchg", "naive", "exact")
+# method -> (leader critic, guiding term, oracle segments); Algorithm 5 of the paper
+METHOD_SPECS = {
+    "bchg": ("sarsa", "benefit", False),        # BC-HG (ours)
+    "hpgd_sa": ("sarsa", "hpgd", False),        # HPGD (SA)
+    "hpgd_mc": ("mc", "hpgd", False),           # HPGD (MC), the authors' implementation
+    "hpgd_oracle": ("mc", "hpgd", True),        # HPGD (oracle): extra rollouts from random states
+    "sobirl": ("mc", "sobirl", False),          # SoBiRL (one-step truncation)
+    "naive": ("mc", "none", False),             # Naive-PGD (partial derivative only)
+    "exact": (None, None, False),               # ascent on the exact hypergradient (exact.py)
+}
+METHODS = tuple(METHOD_SPECS)
+SARSA_METHODS = tuple(m for m, spec in METHOD_SPECS.items() if spec[0] == "sarsa")
 HPARAM_NAMES = ("lr", "sarsa_alpha", "beta")
 
 
@@ -49,9 +61,12 @@ class TrainConfig:
     vi_max_sweeps: int = 3000
     grouping: str = "every_visit"
     partial: str = "every_visit"
+    oracle_envs: int = 50       # HPGD (oracle): 50 x 200 = 10,000 extra steps per iteration
+    oracle_steps: int = 200
 
     def validate(self) -> "TrainConfig":
-        for name in ("num_envs", "num_steps", "iterations", "vi_max_sweeps"):
+        for name in ("num_envs", "num_steps", "iterations", "vi_max_sweeps", "oracle_envs",
+                     "oracle_steps"):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"TrainConfig.{name} must be a positive integer, got {v!r}")
@@ -118,6 +133,9 @@ def make_train(problem: TabularCMDP, method: str = "bchg", config: TrainConfig =
     config.validate()
     S, B = problem.num_states, problem.num_actions
     terminal = problem.terminal_mask
+    critic_kind, guide, use_oracle = METHOD_SPECS[method]
+    if guide == "hpgd" and config.grouping != "every_visit":
+        raise ValueError("HPGD methods need grouping='every_visit' (dV_F comes from other segments)")
     dtype = jnp.asarray(problem.theta0).dtype
 
     def init(key: Array, hp) -> TrainState:
@@ -131,6 +149,7 @@ def make_train(problem: TabularCMDP, method: str = "bchg", config: TrainConfig =
     def step(state: TrainState, hp):
         theta, beta = state.theta, hp["beta"]
         key, k_roll, k_sarsa = jax.random.split(state.key, 3)
+        k_oracle = jax.random.fold_in(k_roll, 1)
         P = problem.transition(theta)
         cont = continuation(terminal, S, dtype)
         rF, rL = problem.follower_reward(theta), problem.leader_reward(theta)
@@ -144,15 +163,24 @@ def make_train(problem: TabularCMDP, method: str = "bchg", config: TrainConfig =
             grad = exact_hypergradient(problem, theta, beta, V0=br.V, newton_iters=0,
                                        polish_sweeps=3)
         else:
-            batch = rollout(k_roll, br.policy, problem.sampler_transition(theta),
-                            problem.init_dist(theta), terminal, problem.time_limit,
-                            config.num_envs, config.num_steps)
-            critic = critics.sarsa_update(k_sarsa, critic, batch, rL, problem.gamma_L,
-                                          hp["sarsa_alpha"])
+            P_sample = problem.sampler_transition(theta)
+            batch = rollout(k_roll, br.policy, P_sample, problem.init_dist(theta), terminal,
+                            problem.time_limit, config.num_envs, config.num_steps)
+            segments = None
+            if use_oracle:  # oracle access: every reset from a uniformly random state
+                segments = rollout(k_oracle, br.policy, P_sample, jnp.full((S,), 1.0 / S, dtype),
+                                   terminal, problem.time_limit, config.oracle_envs,
+                                   config.oracle_steps)
+            if critic_kind == "sarsa":
+                critic = critics.sarsa_update(k_sarsa, critic, batch, rL, problem.gamma_L,
+                                              hp["sarsa_alpha"])
+                Q_L, V_L_hat = critic, None          # V_L = sum_b g Q_L (Algorithm 8)
+            else:                                    # Monte Carlo (Algorithm 6)
+                Q_L, V_L_hat = critics.monte_carlo_critic(
+                    batch if segments is None else segments, rL, problem.gamma_L)
             grad = estimators.hypergradient(
-                problem, theta, batch, br, critic, beta,
-                guide="none" if method == "naive" else "benefit",
-                grouping=config.grouping, partial=config.partial)
+                problem, theta, batch, br, Q_L, beta, guide=guide, grouping=config.grouping,
+                partial=config.partial, V_L=V_L_hat, guide_batch=segments)
         opt = optax.chain(optax.clip_by_global_norm(config.clip_norm), optax.sgd(hp["lr"]))
         updates, _ = opt.update(jax.tree.map(jnp.negative, grad), opt.init(theta), theta)
         new_theta = optax.apply_updates(theta, updates)

@@ -44,3 +44,16 @@ def test_sarsa_converges_to_exact_leader_q():
     Q, _ = jax.jit(lambda Q, ks: jax.lax.scan(body, Q, ks))(jnp.zeros((4, 2)),
                                                            jax.random.split(jax.random.key(2), 300))
     np.testing.assert_allclose(Q, Q_exact, atol=0.1)
+
+
+def test_monte_carlo_critic_matches_exact_values():
+    from bchg_jax import monte_carlo_critic
+    prob = random_tabular_cmdp(jax.random.key(3), num_states=4, num_actions=2, gamma_L=0.7)
+    th = prob.theta0
+    br = exact.best_response(prob, th, 1.0)
+    V_exact, Q_exact = exact.leader_values(prob, th, br.policy)
+    batch = rollout(jax.random.key(4), br.policy, prob.transition(th), prob.init_dist(th), None,
+                    60, 400, 60)   # 0.7^60 ~ 5e-10: segments are long enough except near the end
+    Q, V = monte_carlo_critic(batch, prob.leader_reward(th), prob.gamma_L)
+    np.testing.assert_allclose(Q, Q_exact, atol=0.08)
+    np.testing.assert_allclose(V, V_exact, atol=0.08)
