@@ -1,4 +1,9 @@
-"""Results on disk, written atomically (write to a temporary file, then ``os.replace``)."""
+"""Results and checkpoints on disk, written atomically (temporary file, then ``os.replace``).
+
+Training-state checkpoints are small npz files (a few KB per run): every leaf of the state
+NamedTuple, typed PRNG keys stored as their raw key data. This keeps resume dependency-free and
+atomic; orbax is not needed for states this small.
+"""
 from __future__ import annotations
 
 import csv
@@ -8,6 +13,7 @@ import os
 import tempfile
 from typing import Dict, Iterable, Sequence
 
+import jax
 import numpy as np
 
 
@@ -51,3 +57,34 @@ def save_figure(path: str, fig) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format=os.path.splitext(path)[1][1:] or "png", dpi=120, bbox_inches="tight")
     _atomic_write_bytes(path, buf.getvalue())
+
+
+def _is_key(x) -> bool:
+    return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def save_state(path: str, state) -> None:
+    """Checkpoints a NamedTuple of arrays (typed PRNG keys stored as raw key data), atomically."""
+    arrays = {}
+    for name, x in state._asdict().items():
+        if _is_key(x):
+            arrays["key__" + name] = np.asarray(jax.random.key_data(x))
+        else:
+            arrays[name] = np.asarray(x)
+    save_npz(path, arrays)
+
+
+def load_state(path: str, like):
+    """Restores a checkpoint written by :func:`save_state` into the structure of ``like``."""
+    data = np.load(path)
+    fields = {}
+    for name, ref in like._asdict().items():
+        if _is_key(ref):
+            fields[name] = jax.random.wrap_key_data(jax.numpy.asarray(data["key__" + name]),
+                                                    impl=jax.random.key_impl(ref))
+        else:
+            fields[name] = jax.numpy.asarray(data[name], dtype=ref.dtype)
+        if fields[name].shape != ref.shape:
+            raise ValueError(f"checkpoint {path}: field {name} has shape {fields[name].shape}, "
+                             f"expected {ref.shape} (different grid, seeds or problem?)")
+    return type(like)(**fields)

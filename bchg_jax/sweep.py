@@ -1,9 +1,12 @@
-"""Seeds x hyperparameter grids as one compiled program (DESIGN principle 4).
+"""Seeds x hyperparameter grids as one compiled program (DESIGN principles 4 and 7).
 
-``run_grid`` vmaps a :class:`~bchg_jax.train.Trainer` over a grid of hparams (leading axis G) and
-seeds (axis N) and drives it in jitted chunks of ``chunk`` iterations, so progress can be printed
-between chunks while nothing inside a chunk syncs with the host. A new grid value never retraces:
-hparams are traced arrays.
+A grid of G hyperparameter points and N seeds is flattened into R = G*N independent runs and
+``vmap``ped; hparams are traced arrays, so a new grid value never retraces. ``run_grid`` drives
+the program in jitted chunks of ``chunk`` iterations (progress, per-chunk results and
+checkpoints between chunks; nothing inside a chunk syncs with the host). With ``shard=True`` the
+run axis is split over all devices with ``jax.shard_map`` (each device advances its own runs; a
+vmapped ``while_loop`` freezes converged lanes, so a run's result does not depend on which runs
+share its device).
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from typing import Callable, Dict, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from bchg_jax.train import Trainer, make_hparams
 
@@ -46,28 +50,76 @@ def grid_functions(trainer: Trainer):
     return init, run
 
 
+def _flat(tree, G, N):
+    return jax.tree.map(lambda x: x.reshape((G * N,) + x.shape[2:]), tree)
+
+
+def _unflat(tree, G, N):
+    return jax.tree.map(lambda x: x.reshape((G, N) + x.shape[1:]), tree)
+
+
+def sharded_run(trainer: Trainer, devices=None):
+    """run(state, hp, n) over R runs (leading axis), split over ``devices`` with shard_map.
+
+    R must be a multiple of the number of devices (``run_grid`` pads).
+    """
+    devices = jax.devices() if devices is None else devices
+    mesh = jax.sharding.Mesh(np.asarray(devices), ("runs",))
+    spec = PartitionSpec("runs")
+    runs = jax.vmap(trainer.run, (0, 0, None))
+
+    def run(state, hp, n):
+        f = jax.shard_map(lambda s, h: runs(s, h, n), mesh=mesh, in_specs=(spec, spec),
+                          out_specs=(spec, spec), check_vma=False)
+        return f(state, hp)
+
+    return jax.jit(run, static_argnums=2), NamedSharding(mesh, spec), len(devices)
+
+
 def run_grid(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, iterations: int,
              chunk: int = 500, base_seed: int = 0, state=None, start: int = 0,
-             on_chunk: Optional[Callable] = None, verbose: bool = True):
-    """Runs ``iterations`` outer iterations of every (grid point, seed); returns (state, metrics).
+             metrics: Optional[Dict[str, np.ndarray]] = None,
+             on_chunk: Optional[Callable] = None, verbose: bool = True, shard: bool = False):
+    """Runs every (grid point, seed) up to ``iterations`` outer iterations; returns (state, metrics).
 
-    ``metrics`` is a dict of numpy arrays shaped [G, N, iterations - start]. ``state``/``start``
-    continue an earlier run; ``on_chunk(state, metrics_so_far, done)`` is called after each chunk
-    (e.g. to write results).
+    ``metrics`` is a dict of numpy arrays shaped [G, N, iterations]. To continue a stopped run,
+    pass its ``state`` (leaves [G, N, ...]), the iterations already done as ``start`` and the
+    metrics recorded so far. ``on_chunk(state, metrics_so_far, done)`` is called after every chunk
+    (e.g. to write results and a checkpoint). ``shard=True`` splits the runs over all devices.
     """
     if chunk < 1 or iterations < 1:
         raise ValueError("chunk and iterations must be >= 1")
+    if not 0 <= start <= iterations:
+        raise ValueError(f"start must be in [0, iterations], got {start}")
     hp = make_hparams(grid["lr"], grid["sarsa_alpha"], grid["beta"])
+    G, N = len(grid["lr"]), int(seeds)
     init, run = grid_functions(trainer)
     if state is None:
-        state = init(seed_keys(seeds, base_seed), hp)
-    chunks, done, t0 = [], start, time.perf_counter()
+        state = init(seed_keys(N, base_seed), hp)
+    if shard:
+        run_sharded, sharding, D = sharded_run(trainer)
+        R = G * N
+        pad = (-R) % D
+        hp_runs = jax.tree.map(lambda x: jnp.repeat(x, N), hp)
+
+        def padded(tree):
+            return jax.tree.map(lambda x: jnp.concatenate([x, x[:pad]]) if pad else x, tree)
+
+        hp_runs = jax.device_put(padded(hp_runs), sharding)
+
+        def run(state, _hp, n):
+            s, m = run_sharded(jax.device_put(padded(_flat(state, G, N)), sharding), hp_runs, n)
+            trim = lambda t: _unflat(jax.tree.map(lambda x: x[:R], t), G, N)  # noqa: E731
+            return trim(s), trim(m)
+    chunks = [] if metrics is None else [metrics]
+    done, t0 = start, time.perf_counter()
     while done < iterations:
         n = min(chunk, iterations - done)
         state, m = run(state, hp, n)
         chunks.append(jax.tree.map(np.asarray, m))  # host copy once per chunk
         done += n
         metrics = {k: np.concatenate([c[k] for c in chunks], axis=-1) for k in chunks[0]}
+        chunks = [metrics]
         if verbose:
             last = metrics["J"][..., -min(1000, metrics["J"].shape[-1]):].mean(-1).mean(-1)
             print(f"  iter {done:6d}/{iterations}  best mean J (last <=1000) {last.max():+.4f}  "

@@ -1,13 +1,17 @@
-"""Four-Rooms with BC-HG (and the other tabular methods): ``python -m experiments.fourrooms``.
+"""Four-Rooms with BC-HG and the paper's baselines: ``python -m experiments.fourrooms``.
 
-Trains every (grid point, seed) as one vmapped program, prints progress per chunk, and writes
-``config.json``, ``metrics.npz``, ``summary.csv`` and ``curve.png`` to
-``<out>/fourrooms/<timestamp>/`` (or exactly ``--out`` with ``--exact-out``).
+Every (grid point, seed) of a method trains as one vmapped program, in jitted chunks. A run
+folder (``<out>/fourrooms/<timestamp>/`` or exactly ``--out`` with ``--exact-out``) holds
+``config.json`` and one sub-folder per method with ``config.json``, ``metrics.npz``,
+``checkpoint.npz`` (both rewritten atomically after every chunk), ``summary.csv`` and
+``curve.png``; with several methods also ``summary.csv`` (best hyperparameters per method) and
+``figure.png`` (methods as curves). ``--resume DIR`` continues a stopped run from its last chunk.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import sys
 import time
@@ -17,6 +21,7 @@ import numpy as np
 PAPER_LR = (0.5, 0.1, 0.05, 0.01)
 PAPER_ALPHA = (0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
 SUMMARY_WINDOW = 1000
+ALL_METHODS = ("bchg", "hpgd_oracle", "hpgd_mc", "hpgd_sa", "sobirl", "naive")
 
 
 def batch_shape(batch: int):
@@ -37,16 +42,19 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
     p.add_argument("--beta", type=float, default=1e-3, help="follower entropy coefficient")
     p.add_argument("--batch", type=int, default=100, help="transitions per outer iteration (100/200/400/1000)")
-    p.add_argument("--method", default="bchg", help="bchg | naive | exact")
+    p.add_argument("--method", default="bchg",
+                   help="a method, a comma-separated list, or 'all' (" + ", ".join(ALL_METHODS) + ", exact)")
     p.add_argument("--lr", type=float, nargs="+", default=[0.1], help="leader learning rate(s)")
     p.add_argument("--sarsa-alpha", type=float, nargs="+", default=[0.5], help="SARSA step size(s)")
     p.add_argument("--grid", choices=["none", "paper"], default="none",
-                   help="'paper': lr in {0.5,0.1,0.05,0.01} x alpha in {0.1,...,1.0}")
+                   help="'paper': lr in {0.5,0.1,0.05,0.01} (x alpha in {0.1,...,1.0} for SARSA critics)")
     p.add_argument("--iterations", type=int, default=10_000)
-    p.add_argument("--chunk", type=int, default=500, help="iterations per jitted chunk (progress)")
+    p.add_argument("--chunk", type=int, default=500, help="iterations per jitted chunk (progress, checkpoints)")
     p.add_argument("--slip-model", choices=["reference", "paper"], default="reference")
     p.add_argument("--out", default="results", help="results root (default ./results)")
     p.add_argument("--exact-out", action="store_true", help="write into --out itself, no subfolder")
+    p.add_argument("--resume", metavar="DIR", default=None, help="continue the stopped run in DIR")
+    p.add_argument("--shard", action="store_true", help="split the runs over all JAX devices")
     p.add_argument("--smoke", action="store_true", help="tiny run: 2 seeds, 20 iterations")
     a = p.parse_args(argv)
     if a.smoke:
@@ -54,10 +62,17 @@ def parse_args(argv=None):
     return a
 
 
-def validate_args(a):
+def methods_of(spec: str):
     from bchg_jax.train import METHODS
-    if a.method not in METHODS:
-        raise ValueError(f"--method must be one of {METHODS}, got {a.method!r}")
+    names = list(ALL_METHODS) if spec == "all" else [m.strip() for m in spec.split(",") if m.strip()]
+    bad = [m for m in names if m not in METHODS]
+    if bad or not names:
+        raise ValueError(f"--method must be 'all' or names from {METHODS}, got {spec!r}")
+    return names
+
+
+def validate_args(a):
+    methods_of(a.method)
     if a.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {a.seeds}")
     if a.iterations < 1 or a.chunk < 1:
@@ -67,70 +82,147 @@ def validate_args(a):
     batch_shape(a.batch)
 
 
-def main(argv=None) -> str:
-    a = parse_args(argv)
-    try:
-        validate_args(a)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2)
-    from bchg_jax.io import save_csv, save_figure, save_json, save_npz
-    from bchg_jax.problems.fourrooms import fourrooms
-    from bchg_jax.sweep import product_grid, run_grid
-    from bchg_jax.train import TrainConfig, make_train, validate_hparams
-    from experiments.plot import learning_curve_figure
-
+def method_grid(method: str, a):
+    from bchg_jax.sweep import product_grid
+    from bchg_jax.train import SARSA_METHODS
     lrs, alphas = (PAPER_LR, PAPER_ALPHA) if a.grid == "paper" else (a.lr, a.sarsa_alpha)
-    if a.method in ("naive", "exact") and a.grid == "paper":
-        # exact has no critic; naive's critic only enters through grad log p / grad rho_0 terms,
-        # which vanish in Four-Rooms: the SARSA step size does not change the result
-        alphas = alphas[:1]
-    grid = product_grid(lr=lrs, sarsa_alpha=alphas, beta=[a.beta])
-    try:
-        validate_hparams(grid)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2)
+    if method not in SARSA_METHODS:
+        alphas = alphas[:1]  # no SARSA critic: the step size is unused
+    return product_grid(lr=lrs, sarsa_alpha=alphas, beta=[a.beta])
+
+
+def summarize(J: np.ndarray):
+    """Per seed mean of the last 1000 iterations -> (final [G,N], mean [G], se [G], best)."""
+    final = J[..., -min(SUMMARY_WINDOW, J.shape[-1]):].mean(-1)
+    n = final.shape[1]
+    se = final.std(-1, ddof=1) / np.sqrt(n) if n > 1 else np.zeros(final.shape[0])
+    mean = final.mean(-1)
+    return final, mean, se, int(np.argmax(mean))
+
+
+def run_method(method: str, a, run_dir: str):
+    """Trains (or resumes, or skips if complete) one method's grid; returns its summary dict."""
+    from bchg_jax.io import load_state, save_json, save_npz, save_state
+    from bchg_jax.problems.fourrooms import fourrooms
+    from bchg_jax.sweep import grid_functions, run_grid, seed_keys
+    from bchg_jax.train import TrainConfig, make_hparams, make_train, validate_hparams
+
+    out = os.path.join(run_dir, method)
+    grid = method_grid(method, a)
+    validate_hparams(grid)
     envs, steps = batch_shape(a.batch)
     config = TrainConfig(num_envs=envs, num_steps=steps, iterations=a.iterations)
-    trainer = make_train(fourrooms(a.slip_model), a.method, config)
-
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = a.out if a.exact_out else os.path.join(a.out, "fourrooms", f"{stamp}-{a.method}")
+    trainer = make_train(fourrooms(a.slip_model), method, config)
+    metrics_path, ckpt_path = os.path.join(out, "metrics.npz"), os.path.join(out, "checkpoint.npz")
     G = len(grid["lr"])
-    save_json(os.path.join(out, "config.json"), {
-        "experiment": "fourrooms", "args": vars(a), "train_config": vars(config),
-        "grid": {k: v.tolist() for k, v in grid.items()}, "num_grid_points": G,
-        "command": "python -m experiments.fourrooms " + " ".join(argv if argv is not None else sys.argv[1:])})
-    print(f"Four-Rooms [{a.slip_model}] method={a.method} beta={a.beta} batch={a.batch} "
-          f"({envs}x{steps}) grid points={G} seeds={a.seeds} iterations={a.iterations} -> {out}")
+
+    state, start, metrics = None, 0, None
+    if os.path.exists(metrics_path):
+        data = dict(np.load(metrics_path))
+        if data["J"].shape[-1] >= a.iterations:
+            print(f"[{method}] complete in {out}; skipped")
+            return _finish(method, grid, data, a, out, write=False)
+        if os.path.exists(ckpt_path):
+            init, _ = grid_functions(trainer)
+            hp = make_hparams(grid["lr"], grid["sarsa_alpha"], grid["beta"])
+            like = init(seed_keys(a.seeds, a.seed), hp)
+            state = load_state(ckpt_path, like)
+            start = int(np.asarray(state.step).reshape(-1)[0])
+            metrics = {k: data[k][..., :start] for k in ("J", "grad_norm", "sweeps")}
+            print(f"[{method}] resuming at iteration {start}")
+    if state is None:
+        save_json(os.path.join(out, "config.json"), {
+            "method": method, "args": vars(a), "train_config": vars(config),
+            "grid": {k: v.tolist() for k, v in grid.items()}, "num_grid_points": G})
+    print(f"[{method}] Four-Rooms [{a.slip_model}] beta={a.beta} batch={a.batch} ({envs}x{steps}) "
+          f"grid points={G} seeds={a.seeds} iterations={a.iterations} -> {out}", flush=True)
+
+    def on_chunk(st, m, done):  # metrics first: a checkpoint never runs ahead of the metrics
+        save_npz(metrics_path, {**m, **{f"grid_{k}": v for k, v in grid.items()},
+                                "completed": np.asarray(done)})
+        if done < a.iterations:
+            save_state(ckpt_path, st)
 
     t0 = time.perf_counter()
-    _, metrics = run_grid(trainer, grid, a.seeds, a.iterations, a.chunk, a.seed)
+    _, metrics = run_grid(trainer, grid, a.seeds, a.iterations, a.chunk, a.seed, state=state,
+                          start=start, metrics=metrics, on_chunk=on_chunk, shard=a.shard)
     wall = time.perf_counter() - t0
+    if os.path.exists(ckpt_path):
+        os.remove(ckpt_path)
+    data = {**metrics, **{f"grid_{k}": v for k, v in grid.items()}}
+    summary = _finish(method, grid, data, a, out, write=True)
+    summary["wall_s"] = wall
+    print(f"[{method}] wall time {wall:.1f}s")
+    return summary
 
-    J = metrics["J"]                                     # [G, N, T]
-    final = J[..., -min(SUMMARY_WINDOW, J.shape[-1]):].mean(-1)   # [G, N]
-    mean = final.mean(-1)
-    se = final.std(-1, ddof=1) / np.sqrt(a.seeds) if a.seeds > 1 else np.zeros(G)
-    best = int(np.argmax(mean))
-    save_npz(os.path.join(out, "metrics.npz"), {**metrics, **{f"grid_{k}": v for k, v in grid.items()},
-                                                "final": final, "best_index": np.asarray(best)})
-    rows = [(grid["lr"][g], grid["sarsa_alpha"][g], a.beta, f"{mean[g]:.4f}", f"{se[g]:.4f}",
-             int(g == best)) for g in range(G)]
-    save_csv(os.path.join(out, "summary.csv"),
-             ["lr", "sarsa_alpha", "beta", "mean_last1000", "se", "best"], rows)
-    fig = learning_curve_figure(
-        {f"{a.method} lr={grid['lr'][best]:g} alpha={grid['sarsa_alpha'][best]:g}": J[best]},
-        f"Four-Rooms [{a.slip_model}]  beta={a.beta:g}  batch={a.batch}  ({a.seeds} seeds)")
-    save_figure(os.path.join(out, "curve.png"), fig)
 
-    print(f"\n{'lr':>6} {'alpha':>6}  mean(last {SUMMARY_WINDOW})      se")
-    for g in np.argsort(-mean):
-        mark = "  <- best" if g == best else ""
-        print(f"{grid['lr'][g]:6g} {grid['sarsa_alpha'][g]:6g}  {mean[g]:+.4f}  {se[g]:.4f}{mark}")
-    print(f"\nwall time {wall:.1f}s; results in {out}")
-    return out
+def _finish(method, grid, data, a, out, write):
+    from bchg_jax.io import save_csv, save_figure, save_npz
+    from experiments.plot import learning_curve_figure
+    J = data["J"]
+    final, mean, se, best = summarize(J)
+    if write:
+        save_npz(os.path.join(out, "metrics.npz"), {**data, "final": final,
+                                                    "best_index": np.asarray(best),
+                                                    "completed": np.asarray(J.shape[-1])})
+        rows = [(grid["lr"][g], grid["sarsa_alpha"][g], a.beta, f"{mean[g]:.4f}", f"{se[g]:.4f}",
+                 int(g == best)) for g in range(len(mean))]
+        save_csv(os.path.join(out, "summary.csv"),
+                 ["lr", "sarsa_alpha", "beta", "mean_last1000", "se", "best"], rows)
+        label = f"{method} lr={grid['lr'][best]:g}" + (
+            f" alpha={grid['sarsa_alpha'][best]:g}" if len(set(grid["sarsa_alpha"])) > 1 else "")
+        save_figure(os.path.join(out, "curve.png"), learning_curve_figure(
+            {label: J[best]}, f"Four-Rooms [{a.slip_model}]  beta={a.beta:g}  batch={a.batch}  "
+                              f"({a.seeds} seeds)"))
+        print(f"\n{'lr':>6} {'alpha':>6}  mean(last {SUMMARY_WINDOW})      se")
+        for g in np.argsort(-mean):
+            mark = "  <- best" if g == best else ""
+            print(f"{grid['lr'][g]:6g} {grid['sarsa_alpha'][g]:6g}  {mean[g]:+.4f}  {se[g]:.4f}{mark}")
+    return {"method": method, "lr": float(grid["lr"][best]),
+            "sarsa_alpha": float(grid["sarsa_alpha"][best]), "mean": float(mean[best]),
+            "se": float(se[best])}
+
+
+def main(argv=None) -> str:
+    a = parse_args(argv)
+    if a.resume is not None:
+        cfg_path = os.path.join(a.resume, "config.json")
+        if not os.path.exists(cfg_path):
+            print(f"error: --resume {a.resume}: no config.json there", file=sys.stderr)
+            raise SystemExit(2)
+        saved = json.load(open(cfg_path))["args"]
+        resume, shard = a.resume, a.shard
+        a = argparse.Namespace(**{**vars(a), **saved})
+        a.resume, a.shard, a.out, a.exact_out = resume, shard, resume, True
+    try:
+        validate_args(a)
+        methods = methods_of(a.method)
+        for m in methods:
+            from bchg_jax.train import validate_hparams
+            validate_hparams(method_grid(m, a))
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2)
+    from bchg_jax.io import save_csv, save_figure, save_json
+    from experiments.plot import panel_figure
+
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = a.out if a.exact_out else os.path.join(a.out, "fourrooms", stamp)
+    if a.resume is None:
+        save_json(os.path.join(run_dir, "config.json"), {
+            "experiment": "fourrooms", "methods": methods, "args": vars(a),
+            "command": "python -m experiments.fourrooms " + " ".join(argv if argv is not None else sys.argv[1:])})
+    summaries = [run_method(m, a, run_dir) for m in methods]
+    if len(methods) > 1:
+        save_csv(os.path.join(run_dir, "summary.csv"), ["method", "lr", "sarsa_alpha", "mean_last1000", "se"],
+                 [(s["method"], s["lr"], s["sarsa_alpha"], f"{s['mean']:.4f}", f"{s['se']:.4f}")
+                  for s in summaries])
+        save_figure(os.path.join(run_dir, "figure.png"), panel_figure([run_dir]))
+    print(f"\n{'method':>12} {'lr':>6} {'alpha':>6}  mean(last {SUMMARY_WINDOW})      se")
+    for s in summaries:
+        print(f"{s['method']:>12} {s['lr']:6g} {s['sarsa_alpha']:6g}  {s['mean']:+.4f}  {s['se']:.4f}")
+    print(f"\nresults in {run_dir}")
+    return run_dir
 
 
 if __name__ == "__main__":

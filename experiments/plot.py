@@ -1,10 +1,23 @@
-"""Plots from saved results: learning curves (mean +- standard error over seeds)."""
+"""Figures and tables from saved results: ``python -m experiments.plot RUN_DIR [RUN_DIR ...]``.
+
+A run folder holds one sub-folder per method (``<method>/metrics.npz``); each method is drawn
+with its best grid point (best mean over seeds of the last 1000 iterations), mean +- standard
+error over seeds of the rolling mean (window 100). Several run folders (e.g. three values of
+beta) become the panels of one figure, and a table of final values is printed (markdown).
+"""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 import numpy as np
+
+METHOD_LABELS = {"bchg": "BC-HG", "hpgd_oracle": "HPGD (oracle)", "hpgd_mc": "HPGD (MC)",
+                 "hpgd_sa": "HPGD (SA)", "sobirl": "SoBiRL", "naive": "Naive-PGD",
+                 "exact": "exact hypergradient"}
+METHOD_ORDER = tuple(METHOD_LABELS)
+YLABEL = "upper-level objective  $V_L(S)$"
 
 
 def rolling_mean(x: np.ndarray, window: int) -> np.ndarray:
@@ -25,40 +38,112 @@ def mean_se(curves: np.ndarray):
     return curves.mean(axis=0), se
 
 
-def learning_curve_figure(curves: dict, title: str = "", window: int = 100,
-                          ylabel: str = "upper-level objective  $V_L(S)$"):
-    """``curves``: label -> [seeds, iterations] array. Returns a matplotlib figure."""
+def _plt():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+
+def draw_curves(ax, curves: dict, window: int = 100):
     for label, c in curves.items():
         m, se = mean_se(rolling_mean(np.asarray(c, np.float64), window))
         x = np.arange(1, m.shape[0] + 1)
         ax.plot(x, m, label=label, lw=1.4)
         ax.fill_between(x, m - se, m + se, alpha=0.25)
     ax.set_xlabel("outer iteration")
+    ax.grid(alpha=0.3)
+
+
+def learning_curve_figure(curves: dict, title: str = "", window: int = 100, ylabel: str = YLABEL):
+    """``curves``: label -> [seeds, iterations] array. Returns a matplotlib figure."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    draw_curves(ax, curves, window)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
 
+def load_run(run_dir: str):
+    """{method: (best curves [seeds, iters], summary dict)} for the method folders in run_dir."""
+    from experiments.fourrooms import summarize
+    out = {}
+    for method in METHOD_ORDER:
+        path = os.path.join(run_dir, method, "metrics.npz")
+        if not os.path.exists(path):
+            continue
+        d = np.load(path)
+        J = d["J"]
+        final, mean, se, best = summarize(J)
+        out[method] = (J[best], {"mean": float(mean[best]), "se": float(se[best]),
+                                 "lr": float(d["grid_lr"][best]),
+                                 "sarsa_alpha": float(d["grid_sarsa_alpha"][best]),
+                                 "iterations": int(J.shape[-1])})
+    return out
+
+
+def _title(run_dir: str) -> str:
+    path = os.path.join(run_dir, "config.json")
+    if os.path.exists(path):
+        args = json.load(open(path)).get("args", {})
+        if "beta" in args:
+            return f"beta={args['beta']:g}, batch={args.get('batch')}"
+    return os.path.basename(os.path.normpath(run_dir))
+
+
+def panel_figure(run_dirs, window: int = 100):
+    """One panel per run folder, methods as curves (the paper's Four-Rooms figure layout)."""
+    plt = _plt()
+    n = len(run_dirs)
+    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 3.8), squeeze=False)
+    for ax, run_dir in zip(axes[0], run_dirs):
+        runs = load_run(run_dir)
+        draw_curves(ax, {METHOD_LABELS[m]: c for m, (c, _) in runs.items()}, window)
+        ax.set_title(_title(run_dir), fontsize=10)
+    axes[0][0].set_ylabel(YLABEL)
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def final_table(run_dirs) -> str:
+    """Markdown table: mean +- SE of the last 1000 iterations of each method's best grid point."""
+    runs = [load_run(d) for d in run_dirs]
+    methods = [m for m in METHOD_ORDER if any(m in r for r in runs)]
+    lines = ["| method | " + " | ".join(_title(d) for d in run_dirs) + " |",
+             "|---|" + "---|" * len(run_dirs)]
+    for m in methods:
+        cells = []
+        for r in runs:
+            if m in r:
+                s = r[m][1]
+                cells.append(f"{s['mean']:.3f} +- {s['se']:.3f} (lr {s['lr']:g}"
+                             + (f", a {s['sarsa_alpha']:g}" if m in ("bchg", "hpgd_sa") else "")
+                             + (f"; {s['iterations']} it" if s["iterations"] < 10_000 else "") + ")")
+            else:
+                cells.append("-")
+        lines.append(f"| {METHOD_LABELS[m]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     from bchg_jax.io import save_figure
-
-    p = argparse.ArgumentParser(description="Learning curve of the best grid point of a results folder.")
-    p.add_argument("results", help="a results folder with metrics.npz")
-    p.add_argument("--window", type=int, default=100)
-    p.add_argument("--out", default=None, help="PNG path (default: <results>/curve.png)")
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", help="run folders (each with <method>/metrics.npz)")
+    p.add_argument("--window", type=int, default=100, help="rolling-mean window (default 100)")
+    p.add_argument("--out", default=None, help="figure path (default <first run>/figure.png)")
     a = p.parse_args(argv)
-    data = np.load(os.path.join(a.results, "metrics.npz"))
-    J, best = data["J"], int(data["best_index"])
-    fig = learning_curve_figure({"best grid point": J[best]}, os.path.basename(a.results), a.window)
-    save_figure(a.out or os.path.join(a.results, "curve.png"), fig)
+    for d in a.runs:
+        if not load_run(d):
+            raise SystemExit(f"error: no <method>/metrics.npz under {d}")
+    out = a.out or os.path.join(a.runs[0], "figure.png")
+    save_figure(out, panel_figure(a.runs, a.window))
+    print(final_table(a.runs))
+    print(f"\nfigure: {out}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from experiments import fourrooms as cli
 
 
 def test_smoke_run_writes_results(tmp_path):
-    out = cli.main(["--smoke", "--lr", "0.1", "0.05", "--out", str(tmp_path / "r"), "--exact-out"])
+    out = os.path.join(cli.main(["--smoke", "--lr", "0.1", "0.05", "--out", str(tmp_path / "r"), "--exact-out"]), "bchg")
     files = set(os.listdir(out))
     assert {"config.json", "metrics.npz", "summary.csv", "curve.png"} <= files
     cfg = json.load(open(os.path.join(out, "config.json")))
@@ -45,3 +45,53 @@ def test_atomic_writes_leave_no_temporary_files(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["a.json", "b.npz", "c.csv"]
     assert json.load(open(tmp_path / "a.json")) == {"x": 1}
     assert (os.stat(tmp_path / "a.json").st_mode & 0o044) == 0o044  # readable by others
+
+
+def test_stopped_run_resumes_without_losing_or_repeating_work(tmp_path, monkeypatch):
+    import bchg_jax.io as bio
+    args = ["--method", "bchg,naive", "--seeds", "2", "--iterations", "30", "--chunk", "10",
+            "--lr", "0.1", "0.5", "--exact-out"]
+    full = cli.main(args + ["--out", str(tmp_path / "full")])
+
+    original, calls = bio.save_state, []
+
+    def stop_after_second_checkpoint(path, state):
+        original(path, state)
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the run is killed right after iteration 20 was saved
+    monkeypatch.setattr(bio, "save_state", stop_after_second_checkpoint)
+    stopped = str(tmp_path / "stopped")
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(args + ["--out", stopped])
+    monkeypatch.setattr(bio, "save_state", original)
+    part = np.load(os.path.join(stopped, "bchg", "metrics.npz"))
+    assert part["J"].shape[-1] == 20 and os.path.exists(os.path.join(stopped, "bchg", "checkpoint.npz"))
+    assert not os.path.exists(os.path.join(stopped, "naive"))
+
+    cli.main(["--resume", stopped])
+    for method in ("bchg", "naive"):
+        a = np.load(os.path.join(full, method, "metrics.npz"))["J"]
+        b = np.load(os.path.join(stopped, method, "metrics.npz"))["J"]
+        assert b.shape == (2, 2, 30)
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+        assert not os.path.exists(os.path.join(stopped, method, "checkpoint.npz"))
+    assert os.path.exists(os.path.join(stopped, "figure.png"))
+    rows = list(csv.DictReader(open(os.path.join(stopped, "summary.csv"))))
+    assert [r["method"] for r in rows] == ["bchg", "naive"]
+
+
+def test_resume_of_a_folder_without_config_is_an_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--resume", str(tmp_path)])
+    assert e.value.code == 2 and "config.json" in capsys.readouterr().err
+
+
+def test_plot_cli_draws_panels_and_table(tmp_path, capsys):
+    from experiments import plot
+    run = cli.main(["--smoke", "--method", "bchg,sobirl", "--out", str(tmp_path / "r"), "--exact-out"])
+    capsys.readouterr()
+    plot.main([run, run, "--out", str(tmp_path / "fig.png")])
+    out = capsys.readouterr().out
+    assert os.path.exists(tmp_path / "fig.png")
+    assert "| BC-HG |" in out and "| SoBiRL |" in out
