@@ -22,6 +22,9 @@ PAPER_LR = (0.5, 0.1, 0.05, 0.01)
 PAPER_ALPHA = (0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
 SUMMARY_WINDOW = 1000
 ALL_METHODS = ("bchg", "hpgd_oracle", "hpgd_mc", "hpgd_sa", "sobirl", "naive")
+# arguments that define a run folder's setting: a second invocation may add methods, not change these
+SETTING_KEYS = ("seeds", "seed", "beta", "batch", "grid", "iterations", "slip_model", "lr",
+                "sarsa_alpha")
 
 
 def batch_shape(batch: int):
@@ -208,10 +211,21 @@ def main(argv=None) -> str:
 
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = a.out if a.exact_out else os.path.join(a.out, "fourrooms", stamp)
+    cfg_path = os.path.join(run_dir, "config.json")
     if a.resume is None:
-        save_json(os.path.join(run_dir, "config.json"), {
-            "experiment": "fourrooms", "methods": methods, "args": vars(a),
-            "command": "python -m experiments.fourrooms " + " ".join(argv if argv is not None else sys.argv[1:])})
+        command = "python -m experiments.fourrooms " + " ".join(argv if argv is not None else sys.argv[1:])
+        all_methods = methods
+        if os.path.exists(cfg_path):  # adding methods to an existing run folder
+            old = json.load(open(cfg_path))
+            diff = [k for k in SETTING_KEYS if old["args"].get(k) != vars(a).get(k)]
+            if diff:
+                print(f"error: {run_dir} holds a run with other settings ({', '.join(diff)}); "
+                      "use another --out", file=sys.stderr)
+                raise SystemExit(2)
+            all_methods = old["methods"] + [m for m in methods if m not in old["methods"]]
+        save_json(cfg_path, {"experiment": "fourrooms", "methods": all_methods,
+                             "args": {**vars(a), "method": ",".join(all_methods)},
+                             "command": command})
     summaries = [run_method(m, a, run_dir) for m in methods]
     if len(methods) > 1:
         save_csv(os.path.join(run_dir, "summary.csv"), ["method", "lr", "sarsa_alpha", "mean_last1000", "se"],

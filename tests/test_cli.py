@@ -95,3 +95,14 @@ def test_plot_cli_draws_panels_and_table(tmp_path, capsys):
     out = capsys.readouterr().out
     assert os.path.exists(tmp_path / "fig.png")
     assert "| BC-HG |" in out and "| SoBiRL |" in out
+
+
+def test_methods_can_be_added_to_a_run_folder_but_settings_cannot_change(tmp_path, capsys):
+    run = str(tmp_path / "r")
+    cli.main(["--smoke", "--method", "naive", "--out", run, "--exact-out"])
+    cli.main(["--smoke", "--method", "sobirl", "--out", run, "--exact-out"])
+    cfg = json.load(open(os.path.join(run, "config.json")))
+    assert cfg["methods"] == ["naive", "sobirl"]
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--smoke", "--method", "naive", "--beta", "0.005", "--out", run, "--exact-out"])
+    assert e.value.code == 2 and "other settings" in capsys.readouterr().err
