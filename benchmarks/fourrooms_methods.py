@@ -1,0 +1,56 @@
+"""Per-method throughput on Four-Rooms: ms per outer iteration, compile time separate.
+
+    python -m benchmarks.fourrooms_methods [--iterations 300] [--seeds 10] [--batch 100]
+
+For every method: one grid point x ``--seeds`` seeds vmapped (the unit of the paper's grid), from
+the initial state; each timed call follows a compiling call of identical shapes. HPGD (oracle)
+is listed separately: its 10,000 extra oracle steps per iteration dominate its cost.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import time
+
+import jax
+
+from bchg_jax import TrainConfig, fourrooms, make_hparams, make_train, seed_keys
+from bchg_jax.sweep import grid_functions
+from experiments.fourrooms import batch_shape
+
+ORDER = ("bchg", "hpgd_sa", "hpgd_mc", "sobirl", "naive", "exact", "hpgd_oracle")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--iterations", type=int, default=300)
+    p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--batch", type=int, default=100)
+    p.add_argument("--beta", type=float, default=1e-3)
+    a = p.parse_args(argv)
+    envs, steps = batch_shape(a.batch)
+    print(f"# Four-Rooms per-method throughput  {datetime.date.today()}  "
+          f"{platform.machine()}  jax {jax.__version__}  batch {a.batch}  {a.seeds} seeds vmapped")
+    print(f"{'method':>12} {'compile s':>10} {'ms / iteration':>15} {'ms / run-iteration':>19}")
+    hp = make_hparams([0.1], [0.5], [a.beta])
+    keys = seed_keys(a.seeds)
+    for method in ORDER:
+        trainer = make_train(fourrooms("reference"), method,
+                             TrainConfig(num_envs=envs, num_steps=steps, iterations=a.iterations))
+        init, run = grid_functions(trainer)
+        state = init(keys, hp)
+        t0 = time.perf_counter()
+        jax.block_until_ready(run(state, hp, a.iterations))
+        first = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        jax.block_until_ready(run(state, hp, a.iterations))
+        t = time.perf_counter() - t0
+        if method == "hpgd_oracle":
+            print("  (oracle: + 10,000 extra steps per iteration)")
+        print(f"{method:>12} {first - t:10.2f} {1e3 * t / a.iterations:15.3f} "
+              f"{1e3 * t / a.iterations / a.seeds:19.3f}")
+
+
+if __name__ == "__main__":
+    main()
