@@ -129,6 +129,34 @@ def final_table(run_dirs) -> str:
     return "\n".join(lines)
 
 
+def export_best(run_dir: str, dest: str) -> None:
+    """Writes a compact copy of a run folder: per method only its best grid point (G = 1).
+
+    The copy is itself a run folder (plots and tables work on it); it is small enough to keep
+    in the repository (``benchmarks/results``), unlike full grids.
+    """
+    import shutil
+    from bchg_jax.io import save_npz
+    from experiments.fourrooms import summarize
+    os.makedirs(dest, exist_ok=True)
+    if os.path.exists(os.path.join(run_dir, "config.json")):
+        shutil.copyfile(os.path.join(run_dir, "config.json"), os.path.join(dest, "config.json"))
+    for method in METHOD_ORDER:
+        src = os.path.join(run_dir, method)
+        if not os.path.exists(os.path.join(src, "metrics.npz")):
+            continue
+        d = dict(np.load(os.path.join(src, "metrics.npz")))
+        best = summarize(d["J"])[3]
+        keep = {k: v[best:best + 1] for k, v in d.items()
+                if k in ("J", "grad_norm", "sweeps") or k.startswith("grid_")}
+        keep["J"] = keep["J"].astype(np.float32)
+        keep["completed"] = np.asarray(d["J"].shape[-1])
+        save_npz(os.path.join(dest, method, "metrics.npz"), keep)
+        for name in ("summary.csv", "curve.png"):
+            if os.path.exists(os.path.join(src, name)):
+                shutil.copyfile(os.path.join(src, name), os.path.join(dest, method, name))
+
+
 def main(argv=None):
     from bchg_jax.io import save_figure
     p = argparse.ArgumentParser(description=__doc__,
@@ -136,7 +164,14 @@ def main(argv=None):
     p.add_argument("runs", nargs="+", help="run folders (each with <method>/metrics.npz)")
     p.add_argument("--window", type=int, default=100, help="rolling-mean window (default 100)")
     p.add_argument("--out", default=None, help="figure path (default <first run>/figure.png)")
+    p.add_argument("--export", metavar="DEST", default=None,
+                   help="with one run folder: write its compact copy (best grid points) to DEST")
     a = p.parse_args(argv)
+    if a.export is not None:
+        if len(a.runs) != 1:
+            raise SystemExit("error: --export takes exactly one run folder")
+        export_best(a.runs[0], a.export)
+        a.runs = [a.export]
     for d in a.runs:
         if not load_run(d):
             raise SystemExit(f"error: no <method>/metrics.npz under {d}")

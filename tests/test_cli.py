@@ -95,6 +95,10 @@ def test_plot_cli_draws_panels_and_table(tmp_path, capsys):
     out = capsys.readouterr().out
     assert os.path.exists(tmp_path / "fig.png")
     assert "| BC-HG |" in out and "| SoBiRL |" in out
+    plot.main([run, "--export", str(tmp_path / "compact")])
+    d = np.load(tmp_path / "compact" / "bchg" / "metrics.npz")
+    assert d["J"].shape == (1, 2, 20) and int(d["completed"]) == 20
+    assert plot.final_table([run]) == plot.final_table([str(tmp_path / "compact")])
 
 
 def test_methods_can_be_added_to_a_run_folder_but_settings_cannot_change(tmp_path, capsys):
