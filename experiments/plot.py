@@ -45,12 +45,13 @@ def _plt():
     return plt
 
 
-def draw_curves(ax, curves: dict, window: int = 100):
+def draw_curves(ax, curves: dict, window: int = 100, colors: dict | None = None):
     for label, c in curves.items():
         m, se = mean_se(rolling_mean(np.asarray(c, np.float64), window))
         x = np.arange(1, m.shape[0] + 1)
-        ax.plot(x, m, label=label, lw=1.4)
-        ax.fill_between(x, m - se, m + se, alpha=0.25)
+        color = None if colors is None else colors.get(label)
+        ax.plot(x, m, label=label, lw=1.4, color=color)
+        ax.fill_between(x, m - se, m + se, alpha=0.25, color=color)
     ax.set_xlabel("outer iteration")
     ax.grid(alpha=0.3)
 
@@ -99,12 +100,13 @@ def panel_figure(run_dirs, window: int = 100):
     plt = _plt()
     n = len(run_dirs)
     fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 3.8), squeeze=False)
+    colors = {METHOD_LABELS[m]: f"C{i}" for i, m in enumerate(METHOD_ORDER)}  # same in every panel
     for ax, run_dir in zip(axes[0], run_dirs):
         runs = load_run(run_dir)
-        draw_curves(ax, {METHOD_LABELS[m]: c for m, (c, _) in runs.items()}, window)
+        draw_curves(ax, {METHOD_LABELS[m]: c for m, (c, _) in runs.items()}, window, colors)
         ax.set_title(_title(run_dir), fontsize=10)
+        ax.legend(fontsize=7)
     axes[0][0].set_ylabel(YLABEL)
-    axes[0][-1].legend(fontsize=8)
     fig.tight_layout()
     return fig
 
