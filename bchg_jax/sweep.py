@@ -103,7 +103,9 @@ def run_grid(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, iteratio
         hp_runs = jax.tree.map(lambda x: jnp.repeat(x, N), hp)
 
         def padded(tree):
-            return jax.tree.map(lambda x: jnp.concatenate([x, x[:pad]]) if pad else x, tree)
+            # filler runs (copies of run 0) make R a multiple of the device count; dropped after
+            return jax.tree.map(
+                lambda x: jnp.concatenate([x, jnp.repeat(x[:1], pad, axis=0)]) if pad else x, tree)
 
         hp_runs = jax.device_put(padded(hp_runs), sharding)
 
