@@ -150,7 +150,7 @@ def export_best(run_dir: str, dest: str) -> None:
         d = dict(np.load(os.path.join(src, "metrics.npz")))
         best = summarize(d["J"])[3]
         keep = {k: v[best:best + 1] for k, v in d.items()
-                if k in ("J", "grad_norm", "sweeps") or k.startswith("grid_")}
+                if k == "J" or k.startswith("grid_")}
         keep["J"] = keep["J"].astype(np.float32)
         keep["completed"] = np.asarray(d["J"].shape[-1])
         save_npz(os.path.join(dest, method, "metrics.npz"), keep)
