@@ -108,11 +108,10 @@ def run_method(method: str, a, run_dir: str):
     from bchg_jax.io import load_state, save_json, save_npz, save_state
     from bchg_jax.problems.fourrooms import fourrooms
     from bchg_jax.sweep import grid_functions, run_grid, seed_keys
-    from bchg_jax.train import TrainConfig, make_hparams, make_train, validate_hparams
+    from bchg_jax.train import TrainConfig, make_hparams, make_train
 
     out = os.path.join(run_dir, method)
-    grid = method_grid(method, a)
-    validate_hparams(grid)
+    grid = method_grid(method, a)  # validated by main() before any method ran
     envs, steps = batch_shape(a.batch)
     config = TrainConfig(num_envs=envs, num_steps=steps, iterations=a.iterations)
     trainer = make_train(fourrooms(a.slip_model), method, config)
@@ -197,11 +196,11 @@ def main(argv=None) -> str:
         resume, shard = a.resume, a.shard
         a = argparse.Namespace(**{**vars(a), **saved})
         a.resume, a.shard, a.out, a.exact_out = resume, shard, resume, True
+    from bchg_jax.train import validate_hparams
     try:
         validate_args(a)
         methods = methods_of(a.method)
-        for m in methods:
-            from bchg_jax.train import validate_hparams
+        for m in methods:  # every method's grid is checked before anything compiles
             validate_hparams(method_grid(m, a))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
