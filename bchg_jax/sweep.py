@@ -91,8 +91,11 @@ def run_grid(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, iteratio
         raise ValueError("chunk and iterations must be >= 1")
     if not 0 <= start <= iterations:
         raise ValueError(f"start must be in [0, iterations], got {start}")
-    hp = make_hparams(grid["lr"], grid["sarsa_alpha"], grid["beta"])
-    G, N = len(grid["lr"]), int(seeds)
+    if trainer.hparams is not None:
+        hp = trainer.hparams(grid)
+    else:
+        hp = make_hparams(grid["lr"], grid["sarsa_alpha"], grid["beta"])
+    G, N = len(np.atleast_1d(grid["lr"])), int(seeds)
     init, run = grid_functions(trainer)
     if state is None:
         state = init(seed_keys(N, base_seed), hp)

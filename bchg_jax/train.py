@@ -121,6 +121,7 @@ class Trainer(NamedTuple):
     init: callable
     run: callable
     train: callable
+    hparams: callable = None   # grid dict -> hparams pytree (None: the tabular ``make_hparams``)
 
 
 def make_train(problem: TabularCMDP, method: str = "bchg", config: TrainConfig = TrainConfig()) -> Trainer:
