@@ -16,7 +16,7 @@ discount ``gamma``, entropy weight ``beta``.
 * :func:`maxent_lqr_observable`: Proposition 2 (the follower sees ``w`` before acting, used by the
   bi-level LQR Markov game): ``g(b|s, w) = N(-K s - K_w w, (beta/2) S^{-1})``, ``K_w = g S^{-1} B^T P``
   and ``V_F(s, w) = -(s^T Qbar s + (A s + w)^T M (A s + w) + v_w)`` with ``M = g P - g^2 P B S^{-1} B^T P``
-  and ``v_w = (-(beta m/2) log(pi beta) + (beta/2) log det S + tr(U^T M U)) / (1 - g)``.
+  and ``v_w = (-(beta m/2) log(pi beta) + (beta/2) log det S + g tr(U^T M U)) / (1 - g)``.
 
 Values here are *rewards* (the paper's propositions state costs, V_cost = -V_F).
 Non-convergence (an unstabilisable pair, or ``max_iters`` too small) is never silent: every
@@ -143,7 +143,7 @@ def _response(P, A, B, Rbar, U, gamma, beta, info, observable: bool):
     ent = -0.5 * beta * m * jnp.log(jnp.pi * beta) + 0.5 * beta * jnp.linalg.slogdet(S)[1]
     if observable:
         K_w = gamma * Sinv_BtP
-        v = (ent + jnp.trace(U.T @ M @ U)) / (1.0 - gamma)
+        v = (ent + gamma * jnp.trace(U.T @ M @ U)) / (1.0 - gamma)
     else:
         K_w = jnp.zeros_like(K)
         v = (ent + gamma * jnp.trace(U.T @ P @ U)) / (1.0 - gamma)
