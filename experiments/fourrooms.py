@@ -10,11 +10,8 @@ folder (``<out>/fourrooms/<timestamp>/`` or exactly ``--out`` with ``--exact-out
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -94,108 +91,36 @@ def method_grid(method: str, a):
     return product_grid(lr=lrs, sarsa_alpha=alphas, beta=[a.beta])
 
 
-def summarize(J: np.ndarray):
+def summarize(J: np.ndarray, window: int = SUMMARY_WINDOW):
     """Per seed mean of the last 1000 iterations -> (final [G,N], mean [G], se [G], best)."""
-    final = J[..., -min(SUMMARY_WINDOW, J.shape[-1]):].mean(-1)
-    n = final.shape[1]
-    se = final.std(-1, ddof=1) / np.sqrt(n) if n > 1 else np.zeros(final.shape[0])
-    mean = final.mean(-1)
-    return final, mean, se, int(np.argmax(mean))
+    from experiments.common import summarize as _summarize
+    return _summarize(J, window)
 
 
 def run_method(method: str, a, run_dir: str):
     """Trains (or resumes, or skips if complete) one method's grid; returns its summary dict."""
-    from bchg_jax.io import load_state, save_json, save_npz, save_state
     from bchg_jax.problems.fourrooms import fourrooms
-    from bchg_jax.sweep import grid_functions, run_grid, seed_keys
-    from bchg_jax.train import TrainConfig, make_hparams, make_train
+    from bchg_jax.train import TrainConfig, make_train
+    from experiments.common import run_method_folder
+    from experiments.plot import YLABEL
 
-    out = os.path.join(run_dir, method)
     grid = method_grid(method, a)  # validated by main() before any method ran
     envs, steps = batch_shape(a.batch)
     config = TrainConfig(num_envs=envs, num_steps=steps, iterations=a.iterations)
     trainer = make_train(fourrooms(a.slip_model), method, config)
-    metrics_path, ckpt_path = os.path.join(out, "metrics.npz"), os.path.join(out, "checkpoint.npz")
-    G = len(grid["lr"])
-
-    state, start, metrics = None, 0, None
-    if os.path.exists(metrics_path):
-        data = dict(np.load(metrics_path))
-        if data["J"].shape[-1] >= a.iterations:
-            print(f"[{method}] complete in {out}; skipped")
-            return _finish(method, grid, data, a, out, write=False)
-        if os.path.exists(ckpt_path):
-            init, _ = grid_functions(trainer)
-            hp = make_hparams(grid["lr"], grid["sarsa_alpha"], grid["beta"])
-            like = init(seed_keys(a.seeds, a.seed), hp)
-            state = load_state(ckpt_path, like)
-            start = int(np.asarray(state.step).reshape(-1)[0])
-            metrics = {k: data[k][..., :start] for k in ("J", "grad_norm", "sweeps")}
-            print(f"[{method}] resuming at iteration {start}")
-    if state is None:
-        save_json(os.path.join(out, "config.json"), {
-            "method": method, "args": vars(a), "train_config": vars(config),
-            "grid": {k: v.tolist() for k, v in grid.items()}, "num_grid_points": G})
-    print(f"[{method}] Four-Rooms [{a.slip_model}] beta={a.beta} batch={a.batch} ({envs}x{steps}) "
-          f"grid points={G} seeds={a.seeds} iterations={a.iterations} -> {out}", flush=True)
-
-    def on_chunk(st, m, done):  # metrics first: a checkpoint never runs ahead of the metrics
-        save_npz(metrics_path, {**m, **{f"grid_{k}": v for k, v in grid.items()},
-                                "completed": np.asarray(done)})
-        if done < a.iterations:
-            save_state(ckpt_path, st)
-
-    t0 = time.perf_counter()
-    _, metrics = run_grid(trainer, grid, a.seeds, a.iterations, a.chunk, a.seed, state=state,
-                          start=start, metrics=metrics, on_chunk=on_chunk, shard=a.shard)
-    wall = time.perf_counter() - t0
-    if os.path.exists(ckpt_path):
-        os.remove(ckpt_path)
-    data = {**metrics, **{f"grid_{k}": v for k, v in grid.items()}}
-    summary = _finish(method, grid, data, a, out, write=True)
-    summary["wall_s"] = wall
-    print(f"[{method}] wall time {wall:.1f}s")
-    return summary
-
-
-def _finish(method, grid, data, a, out, write):
-    from bchg_jax.io import save_csv, save_figure, save_npz
-    from experiments.plot import learning_curve_figure
-    J = data["J"]
-    final, mean, se, best = summarize(J)
-    if write:
-        save_npz(os.path.join(out, "metrics.npz"), {**data, "final": final,
-                                                    "best_index": np.asarray(best),
-                                                    "completed": np.asarray(J.shape[-1])})
-        rows = [(grid["lr"][g], grid["sarsa_alpha"][g], a.beta, f"{mean[g]:.4f}", f"{se[g]:.4f}",
-                 int(g == best)) for g in range(len(mean))]
-        save_csv(os.path.join(out, "summary.csv"),
-                 ["lr", "sarsa_alpha", "beta", "mean_last1000", "se", "best"], rows)
-        label = f"{method} lr={grid['lr'][best]:g}" + (
-            f" alpha={grid['sarsa_alpha'][best]:g}" if len(set(grid["sarsa_alpha"])) > 1 else "")
-        save_figure(os.path.join(out, "curve.png"), learning_curve_figure(
-            {label: J[best]}, f"Four-Rooms [{a.slip_model}]  beta={a.beta:g}  batch={a.batch}  "
-                              f"({a.seeds} seeds)"))
-        print(f"\n{'lr':>6} {'alpha':>6}  mean(last {SUMMARY_WINDOW})      se")
-        for g in np.argsort(-mean):
-            mark = "  <- best" if g == best else ""
-            print(f"{grid['lr'][g]:6g} {grid['sarsa_alpha'][g]:6g}  {mean[g]:+.4f}  {se[g]:.4f}{mark}")
-    return {"method": method, "lr": float(grid["lr"][best]),
-            "sarsa_alpha": float(grid["sarsa_alpha"][best]), "mean": float(mean[best]),
-            "se": float(se[best])}
+    return run_method_folder(
+        os.path.join(run_dir, method), method, trainer, grid, a,
+        record={"train_config": vars(config)},
+        title=f"Four-Rooms [{a.slip_model}]  beta={a.beta:g}  batch={a.batch}  ({a.seeds} seeds)",
+        window=SUMMARY_WINDOW, ylabel=YLABEL,
+        describe=f"Four-Rooms [{a.slip_model}] beta={a.beta} batch={a.batch} ({envs}x{steps})")
 
 
 def main(argv=None) -> str:
+    from experiments.common import finish_run, prepare_run_dir, resume_args
     a = parse_args(argv)
     if a.resume is not None:
-        cfg_path = os.path.join(a.resume, "config.json")
-        if not os.path.exists(cfg_path):
-            print(f"error: --resume {a.resume}: no config.json there", file=sys.stderr)
-            raise SystemExit(2)
-        saved = json.load(open(cfg_path))["args"]
-        resume, shard = a.resume, a.shard
-        a = argparse.Namespace(**{**vars(a), **saved})
-        a.resume, a.shard, a.out, a.exact_out = resume, shard, resume, True
+        a = resume_args(a, "fourrooms")
     from bchg_jax.train import validate_hparams
     try:
         validate_args(a)
@@ -205,36 +130,9 @@ def main(argv=None) -> str:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2)
-    from bchg_jax.io import save_csv, save_figure, save_json
-    from experiments.plot import panel_figure
-
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = a.out if a.exact_out else os.path.join(a.out, "fourrooms", stamp)
-    cfg_path = os.path.join(run_dir, "config.json")
-    if a.resume is None:
-        command = "python -m experiments.fourrooms " + " ".join(argv if argv is not None else sys.argv[1:])
-        all_methods = methods
-        if os.path.exists(cfg_path):  # adding methods to an existing run folder
-            old = json.load(open(cfg_path))
-            diff = [k for k in SETTING_KEYS if old["args"].get(k) != vars(a).get(k)]
-            if diff:
-                print(f"error: {run_dir} holds a run with other settings ({', '.join(diff)}); "
-                      "use another --out", file=sys.stderr)
-                raise SystemExit(2)
-            all_methods = old["methods"] + [m for m in methods if m not in old["methods"]]
-        save_json(cfg_path, {"experiment": "fourrooms", "methods": all_methods,
-                             "args": {**vars(a), "method": ",".join(all_methods)},
-                             "command": command})
+    run_dir = prepare_run_dir(a, "fourrooms", methods, SETTING_KEYS, argv)
     summaries = [run_method(m, a, run_dir) for m in methods]
-    if len(methods) > 1:
-        save_csv(os.path.join(run_dir, "summary.csv"), ["method", "lr", "sarsa_alpha", "mean_last1000", "se"],
-                 [(s["method"], s["lr"], s["sarsa_alpha"], f"{s['mean']:.4f}", f"{s['se']:.4f}")
-                  for s in summaries])
-        save_figure(os.path.join(run_dir, "figure.png"), panel_figure([run_dir]))
-    print(f"\n{'method':>12} {'lr':>6} {'alpha':>6}  mean(last {SUMMARY_WINDOW})      se")
-    for s in summaries:
-        print(f"{s['method']:>12} {s['lr']:6g} {s['sarsa_alpha']:6g}  {s['mean']:+.4f}  {s['se']:.4f}")
-    print(f"\nresults in {run_dir}")
+    finish_run(run_dir, summaries, SUMMARY_WINDOW)
     return run_dir
 
 

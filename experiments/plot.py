@@ -10,14 +10,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Sequence
 
 import numpy as np
 
 METHOD_LABELS = {"bchg": "BC-HG", "hpgd_oracle": "HPGD (oracle)", "hpgd_mc": "HPGD (MC)",
-                 "hpgd_sa": "HPGD (SA)", "sobirl": "SoBiRL", "naive": "Naive-PGD",
+                 "hpgd_sa": "HPGD (SA)", "hpgd_td": "HPGD (TD)", "sobirl": "SoBiRL",
+                 "naive": "Naive-PGD",
                  "exact": "exact hypergradient"}
 METHOD_ORDER = tuple(METHOD_LABELS)
 YLABEL = "upper-level objective  $V_L(S)$"
+YLABELS = {"fourrooms": YLABEL, "thermal": "leader objective $J_L$ (exact, 100 steps)"}
+
+
+def _config(run_dir: str) -> dict:
+    path = os.path.join(run_dir, "config.json")
+    return json.load(open(path)) if os.path.exists(path) else {}
 
 
 def rolling_mean(x: np.ndarray, window: int) -> np.ndarray:
@@ -68,9 +76,10 @@ def learning_curve_figure(curves: dict, title: str = "", window: int = 100, ylab
     return fig
 
 
-def load_run(run_dir: str):
-    """{method: (best curves [seeds, iters], summary dict)} for the method folders in run_dir."""
-    from experiments.fourrooms import summarize
+def load_run(run_dir: str, metric: str = "J"):
+    """{method: (best curves [seeds, iters] of ``metric``, summary dict)} for the method folders in
+    run_dir; the best grid point is chosen on J over the run's summary window."""
+    from experiments.common import summarize
     out = {}
     for method in METHOD_ORDER:
         path = os.path.join(run_dir, method, "metrics.npz")
@@ -78,21 +87,27 @@ def load_run(run_dir: str):
             continue
         d = np.load(path)
         J = d["J"]
-        final, mean, se, best = summarize(J)
-        out[method] = (J[best], {"mean": float(mean[best]), "se": float(se[best]),
-                                 "lr": float(d["grid_lr"][best]),
-                                 "sarsa_alpha": float(d["grid_sarsa_alpha"][best]),
-                                 "iterations": int(J.shape[-1])})
+        window = int(d["summary_window"]) if "summary_window" in d else 1000
+        final, mean, se, best = summarize(J, window)
+        hp = {k[5:]: float(d[k][best]) for k in d.files if k.startswith("grid_")}
+        out[method] = (d[metric][best], {"mean": float(mean[best]), "se": float(se[best]),
+                                         **hp, "iterations": int(J.shape[-1]),
+                                         "window": window})
     return out
 
 
 def _title(run_dir: str) -> str:
-    path = os.path.join(run_dir, "config.json")
-    if os.path.exists(path):
-        args = json.load(open(path)).get("args", {})
-        if "beta" in args:
-            return f"beta={args['beta']:g}, batch={args.get('batch')}"
+    cfg = _config(run_dir)
+    args = cfg.get("args", {})
+    if cfg.get("experiment") == "thermal":
+        return f"thermal: critic={args.get('critic')}, follower grad={args.get('follower_grad')}"
+    if "beta" in args:
+        return f"beta={args['beta']:g}, batch={args.get('batch')}"
     return os.path.basename(os.path.normpath(run_dir))
+
+
+def _ylabel(run_dirs) -> str:
+    return YLABELS.get(_config(run_dirs[0]).get("experiment", "fourrooms"), YLABEL)
 
 
 def panel_figure(run_dirs, window: int = 100):
@@ -106,7 +121,22 @@ def panel_figure(run_dirs, window: int = 100):
         draw_curves(ax, {METHOD_LABELS[m]: c for m, (c, _) in runs.items()}, window, colors)
         ax.set_title(_title(run_dir), fontsize=10)
         ax.legend(fontsize=7)
-    axes[0][0].set_ylabel(YLABEL)
+    axes[0][0].set_ylabel(_ylabel(run_dirs))
+    fig.tight_layout()
+    return fig
+
+
+def components_figure(run_dir: str, metrics: Sequence[str], window: int = 20):
+    """One panel per metric (e.g. the objective and its reward components), methods as curves,
+    each at its best grid point on J (the paper's thermal-control appendix figure)."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.6), squeeze=False)
+    colors = {METHOD_LABELS[m]: f"C{i}" for i, m in enumerate(METHOD_ORDER)}
+    for ax, name in zip(axes[0], metrics):
+        runs = load_run(run_dir, name)
+        draw_curves(ax, {METHOD_LABELS[m]: c for m, (c, _) in runs.items()}, window, colors)
+        ax.set_title(name, fontsize=10)
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     return fig
 
@@ -119,12 +149,15 @@ def final_table(run_dirs) -> str:
              "|---|" + "---|" * len(run_dirs)]
     for m in methods:
         cells = []
-        for r in runs:
+        for d, r in zip(run_dirs, runs):
             if m in r:
                 s = r[m][1]
+                planned = _config(d).get("args", {}).get("iterations", s["iterations"])
                 cells.append(f"{s['mean']:.3f} +- {s['se']:.3f} (lr {s['lr']:g}"
-                             + (f", a {s['sarsa_alpha']:g}" if m in ("bchg", "hpgd_sa") else "")
-                             + (f"; {s['iterations']} it" if s["iterations"] < 10_000 else "") + ")")
+                             + (f", a {s['sarsa_alpha']:g}" if m in ("bchg", "hpgd_sa")
+                                and "sarsa_alpha" in s else "")
+                             + (f"; {s['iterations']} it" if s["iterations"] < planned else "")
+                             + ")")
             else:
                 cells.append("-")
         lines.append(f"| {METHOD_LABELS[m]} | " + " | ".join(cells) + " |")
@@ -139,7 +172,7 @@ def export_best(run_dir: str, dest: str) -> None:
     """
     import shutil
     from bchg_jax.io import save_npz
-    from experiments.fourrooms import summarize
+    from experiments.common import summarize
     os.makedirs(dest, exist_ok=True)
     if os.path.exists(os.path.join(run_dir, "config.json")):
         shutil.copyfile(os.path.join(run_dir, "config.json"), os.path.join(dest, "config.json"))
@@ -148,10 +181,13 @@ def export_best(run_dir: str, dest: str) -> None:
         if not os.path.exists(os.path.join(src, "metrics.npz")):
             continue
         d = dict(np.load(os.path.join(src, "metrics.npz")))
-        best = summarize(d["J"])[3]
-        keep = {k: v[best:best + 1] for k, v in d.items()
-                if k == "J" or k.startswith("grid_")}
-        keep["J"] = keep["J"].astype(np.float32)
+        window = int(d["summary_window"]) if "summary_window" in d else 1000
+        best = summarize(d["J"], window)[3]
+        keep = {k: v[best:best + 1].astype(np.float32) for k, v in d.items()
+                if isinstance(v, np.ndarray) and v.ndim == 3 and k not in ("grad_norm", "sweeps",
+                                                                            "riccati_iters", "ok")}
+        keep.update({k: v[best:best + 1] for k, v in d.items() if k.startswith("grid_")})
+        keep["summary_window"] = np.asarray(window)
         keep["completed"] = np.asarray(d["J"].shape[-1])
         save_npz(os.path.join(dest, method, "metrics.npz"), keep)
         for name in ("summary.csv", "curve.png"):

@@ -1,0 +1,189 @@
+"""Shared driver of the experiment CLIs: run folders, per-chunk results, resume, summaries.
+
+A run folder holds ``config.json`` and one sub-folder per method with ``config.json``,
+``metrics.npz`` and ``checkpoint.npz`` (both rewritten atomically after every chunk; the
+checkpoint is removed when the method completes), ``summary.csv`` and ``curve.png``. With several
+methods the folder also gets ``summary.csv`` (best grid point per method) and ``figure.png``.
+A method whose metrics are complete is skipped, one with a checkpoint resumes from it.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from typing import Callable, Dict, Optional, Sequence
+
+import numpy as np
+
+
+def summarize(J: np.ndarray, window: int):
+    """Per seed mean of the last ``window`` iterations -> (final [G,N], mean [G], se [G], best)."""
+    final = J[..., -min(window, J.shape[-1]):].mean(-1)
+    n = final.shape[1]
+    se = final.std(-1, ddof=1) / np.sqrt(n) if n > 1 else np.zeros(final.shape[0])
+    mean = final.mean(-1)
+    return final, mean, se, int(np.argmax(mean))
+
+
+def grid_label(method: str, grid: Dict[str, np.ndarray], g: int) -> str:
+    varying = [k for k, v in grid.items() if len(set(np.atleast_1d(v).tolist())) > 1]
+    return method + "".join(f" {k}={grid[k][g]:g}" for k in varying)
+
+
+def run_method_folder(out: str, method: str, trainer, grid: Dict[str, np.ndarray], a, *,
+                      record: dict, title: str, window: int, ylabel: str,
+                      describe: str) -> dict:
+    """Trains (or resumes, or skips if complete) one method's grid in ``out``; returns a summary.
+
+    ``a`` needs ``seeds``, ``seed``, ``iterations``, ``chunk`` and ``shard``.
+    """
+    from bchg_jax.io import load_state, save_json, save_npz, save_state
+    from bchg_jax.sweep import grid_functions, run_grid, seed_keys
+
+    metrics_path, ckpt_path = os.path.join(out, "metrics.npz"), os.path.join(out, "checkpoint.npz")
+    state, start, metrics = None, 0, None
+    if os.path.exists(metrics_path):
+        data = dict(np.load(metrics_path))
+        if data["J"].shape[-1] >= a.iterations:
+            print(f"[{method}] complete in {out}; skipped")
+            return finish_method(out, method, grid, data, window, title, ylabel, write=False)
+        if os.path.exists(ckpt_path):
+            init, _ = grid_functions(trainer)
+            like = init(seed_keys(a.seeds, a.seed), _hparams(trainer, grid))
+            state = load_state(ckpt_path, like)
+            start = int(np.asarray(state.step).reshape(-1)[0])
+            metrics = {k: v[..., :start] for k, v in data.items()
+                       if isinstance(v, np.ndarray) and v.ndim == 3}
+            print(f"[{method}] resuming at iteration {start}")
+    if state is None:
+        save_json(os.path.join(out, "config.json"), {
+            "method": method, "args": vars(a), **record,
+            "grid": {k: np.asarray(v).tolist() for k, v in grid.items()},
+            "num_grid_points": len(grid["lr"])})
+    print(f"[{method}] {describe} grid points={len(grid['lr'])} seeds={a.seeds} "
+          f"iterations={a.iterations} -> {out}", flush=True)
+
+    def on_chunk(st, m, done):  # metrics first: a checkpoint never runs ahead of the metrics
+        save_npz(metrics_path, {**m, **{f"grid_{k}": v for k, v in grid.items()},
+                                "completed": np.asarray(done)})
+        if done < a.iterations:
+            save_state(ckpt_path, st)
+
+    t0 = time.perf_counter()
+    _, metrics = run_grid(trainer, grid, a.seeds, a.iterations, a.chunk, a.seed, state=state,
+                          start=start, metrics=metrics, on_chunk=on_chunk, shard=a.shard)
+    wall = time.perf_counter() - t0
+    if os.path.exists(ckpt_path):
+        os.remove(ckpt_path)
+    data = {**metrics, **{f"grid_{k}": v for k, v in grid.items()}}
+    summary = finish_method(out, method, grid, data, window, title, ylabel, write=True)
+    summary["wall_s"] = wall
+    print(f"[{method}] wall time {wall:.1f}s")
+    return summary
+
+
+def _hparams(trainer, grid):
+    if trainer.hparams is not None:
+        return trainer.hparams(grid)
+    from bchg_jax.train import make_hparams
+    return make_hparams(grid["lr"], grid["sarsa_alpha"], grid["beta"])
+
+
+def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict:
+    from bchg_jax.io import save_csv, save_figure, save_npz
+    from experiments.plot import learning_curve_figure
+    J = data["J"]
+    final, mean, se, best = summarize(J, window)
+    keys = list(grid)
+    if write:
+        save_npz(os.path.join(out, "metrics.npz"), {
+            **data, "final": final, "best_index": np.asarray(best),
+            "summary_window": np.asarray(window), "completed": np.asarray(J.shape[-1])})
+        rows = [tuple(float(grid[k][g]) for k in keys) + (f"{mean[g]:.4f}", f"{se[g]:.4f}",
+                                                          int(g == best))
+                for g in range(len(mean))]
+        save_csv(os.path.join(out, "summary.csv"),
+                 keys + [f"mean_last{window}", "se", "best"], rows)
+        save_figure(os.path.join(out, "curve.png"), learning_curve_figure(
+            {grid_label(method, grid, best): J[best]}, title, ylabel=ylabel))
+        print(f"\n{'  '.join(f'{k:>11}' for k in keys)}  mean(last {window})      se")
+        for g in np.argsort(-mean):
+            mark = "  <- best" if g == best else ""
+            print("  ".join(f"{grid[k][g]:11g}" for k in keys)
+                  + f"  {mean[g]:+.4f}  {se[g]:.4f}{mark}")
+    return {"method": method, **{k: float(grid[k][best]) for k in keys},
+            "mean": float(mean[best]), "se": float(se[best])}
+
+
+def resume_args(a, experiment: str):
+    """For ``--resume DIR``: the saved arguments of DIR's run, with resume/shard kept."""
+    cfg_path = os.path.join(a.resume, "config.json")
+    if not os.path.exists(cfg_path):
+        print(f"error: --resume {a.resume}: no config.json there", file=sys.stderr)
+        raise SystemExit(2)
+    cfg = json.load(open(cfg_path))
+    if cfg.get("experiment", experiment) != experiment:
+        print(f"error: --resume {a.resume} holds a {cfg['experiment']} run", file=sys.stderr)
+        raise SystemExit(2)
+    resume, shard = a.resume, a.shard
+    a = argparse.Namespace(**{**vars(a), **cfg["args"]})
+    a.resume, a.shard, a.out, a.exact_out = resume, shard, resume, True
+    return a
+
+
+def prepare_run_dir(a, experiment: str, methods: Sequence[str], setting_keys: Sequence[str],
+                    argv: Optional[Sequence[str]]) -> str:
+    """Creates (or re-opens, to add methods) the run folder and writes its ``config.json``."""
+    from bchg_jax.io import save_json
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = a.out if a.exact_out else os.path.join(a.out, experiment, stamp)
+    cfg_path = os.path.join(run_dir, "config.json")
+    if a.resume is None:
+        command = f"python -m experiments.{experiment} " + " ".join(
+            argv if argv is not None else sys.argv[1:])
+        all_methods = list(methods)
+        if os.path.exists(cfg_path):  # adding methods to an existing run folder
+            old = json.load(open(cfg_path))
+            diff = [k for k in setting_keys if old["args"].get(k) != vars(a).get(k)]
+            if diff:
+                print(f"error: {run_dir} holds a run with other settings ({', '.join(diff)}); "
+                      "use another --out", file=sys.stderr)
+                raise SystemExit(2)
+            all_methods = old["methods"] + [m for m in methods if m not in old["methods"]]
+        save_json(cfg_path, {"experiment": experiment, "methods": all_methods,
+                             "args": {**vars(a), "method": ",".join(all_methods)},
+                             "command": command, **environment_record()})
+    return run_dir
+
+
+def environment_record() -> dict:
+    """Library, JAX and device versions stored with every result."""
+    import jax
+    import bchg_jax
+    return {"bchg_jax_version": bchg_jax.__version__, "jax_version": jax.__version__,
+            "devices": [str(d) for d in jax.devices()],
+            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+def finish_run(run_dir: str, summaries: Sequence[dict], window: int, extra_figures:
+               Optional[Callable[[str], None]] = None) -> None:
+    from bchg_jax.io import save_csv, save_figure
+    from experiments.plot import panel_figure
+    if len(summaries) > 1:
+        keys = [k for k in summaries[0] if k not in ("method", "mean", "se", "wall_s")]
+        save_csv(os.path.join(run_dir, "summary.csv"),
+                 ["method"] + keys + [f"mean_last{window}", "se"],
+                 [(s["method"],) + tuple(s[k] for k in keys) + (f"{s['mean']:.4f}", f"{s['se']:.4f}")
+                  for s in summaries])
+        save_figure(os.path.join(run_dir, "figure.png"), panel_figure([run_dir]))
+    if extra_figures is not None:
+        extra_figures(run_dir)
+    print(f"\n{'method':>12}  best grid point                 mean(last {window})      se")
+    for s in summaries:
+        hp = " ".join(f"{k}={v:g}" for k, v in s.items()
+                      if k not in ("method", "mean", "se", "wall_s"))
+        print(f"{s['method']:>12}  {hp:30s}  {s['mean']:+.4f}  {s['se']:.4f}")
+    print(f"\nresults in {run_dir}")

@@ -1,0 +1,151 @@
+"""Building thermal control (4 zones, 2 HVAC units; max-ent LQR follower):
+``python -m experiments.thermal --seeds 10 --method all``.
+
+Every (learning rate, seed) of a method trains as one vmapped program, in jitted chunks. The
+metric of every iteration is the exact 100-step leader objective J_L(theta_i) under the
+follower's best response, with its four components (stability, HVAC energy, insulation and
+airflow costs; discounted sums). Outputs as for Four-Rooms (``experiments/common.py``), plus
+``components.png`` (objective and components, methods as curves).
+
+Estimator options: ``--follower-grad pathwise`` (default) or ``score`` (the paper's Eq. (nablaQF)),
+``--no-baseline`` (BC-HG without the state baseline), ``--no-control-variates``; ``--faithful``
+selects the paper's form throughout (MLP critics, score function, no baseline/control variates).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+PAPER_LR = (0.1, 0.01, 0.001)
+ALL_METHODS = ("bchg", "hpgd_td", "hpgd_mc", "naive")
+SUMMARY_WINDOW = 100
+COMPONENTS = ("J", "stability", "hvac_energy", "insulation", "airflow")
+SETTING_KEYS = ("seeds", "seed", "grid", "lr", "iterations", "critic", "follower_grad",
+                "no_baseline", "no_control_variates", "episodes", "beta", "init_std", "mlp_steps")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m experiments.thermal", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, default=10, help="number of seeds (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
+    p.add_argument("--method", default="bchg",
+                   help="a method, a comma-separated list, or 'all' (" + ", ".join(ALL_METHODS)
+                   + "; also 'exact': ascent on the exact hypergradient)")
+    p.add_argument("--lr", type=float, nargs="+", default=[0.1], help="leader learning rate(s)")
+    p.add_argument("--grid", choices=["none", "paper"], default="none",
+                   help="'paper': lr in {0.1, 0.01, 0.001}")
+    p.add_argument("--iterations", type=int, default=2000)
+    p.add_argument("--chunk", type=int, default=100, help="iterations per jitted chunk")
+    p.add_argument("--critic", choices=["quadratic", "mlp", "exact"], default="quadratic",
+                   help="leader critic (and HPGD's grad V_F network): LSTD on quadratic features "
+                        "(exact class, fast), the paper's 64-64 TD MLP, or closed form")
+    p.add_argument("--follower-grad", choices=["pathwise", "score"], default="pathwise",
+                   help="per-step FollowerQGrad form (score = the paper's Eq. (nablaQF))")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="BC-HG without the learned state baseline h(s) ~ grad V_F(s)")
+    p.add_argument("--no-control-variates", action="store_true",
+                   help="no E[V(s')|s,b] control variates in the score-function terms")
+    p.add_argument("--faithful", action="store_true",
+                   help="the paper's estimator: --critic mlp --follower-grad score --no-baseline "
+                        "--no-control-variates")
+    p.add_argument("--episodes", type=int, default=100, help="episodes of 100 steps per iteration")
+    p.add_argument("--beta", type=float, default=0.1, help="follower entropy coefficient")
+    p.add_argument("--init-std", type=float, default=0.01,
+                   help="std of the initial leader weights around 0 (reference 0.01; paper 1.0)")
+    p.add_argument("--mlp-steps", type=int, default=5000, help="Adam steps of the MLP critics")
+    p.add_argument("--out", default="results", help="results root (default ./results)")
+    p.add_argument("--exact-out", action="store_true", help="write into --out itself")
+    p.add_argument("--resume", metavar="DIR", default=None, help="continue the stopped run in DIR")
+    p.add_argument("--shard", action="store_true", help="split the runs over all JAX devices")
+    p.add_argument("--smoke", action="store_true", help="tiny run: 2 seeds, 6 iterations")
+    a = p.parse_args(argv)
+    if a.faithful:
+        a.critic, a.follower_grad, a.no_baseline, a.no_control_variates = (
+            "mlp", "score", True, True)
+    if a.smoke:
+        a.seeds, a.iterations, a.chunk = min(a.seeds, 2), min(a.iterations, 6), 3
+        a.episodes, a.mlp_steps = min(a.episodes, 4), min(a.mlp_steps, 5)
+    return a
+
+
+def methods_of(spec: str):
+    from bchg_jax.train_lq import LQ_METHODS
+    names = list(ALL_METHODS) if spec == "all" else [m.strip() for m in spec.split(",") if m.strip()]
+    bad = [m for m in names if m not in LQ_METHODS]
+    if bad or not names:
+        raise ValueError(f"--method must be 'all' or names from {LQ_METHODS}, got {spec!r}")
+    return names
+
+
+def train_config(a):
+    from bchg_jax.train_lq import LQTrainConfig
+    return LQTrainConfig(
+        num_episodes=a.episodes, iterations=a.iterations, weights_init_std=a.init_std,
+        critic=a.critic, follower_grad=a.follower_grad, state_baseline=not a.no_baseline,
+        control_variates=not a.no_control_variates, mlp_steps=a.mlp_steps).validate()
+
+
+def method_grid(a):
+    import numpy as np
+    lrs = PAPER_LR if a.grid == "paper" else a.lr
+    return {"lr": np.asarray(lrs, np.float64), "beta": np.full(len(lrs), a.beta)}
+
+
+def validate_args(a):
+    from bchg_jax.train_lq import validate_lq_hparams
+    methods = methods_of(a.method)
+    if a.seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {a.seeds}")
+    if a.iterations < 1 or a.chunk < 1 or a.episodes < 1:
+        raise ValueError("--iterations, --chunk and --episodes must be >= 1")
+    if a.init_std < 0:
+        raise ValueError(f"--init-std must be >= 0, got {a.init_std}")
+    train_config(a)
+    validate_lq_hparams(method_grid(a))
+    return methods
+
+
+def run_method(method: str, a, run_dir: str):
+    from bchg_jax.problems.thermal import thermal
+    from bchg_jax.train_lq import make_train_lq
+    from experiments.common import run_method_folder
+    from experiments.plot import YLABELS
+
+    config = train_config(a)
+    trainer = make_train_lq(thermal(), method, config)
+    return run_method_folder(
+        os.path.join(run_dir, method), method, trainer, method_grid(a), a,
+        record={"train_config": {k: (list(v) if isinstance(v, tuple) else v)
+                                 for k, v in vars(config).items()}},
+        title=f"thermal control  critic={a.critic}  ({a.seeds} seeds)", window=SUMMARY_WINDOW,
+        ylabel=YLABELS["thermal"],
+        describe=f"thermal critic={a.critic} follower-grad={a.follower_grad} "
+                 f"episodes={a.episodes}")
+
+
+def components_png(run_dir: str) -> None:
+    from bchg_jax.io import save_figure
+    from experiments.plot import components_figure
+    save_figure(os.path.join(run_dir, "components.png"), components_figure(run_dir, COMPONENTS))
+
+
+def main(argv=None) -> str:
+    from experiments.common import finish_run, prepare_run_dir, resume_args
+    a = parse_args(argv)
+    if a.resume is not None:
+        a = resume_args(a, "thermal")
+    try:
+        methods = validate_args(a)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2)
+    run_dir = prepare_run_dir(a, "thermal", methods, SETTING_KEYS, argv)
+    summaries = [run_method(m, a, run_dir) for m in methods]
+    finish_run(run_dir, summaries, SUMMARY_WINDOW, components_png)
+    return run_dir
+
+
+if __name__ == "__main__":
+    main()
