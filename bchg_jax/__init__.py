@@ -10,6 +10,11 @@ Public API (see README.md):
   exact:      best_response, leader_values, leader_objective, exact_hypergradient,
               policy_evaluation
   training:   TrainConfig, make_train, make_hparams, run_grid, product_grid, seed_keys
+  continuous (linear-Gaussian configurable MDPs, max-ent LQR follower):
+              LQConfigurableMDP, thermal, riccati, maxent_lqr, maxent_lqr_observable,
+              GaussianBestResponse, rollout_continuous, Trajectories, continuous_hypergradient,
+              per_step_follower_grad, per_step_follower_grad_pathwise, fit_quadratic_q,
+              lq_leader_objective, lq_exact_hypergradient, LQTrainConfig, make_train_lq
 """
 from bchg_jax.critics import (benefit, init_tabular_critic, monte_carlo_critic, sarsa_update,
                               state_value)
@@ -25,6 +30,17 @@ from bchg_jax.problems.tabular import TabularCMDP
 from bchg_jax.rollout import Batch, rollout
 from bchg_jax.sweep import product_grid, run_grid, seed_keys
 from bchg_jax.train import METHODS, TrainConfig, make_hparams, make_train
+from bchg_jax.followers.maxent_lqr import (GaussianBestResponse, maxent_lqr,
+                                           maxent_lqr_observable, riccati)
+from bchg_jax.problems.lq_cmdp import LQConfigurableMDP
+from bchg_jax.problems.thermal import thermal
+from bchg_jax.rollout_continuous import Trajectories, rollout_continuous
+from bchg_jax.estimators_continuous import (continuous_hypergradient, per_step_follower_grad,
+                                            per_step_follower_grad_pathwise)
+from bchg_jax.critics_quadratic import fit_quadratic_q
+from bchg_jax.exact_lq import exact_hypergradient as lq_exact_hypergradient
+from bchg_jax.exact_lq import leader_objective as lq_leader_objective
+from bchg_jax.train_lq import LQ_METHODS, LQTrainConfig, make_train_lq
 
 __version__ = "0.1.0"
 
@@ -35,4 +51,9 @@ __all__ = [
     "sobirl_cotangent", "forward_discounted_sum", "discounted_suffix_sum", "group_mean", "regroup", "best_response", "leader_values", "leader_objective",
     "exact_hypergradient", "policy_evaluation", "TrainConfig", "make_train", "make_hparams",
     "METHODS", "run_grid", "product_grid", "seed_keys",
+    "LQConfigurableMDP", "thermal", "riccati", "maxent_lqr", "maxent_lqr_observable",
+    "GaussianBestResponse", "rollout_continuous", "Trajectories", "continuous_hypergradient",
+    "per_step_follower_grad", "per_step_follower_grad_pathwise", "fit_quadratic_q",
+    "lq_leader_objective", "lq_exact_hypergradient", "LQ_METHODS", "LQTrainConfig",
+    "make_train_lq",
 ]

@@ -35,21 +35,43 @@ def init_mlp(key: Array, in_dim: int, out: int = 1, hidden: Sequence[int] = (64,
     return model, model.init(key, jnp.zeros((1, in_dim), dtype))
 
 
+def scales(x: Array, r: Array, gamma, normalize: bool):
+    """(x_scale, y_scale) of a normalised critic: inputs divided by their RMS, outputs multiplied
+    by RMS(r) / (1 - gamma) (per output); ones when ``normalize`` is False (the paper's MLP)."""
+    if not normalize:
+        return jnp.ones(x.shape[-1], x.dtype), jnp.ones(r.reshape(r.shape[0], -1).shape[-1], x.dtype)
+    xs = jnp.sqrt(jnp.mean(x ** 2, 0)) + 1e-6
+    ys = jnp.sqrt(jnp.mean(r.reshape(r.shape[0], -1) ** 2, 0)) / (1.0 - gamma) + 1e-6
+    return jax.lax.stop_gradient(xs), jax.lax.stop_gradient(ys)
+
+
+def apply_scaled(model: MLP, params, x: Array, x_scale: Array, y_scale: Array) -> Array:
+    return model.apply(params, x / x_scale) * y_scale
+
+
 def td_fit(model: MLP, params, x: Array, x_next: Array, r: Array, gamma, steps: int = 5000,
-           lr: float = 1e-4):
-    """``steps`` full-batch Adam steps on the TD(0) loss; ``r`` is [N] or [N, out]."""
+           lr: float = 1e-4, key=None, minibatch: int = 0, x_scale=None, y_scale=None):
+    """``steps`` Adam steps on the TD(0) loss (full batch, or ``minibatch`` random samples per
+    step with ``key``); ``r`` is [N] or [N, out]. With ``x_scale`` / ``y_scale`` the network
+    sees ``x / x_scale`` and predicts ``f / y_scale`` (see :func:`scales`)."""
     opt = optax.adam(lr)
     r2 = r.reshape(r.shape[0], -1)
+    xs = jnp.ones(x.shape[-1], x.dtype) if x_scale is None else x_scale
+    ys = jnp.ones(r2.shape[-1], x.dtype) if y_scale is None else y_scale
+    N = x.shape[0]
 
-    def loss(p):
-        target = r2 + gamma * jax.lax.stop_gradient(model.apply(p, x_next))
-        return jnp.mean((target - model.apply(p, x)) ** 2)
+    def loss(p, idx):
+        xb, xn, rb = (x, x_next, r2) if idx is None else (x[idx], x_next[idx], r2[idx])
+        target = rb / ys + gamma * jax.lax.stop_gradient(model.apply(p, xn / xs))
+        return jnp.mean((target - model.apply(p, xb / xs)) ** 2)
 
-    def step(c, _):
+    def step(c, k):
         p, o = c
-        g = jax.grad(loss)(p)
+        idx = None if not minibatch else jax.random.randint(k, (minibatch,), 0, N)
+        g = jax.grad(loss)(p, idx)
         u, o = opt.update(g, o, p)
         return (optax.apply_updates(p, u), o), None
 
-    (params, _), _ = jax.lax.scan(step, (params, opt.init(params)), None, length=steps)
+    keys = jax.random.split(jax.random.PRNGKey(0) if key is None else key, steps)
+    (params, _), _ = jax.lax.scan(step, (params, opt.init(params)), keys)
     return params

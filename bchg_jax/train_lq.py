@@ -63,6 +63,9 @@ class LQTrainConfig:
     mlp_hidden: Tuple[int, ...] = (64, 64)
     mlp_steps: int = 5000
     mlp_lr: float = 1e-4
+    mlp_warm_start: bool = False       # True: start each iteration from the last fit (cheaper)
+    mlp_normalize: bool = False        # scale inputs / outputs of the MLP critics (not the paper's)
+    mlp_minibatch: int = 0             # 0: full-batch Adam steps (the paper); else samples per step
     value_samples: int = 256           # MLP critic: V_L(s) = mean of Q_L(s, b_j), b_j ~ g(.|s)
     ridge: float = 1e-6
     riccati_tol: float = 1e-6
@@ -74,6 +77,8 @@ class LQTrainConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"LQTrainConfig.{name} must be a positive integer, got {v!r}")
+        if not isinstance(self.mlp_minibatch, (int, np.integer)) or self.mlp_minibatch < 0:
+            raise ValueError(f"mlp_minibatch must be an integer >= 0, got {self.mlp_minibatch!r}")
         for name in ("clip_norm", "mlp_lr", "riccati_tol"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"LQTrainConfig.{name} must be > 0, got {getattr(self, name)!r}")
@@ -92,7 +97,7 @@ class LQTrainConfig:
 class LQTrainState(NamedTuple):
     theta: Array        # leader weights (unconstrained)
     P: Array            # follower Riccati solution (warm start)
-    critic_init: object  # MLP critics' initial parameters (re-used every iteration) or ()
+    critic: object      # MLP critics' starting parameters (q, dVF) for the next iteration, or ()
     key: Array
     step: Array
 
@@ -142,11 +147,12 @@ def make_train_lq(problem: LQConfigurableMDP, method: str = "bchg",
                             jnp.zeros((), jnp.int32))
 
     def leader_critic(key, theta, br, traj, rL, critic_init):
-        """(V_L [E,T+1], Q_L [E,T], EV_L [E,T] or None) from the configured critic."""
+        """(V_L [E,T+1], Q_L [E,T], EV_L [E,T] or None, fitted MLP params or None)."""
         s, b = traj.s, traj.b
         if source == "mc":
             G = discounted_returns(rL, problem.gamma_L)
-            return jnp.concatenate([G, jnp.zeros((E, 1), dtype)], 1), G, None
+            return jnp.concatenate([G, jnp.zeros((E, 1), dtype)], 1), G, None, None
+        params = None
         if config.critic == "exact":
             qv = exact_lq.leader_value_quadratic(problem, theta, br)
             Q = qv.q(s[:, :-1], b[:, :-1])
@@ -158,30 +164,40 @@ def make_train_lq(problem: LQConfigurableMDP, method: str = "bchg",
         else:
             x = jnp.concatenate([s, b], -1)
             X, Xn = x[:, :-1].reshape(-1, n + m), x[:, 1:].reshape(-1, n + m)
+            k_fit, k_val = jax.random.split(key)
+            xs, ys = critics_mlp.scales(X, rL.reshape(-1), problem.gamma_L, config.mlp_normalize)
             params = critics_mlp.td_fit(q_model, critic_init[0], X, Xn, rL.reshape(-1),
-                                        problem.gamma_L, config.mlp_steps, config.mlp_lr)
-            Q = q_model.apply(params, X)[:, 0].reshape(E, T)
-            bs = br.sample(key, jnp.broadcast_to(s[None], (config.value_samples,) + s.shape))
-            xs = jnp.concatenate([jnp.broadcast_to(s[None], bs.shape[:-1] + (n,)), bs], -1)
-            V = jnp.mean(q_model.apply(params, xs)[..., 0], 0)
+                                        problem.gamma_L, config.mlp_steps, config.mlp_lr,
+                                        k_fit, config.mlp_minibatch, xs, ys)
+            Q = critics_mlp.apply_scaled(q_model, params, X, xs, ys)[:, 0].reshape(E, T)
+            bs = br.sample(k_val, jnp.broadcast_to(s[None], (config.value_samples,) + s.shape))
+            xv = jnp.concatenate([jnp.broadcast_to(s[None], bs.shape[:-1] + (n,)), bs], -1)
+            V = jnp.mean(critics_mlp.apply_scaled(q_model, params, xv, xs, ys)[..., 0], 0)
         EV = (Q - rL) / problem.gamma_L if config.control_variates else None
-        return V, Q, EV
+        return V, Q, EV, params
 
-    def fit_grad_vf(traj, y, critic_init):
-        """A learned grad_theta V_F at s_0..s_{T-1}: TD on the per-step vector rewards ``y``."""
-        if config.critic == "mlp":
+    def fit_grad_vf(key, traj, y, critic_init):
+        """(learned grad_theta V_F at s_0..s_{T-1}, fitted MLP params or None): TD on the per-step
+        vector rewards ``y``."""
+        if config.critic == "mlp" and guide == "hpgd":
             S = traj.s[:, :-1].reshape(-1, n)
             Sn = traj.s[:, 1:].reshape(-1, n)
-            params = critics_mlp.td_fit(v_model, critic_init[1], S, Sn, y.reshape(-1, d),
-                                        problem.gamma_F, config.mlp_steps, config.mlp_lr)
-            return v_model.apply(params, S).reshape(E, T, d)
-        # quadratic (also for critic="exact": the quadratic class is exact for an LQ follower)
+            Y = y.reshape(-1, d)
+            xs, ys = critics_mlp.scales(S, Y, problem.gamma_F, config.mlp_normalize)
+            params = critics_mlp.td_fit(v_model, critic_init[1], S, Sn, Y, problem.gamma_F,
+                                        config.mlp_steps, config.mlp_lr, key,
+                                        config.mlp_minibatch, xs, ys)
+            return critics_mlp.apply_scaled(v_model, params, S, xs, ys).reshape(E, T, d), params
+        # BC-HG's state baseline is always this cheap LSTD fit (any baseline is unbiased), and
+        # HPGD's dVF for the quadratic / exact critics (the class is exact for an LQ follower)
         f = critics_quadratic.fit_quadratic_vector_value(traj.s, y, problem.gamma_F, config.ridge)
-        return f(traj.s[:, :-1])
+        return f(traj.s[:, :-1]), None
 
     def step(state: LQTrainState, hp):
         theta, beta = state.theta, hp["beta"]
+        critic = state.critic
         key, k_roll, k_crit = jax.random.split(state.key, 3)
+        k_vf = jax.random.fold_in(k_crit, 1)
         br = problem.best_response(theta, beta, P0=state.P, tol=config.riccati_tol,
                                    max_iters=config.riccati_max_iters)
         ok = br.converged
@@ -196,7 +212,7 @@ def make_train_lq(problem: LQConfigurableMDP, method: str = "bchg",
             traj = rollout_continuous(k_roll, problem, theta, br, E, T)
             s, b = traj.s[:, :-1], traj.b[:, :-1]
             rL = problem.leader_reward(theta, s, b)
-            V_L, Q_L, EV_L = leader_critic(k_crit, theta, br, traj, rL, state.critic_init)
+            V_L, Q_L, EV_L, q_params = leader_critic(k_crit, theta, br, traj, rL, state.critic)
             V_F = soft_value(br, traj.s)
             EV_F = None
             if config.control_variates:
@@ -205,7 +221,7 @@ def make_train_lq(problem: LQConfigurableMDP, method: str = "bchg",
                             jnp.asarray(problem.Rbar, dtype), jnp.asarray(problem.U, dtype),
                             problem.gamma_F, s, b)
                 EV_F = (QF - problem.follower_reward(theta, s, b)) / problem.gamma_F
-            kw = {}
+            kw, v_params = {}, None
             if guide is not None and guide != "none":
                 need_vf = guide == "hpgd" or config.state_baseline
                 if config.follower_grad == "pathwise":
@@ -217,13 +233,16 @@ def make_train_lq(problem: LQConfigurableMDP, method: str = "bchg",
                     VFn = V_F[:, 1:] if EV_F is None else V_F[:, 1:] - EV_F
                     y = per_step_follower_grad(problem, theta, traj, VFn)
                 if need_vf:
-                    kw["dVF"] = fit_grad_vf(traj, y, state.critic_init)
+                    kw["dVF"], v_params = fit_grad_vf(k_vf, traj, y, state.critic)
                 if guide == "benefit":
                     kw["benefit"] = Q_L - V_L[:, :-1]
                 else:
                     kw["Q_L"] = Q_L
             grad = continuous_hypergradient(problem, theta, traj, beta, V_L, V_F, guide,
                                             EV_L=EV_L, EV_F=EV_F, **kw)
+            if use_mlp and config.mlp_warm_start:
+                critic = (state.critic[0] if q_params is None else q_params,
+                          state.critic[1] if v_params is None else v_params)
         finite = jnp.all(jnp.isfinite(grad))
         ok = ok & finite
         grad = jnp.where(ok, grad, 0.0)        # flagged, skipped: never a silent NaN update
@@ -234,7 +253,7 @@ def make_train_lq(problem: LQConfigurableMDP, method: str = "bchg",
         metrics["grad_norm"] = jnp.linalg.norm(grad)
         P_next = jnp.where(br.converged, jax.lax.stop_gradient(br.P),
                            jnp.asarray(problem.Qbar, dtype))
-        return LQTrainState(new_theta, P_next, state.critic_init, key, state.step + 1), metrics
+        return LQTrainState(new_theta, P_next, critic, key, state.step + 1), metrics
 
     def run(state, hp, num_iterations: int):
         return jax.lax.scan(lambda s, _: step(s, hp), state, None, length=num_iterations)

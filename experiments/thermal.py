@@ -22,7 +22,8 @@ ALL_METHODS = ("bchg", "hpgd_td", "hpgd_mc", "naive")
 SUMMARY_WINDOW = 100
 COMPONENTS = ("J", "stability", "hvac_energy", "insulation", "airflow")
 SETTING_KEYS = ("seeds", "seed", "grid", "lr", "iterations", "critic", "follower_grad",
-                "no_baseline", "no_control_variates", "episodes", "beta", "init_std", "mlp_steps")
+                "no_baseline", "no_control_variates", "episodes", "beta", "init_std", "mlp_steps",
+                "mlp_warm_start", "value_samples", "mlp_lr", "mlp_minibatch", "mlp_normalize")
 
 
 def parse_args(argv=None):
@@ -55,6 +56,16 @@ def parse_args(argv=None):
     p.add_argument("--init-std", type=float, default=0.01,
                    help="std of the initial leader weights around 0 (reference 0.01; paper 1.0)")
     p.add_argument("--mlp-steps", type=int, default=5000, help="Adam steps of the MLP critics")
+    p.add_argument("--value-samples", type=int, default=256,
+                   help="MLP critic: follower samples per state for V_L(s) (default 256)")
+    p.add_argument("--mlp-lr", type=float, default=1e-4, help="Adam step size of the MLP critics")
+    p.add_argument("--mlp-minibatch", type=int, default=0,
+                   help="samples per MLP critic step (0: full batch, the paper)")
+    p.add_argument("--mlp-normalize", action="store_true",
+                   help="MLP critics see inputs / RMS and predict outputs / (RMS(r) / (1 - gamma))")
+    p.add_argument("--mlp-warm-start", action="store_true",
+                   help="MLP critics continue from the last iteration's fit (the paper "
+                        "re-initialises them every iteration)")
     p.add_argument("--out", default="results", help="results root (default ./results)")
     p.add_argument("--exact-out", action="store_true", help="write into --out itself")
     p.add_argument("--resume", metavar="DIR", default=None, help="continue the stopped run in DIR")
@@ -67,6 +78,7 @@ def parse_args(argv=None):
     if a.smoke:
         a.seeds, a.iterations, a.chunk = min(a.seeds, 2), min(a.iterations, 6), 3
         a.episodes, a.mlp_steps = min(a.episodes, 4), min(a.mlp_steps, 5)
+        a.value_samples = min(a.value_samples, 8)
     return a
 
 
@@ -84,7 +96,9 @@ def train_config(a):
     return LQTrainConfig(
         num_episodes=a.episodes, iterations=a.iterations, weights_init_std=a.init_std,
         critic=a.critic, follower_grad=a.follower_grad, state_baseline=not a.no_baseline,
-        control_variates=not a.no_control_variates, mlp_steps=a.mlp_steps).validate()
+        control_variates=not a.no_control_variates, mlp_steps=a.mlp_steps,
+        mlp_warm_start=a.mlp_warm_start, value_samples=a.value_samples, mlp_lr=a.mlp_lr,
+        mlp_minibatch=a.mlp_minibatch, mlp_normalize=a.mlp_normalize).validate()
 
 
 def method_grid(a):

@@ -1,0 +1,90 @@
+"""Toy Markov game: the spec's ground-truth values from the exact evaluator; follower backups."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bchg_jax.exact_game import best_response_exact, leader_return, leader_values_game
+from bchg_jax.followers.soft_q_game import soft_q_iteration
+from bchg_jax.problems.tabular_game import TabularGame
+from bchg_jax.problems.toy_game import leader_policy_from_p, toy_game
+
+
+def _ret(game, p, backup="reference"):
+    f = leader_policy_from_p(p, jnp.float64)
+    br = best_response_exact(game, f, 0.05, backup)
+    return float(leader_return(game, f, br.policy)), np.asarray(br.policy[0, 0])
+
+
+def test_ground_truth_values_reference_backup(x64):
+    game = toy_game(2.0, dtype=jnp.float64)
+    r, g = _ret(game, 0.40)
+    assert abs(r - 32.6) < 0.05
+    np.testing.assert_allclose(g, [0.0, 0.47, 0.53], atol=0.006)
+    assert abs(_ret(game, 0.51)[0] - 59.5) < 0.05
+    assert abs(_ret(game, 0.53)[0] - 59.3) < 0.05
+    assert abs(_ret(game, 1.0)[0] - 50.0) < 1e-6
+    ps = np.linspace(0.40, 0.60, 41)
+    best = ps[int(np.argmax([_ret(game, p)[0] for p in ps]))]
+    assert abs(best - 0.51) <= 0.0051
+
+
+def test_paper_backup_optimum(x64):
+    game = toy_game(2.0, dtype=jnp.float64)
+    ps = np.linspace(0.45, 0.55, 41)
+    rets = [_ret(game, p, "paper")[0] for p in ps]
+    i = int(np.argmax(rets))
+    assert abs(ps[i] - 0.50) <= 0.0051 and abs(rets[i] - 59.75) < 0.05
+
+
+def test_soft_q_iteration_fixed_point_and_warm_start(x64):
+    game = toy_game(2.0, dtype=jnp.float64)
+    f = leader_policy_from_p(0.45, jnp.float64)
+    exact = best_response_exact(game, f, 0.05)
+    br = soft_q_iteration(game, f, 0.05, tol=1e-10, max_sweeps=100_000)
+    np.testing.assert_allclose(br.Q, exact.Q, atol=1e-8)
+    warm = soft_q_iteration(game, leader_policy_from_p(0.46, jnp.float64), 0.05, Q0=br.Q,
+                            tol=1e-10, max_sweeps=100_000)
+    cold = soft_q_iteration(game, leader_policy_from_p(0.46, jnp.float64), 0.05, tol=1e-10,
+                            max_sweeps=100_000)
+    assert int(warm.sweeps) < int(cold.sweeps)
+    np.testing.assert_allclose(warm.Q, cold.Q, atol=1e-7)
+
+
+def test_implicit_gradient_of_the_leader_return(x64):
+    game = toy_game(2.0, dtype=jnp.float64)
+
+    def J(p):
+        f = leader_policy_from_p(p, jnp.float64)
+        br = best_response_exact(game, f, 0.05, tol=1e-13, max_sweeps=200_000)
+        return leader_return(game, f, br.policy, gamma=0.99)
+
+    h = 1e-5
+    fd = (J(0.45 + h) - J(0.45 - h)) / (2 * h)
+    np.testing.assert_allclose(jax.grad(J)(0.45), fd, rtol=1e-5)
+
+
+def test_leader_values_satisfy_bellman(x64):
+    game = toy_game(2.0, dtype=jnp.float64)
+    f = leader_policy_from_p(0.5, jnp.float64)
+    g = best_response_exact(game, f, 0.05).policy
+    V, Q = leader_values_game(game, f, g)
+    np.testing.assert_allclose(V, jnp.sum(f[:, :, None] * g * Q, axis=(1, 2)), atol=1e-10)
+    # infinite-horizon discounted value from S equals the long discounted exact return
+    np.testing.assert_allclose(V[0], leader_return(game, f, g, horizon=5000, gamma=0.99),
+                               rtol=1e-8)
+
+
+def test_game_validation():
+    game = toy_game()
+    with pytest.raises(ValueError, match="transition"):
+        TabularGame(game.transition[..., :2], game.init_dist, game.follower_reward,
+                    game.leader_reward, 0.99, 0.99).validate()
+    with pytest.raises(ValueError, match="gamma_F"):
+        TabularGame(game.transition, game.init_dist, game.follower_reward, game.leader_reward,
+                    1.0, 0.99).validate()
+    with pytest.raises(ValueError, match="leader_reward"):
+        TabularGame(game.transition, game.init_dist, game.follower_reward,
+                    game.leader_reward[:, :1], 0.99, 0.99).validate()
+    with pytest.raises(ValueError, match="backup"):
+        soft_q_iteration(game, leader_policy_from_p(0.5), 0.05, backup="mine")
