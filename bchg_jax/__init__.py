@@ -15,6 +15,8 @@ Public API (see README.md):
               GaussianBestResponse, rollout_continuous, Trajectories, continuous_hypergradient,
               per_step_follower_grad, per_step_follower_grad_pathwise, fit_quadratic_q,
               lq_leader_objective, lq_exact_hypergradient, LQTrainConfig, make_train_lq
+  Markov games (tabular): TabularGame, toy_game, soft_q_iteration, best_response_exact,
+              leader_return, leader_values_game, rollout_game, game_hypergradient
 """
 from bchg_jax.critics import (benefit, init_tabular_critic, monte_carlo_critic, sarsa_update,
                               state_value)
@@ -41,6 +43,11 @@ from bchg_jax.critics_quadratic import fit_quadratic_q
 from bchg_jax.exact_lq import exact_hypergradient as lq_exact_hypergradient
 from bchg_jax.exact_lq import leader_objective as lq_leader_objective
 from bchg_jax.train_lq import LQ_METHODS, LQTrainConfig, make_train_lq
+from bchg_jax.problems.tabular_game import TabularGame
+from bchg_jax.problems.toy_game import toy_game
+from bchg_jax.followers.soft_q_game import soft_q_iteration
+from bchg_jax.exact_game import best_response_exact, leader_return, leader_values_game
+from bchg_jax.estimators_game import game_hypergradient, rollout_game
 
 __version__ = "0.1.0"
 
@@ -55,5 +62,6 @@ __all__ = [
     "GaussianBestResponse", "rollout_continuous", "Trajectories", "continuous_hypergradient",
     "per_step_follower_grad", "per_step_follower_grad_pathwise", "fit_quadratic_q",
     "lq_leader_objective", "lq_exact_hypergradient", "LQ_METHODS", "LQTrainConfig",
-    "make_train_lq",
+    "make_train_lq", "TabularGame", "toy_game", "soft_q_iteration", "best_response_exact",
+    "leader_return", "leader_values_game", "rollout_game", "game_hypergradient",
 ]
