@@ -63,10 +63,17 @@ def _is_key(x) -> bool:
     return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
+def _leaves(state):
+    return jax.tree_util.tree_flatten_with_path(state)[0]
+
+
 def save_state(path: str, state) -> None:
-    """Checkpoints a NamedTuple of arrays (typed PRNG keys stored as raw key data), atomically."""
+    """Checkpoints any pytree of arrays (typed PRNG keys stored as raw key data), atomically.
+
+    Leaves are stored under their tree path (``jax.tree_util.keystr``)."""
     arrays = {}
-    for name, x in state._asdict().items():
+    for kp, x in _leaves(state):
+        name = jax.tree_util.keystr(kp)
         if _is_key(x):
             arrays["key__" + name] = np.asarray(jax.random.key_data(x))
         else:
@@ -77,14 +84,19 @@ def save_state(path: str, state) -> None:
 def load_state(path: str, like):
     """Restores a checkpoint written by :func:`save_state` into the structure of ``like``."""
     data = np.load(path)
-    fields = {}
-    for name, ref in like._asdict().items():
+    leaves = []
+    for kp, ref in _leaves(like):
+        name = jax.tree_util.keystr(kp)
+        key_name = "key__" + name
+        if name not in data.files and key_name not in data.files:
+            raise ValueError(f"checkpoint {path}: no field {name} (a different method or config?)")
         if _is_key(ref):
-            fields[name] = jax.random.wrap_key_data(jax.numpy.asarray(data["key__" + name]),
-                                                    impl=jax.random.key_impl(ref))
+            x = jax.random.wrap_key_data(jax.numpy.asarray(data[key_name]),
+                                         impl=jax.random.key_impl(ref))
         else:
-            fields[name] = jax.numpy.asarray(data[name], dtype=ref.dtype)
-        if fields[name].shape != ref.shape:
-            raise ValueError(f"checkpoint {path}: field {name} has shape {fields[name].shape}, "
+            x = jax.numpy.asarray(data[name], dtype=ref.dtype)
+        if x.shape != ref.shape:
+            raise ValueError(f"checkpoint {path}: field {name} has shape {x.shape}, "
                              f"expected {ref.shape} (different grid, seeds or problem?)")
-    return type(like)(**fields)
+        leaves.append(x)
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), leaves)

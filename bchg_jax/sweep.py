@@ -95,7 +95,7 @@ def run_grid(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, iteratio
         hp = trainer.hparams(grid)
     else:
         hp = make_hparams(grid["lr"], grid["sarsa_alpha"], grid["beta"])
-    G, N = len(np.atleast_1d(grid["lr"])), int(seeds)
+    G, N = len(np.atleast_1d(next(iter(grid.values())))), int(seeds)
     init, run = grid_functions(trainer)
     if state is None:
         state = init(seed_keys(N, base_seed), hp)

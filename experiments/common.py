@@ -62,8 +62,8 @@ def run_method_folder(out: str, method: str, trainer, grid: Dict[str, np.ndarray
         save_json(os.path.join(out, "config.json"), {
             "method": method, "args": vars(a), **record,
             "grid": {k: np.asarray(v).tolist() for k, v in grid.items()},
-            "num_grid_points": len(grid["lr"])})
-    print(f"[{method}] {describe} grid points={len(grid['lr'])} seeds={a.seeds} "
+            "num_grid_points": _num_points(grid)})
+    print(f"[{method}] {describe} grid points={_num_points(grid)} seeds={a.seeds} "
           f"iterations={a.iterations} -> {out}", flush=True)
 
     def on_chunk(st, m, done):  # metrics first: a checkpoint never runs ahead of the metrics
@@ -83,6 +83,10 @@ def run_method_folder(out: str, method: str, trainer, grid: Dict[str, np.ndarray
     summary["wall_s"] = wall
     print(f"[{method}] wall time {wall:.1f}s")
     return summary
+
+
+def _num_points(grid) -> int:
+    return len(np.atleast_1d(next(iter(grid.values()))))
 
 
 def _hparams(trainer, grid):

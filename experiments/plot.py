@@ -16,11 +16,14 @@ import numpy as np
 
 METHOD_LABELS = {"bchg": "BC-HG", "hpgd_oracle": "HPGD (oracle)", "hpgd_mc": "HPGD (MC)",
                  "hpgd_sa": "HPGD (SA)", "hpgd_td": "HPGD (TD)", "sobirl": "SoBiRL",
-                 "naive": "Naive-PGD",
+                 "naive": "Naive-PGD", "bchg_off": "BC-HG (off-policy)",
+                 "naive_on": "Naive-PGD (on-policy)", "naive_off": "Naive-PGD (off-policy)",
+                 "biac_on": "Bi-AC (on-policy)", "biac_off": "Bi-AC (off-policy)",
                  "exact": "exact hypergradient"}
 METHOD_ORDER = tuple(METHOD_LABELS)
 YLABEL = "upper-level objective  $V_L(S)$"
-YLABELS = {"fourrooms": YLABEL, "thermal": "leader objective $J_L$ (exact, 100 steps)"}
+YLABELS = {"fourrooms": YLABEL, "thermal": "leader objective $J_L$ (exact, 100 steps)",
+           "toy_game": "leader return (exact, undiscounted, 150 steps)"}
 
 
 def _config(run_dir: str) -> dict:
@@ -101,6 +104,8 @@ def _title(run_dir: str) -> str:
     args = cfg.get("args", {})
     if cfg.get("experiment") == "thermal":
         return f"thermal: critic={args.get('critic')}, follower grad={args.get('follower_grad')}"
+    if cfg.get("experiment") == "toy_game":
+        return f"toy game R={args.get('R', 2):g}, {args.get('backup')} backup"
     if "beta" in args:
         return f"beta={args['beta']:g}, batch={args.get('batch')}"
     return os.path.basename(os.path.normpath(run_dir))
@@ -153,7 +158,9 @@ def final_table(run_dirs) -> str:
             if m in r:
                 s = r[m][1]
                 planned = _config(d).get("args", {}).get("iterations", s["iterations"])
-                cells.append(f"{s['mean']:.3f} +- {s['se']:.3f} (lr {s['lr']:g}"
+                hp = (f"lr {s['lr']:g}" if "lr" in s else
+                      f"actor {s.get('actor_steps', 0):g}, critic {s.get('critic_steps', 0):g}")
+                cells.append(f"{s['mean']:.3f} +- {s['se']:.3f} ({hp}"
                              + (f", a {s['sarsa_alpha']:g}" if m in ("bchg", "hpgd_sa")
                                 and "sarsa_alpha" in s else "")
                              + (f"; {s['iterations']} it" if s["iterations"] < planned else "")

@@ -1,0 +1,61 @@
+"""Episode buffers for actor-critic leaders, as pure functional state (``spec/toy_game.md``).
+
+A buffer holds whole episodes (``s`` [N, T+1], ``a`` [N, T], ``b`` [N, T]; int8 for discrete
+games) so that the influence term can read the rest of a sampled episode. ``"on"``-policy
+buffers hold exactly the newest batch (N = episodes per iteration); ``"off"``-policy buffers
+keep every episode (N = episodes x iterations, i.e. never full within a run).
+Sampling: ``sample_uniform`` (critic minibatches) draws (episode, step) uniformly over the
+stored transitions; ``sample_discounted`` (actor minibatches) draws the step with probability
+proportional to ``gamma^t`` (the discounted state distribution of the policy-gradient theorem).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+class EpisodeBuffer(NamedTuple):
+    s: Array       # [N, T+1]
+    a: Array       # [N, T]
+    b: Array       # [N, T]
+    count: Array   # episodes stored (<= N)
+
+
+def buffer_init(capacity: int, horizon: int, dtype=jnp.int8) -> EpisodeBuffer:
+    z = lambda *shape: jnp.zeros(shape, dtype)  # noqa: E731
+    return EpisodeBuffer(z(capacity, horizon + 1), z(capacity, horizon), z(capacity, horizon),
+                         jnp.zeros((), jnp.int32))
+
+
+def buffer_add(buf: EpisodeBuffer, s: Array, a: Array, b: Array, mode: str) -> EpisodeBuffer:
+    """Adds a batch of E episodes: ``mode="on"`` overwrites (N == E), ``"off"`` appends."""
+    if mode not in ("on", "off"):
+        raise ValueError(f"mode must be 'on' or 'off', got {mode!r}")
+    E, N = s.shape[0], buf.s.shape[0]
+    start = 0 if mode == "on" else jnp.minimum(buf.count, N - E)
+    put = lambda dst, x: jax.lax.dynamic_update_slice(dst, x.astype(dst.dtype), (start, 0))  # noqa: E731
+    return EpisodeBuffer(put(buf.s, s), put(buf.a, a), put(buf.b, b),
+                         jnp.minimum(buf.count + E if mode == "off" else E, N))
+
+
+def sample_uniform(key: Array, buf: EpisodeBuffer, num: int):
+    """(episode, step) indices, uniform over the stored transitions."""
+    T = buf.a.shape[1]
+    ke, kt = jax.random.split(key)
+    e = jax.random.randint(ke, (num,), 0, jnp.maximum(buf.count, 1))
+    return e, jax.random.randint(kt, (num,), 0, T)
+
+
+def sample_discounted(key: Array, buf: EpisodeBuffer, num: int, gamma):
+    """(episode, step) indices with P(step = t) proportional to gamma^t, t < T."""
+    T = buf.a.shape[1]
+    cdf = jnp.cumsum(gamma ** jnp.arange(T, dtype=jnp.float32))
+    cdf = cdf / cdf[-1]
+    ke, kt = jax.random.split(key)
+    e = jax.random.randint(ke, (num,), 0, jnp.maximum(buf.count, 1))
+    t = jnp.minimum(jnp.searchsorted(cdf, jax.random.uniform(kt, (num,))), T - 1)
+    return e, t

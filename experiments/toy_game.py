@@ -1,0 +1,129 @@
+"""The toy Markov game (R = 2) with actor-critic leaders: ``python -m experiments.toy_game``.
+
+Method variants: ``bchg`` (BC-HG, on-policy buffer), ``bchg_off``, ``naive_on`` / ``naive_off``
+(Naive-PGD), ``biac_on`` / ``biac_off`` (Bi-AC critic target); ``all`` = bchg, naive_on,
+naive_off, biac_on, biac_off. ``--grid paper`` runs actor_steps x critic_steps in
+{1, 2, 5, 10, 20}^2 (25 settings) per variant as one vmapped program. The metric of every
+iteration is the *exact* undiscounted 150-step leader return of (f_theta, g) (``J``), with the
+discounted one, the batch's sampled return, p = f(0|A) and g(.|S) (``p``, ``g_S``). Outputs as
+for the other experiments (``experiments/common.py``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+PAPER_STEPS = (1, 2, 5, 10, 20)
+VARIANTS = {"bchg": ("bchg", "on"), "bchg_off": ("bchg", "off"),
+            "naive_on": ("naive", "on"), "naive_off": ("naive", "off"),
+            "biac_on": ("biac", "on"), "biac_off": ("biac", "off")}
+ALL = ("bchg", "naive_on", "naive_off", "biac_on", "biac_off")
+SUMMARY_WINDOW = 50
+SETTING_KEYS = ("seeds", "seed", "grid", "actor_steps", "critic_steps", "iterations", "R",
+                "backup", "critic_target", "actor", "beta", "direct_baseline")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m experiments.toy_game", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--method", default="bchg",
+                   help="a variant, a comma-separated list, or 'all' (" + ", ".join(ALL) + ")")
+    p.add_argument("--actor-steps", type=int, nargs="+", default=[1])
+    p.add_argument("--critic-steps", type=int, nargs="+", default=[1])
+    p.add_argument("--grid", choices=["none", "paper"], default="none",
+                   help="'paper': actor x critic steps in {1,2,5,10,20}^2")
+    p.add_argument("--iterations", type=int, default=500)
+    p.add_argument("--chunk", type=int, default=50)
+    p.add_argument("--R", type=float, default=2.0, help="the game's reward R (paper figure: 2)")
+    p.add_argument("--beta", type=float, default=0.05, help="follower entropy coefficient")
+    p.add_argument("--backup", choices=["reference", "paper"], default="reference",
+                   help="follower soft-Q backup (reference code / Theorem 2)")
+    p.add_argument("--critic-target", choices=["reference", "paper"], default="reference",
+                   help="critic target: modes of target actor and g / sampled next actions")
+    p.add_argument("--direct-baseline", choices=["reference", "none"], default="reference")
+    p.add_argument("--actor", choices=["mlp", "tabular"], default="mlp")
+    p.add_argument("--out", default="results")
+    p.add_argument("--exact-out", action="store_true")
+    p.add_argument("--resume", metavar="DIR", default=None)
+    p.add_argument("--shard", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="tiny run: 2 seeds, 6 iterations")
+    a = p.parse_args(argv)
+    if a.smoke:
+        a.seeds, a.iterations, a.chunk = min(a.seeds, 2), min(a.iterations, 6), 3
+    return a
+
+
+def methods_of(spec: str):
+    names = list(ALL) if spec == "all" else [m.strip() for m in spec.split(",") if m.strip()]
+    bad = [m for m in names if m not in VARIANTS]
+    if bad or not names:
+        raise ValueError(f"--method must be 'all' or names from {tuple(VARIANTS)}, got {spec!r}")
+    return names
+
+
+def method_grid(a):
+    from bchg_jax.sweep import product_grid
+    actor, critic = (PAPER_STEPS, PAPER_STEPS) if a.grid == "paper" else (a.actor_steps,
+                                                                           a.critic_steps)
+    g = product_grid(actor_steps=actor, critic_steps=critic)
+    g["beta"] = np.full(len(g["actor_steps"]), a.beta)
+    return g
+
+
+def train_config(a, buffer: str):
+    from bchg_jax.train_game import GameTrainConfig
+    return GameTrainConfig(iterations=a.iterations, buffer=buffer, actor=a.actor,
+                           critic_target=a.critic_target, direct_baseline=a.direct_baseline,
+                           backup=a.backup).validate()
+
+
+def validate_args(a):
+    from bchg_jax.train_game import validate_game_hparams
+    methods = methods_of(a.method)
+    if a.seeds < 1 or a.iterations < 1 or a.chunk < 1:
+        raise ValueError("--seeds, --iterations and --chunk must be >= 1")
+    validate_game_hparams(method_grid(a))
+    for m in methods:
+        train_config(a, VARIANTS[m][1])
+    return methods
+
+
+def run_method(name: str, a, run_dir: str):
+    from bchg_jax.problems.toy_game import toy_game
+    from bchg_jax.train_game import make_train_game
+    from experiments.common import run_method_folder
+    from experiments.plot import YLABELS
+    method, buffer = VARIANTS[name]
+    config = train_config(a, buffer)
+    trainer = make_train_game(toy_game(a.R), method, config)
+    return run_method_folder(
+        os.path.join(run_dir, name), name, trainer, method_grid(a), a,
+        record={"train_config": {k: (list(v) if isinstance(v, tuple) else v)
+                                 for k, v in vars(config).items()}},
+        title=f"toy game R={a.R:g}  {name}  ({a.seeds} seeds)", window=SUMMARY_WINDOW,
+        ylabel=YLABELS["toy_game"], describe=f"toy game R={a.R:g} {method} buffer={buffer}")
+
+
+def main(argv=None) -> str:
+    from experiments.common import finish_run, prepare_run_dir, resume_args
+    a = parse_args(argv)
+    if a.resume is not None:
+        a = resume_args(a, "toy_game")
+    try:
+        methods = validate_args(a)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2)
+    run_dir = prepare_run_dir(a, "toy_game", methods, SETTING_KEYS, argv)
+    summaries = [run_method(m, a, run_dir) for m in methods]
+    finish_run(run_dir, summaries, SUMMARY_WINDOW)
+    return run_dir
+
+
+if __name__ == "__main__":
+    main()
