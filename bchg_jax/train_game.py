@@ -142,9 +142,12 @@ def make_train_game(game: TabularGame, method: str = "bchg",
     a_opt, c_opt = optax.adam(config.actor_lr), optax.adam(config.critic_lr)
     steps_ahead = jnp.arange(T)
 
-    def policy(params):
+    def log_policy(params):
         logits = params if config.actor == "tabular" else actor_net.apply(params, eyeS)
-        return jax.nn.softmax(logits, -1)                                   # [S, A]
+        return jax.nn.log_softmax(logits, -1)                               # [S, A]
+
+    def policy(params):
+        return jnp.exp(log_policy(params))
 
     def q_table(params):
         return critic_net.apply(params, sb_inputs).reshape(S, B, A).transpose(0, 2, 1)  # [S,A,B]
@@ -178,9 +181,8 @@ def make_train_game(game: TabularGame, method: str = "bchg",
         return jnp.mean((q_table(params)[s, a, b] - y) ** 2)
 
     def actor_loss(params, Q, g, V_F, beta, e, t, buf):
-        f = policy(params)
-        logf = jnp.log(f)
-        fs = jax.lax.stop_gradient(f)
+        logf = log_policy(params)
+        fs = jax.lax.stop_gradient(jnp.exp(logf))
         s, a, b = buf[0][e, t], buf[1][e, t], buf[2][e, t]
         q = Q[s, a, b]
         base = jnp.sum(fs[s] * Q[s, :, b], -1) if config.direct_baseline == "reference" else 0.0
@@ -239,15 +241,19 @@ def make_train_game(game: TabularGame, method: str = "bchg",
         f_new = policy(actor)
         br = soft_q_iteration(game, f_new, beta, config.backup, Q0=state.Q_F,
                               tol=config.follower_tol, max_sweeps=config.follower_max_sweeps)
+        actor_targ = soft(actor, state.actor_targ)
         metrics = {
             "J": leader_return(game, f_new, br.policy),
+            # the slowly moving target actor against the same follower (the reference's
+            # evaluation policy is its target actor: "AverageTargetReturn")
+            "J_target_actor": leader_return(game, policy(actor_targ), br.policy),
             "J_discounted": leader_return(game, f_new, br.policy, gamma=gL),
             "batch_return": jnp.mean(jnp.sum(rL_tab[ep.s, ep.a, ep.b], -1)),
             "p": f_new[1, 0] if S > 1 else f_new[0, 0],
             "g_S": br.policy[0, 0],
             "follower_sweeps": br.sweeps,
         }
-        new_state = GameTrainState(actor, soft(actor, state.actor_targ), critic,
+        new_state = GameTrainState(actor, actor_targ, critic,
                                    soft(critic, state.critic_targ), a_state, c_state, br.Q,
                                    buf, key, state.step + 1)
         return new_state, metrics

@@ -25,7 +25,8 @@ def summarize(J: np.ndarray, window: int):
     n = final.shape[1]
     se = final.std(-1, ddof=1) / np.sqrt(n) if n > 1 else np.zeros(final.shape[0])
     mean = final.mean(-1)
-    return final, mean, se, int(np.argmax(mean))
+    # a grid point with a non-finite run (e.g. a diverged policy) is never "best"
+    return final, mean, se, int(np.argmax(np.where(np.isfinite(mean), mean, -np.inf)))
 
 
 def grid_label(method: str, grid: Dict[str, np.ndarray], g: int) -> str:
