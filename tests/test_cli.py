@@ -110,3 +110,38 @@ def test_methods_can_be_added_to_a_run_folder_but_settings_cannot_change(tmp_pat
     with pytest.raises(SystemExit) as e:
         cli.main(["--smoke", "--method", "naive", "--beta", "0.005", "--out", run, "--exact-out"])
     assert e.value.code == 2 and "other settings" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module, extra, metrics", [
+    ("thermal", ["--method", "bchg,naive"], {"J", "stability", "hvac_energy", "insulation",
+                                             "airflow", "ok"}),
+    ("toy_game", ["--method", "bchg,naive_off"], {"J", "J_discounted", "p", "g_S"}),
+])
+def test_other_experiments_smoke_and_resume_skip(module, extra, metrics, tmp_path, capsys):
+    import importlib
+    mod = importlib.import_module(f"experiments.{module}")
+    run = mod.main(["--smoke", *extra, "--out", str(tmp_path / "r"), "--exact-out"])
+    for method in extra[1].split(","):
+        d = np.load(os.path.join(run, method, "metrics.npz"))
+        assert metrics <= set(d.files)
+        assert np.all(np.isfinite(d["J"]))
+    assert os.path.exists(os.path.join(run, "figure.png"))
+    cfg = json.load(open(os.path.join(run, "config.json")))
+    assert cfg["experiment"] == module and "jax_version" in cfg
+    capsys.readouterr()
+    mod.main(["--resume", run])                    # complete: every method is skipped
+    assert capsys.readouterr().out.count("skipped") == 2
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("thermal", ["--method", "sobirl"]), ("thermal", ["--lr", "0"]),
+    ("thermal", ["--init-std", "-1"]), ("toy_game", ["--method", "bchg_on"]),
+    ("toy_game", ["--actor-steps", "50"]), ("toy_game", ["--beta", "-0.1"]),
+])
+def test_other_experiments_bad_arguments(module, argv, tmp_path, capsys):
+    import importlib
+    mod = importlib.import_module(f"experiments.{module}")
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--smoke", *argv, "--out", str(tmp_path)])
+    assert e.value.code == 2
+    assert "error:" in capsys.readouterr().err
