@@ -115,12 +115,20 @@ def _ylabel(run_dirs) -> str:
     return YLABELS.get(_config(run_dirs[0]).get("experiment", "fourrooms"), YLABEL)
 
 
+def method_colors() -> dict:
+    """A distinct, fixed colour per method label (tab10, then the dark half of tab20b)."""
+    plt = _plt()
+    cmap10, cmap20 = plt.get_cmap("tab10"), plt.get_cmap("tab20b")
+    return {METHOD_LABELS[m]: (cmap10(i) if i < 10 else cmap20(4 * (i - 10) % 20))
+            for i, m in enumerate(METHOD_ORDER)}
+
+
 def panel_figure(run_dirs, window: int = 100):
     """One panel per run folder, methods as curves (the paper's Four-Rooms figure layout)."""
     plt = _plt()
     n = len(run_dirs)
     fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 3.8), squeeze=False)
-    colors = {METHOD_LABELS[m]: f"C{i}" for i, m in enumerate(METHOD_ORDER)}  # same in every panel
+    colors = method_colors()  # the same colour for a method in every panel
     for ax, run_dir in zip(axes[0], run_dirs):
         runs = load_run(run_dir)
         draw_curves(ax, {METHOD_LABELS[m]: c for m, (c, _) in runs.items()}, window, colors)
@@ -136,7 +144,7 @@ def components_figure(run_dir: str, metrics: Sequence[str], window: int = 20):
     each at its best grid point on J (the paper's thermal-control appendix figure)."""
     plt = _plt()
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.6), squeeze=False)
-    colors = {METHOD_LABELS[m]: f"C{i}" for i, m in enumerate(METHOD_ORDER)}
+    colors = method_colors()
     for ax, name in zip(axes[0], metrics):
         runs = load_run(run_dir, name)
         draw_curves(ax, {METHOD_LABELS[m]: c for m, (c, _) in runs.items()}, window, colors)
