@@ -57,6 +57,8 @@ def save_figure(path: str, fig) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format=os.path.splitext(path)[1][1:] or "png", dpi=120, bbox_inches="tight")
     _atomic_write_bytes(path, buf.getvalue())
+    import matplotlib.pyplot as plt
+    plt.close(fig)          # figures are written once; do not keep them open
 
 
 def _is_key(x) -> bool:
