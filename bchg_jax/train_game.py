@@ -80,15 +80,23 @@ class GameTrainConfig:
         return self
 
 
+def _torch_like_init():
+    """U(-1/sqrt(fan_in), 1/sqrt(fan_in)) kernels: PyTorch's nn.Linear default, which the
+    reference implementation's networks use (flax's lecun_normal has 3x the variance)."""
+    return nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
+
+
 class _Net(nn.Module):
     hidden: Tuple[int, ...]
     out: int
+    torch_init: bool = True
 
     @nn.compact
     def __call__(self, x):
+        kw = {"kernel_init": _torch_like_init()} if self.torch_init else {}
         for h in self.hidden:
-            x = nn.relu(nn.Dense(h)(x))
-        return nn.Dense(self.out)(x)
+            x = nn.relu(nn.Dense(h, **kw)(x))
+        return nn.Dense(self.out, **kw)(x)
 
 
 class GameTrainState(NamedTuple):
