@@ -52,6 +52,8 @@ class GameTrainConfig:
     max_steps: int = 20                # upper bound of the actor / critic step grids
     actor: str = "mlp"                 # "mlp" (64-64 on one-hot s) or "tabular" (softmax logits)
     hidden: Tuple[int, ...] = (64, 64)
+    init: str = "torch"                # "torch": U(+-1/sqrt(fan_in)) kernels (the reference);
+                                       # "flax": flax's lecun_normal default
     actor_lr: float = 1e-4
     critic_lr: float = 1e-3
     tau: float = 0.01
@@ -66,7 +68,7 @@ class GameTrainConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"GameTrainConfig.{name} must be a positive integer, got {v!r}")
-        choices = {"buffer": ("on", "off"), "actor": ("mlp", "tabular"),
+        choices = {"buffer": ("on", "off"), "actor": ("mlp", "tabular"), "init": ("torch", "flax"),
                    "critic_target": ("reference", "paper"),
                    "direct_baseline": ("reference", "none"), "backup": BACKUPS}
         for name, ok in choices.items():
@@ -144,8 +146,8 @@ def make_train_game(game: TabularGame, method: str = "bchg",
     P = jnp.asarray(game.transition, jnp.float32)
     rL_tab = jnp.asarray(game.leader_reward, jnp.float32)
     eyeS, eyeB = jnp.eye(S), jnp.eye(B)
-    actor_net = _Net(tuple(config.hidden), A)
-    critic_net = _Net(tuple(config.hidden), A)
+    actor_net = _Net(tuple(config.hidden), A, config.init == "torch")
+    critic_net = _Net(tuple(config.hidden), A, config.init == "torch")
     sb_inputs = jnp.concatenate([jnp.repeat(eyeS, B, 0), jnp.tile(eyeB, (S, 1))], -1)  # [S*B, S+B]
     a_opt, c_opt = optax.adam(config.actor_lr), optax.adam(config.critic_lr)
     steps_ahead = jnp.arange(T)

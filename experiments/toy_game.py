@@ -23,7 +23,7 @@ VARIANTS = {"bchg": ("bchg", "on"), "bchg_off": ("bchg", "off"),
 ALL = ("bchg", "naive_on", "naive_off", "biac_on", "biac_off")
 SUMMARY_WINDOW = 50
 SETTING_KEYS = ("seeds", "seed", "grid", "actor_steps", "critic_steps", "iterations", "R",
-                "backup", "critic_target", "actor", "beta", "direct_baseline")
+                "backup", "critic_target", "actor", "beta", "direct_baseline", "init")
 
 
 def parse_args(argv=None):
@@ -47,6 +47,9 @@ def parse_args(argv=None):
                    help="critic target: modes of target actor and g / sampled next actions")
     p.add_argument("--direct-baseline", choices=["reference", "none"], default="reference")
     p.add_argument("--actor", choices=["mlp", "tabular"], default="mlp")
+    p.add_argument("--init", choices=["torch", "flax"], default="torch",
+                   help="network initialisation: PyTorch's nn.Linear default (the reference) or "
+                        "flax's lecun_normal")
     p.add_argument("--out", default="results")
     p.add_argument("--exact-out", action="store_true")
     p.add_argument("--resume", metavar="DIR", default=None)
@@ -79,7 +82,7 @@ def train_config(a, buffer: str):
     from bchg_jax.train_game import GameTrainConfig
     return GameTrainConfig(iterations=a.iterations, buffer=buffer, actor=a.actor,
                            critic_target=a.critic_target, direct_baseline=a.direct_baseline,
-                           backup=a.backup).validate()
+                           backup=a.backup, init=a.init).validate()
 
 
 def validate_args(a):
