@@ -29,6 +29,15 @@ def summarize(J: np.ndarray, window: int):
     return final, mean, se, int(np.argmax(np.where(np.isfinite(mean), mean, -np.inf)))
 
 
+def parse_methods(spec: str, all_methods: Sequence[str], valid: Sequence[str]):
+    """``--method`` value -> list of names: 'all', one name or a comma-separated list."""
+    names = list(all_methods) if spec == "all" else [m.strip() for m in spec.split(",")
+                                                     if m.strip()]
+    if not names or any(m not in valid for m in names):
+        raise ValueError(f"--method must be 'all' or names from {tuple(valid)}, got {spec!r}")
+    return names
+
+
 def grid_label(method: str, grid: Dict[str, np.ndarray], g: int) -> str:
     varying = [k for k, v in grid.items() if len(set(np.atleast_1d(v).tolist())) > 1]
     return method + "".join(f" {k}={grid[k][g]:g}" for k in varying)

@@ -64,11 +64,8 @@ def parse_args(argv=None):
 
 def methods_of(spec: str):
     from bchg_jax.train import METHODS
-    names = list(ALL_METHODS) if spec == "all" else [m.strip() for m in spec.split(",") if m.strip()]
-    bad = [m for m in names if m not in METHODS]
-    if bad or not names:
-        raise ValueError(f"--method must be 'all' or names from {METHODS}, got {spec!r}")
-    return names
+    from experiments.common import parse_methods
+    return parse_methods(spec, ALL_METHODS, METHODS)
 
 
 def validate_args(a):

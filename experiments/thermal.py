@@ -84,11 +84,8 @@ def parse_args(argv=None):
 
 def methods_of(spec: str):
     from bchg_jax.train_lq import LQ_METHODS
-    names = list(ALL_METHODS) if spec == "all" else [m.strip() for m in spec.split(",") if m.strip()]
-    bad = [m for m in names if m not in LQ_METHODS]
-    if bad or not names:
-        raise ValueError(f"--method must be 'all' or names from {LQ_METHODS}, got {spec!r}")
-    return names
+    from experiments.common import parse_methods
+    return parse_methods(spec, ALL_METHODS, LQ_METHODS)
 
 
 def train_config(a):

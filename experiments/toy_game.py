@@ -62,11 +62,8 @@ def parse_args(argv=None):
 
 
 def methods_of(spec: str):
-    names = list(ALL) if spec == "all" else [m.strip() for m in spec.split(",") if m.strip()]
-    bad = [m for m in names if m not in VARIANTS]
-    if bad or not names:
-        raise ValueError(f"--method must be 'all' or names from {tuple(VARIANTS)}, got {spec!r}")
-    return names
+    from experiments.common import parse_methods
+    return parse_methods(spec, ALL, tuple(VARIANTS))
 
 
 def method_grid(a):
