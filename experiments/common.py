@@ -201,3 +201,22 @@ def finish_run(run_dir: str, summaries: Sequence[dict], window: int, extra_figur
                       if k not in ("method", "mean", "se", "wall_s"))
         print(f"{s['method']:>12}  {hp:30s}  {s['mean']:+.4f}  {s['se']:.4f}")
     print(f"\nresults in {run_dir}")
+
+
+def run_experiment(experiment: str, argv, parse_args: Callable, validate: Callable,
+                   run_method: Callable, setting_keys: Sequence[str], window: int,
+                   extra_figures: Optional[Callable[[str], None]] = None) -> str:
+    """The main() of every experiment CLI: parse, resume, validate everything before anything
+    compiles (bad input exits 2 with ``error: ...``), run each method, write the run summary."""
+    a = parse_args(argv)
+    if a.resume is not None:
+        a = resume_args(a, experiment)
+    try:
+        methods = validate(a)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2)
+    run_dir = prepare_run_dir(a, experiment, methods, setting_keys, argv)
+    summaries = [run_method(m, a, run_dir) for m in methods]
+    finish_run(run_dir, summaries, window, extra_figures)
+    return run_dir

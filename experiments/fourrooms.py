@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import numpy as np
 
@@ -113,24 +112,20 @@ def run_method(method: str, a, run_dir: str):
         describe=f"Four-Rooms [{a.slip_model}] beta={a.beta} batch={a.batch} ({envs}x{steps})")
 
 
-def main(argv=None) -> str:
-    from experiments.common import finish_run, prepare_run_dir, resume_args
-    a = parse_args(argv)
-    if a.resume is not None:
-        a = resume_args(a, "fourrooms")
+def validate_all(a):
+    """Arguments and every method's grid, checked before anything compiles; -> method names."""
     from bchg_jax.train import validate_hparams
-    try:
-        validate_args(a)
-        methods = methods_of(a.method)
-        for m in methods:  # every method's grid is checked before anything compiles
-            validate_hparams(method_grid(m, a))
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2)
-    run_dir = prepare_run_dir(a, "fourrooms", methods, SETTING_KEYS, argv)
-    summaries = [run_method(m, a, run_dir) for m in methods]
-    finish_run(run_dir, summaries, SUMMARY_WINDOW)
-    return run_dir
+    validate_args(a)
+    methods = methods_of(a.method)
+    for m in methods:
+        validate_hparams(method_grid(m, a))
+    return methods
+
+
+def main(argv=None) -> str:
+    from experiments.common import run_experiment
+    return run_experiment("fourrooms", argv, parse_args, validate_all, run_method, SETTING_KEYS,
+                          SUMMARY_WINDOW)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 PAPER_LR = (0.1, 0.01, 0.001)
 ALL_METHODS = ("bchg", "hpgd_td", "hpgd_mc", "naive")
@@ -143,19 +142,9 @@ def components_png(run_dir: str) -> None:
 
 
 def main(argv=None) -> str:
-    from experiments.common import finish_run, prepare_run_dir, resume_args
-    a = parse_args(argv)
-    if a.resume is not None:
-        a = resume_args(a, "thermal")
-    try:
-        methods = validate_args(a)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2)
-    run_dir = prepare_run_dir(a, "thermal", methods, SETTING_KEYS, argv)
-    summaries = [run_method(m, a, run_dir) for m in methods]
-    finish_run(run_dir, summaries, SUMMARY_WINDOW, components_png)
-    return run_dir
+    from experiments.common import run_experiment
+    return run_experiment("thermal", argv, parse_args, validate_args, run_method, SETTING_KEYS,
+                          SUMMARY_WINDOW, components_png)
 
 
 if __name__ == "__main__":

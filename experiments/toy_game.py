@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import numpy as np
 
@@ -110,19 +109,9 @@ def run_method(name: str, a, run_dir: str):
 
 
 def main(argv=None) -> str:
-    from experiments.common import finish_run, prepare_run_dir, resume_args
-    a = parse_args(argv)
-    if a.resume is not None:
-        a = resume_args(a, "toy_game")
-    try:
-        methods = validate_args(a)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2)
-    run_dir = prepare_run_dir(a, "toy_game", methods, SETTING_KEYS, argv)
-    summaries = [run_method(m, a, run_dir) for m in methods]
-    finish_run(run_dir, summaries, SUMMARY_WINDOW)
-    return run_dir
+    from experiments.common import run_experiment
+    return run_experiment("toy_game", argv, parse_args, validate_args, run_method, SETTING_KEYS,
+                          SUMMARY_WINDOW)
 
 
 if __name__ == "__main__":
