@@ -1,7 +1,7 @@
 """Episode buffers for actor-critic leaders, as pure functional state (``spec/toy_game.md``).
 
 A buffer holds whole episodes (``s`` [N, T+1], ``a`` [N, T], ``b`` [N, T]; int8 for discrete
-games) so that the influence term can read the rest of a sampled episode. ``"on"``-policy
+games, float with trailing vector dimensions for continuous ones) so that the influence term can read the rest of a sampled episode. ``"on"``-policy
 buffers hold exactly the newest batch (N = episodes per iteration); ``"off"``-policy buffers
 keep every episode (N = episodes x iterations, i.e. never full within a run).
 Sampling: ``sample_uniform`` (critic minibatches) draws (episode, step) uniformly over the
@@ -25,10 +25,13 @@ class EpisodeBuffer(NamedTuple):
     count: Array   # episodes stored (<= N)
 
 
-def buffer_init(capacity: int, horizon: int, dtype=jnp.int8) -> EpisodeBuffer:
+def buffer_init(capacity: int, horizon: int, dtype=jnp.int8, dims=None) -> EpisodeBuffer:
+    """An empty buffer; ``dims=(n, k, m)`` adds trailing vector dimensions to s, a, b
+    (continuous games, e.g. ``dtype=jnp.float32``)."""
+    ds, da, db = ((), (), ()) if dims is None else ((dims[0],), (dims[1],), (dims[2],))
     z = lambda *shape: jnp.zeros(shape, dtype)  # noqa: E731
-    return EpisodeBuffer(z(capacity, horizon + 1), z(capacity, horizon), z(capacity, horizon),
-                         jnp.zeros((), jnp.int32))
+    return EpisodeBuffer(z(capacity, horizon + 1, *ds), z(capacity, horizon, *da),
+                         z(capacity, horizon, *db), jnp.zeros((), jnp.int32))
 
 
 def buffer_add(buf: EpisodeBuffer, s: Array, a: Array, b: Array, mode: str) -> EpisodeBuffer:
@@ -37,7 +40,8 @@ def buffer_add(buf: EpisodeBuffer, s: Array, a: Array, b: Array, mode: str) -> E
         raise ValueError(f"mode must be 'on' or 'off', got {mode!r}")
     E, N = s.shape[0], buf.s.shape[0]
     start = 0 if mode == "on" else jnp.minimum(buf.count, N - E)
-    put = lambda dst, x: jax.lax.dynamic_update_slice(dst, x.astype(dst.dtype), (start, 0))  # noqa: E731
+    put = lambda dst, x: jax.lax.dynamic_update_slice(  # noqa: E731
+        dst, x.astype(dst.dtype), (start,) + (0,) * (dst.ndim - 1))
     return EpisodeBuffer(put(buf.s, s), put(buf.a, a), put(buf.b, b),
                          jnp.minimum(buf.count + E if mode == "off" else E, N))
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, NamedTuple, Tuple
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,6 +35,7 @@ from bchg_jax.buffers import (EpisodeBuffer, buffer_add, buffer_init, sample_dis
 from bchg_jax.estimators_game import rollout_game
 from bchg_jax.exact_game import leader_return
 from bchg_jax.followers.soft_q_game import BACKUPS, soft_q_iteration
+from bchg_jax.networks import MLP
 from bchg_jax.problems.tabular_game import TabularGame
 from bchg_jax.train import Trainer
 
@@ -80,25 +80,6 @@ class GameTrainConfig:
         if not 0 < self.tau <= 1:
             raise ValueError(f"tau must be in (0, 1], got {self.tau!r}")
         return self
-
-
-def _torch_like_init():
-    """U(-1/sqrt(fan_in), 1/sqrt(fan_in)) kernels: PyTorch's nn.Linear default, which the
-    reference implementation's networks use (flax's lecun_normal has 3x the variance)."""
-    return nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
-
-
-class _Net(nn.Module):
-    hidden: Tuple[int, ...]
-    out: int
-    torch_init: bool = True
-
-    @nn.compact
-    def __call__(self, x):
-        kw = {"kernel_init": _torch_like_init()} if self.torch_init else {}
-        for h in self.hidden:
-            x = nn.relu(nn.Dense(h, **kw)(x))
-        return nn.Dense(self.out, **kw)(x)
 
 
 class GameTrainState(NamedTuple):
@@ -146,8 +127,8 @@ def make_train_game(game: TabularGame, method: str = "bchg",
     P = jnp.asarray(game.transition, jnp.float32)
     rL_tab = jnp.asarray(game.leader_reward, jnp.float32)
     eyeS, eyeB = jnp.eye(S), jnp.eye(B)
-    actor_net = _Net(tuple(config.hidden), A, config.init == "torch")
-    critic_net = _Net(tuple(config.hidden), A, config.init == "torch")
+    actor_net = MLP(tuple(config.hidden), A, config.init == "torch")
+    critic_net = MLP(tuple(config.hidden), A, config.init == "torch")
     sb_inputs = jnp.concatenate([jnp.repeat(eyeS, B, 0), jnp.tile(eyeB, (S, 1))], -1)  # [S*B, S+B]
     a_opt, c_opt = optax.adam(config.actor_lr), optax.adam(config.critic_lr)
     steps_ahead = jnp.arange(T)

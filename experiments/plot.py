@@ -19,11 +19,14 @@ METHOD_LABELS = {"bchg": "BC-HG", "hpgd_oracle": "HPGD (oracle)", "hpgd_mc": "HP
                  "naive": "Naive-PGD", "bchg_off": "BC-HG (off-policy)",
                  "naive_on": "Naive-PGD (on-policy)", "naive_off": "Naive-PGD (off-policy)",
                  "biac_on": "Bi-AC (on-policy)", "biac_off": "Bi-AC (off-policy)",
+                 "bchg_det": "BC-HG (deterministic leader)",
+                 "naive_det": "Naive-PGD (deterministic leader)",
                  "exact": "exact hypergradient"}
 METHOD_ORDER = tuple(METHOD_LABELS)
 YLABEL = "upper-level objective  $V_L(S)$"
 YLABELS = {"fourrooms": YLABEL, "thermal": "leader objective $J_L$ (exact, 100 steps)",
-           "toy_game": "leader return (exact, undiscounted, 150 steps)"}
+           "toy_game": "leader return (exact, undiscounted, 150 steps)",
+           "lqr_game": "leader return (exact, undiscounted, 100 steps)"}
 
 
 def _config(run_dir: str) -> dict:

@@ -1,0 +1,109 @@
+"""Exact leader return and hypergradient of the bi-level LQR Markov game.
+
+Under the leader ``a = K s + U eps_a`` and the best response ``b = -K_s s - K_a a + L eps_b`` the
+closed loop is linear-Gaussian (:func:`closed_loop`):
+``s' = F s + (C - B K_a) U eps_a + B L eps_b``, ``F = A + C K - B (K_s + K_a K)``,
+so from the fixed ``s0`` the state is ``N(mu_t, Sigma_t)`` with ``mu_{t+1} = F mu_t``,
+``Sigma_{t+1} = F Sigma_t F^T + N`` (:func:`state_moments`). The Gaussian bump has the closed-form
+expectation (:func:`expected_bump`)
+``E exp(-1/2 (s - s*)^T W (s - s*)) = det(I + Sigma_t W)^{-1/2} exp(-1/2 d^T (I + W Sigma_t)^{-1} W d)``
+with ``d = mu_t - s*``. Summing over the horizon gives the leader's return (:func:`leader_return`);
+its gradient by autodiff through the moments and the Riccati solution (implicit) is the exact
+hypergradient (:func:`exact_hypergradient`). :func:`leader_q` gives exact finite-horizon critics
+``Q_L^(h)(s, a, b) = r_L(s) + gamma V_L^(h-1)(A s + B b + C a)`` for any batch of samples (the
+conditional mean from a state ``x`` is ``F^t x`` and the covariance does not depend on ``x``).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from bchg_jax.problems.lqr_game import (GameResponse, LQRGame, best_response, leader_gain,
+                                        leader_reward, transition)
+
+Array = jax.Array
+
+
+def closed_loop(game: LQRGame, theta: Array, resp: GameResponse, stochastic: bool = True):
+    """(F, N): the closed-loop matrix and the per-step noise covariance."""
+    dt = theta.dtype
+    A, B, C, _, _ = game.arrays(dt)
+    K = leader_gain(game, theta)
+    F = A + C @ K - B @ (resp.K_s + resp.K_a @ K)
+    G = (C - B @ resp.K_a) @ jnp.asarray(game.U, dt) * (1.0 if stochastic else 0.0)
+    N = G @ G.T + B @ resp.cov @ B.T
+    return F, 0.5 * (N + N.T)
+
+
+def state_moments(F: Array, N: Array, s0: Array, horizon: int):
+    """Means [T, n] and covariances [T, n, n] of s_0..s_{T-1} from the fixed state ``s0``."""
+    def body(c, _):
+        mu, S = c
+        return (F @ mu, F @ S @ F.T + N), (mu, S)
+
+    n = s0.shape[-1]
+    _, (mu, S) = jax.lax.scan(body, (s0, jnp.zeros((n, n), s0.dtype)), None, length=horizon)
+    return mu, S
+
+
+def expected_bump(game: LQRGame, mu: Array, cov: Array) -> Array:
+    """E[r_L(s)] for s ~ N(mu, cov) (any batch shape; ``cov`` broadcasts against ``mu``)."""
+    W = jnp.asarray(game.Sigma, mu.dtype)
+    n = mu.shape[-1]
+    I = jnp.eye(n, dtype=mu.dtype)
+    Mx = I + W @ cov                                    # [..., n, n]
+    d = mu - jnp.asarray(game.s_star, mu.dtype)
+    Wd = d @ W.T
+    z = jnp.linalg.solve(jnp.broadcast_to(Mx, d.shape[:-1] + (n, n)), Wd[..., None])[..., 0]
+    return jnp.exp(-0.5 * jnp.sum(d * z, -1)) / jnp.sqrt(jnp.linalg.det(Mx))
+
+
+def leader_return(game: LQRGame, theta: Array, beta, *, horizon: int | None = None,
+                  gamma=1.0, stochastic: bool = True, resp: GameResponse | None = None,
+                  s0: Array | None = None) -> Array:
+    """sum_{t < horizon} gamma^t E[r_L(s_t)] from ``s0`` (default the game's): exact.
+
+    ``gamma=1`` (default) is the paper's y-axis (undiscounted 100-step return); the leader's
+    training objective is ``gamma=game.gamma_L``. Differentiable in theta.
+    """
+    T = int(game.horizon if horizon is None else horizon)
+    if resp is None:
+        resp = best_response(game, theta, beta, stochastic=stochastic)
+    F, N = closed_loop(game, theta, resp, stochastic)
+    x0 = jnp.asarray(game.s0 if s0 is None else s0, theta.dtype)
+    mu, S = state_moments(F, N, x0, T)
+    r = expected_bump(game, mu, S)
+    return jnp.sum(r * jnp.asarray(gamma, theta.dtype) ** jnp.arange(T, dtype=theta.dtype))
+
+
+def exact_hypergradient(game: LQRGame, theta: Array, beta, *, horizon: int | None = None,
+                        gamma=None, stochastic: bool = True) -> Array:
+    """grad_theta of the discounted ``horizon``-step leader return (default gamma = gamma_L)."""
+    g = game.gamma_L if gamma is None else gamma
+    return jax.grad(lambda th: leader_return(game, th, beta, horizon=horizon, gamma=g,
+                                             stochastic=stochastic))(theta)
+
+
+def leader_state_values(game: LQRGame, theta: Array, resp: GameResponse, x: Array,
+                        remaining: Array, gamma, horizon: int, stochastic: bool = True) -> Array:
+    """V_L^(h)(x) = sum_{t < h} gamma^t E[r_L(s_t) | s_0 = x] for ``x`` [..., n] and ``h =
+    remaining`` [...] (per sample, at most ``horizon``)."""
+    F, N = closed_loop(game, theta, resp, stochastic)
+
+    def body(c, t):
+        Ft, S = c
+        r = expected_bump(game, x @ Ft.T, S)
+        return (F @ Ft, F @ S @ F.T + N), jnp.where(t < remaining, gamma ** t * r, 0.0)
+
+    n = x.shape[-1]
+    init = (jnp.eye(n, dtype=x.dtype), jnp.zeros((n, n), x.dtype))
+    _, rs = jax.lax.scan(body, init, jnp.arange(horizon, dtype=x.dtype))
+    return jnp.sum(rs, 0)
+
+
+def leader_q(game: LQRGame, theta: Array, resp: GameResponse, s: Array, a: Array, b: Array,
+             remaining: Array, gamma, horizon: int, stochastic: bool = True) -> Array:
+    """Exact Q_L^(h)(s, a, b) = r_L(s) + gamma V_L^(h-1)(A s + B b + C a), h = ``remaining``."""
+    s2 = transition(game, s, a, b)
+    return leader_reward(game, s) + gamma * leader_state_values(
+        game, theta, resp, s2, remaining - 1, gamma, horizon, stochastic)
