@@ -17,6 +17,10 @@ Public API (see README.md):
               lq_leader_objective, lq_exact_hypergradient, LQTrainConfig, make_train_lq
   Markov games (tabular): TabularGame, toy_game, soft_q_iteration, best_response_exact,
               leader_return, leader_values_game, rollout_game, game_hypergradient
+  Markov games (continuous, bi-level LQR): LQRGame, lqr_game, lqr_best_response,
+              lqr_leader_return, lqr_exact_hypergradient_game, game_score_weights,
+              continuous_game_hypergradient, deterministic_game_hypergradient,
+              LQRGameTrainConfig, make_train_lqr_game
 """
 from bchg_jax.critics import (benefit, init_tabular_critic, monte_carlo_critic, sarsa_update,
                               state_value)
@@ -47,7 +51,14 @@ from bchg_jax.problems.tabular_game import TabularGame
 from bchg_jax.problems.toy_game import toy_game
 from bchg_jax.followers.soft_q_game import soft_q_iteration
 from bchg_jax.exact_game import best_response_exact, leader_return, leader_values_game
-from bchg_jax.estimators_game import game_hypergradient, rollout_game
+from bchg_jax.estimators_game import (continuous_game_hypergradient,
+                                      deterministic_game_hypergradient, game_hypergradient,
+                                      game_score_weights, rollout_game)
+from bchg_jax.problems.lqr_game import LQRGame, lqr_game
+from bchg_jax.problems.lqr_game import best_response as lqr_best_response
+from bchg_jax.exact_lqr_game import exact_hypergradient as lqr_exact_hypergradient_game
+from bchg_jax.exact_lqr_game import leader_return as lqr_leader_return
+from bchg_jax.train_lqr_game import LQR_GAME_METHODS, LQRGameTrainConfig, make_train_lqr_game
 
 __version__ = "0.1.0"
 
@@ -64,4 +75,7 @@ __all__ = [
     "lq_leader_objective", "lq_exact_hypergradient", "LQ_METHODS", "LQTrainConfig",
     "make_train_lq", "TabularGame", "toy_game", "soft_q_iteration", "best_response_exact",
     "leader_return", "leader_values_game", "rollout_game", "game_hypergradient",
+    "game_score_weights", "continuous_game_hypergradient", "deterministic_game_hypergradient",
+    "LQRGame", "lqr_game", "lqr_best_response", "lqr_exact_hypergradient_game",
+    "lqr_leader_return", "LQR_GAME_METHODS", "LQRGameTrainConfig", "make_train_lqr_game",
 ]

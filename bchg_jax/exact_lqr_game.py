@@ -107,3 +107,83 @@ def leader_q(game: LQRGame, theta: Array, resp: GameResponse, s: Array, a: Array
     s2 = transition(game, s, a, b)
     return leader_reward(game, s) + gamma * leader_state_values(
         game, theta, resp, s2, remaining - 1, gamma, horizon, stochastic)
+
+
+def exact_critic_estimate(game: LQRGame, theta: Array, beta, key: Array, *, episodes: int,
+                          leader_steps: int, extra_steps: int, gamma=None,
+                          stochastic: bool = True, guide: str = "benefit",
+                          direct_baseline: str = "value", influence: str = "baseline",
+                          samples: int = 16) -> Array:
+    """One batch's hypergradient estimate with *exact* critics (estimator studies and tests).
+
+    Episodes of ``leader_steps + extra_steps`` steps from s0; the objective is the discounted
+    ``leader_steps``-step return (exact critics Q_L^(h), h = steps left), the follower's influence
+    sums run over the extra steps too (its horizon is infinite). The Benefit subtracts the mean of
+    Q_L over ``samples`` follower actions. Stochastic leader (Theorem 2): ``direct_baseline`` in
+    ``value`` (exact V_L^(h)(s)), ``same_b`` (mean of Q_L(s, a', b) over ``samples`` a' ~ f: the
+    reference's, biased), ``same_noise`` (a' with the follower's noise kept), ``none``;
+    ``influence`` in ``raw`` (V_F) or ``baseline`` (V_F - E_a' V_F). Deterministic leader:
+    the appendix theorem with exact grad_a Q_L and grad_a Q_F.
+    """
+    from bchg_jax.estimators_game import (continuous_game_hypergradient,
+                                          deterministic_game_hypergradient, game_score_weights)
+    from bchg_jax.problems.lqr_game import (follower_q, follower_state_value, follower_value,
+                                            leader_log_prob, rollout)
+    gL = game.gamma_L if gamma is None else gamma
+    T = leader_steps
+    resp = best_response(game, theta, beta, stochastic=stochastic)
+
+    def Qfn(s, a, b, rem):
+        return leader_q(game, theta, resp, s, a, b, rem, gL, T, stochastic)
+
+    k1, k2, k3 = jax.random.split(key, 3)
+    tr = rollout(k1, game, theta, resp, episodes, T + extra_steps, stochastic=stochastic)
+    s, a, b = tr.s[:, :-1], tr.a, tr.b
+    rem = jnp.broadcast_to(jnp.maximum(T - jnp.arange(T + extra_steps), 1), s.shape[:2])
+    q = Qfn(s, a, b, rem)
+    bj = jax.vmap(lambda kk: resp.sample(kk, s, a))(jax.random.split(k2, samples))
+    ben = q - jax.vmap(lambda bb: Qfn(s, a, bb, rem))(bj).mean(0)
+    if not stochastic:
+        dQL = jax.grad(lambda aa: Qfn(s, aa, b, rem).sum())(a)
+        dQF = jax.grad(lambda aa: follower_q(game, resp, theta, s, aa, b).sum())(a)
+        return deterministic_game_hypergradient(
+            lambda t_, s_: s_ @ leader_gain(game, t_).T, theta, s, dQL, ben, dQF, beta, gL,
+            game.gamma_F, guide, leader_steps=T)
+    if direct_baseline == "value":
+        base = leader_state_values(game, theta, resp, s, rem, gL, T)
+    elif direct_baseline == "none":
+        base = 0.0
+    elif direct_baseline in ("same_b", "same_noise"):
+        K, U = leader_gain(game, theta), jnp.asarray(game.U, theta.dtype)
+        eps = jax.random.normal(k3, (samples,) + a.shape, theta.dtype)
+        a_alt = s @ K.T + eps @ U.T
+        b_alt = (jnp.broadcast_to(b, a_alt.shape[:-1] + b.shape[-1:]) if direct_baseline == "same_b"
+                 else resp.mean(s, a_alt) + (b - resp.mean(s, a)))
+        base = jax.vmap(lambda aa, bb: Qfn(s, aa, bb, rem))(a_alt, b_alt).mean(0)
+    else:
+        raise ValueError(f"unknown direct_baseline {direct_baseline!r}")
+    adv = follower_value(game, resp, s, a)
+    if influence == "baseline":
+        adv = adv - follower_state_value(game, resp, theta, s)
+    elif influence != "raw":
+        raise ValueError(f"influence must be 'raw' or 'baseline', got {influence!r}")
+    w = game_score_weights(q, base, ben, adv, beta, gL, game.gamma_F, guide, leader_steps=T)
+    return continuous_game_hypergradient(
+        lambda t_, s_, a_: leader_log_prob(game, t_, s_, a_), theta, s, a, w)
+
+
+def hypergradient_split(game: LQRGame, theta: Array, beta, *, horizon: int | None = None,
+                        gamma=None, stochastic: bool = True):
+    """(full, direct): the exact hypergradient and its part with the follower's policy held
+    fixed (what Naive-PGD estimates); ``full - direct`` is the follower-response part, which the
+    Benefit term of BC-HG estimates."""
+    g = game.gamma_L if gamma is None else gamma
+
+    def J(th, th_follower):
+        resp = best_response(game, th_follower, beta, stochastic=stochastic)
+        return leader_return(game, th, beta, horizon=horizon, gamma=g, stochastic=stochastic,
+                             resp=resp)
+
+    full = jax.grad(lambda th: J(th, th))(theta)
+    direct = jax.grad(lambda th: J(th, jax.lax.stop_gradient(theta)))(theta)
+    return full, direct

@@ -31,6 +31,8 @@ b (biased: b depends on a); ``"same_noise"`` keeps the follower's noise instead,
 ``b'_i = mean_g(s, a'_i) + (b - mean_g(s, a))`` (unbiased: the noise is independent of a);
 ``"none"``. ``influence="raw"`` uses V_F(s_k, a_k) (the reference); ``"baseline"`` subtracts
 ``E_a' V_F(s_k, a')`` (unbiased, far lower variance with U = 1e-3).
+``shuffle_benefit=True`` (a control experiment, not a method) pairs every influence sum with the
+Benefit of another minibatch element: the guiding term keeps its noise but loses its mean.
 Metrics per iteration: the exact undiscounted return over the horizon (``J``, the paper's y-axis),
 the discounted one, the batch's sampled return, theta, the follower's Riccati status.
 """
@@ -77,6 +79,8 @@ class LQRGameTrainConfig:
     baseline_samples: int = 32
     direct_baseline: str = "reference"  # "reference" | "same_noise" | "none"
     influence: str = "raw"             # "raw" (V_F) | "baseline" (V_F - E_a' V_F)
+    shuffle_benefit: bool = False      # control experiment: pair each influence with the
+                                       # Benefit of another minibatch element (mean ~0, same noise)
     theta0_std: float = 1.0
     follower_tol: float = 1e-6
     follower_max_iters: int = 1000
@@ -209,6 +213,8 @@ def make_train_lqr_game(game: LQRGame, method: str = "bchg",
                 adv = adv - follower_state_value(game, resp, theta, se)
             infl = jnp.sum(influence_weights(t) * leader_log_prob(game, theta, se, ae)
                            * jax.lax.stop_gradient(adv), -1)
+            if config.shuffle_benefit:
+                ben = jax.random.permutation(jax.random.fold_in(key, 1), ben)
             loss = loss - jnp.mean(jax.lax.stop_gradient(ben) * infl) / beta
         return loss
 

@@ -11,7 +11,9 @@ per variant as one vmapped program. The metric of every iteration is the *exact*
 discounted one, the batch's sampled return, K_theta (``K1``, ``K2``) and skipped updates.
 ``--estimator reference`` (default) is the reference implementation's estimator
 (``spec/lqr_game.md``); ``--estimator unbiased`` subtracts only baselines that keep the estimate
-unbiased (see README, "Bi-level LQR Markov game"). Outputs as for the other experiments.
+unbiased; ``--estimator shuffled`` is a control (the reference estimator whose guiding term keeps
+its noise but loses its mean; see README, "Bi-level LQR Markov game"). Outputs as for the other
+experiments.
 """
 from __future__ import annotations
 
@@ -26,10 +28,13 @@ VARIANTS = {"bchg": ("bchg", "on"), "naive_on": ("naive", "on"), "naive_off": ("
             "exact": ("exact", "on")}
 ALL = ("bchg", "naive_on", "naive_off", "bchg_det")
 ESTIMATORS = {"reference": dict(direct_baseline="reference", influence="raw"),
-              "unbiased": dict(direct_baseline="same_noise", influence="baseline")}
+              "unbiased": dict(direct_baseline="same_noise", influence="baseline"),
+              # control experiment: the reference estimator with the Benefit of another sample
+              "shuffled": dict(direct_baseline="reference", influence="raw",
+                               shuffle_benefit=True)}
 SUMMARY_WINDOW = 50
 SETTING_KEYS = ("seeds", "seed", "grid", "actor_steps", "critic_steps", "iterations", "beta",
-                "estimator", "warmup_steps", "clip", "init")
+                "estimator", "warmup_steps", "clip", "clip_scope", "init")
 
 
 def parse_args(argv=None):
@@ -50,6 +55,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup-steps", type=int, default=4000,
                    help="env steps with random leader actions N(0, 1) at the start")
     p.add_argument("--clip", type=float, default=1.0, help="actor gradient norm clip (0: off)")
+    p.add_argument("--clip-scope", choices=["reference", "all"], default="reference",
+                   help="'reference': only BC-HG's gradients are clipped (the reference code); "
+                        "'all': every method's (the paper's text)")
     p.add_argument("--init", choices=["torch", "flax"], default="torch")
     p.add_argument("--out", default="results")
     p.add_argument("--exact-out", action="store_true")
@@ -74,10 +82,12 @@ def method_grid(a):
             "beta": np.full(n, a.beta)}
 
 
-def train_config(a, buffer: str):
+def train_config(a, name: str):
     from bchg_jax.train_lqr_game import LQRGameTrainConfig
+    method, buffer = VARIANTS[name]
+    clip = a.clip if (a.clip_scope == "all" or method.startswith("bchg")) else 0.0
     return LQRGameTrainConfig(iterations=a.iterations, buffer=buffer, warmup_steps=a.warmup_steps,
-                              clip=a.clip, init=a.init, max_steps=max(10, a.critic_steps),
+                              clip=clip, init=a.init, max_steps=max(10, a.critic_steps),
                               **ESTIMATORS[a.estimator]).validate()
 
 
@@ -88,7 +98,7 @@ def validate_args(a):
     if a.seeds < 1 or a.iterations < 1 or a.chunk < 1:
         raise ValueError("--seeds, --iterations and --chunk must be >= 1")
     for m in methods:
-        config = train_config(a, VARIANTS[m][1])
+        config = train_config(a, m)
     validate_lqr_game_hparams(method_grid(a), config.max_steps)
     lqr_game()
     return methods
@@ -100,7 +110,7 @@ def run_method(name: str, a, run_dir: str):
     from experiments.common import run_method_folder
     from experiments.plot import YLABELS
     method, buffer = VARIANTS[name]
-    config = train_config(a, buffer)
+    config = train_config(a, name)
     trainer = make_train_lqr_game(lqr_game(), method, config)
     return run_method_folder(
         os.path.join(run_dir, name), name, trainer, method_grid(a), a,

@@ -116,6 +116,8 @@ def test_methods_can_be_added_to_a_run_folder_but_settings_cannot_change(tmp_pat
     ("thermal", ["--method", "bchg,naive"], {"J", "stability", "hvac_energy", "insulation",
                                              "airflow", "ok"}),
     ("toy_game", ["--method", "bchg,naive_off"], {"J", "J_discounted", "p", "g_S"}),
+    ("lqr_game", ["--method", "bchg,bchg_det"], {"J", "J_discounted", "K1", "K2",
+                                                 "update_skipped"}),
 ])
 def test_other_experiments_smoke_and_resume_skip(module, extra, metrics, tmp_path, capsys):
     import importlib
@@ -137,6 +139,8 @@ def test_other_experiments_smoke_and_resume_skip(module, extra, metrics, tmp_pat
     ("thermal", ["--method", "sobirl"]), ("thermal", ["--lr", "0"]),
     ("thermal", ["--init-std", "-1"]), ("toy_game", ["--method", "bchg_on"]),
     ("toy_game", ["--actor-steps", "50"]), ("toy_game", ["--beta", "-0.1"]),
+    ("lqr_game", ["--method", "hpgd"]), ("lqr_game", ["--actor-steps", "11"]),
+    ("lqr_game", ["--beta", "0"]), ("lqr_game", ["--warmup-steps", "-1"]),
 ])
 def test_other_experiments_bad_arguments(module, argv, tmp_path, capsys):
     import importlib
