@@ -43,7 +43,7 @@ def buffer_add(buf: EpisodeBuffer, s: Array, a: Array, b: Array, mode: str) -> E
     put = lambda dst, x: jax.lax.dynamic_update_slice(  # noqa: E731
         dst, x.astype(dst.dtype), (start,) + (0,) * (dst.ndim - 1))
     return EpisodeBuffer(put(buf.s, s), put(buf.a, a), put(buf.b, b),
-                         jnp.minimum(buf.count + E if mode == "off" else E, N))
+                         jnp.minimum(buf.count + E if mode == "off" else E, N).astype(jnp.int32))
 
 
 def sample_uniform(key: Array, buf: EpisodeBuffer, num: int):

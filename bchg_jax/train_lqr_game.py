@@ -277,7 +277,7 @@ def make_train_lqr_game(game: LQRGame, method: str = "bchg",
                 grads = jax.grad(loss_fn)(theta, critic_sg, resp, beta,
                                           jax.random.fold_in(k_a, 10_000 + i), e, t, buf)
             upd, opt2 = a_opt.update(grads, opt, theta)
-            new = (optax.apply_updates(theta, upd), opt2, optax.global_norm(grads))
+            new = (optax.apply_updates(theta, upd), opt2, jnp.sqrt(jnp.sum(grads ** 2)))
             go = (i < hp["actor_steps"]) & ~warm
             return jax.tree.map(lambda x, y: jnp.where(go, x, y), new, c)
 

@@ -100,10 +100,8 @@ def _num_points(grid) -> int:
 
 
 def _hparams(trainer, grid):
-    if trainer.hparams is not None:
-        return trainer.hparams(grid)
-    from bchg_jax.train import make_hparams
-    return make_hparams(grid["lr"], grid["sarsa_alpha"], grid["beta"])
+    from bchg_jax.sweep import grid_hparams
+    return grid_hparams(trainer, grid)
 
 
 def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict:
@@ -154,6 +152,7 @@ def prepare_run_dir(a, experiment: str, methods: Sequence[str], setting_keys: Se
     from bchg_jax.io import save_json
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = a.out if a.exact_out else os.path.join(a.out, experiment, stamp)
+    check_writable(run_dir)
     cfg_path = os.path.join(run_dir, "config.json")
     if a.resume is None:
         command = f"python -m experiments.{experiment} " + " ".join(
@@ -171,6 +170,20 @@ def prepare_run_dir(a, experiment: str, methods: Sequence[str], setting_keys: Se
                              "args": {**vars(a), "method": ",".join(all_methods)},
                              "command": command, **environment_record()})
     return run_dir
+
+
+def check_writable(run_dir: str) -> None:
+    """Exits 2 with a clear error unless ``run_dir`` can be created and written (before any
+    compilation; an existing folder's files are not touched)."""
+    import tempfile
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".write-test-"):
+            pass
+    except OSError as err:
+        print(f"error: cannot write results to {run_dir!r}: {err.strerror or err}",
+              file=sys.stderr)
+        raise SystemExit(2)
 
 
 def environment_record() -> dict:

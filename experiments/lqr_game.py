@@ -66,7 +66,8 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true", help="tiny run: 2 seeds, 6 iterations")
     a = p.parse_args(argv)
     if a.smoke:
-        a.seeds, a.iterations, a.chunk, a.warmup_steps = min(a.seeds, 2), min(a.iterations, 6), 3, 800
+        a.seeds, a.iterations, a.chunk = min(a.seeds, 2), min(a.iterations, 6), 3
+        a.warmup_steps = min(a.warmup_steps, 800)
     return a
 
 
