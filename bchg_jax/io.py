@@ -69,36 +69,67 @@ def _leaves(state):
     return jax.tree_util.tree_flatten_with_path(state)[0]
 
 
-def save_state(path: str, state) -> None:
-    """Checkpoints any pytree of arrays (typed PRNG keys stored as raw key data), atomically.
-
-    Leaves are stored under their tree path (``jax.tree_util.keystr``)."""
-    arrays = {}
-    for kp, x in _leaves(state):
-        name = jax.tree_util.keystr(kp)
-        if _is_key(x):
-            arrays["key__" + name] = np.asarray(jax.random.key_data(x))
-        else:
-            arrays[name] = np.asarray(x)
-    save_npz(path, arrays)
+def _manager(directory: str):
+    import orbax.checkpoint as ocp
+    return ocp.CheckpointManager(
+        os.path.abspath(directory),
+        options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True,
+                                             enable_async_checkpointing=False))
 
 
-def load_state(path: str, like):
-    """Restores a checkpoint written by :func:`save_state` into the structure of ``like``."""
-    data = np.load(path)
+def save_state(directory: str, state, step: int = 0) -> None:
+    """Checkpoints any pytree of arrays with orbax (``directory/<step>/``), atomically.
+
+    Orbax writes each step to a temporary folder and renames it when complete; the previous
+    step is deleted only after that, so a run killed while saving keeps its last checkpoint.
+    Leaves are stored with their tree paths (``jax.tree_util.keystr``), typed PRNG keys as raw
+    key data, so a restore checks the structure leaf by leaf."""
+    import orbax.checkpoint as ocp
+    arrays, names, keys = {}, [], []
+    for i, (kp, x) in enumerate(_leaves(state)):
+        names.append(jax.tree_util.keystr(kp))
+        keys.append(bool(_is_key(x)))
+        arrays[f"leaf{i:05d}"] = np.asarray(jax.random.key_data(x) if _is_key(x) else x)
+    with _manager(directory) as mgr:
+        mgr.save(int(step), args=ocp.args.Composite(
+            arrays=ocp.args.StandardSave(arrays),
+            meta=ocp.args.JsonSave({"names": names, "keys": keys, "step": int(step)})),
+            force=True)
+        mgr.wait_until_finished()
+
+
+def checkpoint_exists(directory: str) -> bool:
+    """True when ``directory`` holds a complete checkpoint written by :func:`save_state`."""
+    if not os.path.isdir(directory):
+        return False
+    with _manager(directory) as mgr:
+        return mgr.latest_step() is not None
+
+
+def load_state(directory: str, like):
+    """Restores the latest checkpoint of :func:`save_state` into the structure of ``like``."""
+    import orbax.checkpoint as ocp
+    with _manager(directory) as mgr:
+        step = mgr.latest_step()
+        if step is None:
+            raise ValueError(f"no checkpoint in {directory}")
+        got = mgr.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(),
+                                                         meta=ocp.args.JsonRestore()))
+    names, data = got["meta"]["names"], got["arrays"]
+    index = {n: i for i, n in enumerate(names)}
     leaves = []
     for kp, ref in _leaves(like):
         name = jax.tree_util.keystr(kp)
-        key_name = "key__" + name
-        if name not in data.files and key_name not in data.files:
-            raise ValueError(f"checkpoint {path}: no field {name} (a different method or config?)")
+        if name not in index:
+            raise ValueError(f"checkpoint {directory}: no field {name} (a different method or "
+                             "config?)")
+        raw = np.asarray(data[f"leaf{index[name]:05d}"])
         if _is_key(ref):
-            x = jax.random.wrap_key_data(jax.numpy.asarray(data[key_name]),
-                                         impl=jax.random.key_impl(ref))
+            x = jax.random.wrap_key_data(jax.numpy.asarray(raw), impl=jax.random.key_impl(ref))
         else:
-            x = jax.numpy.asarray(data[name], dtype=ref.dtype)
+            x = jax.numpy.asarray(raw, dtype=ref.dtype)
         if x.shape != ref.shape:
-            raise ValueError(f"checkpoint {path}: field {name} has shape {x.shape}, "
+            raise ValueError(f"checkpoint {directory}: field {name} has shape {x.shape}, "
                              f"expected {ref.shape} (different grid, seeds or problem?)")
         leaves.append(x)
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), leaves)

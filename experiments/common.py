@@ -1,8 +1,9 @@
 """Shared driver of the experiment CLIs: run folders, per-chunk results, resume, summaries.
 
 A run folder holds ``config.json`` and one sub-folder per method with ``config.json``,
-``metrics.npz`` and ``checkpoint.npz`` (both rewritten atomically after every chunk; the
-checkpoint is removed when the method completes), ``summary.csv`` and ``curve.png``. With several
+``metrics.npz`` (rewritten atomically after every chunk) and ``checkpoint/`` (an orbax
+checkpoint of the whole training state, saved atomically after every chunk and removed when the
+method completes), ``summary.csv`` and ``curve.png``. With several
 methods the folder also gets ``summary.csv`` (best grid point per method) and ``figure.png``.
 A method whose metrics are complete is skipped, one with a checkpoint resumes from it.
 """
@@ -50,17 +51,20 @@ def run_method_folder(out: str, method: str, trainer, grid: Dict[str, np.ndarray
 
     ``a`` needs ``seeds``, ``seed``, ``iterations``, ``chunk`` and ``shard``.
     """
-    from bchg_jax.io import load_state, save_json, save_npz, save_state
+    import shutil
+
+    from bchg_jax import io as bio
+    from bchg_jax.io import checkpoint_exists, load_state, save_json, save_npz
     from bchg_jax.sweep import grid_functions, run_grid, seed_keys
 
-    metrics_path, ckpt_path = os.path.join(out, "metrics.npz"), os.path.join(out, "checkpoint.npz")
+    metrics_path, ckpt_path = os.path.join(out, "metrics.npz"), os.path.join(out, "checkpoint")
     state, start, metrics = None, 0, None
     if os.path.exists(metrics_path):
         data = dict(np.load(metrics_path))
         if data["J"].shape[-1] >= a.iterations:
             print(f"[{method}] complete in {out}; skipped")
             return finish_method(out, method, grid, data, window, title, ylabel, write=False)
-        if os.path.exists(ckpt_path):
+        if checkpoint_exists(ckpt_path):
             init, _ = grid_functions(trainer)
             like = init(seed_keys(a.seeds, a.seed), _hparams(trainer, grid))
             state = load_state(ckpt_path, like)
@@ -80,14 +84,14 @@ def run_method_folder(out: str, method: str, trainer, grid: Dict[str, np.ndarray
         save_npz(metrics_path, {**m, **{f"grid_{k}": v for k, v in grid.items()},
                                 "completed": np.asarray(done)})
         if done < a.iterations:
-            save_state(ckpt_path, st)
+            bio.save_state(ckpt_path, st, done)
 
     t0 = time.perf_counter()
     _, metrics = run_grid(trainer, grid, a.seeds, a.iterations, a.chunk, a.seed, state=state,
                           start=start, metrics=metrics, on_chunk=on_chunk, shard=a.shard)
     wall = time.perf_counter() - t0
     if os.path.exists(ckpt_path):
-        os.remove(ckpt_path)
+        shutil.rmtree(ckpt_path)
     data = {**metrics, **{f"grid_{k}": v for k, v in grid.items()}}
     summary = finish_method(out, method, grid, data, window, title, ylabel, write=True)
     summary["wall_s"] = wall
