@@ -1,0 +1,85 @@
+"""A new configurable MDP in a few dozen lines: incentive design on a chain.
+
+A follower walks a chain of ``S`` cells (actions: left / right, moves succeed with
+probability 0.9) and is paid ``-0.1`` per step for moving right (effort). The leader wants the
+follower at the right end and may pay an incentive ``theta[s]`` for moving right in cell s, at a
+cost ``0.05 |theta|^2``. Everything the estimators need (grad r_F, grad log p, ...) comes from
+autodiff of these functions.
+
+    python -m examples.custom_cmdp [--iterations 1500]
+
+Prints the exact hypergradient at theta = 0 (implicit differentiation through the follower's
+soft-optimal policy), the mean BC-HG estimate with an exact leader critic over 20 batches and its
+cosine to the exact gradient, and the leader objective before and after BC-HG training.
+"""
+from __future__ import annotations
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bchg_jax import (TabularCMDP, TrainConfig, exact, exact_hypergradient, hypergradient,
+                      make_hparams, make_train, rollout)
+
+S, LEFT, RIGHT = 6, 0, 1
+
+
+def chain(theta_dim: int = S) -> TabularCMDP:
+    def transition(theta):                               # [S, B, S], does not depend on theta
+        s = jnp.arange(S)
+        left, right = jnp.maximum(s - 1, 0), jnp.minimum(s + 1, S - 1)
+        onehot = lambda i: jax.nn.one_hot(i, S)          # noqa: E731
+        p_left = 0.9 * onehot(left) + 0.1 * onehot(right)
+        p_right = 0.9 * onehot(right) + 0.1 * onehot(left)
+        return jnp.stack([p_left, p_right], axis=1)
+
+    def follower_reward(theta):                          # [S, B]: effort plus the incentive
+        return jnp.stack([jnp.zeros(S), -0.1 + theta], axis=-1)
+
+    def leader_reward(theta):                            # [S, B]: 1 at the right end
+        return jnp.zeros((S, 2)).at[S - 1].set(1.0)
+
+    return TabularCMDP(transition=transition, init_dist=lambda th: jax.nn.one_hot(0, S),
+                       follower_reward=follower_reward, leader_reward=leader_reward,
+                       leader_regularizer=lambda th: -0.05 * jnp.sum(th ** 2),
+                       gamma_F=0.9, gamma_L=0.9, theta0=jnp.zeros(theta_dim),
+                       time_limit=40, name="chain").validate()
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--iterations", type=int, default=1500)
+    p.add_argument("--beta", type=float, default=0.1)
+    a = p.parse_args(argv)
+    problem, beta = chain(), a.beta
+    theta = problem.theta0
+
+    g = exact_hypergradient(problem, theta, beta)
+    br = exact.best_response(problem, theta, beta)
+    _, Q_L = exact.leader_values(problem, theta, br.policy)
+
+    def one_batch(key):                                  # 64 episodes of 40 steps
+        batch = rollout(key, br.policy, problem.transition(theta), problem.init_dist(theta),
+                        problem.terminal, 40, 64, 40)
+        return hypergradient(problem, theta, batch, br, Q_L, beta)
+
+    est = jax.jit(jax.vmap(one_batch))(jax.random.split(jax.random.key(0), 20)).mean(0)
+    cos = float(est @ g / (jnp.linalg.norm(est) * jnp.linalg.norm(g)))
+
+    trainer = make_train(problem, "bchg", TrainConfig(num_steps=40, iterations=a.iterations))
+    _, metrics = jax.jit(trainer.train)(jax.random.key(1), make_hparams(lr=0.05, sarsa_alpha=0.5,
+                                                                        beta=beta))
+    J = np.asarray(metrics["J"])
+    out = {"exact": np.asarray(g), "estimate": np.asarray(est), "cosine": cos,
+           "J_start": float(J[0]), "J_end": float(J[-100:].mean())}
+    print(f"exact hypergradient at theta=0: {np.round(out['exact'], 4)}")
+    print(f"BC-HG estimate (20 x 64 episodes): {np.round(out['estimate'], 4)}  cosine {cos:.3f}")
+    print(f"leader objective: {out['J_start']:.3f} -> {out['J_end']:.3f} after {a.iterations} "
+          "BC-HG iterations")
+    return out
+
+
+if __name__ == "__main__":
+    main()
