@@ -6,7 +6,9 @@ the program in jitted chunks of ``chunk`` iterations (progress, per-chunk result
 checkpoints between chunks; nothing inside a chunk syncs with the host). With ``shard=True`` the
 run axis is split over all devices with ``jax.shard_map`` (each device advances its own runs; a
 vmapped ``while_loop`` freezes converged lanes, so a run's result does not depend on which runs
-share its device).
+share its device). Multi-host: call ``jax.distributed.initialize()`` in every process first;
+``jax.devices()`` then lists every host's devices, each process feeds its own shards
+(``to_global``) and gathers the results (``to_host``), so every process holds the whole grid.
 """
 from __future__ import annotations
 
@@ -84,6 +86,32 @@ def sharded_run(trainer: Trainer, devices=None):
     return jax.jit(run, static_argnums=2), NamedSharding(mesh, spec), len(devices)
 
 
+def to_global(tree, sharding):
+    """Host (or fully replicated) arrays -> arrays laid out by ``sharding`` over every device of
+    every process; each process supplies only its addressable shards (works multi-host)."""
+    def put(x):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            impl = jax.random.key_impl(x)
+            return jax.random.wrap_key_data(put(jax.random.key_data(x)), impl=impl)
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+    return jax.tree.map(put, tree)
+
+
+def to_host(tree):
+    """Arrays -> host numpy arrays holding every run; with several processes the shards are
+    all-gathered so that every process sees the whole grid (typed PRNG keys are kept)."""
+    def get(x):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            impl = jax.random.key_impl(x)
+            return jax.random.wrap_key_data(jnp.asarray(get(jax.random.key_data(x))), impl=impl)
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            from jax.experimental import multihost_utils
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(x)
+    return jax.tree.map(get, tree)
+
+
 def run_grid(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, iterations: int,
              chunk: int = 500, base_seed: int = 0, state=None, start: int = 0,
              metrics: Optional[Dict[str, np.ndarray]] = None,
@@ -115,10 +143,12 @@ def run_grid(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, iteratio
             return jax.tree.map(
                 lambda x: jnp.concatenate([x, jnp.repeat(x[:1], pad, axis=0)]) if pad else x, tree)
 
-        hp_runs = jax.device_put(padded(hp_runs), sharding)
+        hp_runs = to_global(padded(hp_runs), sharding)
 
         def run(state, _hp, n):
-            s, m = run_sharded(jax.device_put(padded(_flat(state, G, N)), sharding), hp_runs, n)
+            s, m = run_sharded(to_global(padded(_flat(to_host(state), G, N)), sharding),
+                               hp_runs, n)
+            s, m = to_host(s), to_host(m)      # every process gets every run (multi-host)
             trim = lambda t: _unflat(jax.tree.map(lambda x: x[:R], t), G, N)  # noqa: E731
             return trim(s), trim(m)
     chunks = [] if metrics is None else [metrics]

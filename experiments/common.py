@@ -144,9 +144,10 @@ def resume_args(a, experiment: str):
     if cfg.get("experiment", experiment) != experiment:
         print(f"error: --resume {a.resume} holds a {cfg['experiment']} run", file=sys.stderr)
         raise SystemExit(2)
-    resume, shard = a.resume, a.shard
+    resume, shard, distributed = a.resume, a.shard, getattr(a, "distributed", False)
     a = argparse.Namespace(**{**vars(a), **cfg["args"]})
     a.resume, a.shard, a.out, a.exact_out = resume, shard, resume, True
+    a.distributed = distributed
     return a
 
 
@@ -220,6 +221,27 @@ def finish_run(run_dir: str, summaries: Sequence[dict], window: int, extra_figur
     print(f"\nresults in {run_dir}")
 
 
+def add_scale_args(p: argparse.ArgumentParser) -> None:
+    """``--shard`` and ``--distributed``, shared by the experiment CLIs."""
+    p.add_argument("--shard", action="store_true",
+                   help="split the seeds x grid runs over every JAX device (jax.shard_map)")
+    p.add_argument("--distributed", action="store_true",
+                   help="multi-host: call jax.distributed.initialize() (coordinator, process "
+                        "count and id from the cluster environment or JAX_COORDINATOR_ADDRESS, "
+                        "JAX_NUM_PROCESSES, JAX_PROCESS_ID), shard over every host's devices; "
+                        "process 0 writes the results")
+
+
+def _start_distributed(a) -> None:
+    import tempfile
+
+    import jax
+    jax.distributed.initialize()
+    a.shard = True
+    if jax.process_index() != 0:          # the others compute their shards, write nothing shared
+        a.out, a.exact_out = tempfile.mkdtemp(prefix=f"bchg-p{jax.process_index()}-"), True
+
+
 def run_experiment(experiment: str, argv, parse_args: Callable, validate: Callable,
                    run_method: Callable, setting_keys: Sequence[str], window: int,
                    extra_figures: Optional[Callable[[str], None]] = None) -> str:
@@ -228,6 +250,8 @@ def run_experiment(experiment: str, argv, parse_args: Callable, validate: Callab
     a = parse_args(argv)
     if a.resume is not None:
         a = resume_args(a, experiment)
+    if getattr(a, "distributed", False):
+        _start_distributed(a)
     try:
         methods = validate(a)
     except ValueError as err:

@@ -53,7 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default="results", help="results root (default ./results)")
     p.add_argument("--exact-out", action="store_true", help="write into --out itself, no subfolder")
     p.add_argument("--resume", metavar="DIR", default=None, help="continue the stopped run in DIR")
-    p.add_argument("--shard", action="store_true", help="split the runs over all JAX devices")
+    from experiments.common import add_scale_args
+    add_scale_args(p)
     p.add_argument("--smoke", action="store_true", help="tiny run: 2 seeds, 20 iterations")
     a = p.parse_args(argv)
     if a.smoke:

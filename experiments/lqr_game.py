@@ -62,7 +62,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default="results")
     p.add_argument("--exact-out", action="store_true")
     p.add_argument("--resume", metavar="DIR", default=None)
-    p.add_argument("--shard", action="store_true")
+    from experiments.common import add_scale_args
+    add_scale_args(p)
     p.add_argument("--smoke", action="store_true", help="tiny run: 2 seeds, 6 iterations")
     a = p.parse_args(argv)
     if a.smoke:
