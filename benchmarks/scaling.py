@@ -1,0 +1,86 @@
+"""Scaling with the number of vmapped runs, for every experiment's trainer.
+
+``python -m benchmarks.scaling [--experiments fourrooms,thermal,toy_game,lqr_game]
+[--runs 1 10 100 1000] [--iterations K]``
+
+For each experiment one method's trainer (the paper's main setting, BC-HG) is run for R vmapped
+seeds (one grid point): the first call of the jitted chunk (compile + K iterations) and a second
+call (K iterations, timed) give the compile time and the time per outer iteration; the table
+also gives run-iterations per second (R / time per iteration), i.e. how far vmapping amortises.
+The LQR game uses Naive-PGD above 100 runs (BC-HG's 256-sample Benefit per minibatch element
+needs ~4 GB of activations at 1000 runs).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import time
+
+import jax
+import numpy as np
+
+from bchg_jax.sweep import grid_functions, grid_hparams, seed_keys
+
+
+def _trainer(name: str, runs: int):
+    if name == "fourrooms":
+        from bchg_jax.problems.fourrooms import fourrooms
+        from bchg_jax.train import TrainConfig, make_train
+        return "bchg", make_train(fourrooms(), "bchg", TrainConfig(num_steps=100)), {
+            "lr": np.array([0.1]), "sarsa_alpha": np.array([0.5]), "beta": np.array([1e-3])}
+    if name == "thermal":
+        from bchg_jax.problems.thermal import thermal
+        from bchg_jax.train_lq import LQTrainConfig, make_train_lq
+        return "bchg", make_train_lq(thermal(), "bchg", LQTrainConfig()), {"lr": np.array([0.1])}
+    if name == "toy_game":
+        from bchg_jax.problems.toy_game import toy_game
+        from bchg_jax.train_game import GameTrainConfig, make_train_game
+        return "bchg", make_train_game(toy_game(), "bchg", GameTrainConfig()), {
+            "actor_steps": np.array([1]), "critic_steps": np.array([10])}
+    if name == "lqr_game":
+        from bchg_jax.problems.lqr_game import lqr_game
+        from bchg_jax.train_lqr_game import LQRGameTrainConfig, make_train_lqr_game
+        method = "bchg" if runs <= 100 else "naive"
+        return method, make_train_lqr_game(lqr_game(), method,
+                                           LQRGameTrainConfig(warmup_steps=0)), {
+            "actor_steps": np.array([10])}
+    raise ValueError(f"unknown experiment {name!r}")
+
+
+def measure(name: str, runs: int, iterations: int):
+    method, trainer, grid = _trainer(name, runs)
+    init, run = grid_functions(trainer)
+    hp = grid_hparams(trainer, grid)
+    state = init(seed_keys(runs), hp)
+    t0 = time.perf_counter()
+    state, m = run(state, hp, iterations)
+    jax.block_until_ready(m)
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    state, m = run(state, hp, iterations)
+    jax.block_until_ready(m)
+    per_it = (time.perf_counter() - t0) / iterations
+    return method, first - per_it * iterations, per_it
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--experiments", default="fourrooms,thermal,toy_game,lqr_game")
+    p.add_argument("--runs", type=int, nargs="+", default=[1, 10, 100, 1000])
+    p.add_argument("--iterations", type=int, default=3)
+    a = p.parse_args(argv)
+    print(f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, devices "
+          f"{jax.devices()}, {datetime.date.today()}, {a.iterations} timed iterations")
+    print("| experiment | method | vmapped runs | compile (s) | s / outer iteration | "
+          "run-iterations / s |")
+    print("|---|---|---|---|---|---|")
+    for name in a.experiments.split(","):
+        for runs in a.runs:
+            method, comp, per = measure(name, runs, a.iterations)
+            print(f"| {name} | {method} | {runs} | {comp:.1f} | {per:.4f} | {runs / per:.0f} |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
