@@ -69,15 +69,22 @@ def game_score_weights(q: Array, base, ben: Array, adv_F: Array, beta, gamma_L, 
     """
     if guide not in ("benefit", "none"):
         raise ValueError(f"guide must be 'benefit' or 'none', got {guide!r}")
-    E, T = q.shape
-    disc = gamma_L ** jnp.arange(T, dtype=q.dtype)
-    if leader_steps is not None:
-        disc = jnp.where(jnp.arange(T) < leader_steps, disc, 0.0)
+    disc = _leader_discounts(q.shape[1], q.dtype, gamma_L, leader_steps)
     w = disc * (q - base)
     if guide == "benefit":
-        c = forward_discounted_sum(disc * ben, gamma_F, jnp.zeros((E, T), bool))
-        w = w + c * adv_F / beta
+        w = w + _guide_coefficients(disc * ben, gamma_F) * adv_F / beta
     return w
+
+
+def _leader_discounts(T: int, dtype, gamma_L, leader_steps: Optional[int]) -> Array:
+    """gamma_L^t for t < T, zero from ``leader_steps`` on (a finite-horizon leader objective)."""
+    disc = gamma_L ** jnp.arange(T, dtype=dtype)
+    return disc if leader_steps is None else jnp.where(jnp.arange(T) < leader_steps, disc, 0.0)
+
+
+def _guide_coefficients(disc_ben: Array, gamma_F) -> Array:
+    """c_k = sum_{t<=k} gF^(k-t) gL^t Ben_t: the guiding term's weight of step k's influence."""
+    return forward_discounted_sum(disc_ben, gamma_F, jnp.zeros(disc_ben.shape, bool))
 
 
 def game_hypergradient(policy_fn: Callable[[Array], Array], theta, ep: GameEpisodes, g: Array,
@@ -121,12 +128,9 @@ def deterministic_game_hypergradient(policy_fn: Callable, theta, s: Array, dQL_d
     if guide not in ("benefit", "none"):
         raise ValueError(f"guide must be 'benefit' or 'none', got {guide!r}")
     E, T = ben.shape
-    disc = gamma_L ** jnp.arange(T, dtype=ben.dtype)
-    if leader_steps is not None:
-        disc = jnp.where(jnp.arange(T) < leader_steps, disc, 0.0)
+    disc = _leader_discounts(T, ben.dtype, gamma_L, leader_steps)
     ct = disc[:, None] * dQL_da
     if guide == "benefit":
-        c = forward_discounted_sum(disc * ben, gamma_F, jnp.zeros((E, T), bool))
-        ct = ct + c[..., None] * dQF_da / beta
+        ct = ct + _guide_coefficients(disc * ben, gamma_F)[..., None] * dQF_da / beta
     _, vjp = jax.vjp(lambda th: policy_fn(th, s), theta)
     return vjp(jax.lax.stop_gradient(ct) / E)[0]

@@ -54,6 +54,7 @@ from bchg_jax.problems.lqr_game import (LQRGame, best_response, follower_q, foll
                                         follower_value, leader_gain, leader_log_prob,
                                         leader_reward, rollout)
 from bchg_jax.train import Trainer
+from bchg_jax.train_game import validate_game_hparams
 
 Array = jax.Array
 LQR_GAME_METHODS = ("bchg", "naive", "bchg_det", "naive_det", "exact")
@@ -123,13 +124,8 @@ class LQRGameTrainState(NamedTuple):
 
 
 def validate_lqr_game_hparams(hp, max_steps: int = 10) -> None:
-    for k in ("actor_steps", "critic_steps"):
-        v = np.asarray(hp[k])
-        if v.size == 0 or np.any(v < 0) or np.any(v > max_steps) or np.any(v != np.round(v)):
-            raise ValueError(f"{k} must be integers in [0, {max_steps}], got {hp[k]!r}")
-    b = np.asarray(hp["beta"], np.float64)
-    if b.size == 0 or np.any(b <= 0) or not np.all(np.isfinite(b)):
-        raise ValueError(f"beta must be > 0, got {hp['beta']!r}")
+    """actor_steps / critic_steps integers in [0, max_steps], beta > 0 (the toy game's rules)."""
+    validate_game_hparams(hp, max_steps)
 
 
 def make_lqr_game_hparams(actor_steps, critic_steps=5, beta=0.1):

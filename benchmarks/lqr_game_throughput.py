@@ -12,29 +12,18 @@ from __future__ import annotations
 
 import argparse
 import platform
-import time
 
 import jax
 import numpy as np
 
+from benchmarks._timing import time_chunks
 from bchg_jax.problems.lqr_game import lqr_game
-from bchg_jax.sweep import grid_functions, seed_keys
 from bchg_jax.train_lqr_game import LQRGameTrainConfig, make_train_lqr_game
 
 
 def measure(method, seeds, iterations, actor_steps):
     trainer = make_train_lqr_game(lqr_game(), method, LQRGameTrainConfig(warmup_steps=0))
-    init, run = grid_functions(trainer)
-    hp = trainer.hparams({"actor_steps": np.array([actor_steps])})
-    state = init(seed_keys(seeds), hp)
-    t0 = time.perf_counter()
-    jax.block_until_ready(run(state, hp, iterations))   # compile + first chunk
-    first = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    state, m = run(state, hp, iterations)
-    jax.block_until_ready(m)
-    per_it = (time.perf_counter() - t0) / iterations
-    return first - per_it * iterations, per_it
+    return time_chunks(trainer, {"actor_steps": np.array([actor_steps])}, seeds, iterations)
 
 
 def main(argv=None):

@@ -15,12 +15,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-import time
 
 import jax
 import numpy as np
 
-from bchg_jax.sweep import grid_functions, grid_hparams, seed_keys
+from benchmarks._timing import time_chunks
 
 
 def _trainer(name: str, runs: int):
@@ -50,18 +49,7 @@ def _trainer(name: str, runs: int):
 
 def measure(name: str, runs: int, iterations: int):
     method, trainer, grid = _trainer(name, runs)
-    init, run = grid_functions(trainer)
-    hp = grid_hparams(trainer, grid)
-    state = init(seed_keys(runs), hp)
-    t0 = time.perf_counter()
-    state, m = run(state, hp, iterations)
-    jax.block_until_ready(m)
-    first = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    state, m = run(state, hp, iterations)
-    jax.block_until_ready(m)
-    per_it = (time.perf_counter() - t0) / iterations
-    return method, first - per_it * iterations, per_it
+    return (method,) + time_chunks(trainer, grid, runs, iterations)
 
 
 def main(argv=None):

@@ -10,29 +10,18 @@ from __future__ import annotations
 
 import argparse
 import platform
-import time
 
 import jax
 import numpy as np
 
+from benchmarks._timing import time_chunks
 from bchg_jax.problems.thermal import thermal
-from bchg_jax.sweep import grid_functions, seed_keys
 from bchg_jax.train_lq import LQTrainConfig, make_train_lq
 
 
 def measure(method, config, seeds, iterations):
     trainer = make_train_lq(thermal(), method, config)
-    init, run = grid_functions(trainer)
-    hp = trainer.hparams({"lr": np.array([0.1])})
-    state = init(seed_keys(seeds), hp)
-    t0 = time.perf_counter()
-    jax.block_until_ready(run(state, hp, iterations))   # compile + first chunk
-    first = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    state, m = run(state, hp, iterations)
-    jax.block_until_ready(m)
-    per_it = (time.perf_counter() - t0) / iterations
-    return first - per_it * iterations, per_it
+    return time_chunks(trainer, {"lr": np.array([0.1])}, seeds, iterations)
 
 
 def main(argv=None):
