@@ -189,11 +189,18 @@ def make_train(problem: TabularCMDP, method: str = "bchg", config: TrainConfig =
         metrics = {"J": J, "grad_norm": grad_norm, "sweeps": br.sweeps}
         return TrainState(new_theta, critic, br.V, V_L, key, state.step + 1), metrics
 
-    def run(state: TrainState, hp, num_iterations: int):
-        """``num_iterations`` outer iterations as one lax.scan (no host sync inside)."""
+    run, train = scan_loop(init, step, config.iterations)
+    return Trainer(problem, method, config, init, run, train)
+
+
+def scan_loop(init, step, iterations: int):
+    """(run, train) of a trainer from its ``init(key, hp)`` and ``step(state, hp) -> (state,
+    metrics)``: ``run(state, hp, n)`` is n outer iterations as one lax.scan (no host sync
+    inside); ``train(key, hp)`` runs ``iterations`` from ``init``."""
+    def run(state, hp, num_iterations: int):
         return jax.lax.scan(lambda s, _: step(s, hp), state, None, length=num_iterations)
 
-    def train(key: Array, hp):
-        return run(init(key, hp), hp, config.iterations)
+    def train(key, hp):
+        return run(init(key, hp), hp, iterations)
 
-    return Trainer(problem, method, config, init, run, train)
+    return run, train

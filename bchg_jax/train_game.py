@@ -37,7 +37,7 @@ from bchg_jax.exact_game import leader_return
 from bchg_jax.followers.soft_q_game import BACKUPS, soft_q_iteration
 from bchg_jax.networks import MLP
 from bchg_jax.problems.tabular_game import TabularGame
-from bchg_jax.train import Trainer
+from bchg_jax.train import Trainer, scan_loop
 
 Array = jax.Array
 GAME_METHODS = ("bchg", "naive", "biac")
@@ -249,11 +249,7 @@ def make_train_game(game: TabularGame, method: str = "bchg",
                                    buf, key, state.step + 1)
         return new_state, metrics
 
-    def run(state, hp, num_iterations: int):
-        return jax.lax.scan(lambda s, _: step(s, hp), state, None, length=num_iterations)
-
-    def train(key, hp):
-        return run(init(key, hp), hp, config.iterations)
+    run, train = scan_loop(init, step, config.iterations)
 
     def hparams(grid: Dict[str, np.ndarray]):
         n = len(np.atleast_1d(grid["actor_steps"]))

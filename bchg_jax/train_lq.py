@@ -33,7 +33,7 @@ from bchg_jax.estimators_continuous import (continuous_hypergradient, discounted
 from bchg_jax.followers.maxent_lqr import soft_q, soft_value
 from bchg_jax.problems.lq_cmdp import LQConfigurableMDP
 from bchg_jax.rollout_continuous import rollout_continuous
-from bchg_jax.train import Trainer
+from bchg_jax.train import Trainer, scan_loop
 
 Array = jax.Array
 
@@ -255,11 +255,7 @@ def make_train_lq(problem: LQConfigurableMDP, method: str = "bchg",
                            jnp.asarray(problem.Qbar, dtype))
         return LQTrainState(new_theta, P_next, critic, key, state.step + 1), metrics
 
-    def run(state, hp, num_iterations: int):
-        return jax.lax.scan(lambda s, _: step(s, hp), state, None, length=num_iterations)
-
-    def train(key, hp):
-        return run(init(key, hp), hp, config.iterations)
+    run, train = scan_loop(init, step, config.iterations)
 
     def hparams(grid):
         lr = np.asarray(grid["lr"], np.float64)

@@ -53,7 +53,7 @@ from bchg_jax.networks import MLP
 from bchg_jax.problems.lqr_game import (LQRGame, best_response, follower_q, follower_state_value,
                                         follower_value, leader_gain, leader_log_prob,
                                         leader_reward, rollout)
-from bchg_jax.train import Trainer
+from bchg_jax.train import Trainer, scan_loop
 from bchg_jax.train_game import validate_game_hparams
 
 Array = jax.Array
@@ -303,11 +303,7 @@ def make_train_lqr_game(game: LQRGame, method: str = "bchg",
                                       resp_new.P, buf, key, state.step + 1)
         return new_state, metrics
 
-    def run(state, hp, num_iterations: int):
-        return jax.lax.scan(lambda s, _: step(s, hp), state, None, length=num_iterations)
-
-    def train(key, hp):
-        return run(init(key, hp), hp, config.iterations)
+    run, train = scan_loop(init, step, config.iterations)
 
     def hparams(grid: Dict[str, np.ndarray]):
         n_pts = len(np.atleast_1d(grid["actor_steps"]))

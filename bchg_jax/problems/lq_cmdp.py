@@ -30,6 +30,23 @@ def _quad(M, z):
     return jnp.einsum("...i,ij,...j->...", z, M, z)
 
 
+def check_discounts(name: str, gamma_F, gamma_L, horizon) -> None:
+    """Host-side: both discounts in [0, 1) and a positive integer horizon, else ValueError."""
+    for label, g in (("gamma_F", gamma_F), ("gamma_L", gamma_L)):
+        if not 0.0 <= float(g) < 1.0:
+            raise ValueError(f"{name}: {label} must be in [0, 1), got {g!r}")
+    if not isinstance(horizon, (int, np.integer)) or horizon < 1:
+        raise ValueError(f"{name}: horizon must be a positive integer, got {horizon!r}")
+
+
+def check_costs(name: str, Q: np.ndarray, R: np.ndarray) -> None:
+    """Host-side: Qbar symmetric PSD and Rbar symmetric PD (the follower's LQR costs)."""
+    if not np.allclose(Q, Q.T) or np.linalg.eigvalsh(Q).min() < -1e-10:
+        raise ValueError(f"{name}: Qbar must be symmetric positive semi-definite")
+    if not np.allclose(R, R.T) or np.linalg.eigvalsh(R).min() <= 0:
+        raise ValueError(f"{name}: Rbar must be symmetric positive definite")
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class LQConfigurableMDP:
     """A linear-Gaussian configurable MDP with quadratic rewards (see module docstring).
@@ -101,22 +118,14 @@ class LQConfigurableMDP:
     # ---- validation (host side, before anything compiles) ------------------------------------
     def validate(self, theta=None) -> "LQConfigurableMDP":
         theta = np.asarray(self.theta0 if theta is None else theta)
-        for name in ("gamma_F", "gamma_L"):
-            g = getattr(self, name)
-            if not 0.0 <= float(g) < 1.0:
-                raise ValueError(f"{self.name}: {name} must be in [0, 1), got {g!r}")
-        if not isinstance(self.horizon, (int, np.integer)) or self.horizon < 1:
-            raise ValueError(f"{self.name}: horizon must be a positive integer, got {self.horizon!r}")
+        check_discounts(self.name, self.gamma_F, self.gamma_L, self.horizon)
         n, m = self.state_dim, self.action_dim
         Q, R, U, C0 = (np.asarray(x, np.float64) for x in (self.Qbar, self.Rbar, self.U,
                                                             self.init_cov))
         if Q.shape != (n, n) or R.shape != (m, m) or U.shape != (n, n) or C0.shape != (n, n):
             raise ValueError(f"{self.name}: Qbar must be [n,n], Rbar [m,m], U [n,n], init_cov "
                              f"[n,n]; got {Q.shape}, {R.shape}, {U.shape}, {C0.shape}")
-        if not np.allclose(Q, Q.T) or np.linalg.eigvalsh(Q).min() < -1e-10:
-            raise ValueError(f"{self.name}: Qbar must be symmetric positive semi-definite")
-        if not np.allclose(R, R.T) or np.linalg.eigvalsh(R).min() <= 0:
-            raise ValueError(f"{self.name}: Rbar must be symmetric positive definite")
+        check_costs(self.name, Q, R)
         if not np.allclose(U, np.tril(U)) or np.any(np.abs(np.diagonal(U)) <= 0):
             raise ValueError(f"{self.name}: U must be lower-triangular with a non-zero diagonal "
                              "(a Cholesky factor of the noise covariance)")

@@ -27,6 +27,7 @@ import numpy as np
 
 from bchg_jax.followers.maxent_lqr import (GaussianBestResponse, RiccatiInfo, is_stabilizable,
                                            maxent_lqr_observable)
+from bchg_jax.problems.lq_cmdp import check_costs, check_discounts
 
 Array = jax.Array
 
@@ -88,16 +89,8 @@ class LQRGame:
                 raise ValueError(f"{self.name}: {name} must have shape {shape}, got {x.shape}")
             if not np.all(np.isfinite(x)):
                 raise ValueError(f"{self.name}: {name} is not finite")
-        for name in ("gamma_F", "gamma_L"):
-            g = getattr(self, name)
-            if not 0.0 <= float(g) < 1.0:
-                raise ValueError(f"{self.name}: {name} must be in [0, 1), got {g!r}")
-        if not isinstance(self.horizon, (int, np.integer)) or self.horizon < 1:
-            raise ValueError(f"{self.name}: horizon must be a positive integer, got {self.horizon!r}")
-        if not np.allclose(Q, Q.T) or np.linalg.eigvalsh(Q).min() < -1e-10:
-            raise ValueError(f"{self.name}: Qbar must be symmetric positive semi-definite")
-        if not np.allclose(R, R.T) or np.linalg.eigvalsh(R).min() <= 0:
-            raise ValueError(f"{self.name}: Rbar must be symmetric positive definite")
+        check_discounts(self.name, self.gamma_F, self.gamma_L, self.horizon)
+        check_costs(self.name, Q, R)
         if not np.allclose(Sig, Sig.T) or np.linalg.eigvalsh(Sig).min() < -1e-10:
             raise ValueError(f"{self.name}: Sigma must be symmetric positive semi-definite")
         if not np.allclose(U, np.tril(U)) or np.any(np.diagonal(U) < 0):
