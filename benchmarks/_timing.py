@@ -5,7 +5,7 @@ import time
 
 import jax
 
-from bchg_jax.sweep import grid_functions, grid_hparams, seed_keys
+from bchg_jax.core.sweep import grid_functions, grid_hparams, seed_keys
 
 
 def time_chunks(trainer, grid, runs: int, iterations: int):

@@ -14,8 +14,12 @@ import time
 
 import jax
 
-from bchg_jax import TrainConfig, fourrooms, make_hparams, make_train, seed_keys
-from bchg_jax.sweep import grid_functions
+from bchg_jax.tabular import HParams, TrainConfig, make_train
+
+from bchg_jax.problems import fourrooms
+
+from bchg_jax import seed_keys
+from bchg_jax.core.sweep import grid_functions
 from experiments.fourrooms import ALL_METHODS, batch_shape
 
 BATCHES = (100, 200, 400, 1000)
@@ -26,7 +30,7 @@ def ms_per_iteration(method, batch, iterations, seeds, beta):
     trainer = make_train(fourrooms("reference"), method,
                          TrainConfig(num_envs=envs, num_steps=steps, iterations=iterations))
     init, run = grid_functions(trainer)
-    hp = make_hparams([0.1], [0.5], [beta])
+    hp = HParams.from_grid({"lr": [0.1], "sarsa_alpha": [0.5], "beta": [beta]})
     state = init(seed_keys(seeds), hp)
     jax.block_until_ready(run(state, hp, iterations))          # compile
     t0 = time.perf_counter()

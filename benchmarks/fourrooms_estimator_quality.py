@@ -24,11 +24,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax import exact
-from bchg_jax.critics import monte_carlo_critic
-from bchg_jax.estimators import hypergradient
+from bchg_jax.tabular import exact
+from bchg_jax.tabular.critics import monte_carlo_critic
+from bchg_jax.tabular.estimators import hypergradient
 from bchg_jax.problems.fourrooms import fourrooms
-from bchg_jax.rollout import rollout
+from bchg_jax.tabular.rollout import rollout
 
 METHODS = {"BC-HG": ("benefit", False), "HPGD (MC/SA)": ("hpgd", False),
            "HPGD (oracle)": ("hpgd", True), "SoBiRL": ("sobirl", False),

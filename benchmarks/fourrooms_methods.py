@@ -15,8 +15,12 @@ import time
 
 import jax
 
-from bchg_jax import TrainConfig, fourrooms, make_hparams, make_train, seed_keys
-from bchg_jax.sweep import grid_functions
+from bchg_jax.tabular import HParams, TrainConfig, make_train
+
+from bchg_jax.problems import fourrooms
+
+from bchg_jax import seed_keys
+from bchg_jax.core.sweep import grid_functions
 from experiments.fourrooms import batch_shape
 
 ORDER = ("bchg", "hpgd_sa", "hpgd_mc", "sobirl", "naive", "exact", "hpgd_oracle")
@@ -33,7 +37,7 @@ def main(argv=None):
     print(f"# Four-Rooms per-method throughput  {datetime.date.today()}  "
           f"{platform.machine()}  jax {jax.__version__}  batch {a.batch}  {a.seeds} seeds vmapped")
     print(f"{'method':>12} {'compile s':>10} {'ms / iteration':>15} {'ms / run-iteration':>19}")
-    hp = make_hparams([0.1], [0.5], [a.beta])
+    hp = HParams.from_grid({"lr": [0.1], "sarsa_alpha": [0.5], "beta": [a.beta]})
     keys = seed_keys(a.seeds)
     for method in ORDER:
         trainer = make_train(fourrooms("reference"), method,

@@ -17,8 +17,12 @@ import time
 import jax
 import numpy as np
 
-from bchg_jax import TrainConfig, fourrooms, make_hparams, make_train, product_grid, seed_keys
-from bchg_jax.sweep import grid_functions
+from bchg_jax.tabular import HParams, TrainConfig, make_train
+
+from bchg_jax.problems import fourrooms
+
+from bchg_jax import product_grid, seed_keys
+from bchg_jax.core.sweep import grid_functions
 from experiments.fourrooms import PAPER_ALPHA, PAPER_LR
 
 
@@ -48,14 +52,14 @@ def main(argv=None):
           f"{platform.processor() or platform.machine()}  jax {jax.__version__}  "
           f"devices {jax.devices()}")
 
-    hp1 = make_hparams(0.1, 0.5, 1e-3)
+    hp1 = HParams(0.1, 0.5, 1e-3)
     n1 = a.single_iterations
     single = jax.jit(make_train(fourrooms("reference"), a.method, TrainConfig(iterations=n1)).train)
     c, t = _time(single, jax.random.key(0), hp1, repeats=2)
     print(f"one run:   compile {c:6.2f} s   {1e3 * t / n1:8.3f} ms / outer iteration  ({n1} iterations)")
 
     grid = product_grid(lr=PAPER_LR, sarsa_alpha=PAPER_ALPHA, beta=[1e-3])
-    hp = make_hparams(grid["lr"], grid["sarsa_alpha"], grid["beta"])
+    hp = HParams.from_grid(grid)
     init, run = grid_functions(trainer)
     state = init(seed_keys(a.seeds), hp)
     c, t = _time(run, state, hp, n)

@@ -22,7 +22,7 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-from bchg_jax.exact_lqr_game import exact_critic_estimate, exact_hypergradient  # noqa: E402
+from bchg_jax.games.lqr.exact import exact_critic_estimate, exact_hypergradient  # noqa: E402
 from bchg_jax.problems.lqr_game import lqr_game  # noqa: E402
 
 VARIANTS = {  # name: (stochastic, guide, direct_baseline, influence)

@@ -49,7 +49,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--from-npz", action="store_true")
     a = p.parse_args(argv)
-    from bchg_jax.io import save_figure, save_npz
+    from bchg_jax.core.io import save_figure, save_npz
     if a.from_npz:
         d = np.load(os.path.join(OUT, "curves.npz"))
         labels = [str(x) for x in d["labels"]]

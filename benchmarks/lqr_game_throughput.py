@@ -18,7 +18,7 @@ import numpy as np
 
 from benchmarks._timing import time_chunks
 from bchg_jax.problems.lqr_game import lqr_game
-from bchg_jax.train_lqr_game import LQRGameTrainConfig, make_train_lqr_game
+from bchg_jax.games.lqr.train import TrainConfig as LQRGameTrainConfig, make_train as make_train_lqr_game
 
 
 def measure(method, seeds, iterations, actor_steps):

@@ -25,21 +25,21 @@ from benchmarks._timing import time_chunks
 def _trainer(name: str, runs: int):
     if name == "fourrooms":
         from bchg_jax.problems.fourrooms import fourrooms
-        from bchg_jax.train import TrainConfig, make_train
+        from bchg_jax.tabular.train import TrainConfig, make_train
         return "bchg", make_train(fourrooms(), "bchg", TrainConfig(num_steps=100)), {
             "lr": np.array([0.1]), "sarsa_alpha": np.array([0.5]), "beta": np.array([1e-3])}
     if name == "thermal":
         from bchg_jax.problems.thermal import thermal
-        from bchg_jax.train_lq import LQTrainConfig, make_train_lq
+        from bchg_jax.lq.train import TrainConfig as LQTrainConfig, make_train as make_train_lq
         return "bchg", make_train_lq(thermal(), "bchg", LQTrainConfig()), {"lr": np.array([0.1])}
     if name == "toy_game":
         from bchg_jax.problems.toy_game import toy_game
-        from bchg_jax.train_game import GameTrainConfig, make_train_game
+        from bchg_jax.games.tabular.train import TrainConfig as GameTrainConfig, make_train as make_train_game
         return "bchg", make_train_game(toy_game(), "bchg", GameTrainConfig()), {
             "actor_steps": np.array([1]), "critic_steps": np.array([10])}
     if name == "lqr_game":
         from bchg_jax.problems.lqr_game import lqr_game
-        from bchg_jax.train_lqr_game import LQRGameTrainConfig, make_train_lqr_game
+        from bchg_jax.games.lqr.train import TrainConfig as LQRGameTrainConfig, make_train as make_train_lqr_game
         method = "bchg" if runs <= 100 else "naive"
         return method, make_train_lqr_game(lqr_game(), method,
                                            LQRGameTrainConfig(warmup_steps=0)), {

@@ -16,7 +16,7 @@ import numpy as np
 
 from benchmarks._timing import time_chunks
 from bchg_jax.problems.thermal import thermal
-from bchg_jax.train_lq import LQTrainConfig, make_train_lq
+from bchg_jax.lq.train import TrainConfig as LQTrainConfig, make_train as make_train_lq
 
 
 def measure(method, config, seeds, iterations):

@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax import (TabularCMDP, TrainConfig, exact, exact_hypergradient, hypergradient,
-                      make_hparams, make_train, rollout)
+from bchg_jax import tabular
+from bchg_jax.tabular import HParams, TabularCMDP, TrainConfig
 
 S, LEFT, RIGHT = 6, 0, 1
 
@@ -56,20 +56,20 @@ def main(argv=None) -> dict:
     problem, beta = chain(), a.beta
     theta = problem.theta0
 
-    g = exact_hypergradient(problem, theta, beta)
-    br = exact.best_response(problem, theta, beta)
-    _, Q_L = exact.leader_values(problem, theta, br.policy)
+    g = tabular.exact_hypergradient(problem, theta, beta)
+    br = tabular.best_response(problem, theta, beta)
+    _, Q_L = tabular.leader_values(problem, theta, br.policy)
 
     def one_batch(key):                                  # 64 episodes of 40 steps
-        batch = rollout(key, br.policy, problem.transition(theta), problem.init_dist(theta),
+        batch = tabular.rollout(key, br.policy, problem.transition(theta), problem.init_dist(theta),
                         problem.terminal, 40, 64, 40)
-        return hypergradient(problem, theta, batch, br, Q_L, beta)
+        return tabular.hypergradient(problem, theta, batch, br, Q_L, beta)
 
     est = jax.jit(jax.vmap(one_batch))(jax.random.split(jax.random.key(0), 20)).mean(0)
     cos = float(est @ g / (jnp.linalg.norm(est) * jnp.linalg.norm(g)))
 
-    trainer = make_train(problem, "bchg", TrainConfig(num_steps=40, iterations=a.iterations))
-    _, metrics = jax.jit(trainer.train)(jax.random.key(1), make_hparams(lr=0.05, sarsa_alpha=0.5,
+    trainer = tabular.make_train(problem, "bchg", TrainConfig(num_steps=40, iterations=a.iterations))
+    _, metrics = jax.jit(trainer.train)(jax.random.key(1), HParams(lr=0.05, sarsa_alpha=0.5,
                                                                         beta=beta))
     J = np.asarray(metrics["J"])
     out = {"exact": np.asarray(g), "estimate": np.asarray(est), "cosine": cos,

@@ -23,9 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax import (TabularGame, best_response_exact, game_hypergradient, leader_values_game,
-                      rollout_game)
-from bchg_jax.train_game import GameTrainConfig, make_train_game
+from bchg_jax.games import tabular as games
+from bchg_jax.games.tabular import TabularGame
 
 FREE, CONGESTED = 0, 1
 LOW, HIGH = 0, 1
@@ -58,23 +57,23 @@ def main(argv=None) -> dict:
     policy = lambda th: jax.nn.softmax(th, -1)       # noqa: E731
 
     def J(th):                                       # exact discounted leader objective
-        br = best_response_exact(game, policy(th), beta, backup="paper")
-        V, _ = leader_values_game(game, policy(th), br.policy)
+        br = games.best_response(game, policy(th), beta, backup="paper")
+        V, _ = games.leader_values(game, policy(th), br.policy)
         return jnp.dot(game.init_dist, V)
 
     exact = jax.grad(J)(theta)
 
     def J_follower_fixed(th):                        # the follower's policy held at theta's
-        br = best_response_exact(game, policy(theta), beta, backup="paper")
-        return jnp.dot(game.init_dist, leader_values_game(game, policy(th), br.policy)[0])
+        br = games.best_response(game, policy(theta), beta, backup="paper")
+        return jnp.dot(game.init_dist, games.leader_values(game, policy(th), br.policy)[0])
 
     response_part = exact - jax.grad(J_follower_fixed)(theta)
-    br = best_response_exact(game, policy(theta), beta, backup="paper")
-    V_L, Q_L = leader_values_game(game, policy(theta), br.policy)
+    br = games.best_response(game, policy(theta), beta, backup="paper")
+    V_L, Q_L = games.leader_values(game, policy(theta), br.policy)
 
     def one_batch(key):                              # 200 episodes of 100 steps
-        ep = rollout_game(key, game, policy(theta), br.policy, 200, 100)
-        return game_hypergradient(policy, theta, ep, br.policy, Q_L, br.V, beta, game.gamma_L,
+        ep = games.rollout(key, game, policy(theta), br.policy, 200, 100)
+        return games.hypergradient(policy, theta, ep, br.policy, Q_L, br.V, beta, game.gamma_L,
                                   game.gamma_F, V_L=V_L)
 
     est = jax.jit(jax.vmap(one_batch))(jax.random.split(jax.random.key(0), 20)).mean(0)
@@ -82,11 +81,10 @@ def main(argv=None) -> dict:
 
     finals = {}
     for method in ("bchg", "naive"):
-        config = GameTrainConfig(iterations=a.iterations, actor="tabular", backup="paper",
+        config = games.TrainConfig(iterations=a.iterations, actor="tabular", backup="paper",
                                  actor_lr=0.05)
-        trainer = make_train_game(game, method, config)
-        hp = {"actor_steps": jnp.asarray(2), "critic_steps": jnp.asarray(5),
-              "beta": jnp.asarray(beta, jnp.float32)}
+        trainer = games.make_train(game, method, config)
+        hp = games.HParams(actor_steps=2, critic_steps=5, beta=beta)
         _, m = jax.jit(trainer.train)(jax.random.key(2), hp)
         finals[method] = (float(m["J"][0]), float(np.asarray(m["J"])[-20:].mean()))
     print(f"exact hypergradient (logits [s, a]):\n{np.round(np.asarray(exact), 4)}")

@@ -1,9 +1,10 @@
-"""Shared driver of the experiment CLIs: run folders, per-chunk results, resume, summaries.
+"""Shared driver of the experiment CLIs: the common flags, run folders, per-chunk results,
+resume, summaries (the experiments are described in ``docs/experiments.md``).
 
 A run folder holds ``config.json`` and one sub-folder per method with ``config.json``,
-``metrics.npz`` (rewritten atomically after every chunk) and ``checkpoint/`` (an orbax
-checkpoint of the whole training state, saved atomically after every chunk and removed when the
-method completes), ``summary.csv`` and ``curve.png``. With several
+``metrics.npz`` (rewritten atomically after every chunk) and ``checkpoint/<iteration>/`` (an
+orbax checkpoint folder of the whole training state, saved atomically after every chunk and
+removed when the method completes), ``summary.csv`` and ``curve.png``. With several
 methods the folder also gets ``summary.csv`` (best grid point per method) and ``figure.png``.
 A method whose metrics are complete is skipped, one with a checkpoint resumes from it.
 """
@@ -15,19 +16,9 @@ import json
 import os
 import sys
 import time
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
-
-
-def summarize(J: np.ndarray, window: int):
-    """Per seed mean of the last ``window`` iterations -> (final [G,N], mean [G], se [G], best)."""
-    final = J[..., -min(window, J.shape[-1]):].mean(-1)
-    n = final.shape[1]
-    se = final.std(-1, ddof=1) / np.sqrt(n) if n > 1 else np.zeros(final.shape[0])
-    mean = final.mean(-1)
-    # a grid point with a non-finite run (e.g. a diverged policy) is never "best"
-    return final, mean, se, int(np.argmax(np.where(np.isfinite(mean), mean, -np.inf)))
 
 
 def parse_methods(spec: str, all_methods: Sequence[str], valid: Sequence[str]):
@@ -53,9 +44,9 @@ def run_method_folder(out: str, method: str, trainer, grid: Dict[str, np.ndarray
     """
     import shutil
 
-    from bchg_jax import io as bio
-    from bchg_jax.io import checkpoint_exists, load_state, save_json, save_npz
-    from bchg_jax.sweep import grid_functions, run_grid, seed_keys
+    from bchg_jax.core import io as bio
+    from bchg_jax.core.io import checkpoint_exists, load_state, save_json, save_npz
+    from bchg_jax.core.sweep import grid_functions, run_grid, seed_keys
 
     metrics_path, ckpt_path = os.path.join(out, "metrics.npz"), os.path.join(out, "checkpoint")
     state, start, metrics = None, 0, None
@@ -104,13 +95,14 @@ def _num_points(grid) -> int:
 
 
 def _hparams(trainer, grid):
-    from bchg_jax.sweep import grid_hparams
+    from bchg_jax.core.sweep import grid_hparams
     return grid_hparams(trainer, grid)
 
 
 def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict:
-    from bchg_jax.io import save_csv, save_figure, save_npz
+    from bchg_jax.core.io import save_csv, save_figure, save_npz
     from experiments.plot import learning_curve_figure
+    from experiments.summary import summarize
     J = data["J"]
     final, mean, se, best = summarize(J, window)
     keys = list(grid)
@@ -154,7 +146,7 @@ def resume_args(a, experiment: str):
 def prepare_run_dir(a, experiment: str, methods: Sequence[str], setting_keys: Sequence[str],
                     argv: Optional[Sequence[str]]) -> str:
     """Creates (or re-opens, to add methods) the run folder and writes its ``config.json``."""
-    from bchg_jax.io import save_json
+    from bchg_jax.core.io import save_json
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = a.out if a.exact_out else os.path.join(a.out, experiment, stamp)
     check_writable(run_dir)
@@ -202,7 +194,7 @@ def environment_record() -> dict:
 
 def finish_run(run_dir: str, summaries: Sequence[dict], window: int, extra_figures:
                Optional[Callable[[str], None]] = None) -> None:
-    from bchg_jax.io import save_csv, save_figure
+    from bchg_jax.core.io import save_csv, save_figure
     from experiments.plot import panel_figure
     if len(summaries) > 1:
         keys = [k for k in summaries[0] if k not in ("method", "mean", "se", "wall_s")]
@@ -219,6 +211,76 @@ def finish_run(run_dir: str, summaries: Sequence[dict], window: int, extra_figur
                       if k not in ("method", "mean", "se", "wall_s"))
         print(f"{s['method']:>12}  {hp:30s}  {s['mean']:+.4f}  {s['se']:.4f}")
     print(f"\nresults in {run_dir}")
+
+
+SMOKE_SEEDS = 2  # --smoke runs at most this many seeds
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter,
+                    argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the module docstring's line breaks and appends "(default: ...)" to every flag."""
+
+
+class ExperimentParser(argparse.ArgumentParser):
+    """An experiment CLI's parser. ``parse_args`` applies ``--smoke``: at most
+    :data:`SMOKE_SEEDS` seeds and ``smoke_iterations`` iterations, chunks of ``smoke_chunk``
+    (a CLI shrinks its own flags after that)."""
+
+    def __init__(self, *args, smoke_iterations: int, smoke_chunk: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.smoke_iterations, self.smoke_chunk = smoke_iterations, smoke_chunk
+
+    def parse_args(self, args=None, namespace=None):
+        a = super().parse_args(args, namespace)
+        if a.smoke:
+            a.seeds, a.iterations = min(a.seeds, SMOKE_SEEDS), min(a.iterations,
+                                                                   self.smoke_iterations)
+            a.chunk = self.smoke_chunk
+        return a
+
+
+def base_parser(experiment: str, description: str, *, seeds: int, iterations: int, chunk: int,
+                methods: Sequence[str], also: str = "", noun: str = "method", grid_flags: str,
+                grid_help: str, smoke: Tuple[int, int], smoke_help: str = "") -> ExperimentParser:
+    """The flags every experiment CLI shares, with that experiment's defaults.
+
+    ``methods``: what ``--method all`` runs; ``also``: text on the other accepted names;
+    ``grid_flags``: the flags ``--grid none`` takes the grid from, ``grid_help``: what
+    ``--grid paper`` sweeps; ``smoke``: (iterations, chunk) of ``--smoke``,
+    ``smoke_help``: the CLI's other ``--smoke`` reductions. The CLI adds its own flags (in
+    ``parser.add_argument_group(...)``) and calls ``parse_args``.
+    """
+    p = ExperimentParser(prog=f"python -m experiments.{experiment}", description=description,
+                         formatter_class=HelpFormatter, smoke_iterations=smoke[0],
+                         smoke_chunk=smoke[1])
+    p.add_argument("--seeds", type=int, default=seeds,
+                   help="number of seeds (independent runs of every grid point)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="base seed: seed i runs with the key fold_in(key(SEED), i)")
+    p.add_argument("--method", default="bchg",
+                   help=f"a {noun}, a comma-separated list, or 'all' (= {', '.join(methods)})"
+                        + (f"; {also}" if also else ""))
+    p.add_argument("--grid", choices=["none", "paper"], default="none",
+                   help=f"'none': the values of {grid_flags}; 'paper': {grid_help}")
+    p.add_argument("--iterations", type=int, default=iterations, help="outer iterations per run")
+    p.add_argument("--chunk", type=int, default=chunk,
+                   help="iterations per jitted chunk; after every chunk the progress is printed "
+                        "and <method>/metrics.npz and the orbax checkpoint folder "
+                        "<method>/checkpoint/<iteration>/ are rewritten")
+    p.add_argument("--out", default="results",
+                   help=f"results root: the run folder is <out>/{experiment}/<timestamp>/")
+    p.add_argument("--exact-out", action="store_true",
+                   help=f"use --out itself as the run folder (no {experiment}/<timestamp>/ "
+                        "subfolder); a folder of the same settings gets the new methods added")
+    p.add_argument("--resume", metavar="DIR", default=None,
+                   help="continue the stopped run in DIR with its saved settings: every method "
+                        "restarts from its last orbax checkpoint DIR/<method>/checkpoint/"
+                        "<iteration>/ (complete methods are skipped)")
+    add_scale_args(p)
+    p.add_argument("--smoke", action="store_true",
+                   help=f"tiny run: at most {SMOKE_SEEDS} seeds and {smoke[0]} iterations, "
+                        f"chunks of {smoke[1]}" + (f", {smoke_help}" if smoke_help else ""))
+    return p
 
 
 def add_scale_args(p: argparse.ArgumentParser) -> None:

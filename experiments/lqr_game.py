@@ -10,14 +10,13 @@ per variant as one vmapped program. The metric of every iteration is the *exact*
 100-step leader return of the current leader against its best response (``J``), with the
 discounted one, the batch's sampled return, K_theta (``K1``, ``K2``) and skipped updates.
 ``--estimator reference`` (default) is the reference implementation's estimator
-(``spec/lqr_game.md``); ``--estimator unbiased`` subtracts only baselines that keep the estimate
+(``docs/experiments.md``); ``--estimator unbiased`` subtracts only baselines that keep the estimate
 unbiased; ``--estimator shuffled`` is a control (the reference estimator whose guiding term keeps
 its noise but loses its mean; see README, "Bi-level LQR Markov game"). Outputs as for the other
 experiments.
 """
 from __future__ import annotations
 
-import argparse
 import os
 
 import numpy as np
@@ -38,36 +37,36 @@ SETTING_KEYS = ("seeds", "seed", "grid", "actor_steps", "critic_steps", "iterati
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m experiments.lqr_game", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--method", default="bchg",
-                   help="a variant, a comma-separated list, or 'all' (" + ", ".join(ALL) + ")")
-    p.add_argument("--actor-steps", type=int, nargs="+", default=[10])
-    p.add_argument("--critic-steps", type=int, default=5)
-    p.add_argument("--grid", choices=["none", "paper"], default="none",
-                   help="'paper': actor steps in {1, 2, 5, 10}")
-    p.add_argument("--iterations", type=int, default=500)
-    p.add_argument("--chunk", type=int, default=50)
-    p.add_argument("--beta", type=float, default=0.1, help="follower entropy coefficient")
-    p.add_argument("--estimator", choices=tuple(ESTIMATORS), default="reference")
-    p.add_argument("--warmup-steps", type=int, default=4000,
+    from experiments.common import base_parser
+    p = base_parser(
+        "lqr_game", __doc__, seeds=20, iterations=500, chunk=50, methods=ALL, noun="variant",
+        also="also naive_det (Naive-PGD, deterministic leader) and exact (Adam on the "
+             "exact hypergradient; run it on its own)",
+        grid_flags="--actor-steps",
+        grid_help="actor steps in {" + ", ".join(map(str, PAPER_STEPS)) + "}", smoke=(6, 3),
+        smoke_help="at most 800 warm-up steps")
+    g = p.add_argument_group("LQR game options")
+    g.add_argument("--actor-steps", type=int, nargs="+", default=[10],
+                   help="actor updates per outer iteration (0 to max(10, --critic-steps)); "
+                        "several values form a grid")
+    g.add_argument("--critic-steps", type=int, default=5,
+                   help="critic updates per outer iteration")
+    g.add_argument("--beta", type=float, default=0.1, help="follower entropy coefficient")
+    g.add_argument("--estimator", choices=tuple(ESTIMATORS), default="reference",
+                   help="'reference': the reference code's estimator; 'unbiased': only "
+                        "baselines that keep it unbiased; 'shuffled': a control (the guiding "
+                        "term keeps its noise, loses its mean)")
+    g.add_argument("--warmup-steps", type=int, default=4000,
                    help="env steps with random leader actions N(0, 1) at the start")
-    p.add_argument("--clip", type=float, default=1.0, help="actor gradient norm clip (0: off)")
-    p.add_argument("--clip-scope", choices=["reference", "all"], default="reference",
+    g.add_argument("--clip", type=float, default=1.0, help="actor gradient norm clip (0: off)")
+    g.add_argument("--clip-scope", choices=["reference", "all"], default="reference",
                    help="'reference': only BC-HG's gradients are clipped (the reference code); "
                         "'all': every method's (the paper's text)")
-    p.add_argument("--init", choices=["torch", "flax"], default="torch")
-    p.add_argument("--out", default="results")
-    p.add_argument("--exact-out", action="store_true")
-    p.add_argument("--resume", metavar="DIR", default=None)
-    from experiments.common import add_scale_args
-    add_scale_args(p)
-    p.add_argument("--smoke", action="store_true", help="tiny run: 2 seeds, 6 iterations")
+    g.add_argument("--init", choices=["torch", "flax"], default="torch",
+                   help="network initialisation: PyTorch's nn.Linear default (the reference) or "
+                        "flax's lecun_normal")
     a = p.parse_args(argv)
     if a.smoke:
-        a.seeds, a.iterations, a.chunk = min(a.seeds, 2), min(a.iterations, 6), 3
         a.warmup_steps = min(a.warmup_steps, 800)
     return a
 
@@ -85,7 +84,7 @@ def method_grid(a):
 
 
 def train_config(a, name: str):
-    from bchg_jax.train_lqr_game import LQRGameTrainConfig
+    from bchg_jax.games.lqr.train import TrainConfig as LQRGameTrainConfig
     method, buffer = VARIANTS[name]
     clip = a.clip if (a.clip_scope == "all" or method.startswith("bchg")) else 0.0
     return LQRGameTrainConfig(iterations=a.iterations, buffer=buffer, warmup_steps=a.warmup_steps,
@@ -95,20 +94,20 @@ def train_config(a, name: str):
 
 def validate_args(a):
     from bchg_jax.problems.lqr_game import lqr_game
-    from bchg_jax.train_lqr_game import validate_lqr_game_hparams
+    from bchg_jax.games.lqr.train import HParams
     methods = methods_of(a.method)
     if a.seeds < 1 or a.iterations < 1 or a.chunk < 1:
         raise ValueError("--seeds, --iterations and --chunk must be >= 1")
     for m in methods:
         config = train_config(a, m)
-    validate_lqr_game_hparams(method_grid(a), config.max_steps)
+    HParams.from_grid(method_grid(a), max_steps=config.max_steps)
     lqr_game()
     return methods
 
 
 def run_method(name: str, a, run_dir: str):
     from bchg_jax.problems.lqr_game import lqr_game
-    from bchg_jax.train_lqr_game import make_train_lqr_game
+    from bchg_jax.games.lqr.train import make_train as make_train_lqr_game
     from experiments.common import run_method_folder
     from experiments.plot import YLABELS
     method, buffer = VARIANTS[name]

@@ -14,6 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
+from experiments.summary import summarize
+
 METHOD_LABELS = {"bchg": "BC-HG", "hpgd_oracle": "HPGD (oracle)", "hpgd_mc": "HPGD (MC)",
                  "hpgd_sa": "HPGD (SA)", "hpgd_td": "HPGD (TD)", "sobirl": "SoBiRL",
                  "naive": "Naive-PGD", "bchg_off": "BC-HG (off-policy)",
@@ -85,7 +87,6 @@ def learning_curve_figure(curves: dict, title: str = "", window: int = 100, ylab
 def load_run(run_dir: str, metric: str = "J"):
     """{method: (best curves [seeds, iters] of ``metric``, summary dict)} for the method folders in
     run_dir; the best grid point is chosen on J over the run's summary window."""
-    from experiments.common import summarize
     out = {}
     for method in METHOD_ORDER:
         path = os.path.join(run_dir, method, "metrics.npz")
@@ -189,8 +190,7 @@ def export_best(run_dir: str, dest: str) -> None:
     in the repository (``benchmarks/results``), unlike full grids.
     """
     import shutil
-    from bchg_jax.io import save_npz
-    from experiments.common import summarize
+    from bchg_jax.core.io import save_npz
     os.makedirs(dest, exist_ok=True)
     if os.path.exists(os.path.join(run_dir, "config.json")):
         shutil.copyfile(os.path.join(run_dir, "config.json"), os.path.join(dest, "config.json"))
@@ -214,7 +214,7 @@ def export_best(run_dir: str, dest: str) -> None:
 
 
 def main(argv=None):
-    from bchg_jax.io import save_figure
+    from bchg_jax.core.io import save_figure
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="run folders (each with <method>/metrics.npz)")

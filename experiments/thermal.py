@@ -13,7 +13,6 @@ selects the paper's form throughout (MLP critics, score function, no baseline/co
 """
 from __future__ import annotations
 
-import argparse
 import os
 
 PAPER_LR = (0.1, 0.01, 0.001)
@@ -26,70 +25,61 @@ SETTING_KEYS = ("seeds", "seed", "grid", "lr", "iterations", "critic", "follower
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m experiments.thermal", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, default=10, help="number of seeds (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
-    p.add_argument("--method", default="bchg",
-                   help="a method, a comma-separated list, or 'all' (" + ", ".join(ALL_METHODS)
-                   + "; also 'exact': ascent on the exact hypergradient)")
-    p.add_argument("--lr", type=float, nargs="+", default=[0.1], help="leader learning rate(s)")
-    p.add_argument("--grid", choices=["none", "paper"], default="none",
-                   help="'paper': lr in {0.1, 0.01, 0.001}")
-    p.add_argument("--iterations", type=int, default=2000)
-    p.add_argument("--chunk", type=int, default=100, help="iterations per jitted chunk")
-    p.add_argument("--critic", choices=["quadratic", "mlp", "exact"], default="quadratic",
+    from experiments.common import base_parser
+    p = base_parser(
+        "thermal", __doc__, seeds=10, iterations=2000, chunk=100, methods=ALL_METHODS,
+        also="also 'exact' (ascent on the exact hypergradient)", grid_flags="--lr",
+        grid_help="lr in {" + ", ".join(map(str, PAPER_LR)) + "}", smoke=(6, 3),
+        smoke_help="at most 4 episodes, 5 MLP critic steps and 8 value samples")
+    g = p.add_argument_group("thermal control options")
+    g.add_argument("--lr", type=float, nargs="+", default=[0.1],
+                   help="leader learning rate(s); several values form a grid")
+    g.add_argument("--critic", choices=["quadratic", "mlp", "exact"], default="quadratic",
                    help="leader critic (and HPGD's grad V_F network): LSTD on quadratic features "
                         "(exact class, fast), the paper's 64-64 TD MLP, or closed form")
-    p.add_argument("--follower-grad", choices=["pathwise", "score"], default="pathwise",
+    g.add_argument("--follower-grad", choices=["pathwise", "score"], default="pathwise",
                    help="per-step FollowerQGrad form (score = the paper's Eq. (nablaQF))")
-    p.add_argument("--no-baseline", action="store_true",
+    g.add_argument("--no-baseline", action="store_true",
                    help="BC-HG without the learned state baseline h(s) ~ grad V_F(s)")
-    p.add_argument("--no-control-variates", action="store_true",
+    g.add_argument("--no-control-variates", action="store_true",
                    help="no E[V(s')|s,b] control variates in the score-function terms")
-    p.add_argument("--faithful", action="store_true",
+    g.add_argument("--faithful", action="store_true",
                    help="the paper's estimator: --critic mlp --follower-grad score --no-baseline "
                         "--no-control-variates")
-    p.add_argument("--episodes", type=int, default=100, help="episodes of 100 steps per iteration")
-    p.add_argument("--beta", type=float, default=0.1, help="follower entropy coefficient")
-    p.add_argument("--init-std", type=float, default=0.01,
-                   help="std of the initial leader weights around 0 (reference 0.01; paper 1.0)")
-    p.add_argument("--mlp-steps", type=int, default=5000, help="Adam steps of the MLP critics")
-    p.add_argument("--value-samples", type=int, default=256,
-                   help="MLP critic: follower samples per state for V_L(s) (default 256)")
-    p.add_argument("--mlp-lr", type=float, default=1e-4, help="Adam step size of the MLP critics")
-    p.add_argument("--mlp-minibatch", type=int, default=0,
+    g.add_argument("--episodes", type=int, default=100, help="episodes of 100 steps per iteration")
+    g.add_argument("--beta", type=float, default=0.1, help="follower entropy coefficient")
+    g.add_argument("--init-std", type=float, default=0.01,
+                   help="std of the initial leader weights around 0 (the reference code: 0.01; "
+                        "the paper's text: 1.0)")
+    g.add_argument("--mlp-steps", type=int, default=5000, help="Adam steps of the MLP critics")
+    g.add_argument("--value-samples", type=int, default=256,
+                   help="MLP critic: follower samples per state for V_L(s)")
+    g.add_argument("--mlp-lr", type=float, default=1e-4, help="Adam step size of the MLP critics")
+    g.add_argument("--mlp-minibatch", type=int, default=0,
                    help="samples per MLP critic step (0: full batch, the paper)")
-    p.add_argument("--mlp-normalize", action="store_true",
+    g.add_argument("--mlp-normalize", action="store_true",
                    help="MLP critics see inputs / RMS and predict outputs / (RMS(r) / (1 - gamma))")
-    p.add_argument("--mlp-warm-start", action="store_true",
+    g.add_argument("--mlp-warm-start", action="store_true",
                    help="MLP critics continue from the last iteration's fit (the paper "
                         "re-initialises them every iteration)")
-    p.add_argument("--out", default="results", help="results root (default ./results)")
-    p.add_argument("--exact-out", action="store_true", help="write into --out itself")
-    p.add_argument("--resume", metavar="DIR", default=None, help="continue the stopped run in DIR")
-    from experiments.common import add_scale_args
-    add_scale_args(p)
-    p.add_argument("--smoke", action="store_true", help="tiny run: 2 seeds, 6 iterations")
     a = p.parse_args(argv)
     if a.faithful:
         a.critic, a.follower_grad, a.no_baseline, a.no_control_variates = (
             "mlp", "score", True, True)
     if a.smoke:
-        a.seeds, a.iterations, a.chunk = min(a.seeds, 2), min(a.iterations, 6), 3
         a.episodes, a.mlp_steps = min(a.episodes, 4), min(a.mlp_steps, 5)
         a.value_samples = min(a.value_samples, 8)
     return a
 
 
 def methods_of(spec: str):
-    from bchg_jax.train_lq import LQ_METHODS
+    from bchg_jax.lq.train import METHODS as LQ_METHODS
     from experiments.common import parse_methods
     return parse_methods(spec, ALL_METHODS, LQ_METHODS)
 
 
 def train_config(a):
-    from bchg_jax.train_lq import LQTrainConfig
+    from bchg_jax.lq.train import TrainConfig as LQTrainConfig
     return LQTrainConfig(
         num_episodes=a.episodes, iterations=a.iterations, weights_init_std=a.init_std,
         critic=a.critic, follower_grad=a.follower_grad, state_baseline=not a.no_baseline,
@@ -105,7 +95,7 @@ def method_grid(a):
 
 
 def validate_args(a):
-    from bchg_jax.train_lq import validate_lq_hparams
+    from bchg_jax.lq.train import HParams
     methods = methods_of(a.method)
     if a.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {a.seeds}")
@@ -114,13 +104,13 @@ def validate_args(a):
     if a.init_std < 0:
         raise ValueError(f"--init-std must be >= 0, got {a.init_std}")
     train_config(a)
-    validate_lq_hparams(method_grid(a))
+    HParams.from_grid(method_grid(a))
     return methods
 
 
 def run_method(method: str, a, run_dir: str):
     from bchg_jax.problems.thermal import thermal
-    from bchg_jax.train_lq import make_train_lq
+    from bchg_jax.lq.train import make_train as make_train_lq
     from experiments.common import run_method_folder
     from experiments.plot import YLABELS
 
@@ -137,7 +127,7 @@ def run_method(method: str, a, run_dir: str):
 
 
 def components_png(run_dir: str) -> None:
-    from bchg_jax.io import save_figure
+    from bchg_jax.core.io import save_figure
     from experiments.plot import components_figure
     save_figure(os.path.join(run_dir, "components.png"), components_figure(run_dir, COMPONENTS))
 

@@ -10,7 +10,6 @@ for the other experiments (``experiments/common.py``).
 """
 from __future__ import annotations
 
-import argparse
 import os
 
 import numpy as np
@@ -26,39 +25,34 @@ SETTING_KEYS = ("seeds", "seed", "grid", "actor_steps", "critic_steps", "iterati
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m experiments.toy_game", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--method", default="bchg",
-                   help="a variant, a comma-separated list, or 'all' (" + ", ".join(ALL) + ")")
-    p.add_argument("--actor-steps", type=int, nargs="+", default=[1])
-    p.add_argument("--critic-steps", type=int, nargs="+", default=[1])
-    p.add_argument("--grid", choices=["none", "paper"], default="none",
-                   help="'paper': actor x critic steps in {1,2,5,10,20}^2")
-    p.add_argument("--iterations", type=int, default=500)
-    p.add_argument("--chunk", type=int, default=50)
-    p.add_argument("--R", type=float, default=2.0, help="the game's reward R (paper figure: 2)")
-    p.add_argument("--beta", type=float, default=0.05, help="follower entropy coefficient")
-    p.add_argument("--backup", choices=["reference", "paper"], default="reference",
+    from experiments.common import base_parser
+    p = base_parser(
+        "toy_game", __doc__, seeds=10, iterations=500, chunk=50, methods=ALL, noun="variant",
+        also="also bchg_off (BC-HG, off-policy buffer)",
+        grid_flags="--actor-steps and --critic-steps",
+        grid_help="actor x critic steps in {" + ", ".join(map(str, PAPER_STEPS)) + "}^2",
+        smoke=(6, 3))
+    g = p.add_argument_group("toy game options")
+    g.add_argument("--actor-steps", type=int, nargs="+", default=[1],
+                   help="actor updates per outer iteration (0 to 20); several values form a grid")
+    g.add_argument("--critic-steps", type=int, nargs="+", default=[1],
+                   help="critic updates per outer iteration (0 to 20); several values form a "
+                        "grid")
+    g.add_argument("--R", type=float, default=2.0, help="the game's reward R (paper figure: 2)")
+    g.add_argument("--beta", type=float, default=0.05, help="follower entropy coefficient")
+    g.add_argument("--backup", choices=["reference", "paper"], default="reference",
                    help="follower soft-Q backup (reference code / Theorem 2)")
-    p.add_argument("--critic-target", choices=["reference", "paper"], default="reference",
+    g.add_argument("--critic-target", choices=["reference", "paper"], default="reference",
                    help="critic target: modes of target actor and g / sampled next actions")
-    p.add_argument("--direct-baseline", choices=["reference", "none"], default="reference")
-    p.add_argument("--actor", choices=["mlp", "tabular"], default="mlp")
-    p.add_argument("--init", choices=["torch", "flax"], default="torch",
+    g.add_argument("--direct-baseline", choices=["reference", "none"], default="reference",
+                   help="'reference': subtract sum_a' f(a'|s) Q(s,a',b) in the direct term; "
+                        "'none': no baseline")
+    g.add_argument("--actor", choices=["mlp", "tabular"], default="mlp",
+                   help="leader actor: a 64-64 ReLU MLP on one-hot(s) or softmax logits per state")
+    g.add_argument("--init", choices=["torch", "flax"], default="torch",
                    help="network initialisation: PyTorch's nn.Linear default (the reference) or "
                         "flax's lecun_normal")
-    p.add_argument("--out", default="results")
-    p.add_argument("--exact-out", action="store_true")
-    p.add_argument("--resume", metavar="DIR", default=None)
-    from experiments.common import add_scale_args
-    add_scale_args(p)
-    p.add_argument("--smoke", action="store_true", help="tiny run: 2 seeds, 6 iterations")
-    a = p.parse_args(argv)
-    if a.smoke:
-        a.seeds, a.iterations, a.chunk = min(a.seeds, 2), min(a.iterations, 6), 3
-    return a
+    return p.parse_args(argv)
 
 
 def methods_of(spec: str):
@@ -67,7 +61,7 @@ def methods_of(spec: str):
 
 
 def method_grid(a):
-    from bchg_jax.sweep import product_grid
+    from bchg_jax.core.sweep import product_grid
     actor, critic = (PAPER_STEPS, PAPER_STEPS) if a.grid == "paper" else (a.actor_steps,
                                                                            a.critic_steps)
     g = product_grid(actor_steps=actor, critic_steps=critic)
@@ -76,18 +70,18 @@ def method_grid(a):
 
 
 def train_config(a, buffer: str):
-    from bchg_jax.train_game import GameTrainConfig
+    from bchg_jax.games.tabular.train import TrainConfig as GameTrainConfig
     return GameTrainConfig(iterations=a.iterations, buffer=buffer, actor=a.actor,
                            critic_target=a.critic_target, direct_baseline=a.direct_baseline,
                            backup=a.backup, init=a.init).validate()
 
 
 def validate_args(a):
-    from bchg_jax.train_game import validate_game_hparams
+    from bchg_jax.games.tabular.train import HParams
     methods = methods_of(a.method)
     if a.seeds < 1 or a.iterations < 1 or a.chunk < 1:
         raise ValueError("--seeds, --iterations and --chunk must be >= 1")
-    validate_game_hparams(method_grid(a))
+    HParams.from_grid(method_grid(a), max_steps=train_config(a, "on").max_steps)
     for m in methods:
         train_config(a, VARIANTS[m][1])
     return methods
@@ -95,7 +89,7 @@ def validate_args(a):
 
 def run_method(name: str, a, run_dir: str):
     from bchg_jax.problems.toy_game import toy_game
-    from bchg_jax.train_game import make_train_game
+    from bchg_jax.games.tabular.train import make_train as make_train_game
     from experiments.common import run_method_folder
     from experiments.plot import YLABELS
     method, buffer = VARIANTS[name]

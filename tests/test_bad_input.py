@@ -12,11 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bchg_jax.problems.lq_cmdp import LQConfigurableMDP
+from bchg_jax.lq.cmdp import LQConfigurableMDP
 from bchg_jax.problems.lqr_game import lqr_game
-from bchg_jax.problems.tabular import TabularCMDP
-from bchg_jax.problems.tabular_game import TabularGame
-from bchg_jax.sweep import product_grid
+from bchg_jax.tabular.cmdp import TabularCMDP
+from bchg_jax.games.tabular.game import TabularGame
+from bchg_jax.core.sweep import product_grid
 
 S, B = 3, 2
 
@@ -87,12 +87,11 @@ def test_unstabilisable_lqr_pairs():
 
 # ---- hyperparameters, grids and methods ------------------------------------------------------
 def test_negative_beta():
-    from bchg_jax.train import make_hparams
-    from bchg_jax.train_game import make_game_hparams
-    from bchg_jax.train_lqr_game import make_lqr_game_hparams
-    for make in (lambda: make_hparams(0.1, 0.5, beta=-1e-3),
-                 lambda: make_game_hparams(1, 1, beta=-0.05),
-                 lambda: make_lqr_game_hparams(1, 5, beta=0.0)):
+    from bchg_jax.games import lqr, tabular as game
+    from bchg_jax import tabular
+    for make in (lambda: tabular.HParams(0.1, 0.5, beta=-1e-3).validate(),
+                 lambda: game.HParams(1, 1, beta=-0.05).validate(),
+                 lambda: lqr.HParams(1, 5, beta=0.0).validate()):
         with pytest.raises(ValueError, match="beta"):
             make()
 
@@ -100,17 +99,17 @@ def test_negative_beta():
 def test_empty_grids():
     with pytest.raises(ValueError, match="empty"):
         product_grid(lr=[], beta=[1e-3])
-    from bchg_jax.train import make_hparams
+    from bchg_jax.tabular import HParams
     with pytest.raises(ValueError, match="lr"):
-        make_hparams(np.array([]), 0.5, 1e-3)
+        HParams(np.array([]), 0.5, 1e-3).validate()
 
 
 def test_unknown_methods():
     from bchg_jax.problems.toy_game import toy_game
-    from bchg_jax.train import make_train
-    from bchg_jax.train_game import make_train_game
-    from bchg_jax.train_lq import make_train_lq
-    from bchg_jax.train_lqr_game import make_train_lqr_game
+    from bchg_jax.tabular.train import make_train
+    from bchg_jax.games.tabular.train import make_train as make_train_game
+    from bchg_jax.lq.train import make_train as make_train_lq
+    from bchg_jax.games.lqr.train import make_train as make_train_lqr_game
     for make in (lambda: make_train(_cmdp(), "hpgd"), lambda: make_train_lq(_lq(), "sobirl"),
                  lambda: make_train_game(toy_game(), "bchg_det"),
                  lambda: make_train_lqr_game(lqr_game(), "biac")):

@@ -1,6 +1,8 @@
-"""Problems as pure functions of theta."""
+"""Problem instances (data only; their types live in the families)."""
 from bchg_jax.problems.fourrooms import fourrooms
+from bchg_jax.problems.lqr_game import lqr_game
 from bchg_jax.problems.random_tabular import random_tabular_cmdp
-from bchg_jax.problems.tabular import TabularCMDP
+from bchg_jax.problems.thermal import thermal
+from bchg_jax.problems.toy_game import toy_game
 
-__all__ = ["TabularCMDP", "fourrooms", "random_tabular_cmdp"]
+__all__ = ["fourrooms", "lqr_game", "random_tabular_cmdp", "thermal", "toy_game"]

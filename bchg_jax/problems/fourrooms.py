@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.problems.tabular import TabularCMDP
+from bchg_jax.tabular.cmdp import TabularCMDP
 
 LAYOUT = (
     "#############",
@@ -51,7 +51,14 @@ def _cells(layout=LAYOUT):
 
 
 def slip_transition(p_intended: float, layout=LAYOUT) -> np.ndarray:
-    """[S, 4, S] transition table of the slippery grid (numpy, theta-independent)."""
+    """[S, 4, S] transition table of the slippery grid (numpy, theta-independent).
+
+    Args:
+      p_intended: probability of the intended move (each other move: (1 - p_intended) / 3).
+      layout: the grid as strings ('#' wall); S = number of non-wall cells.
+    Returns:
+      [S, 4, S] float64 p(s'|s, b) (a move into a wall stays).
+    """
     cells, index, _ = _cells(layout)
     S = len(cells)
     dest = np.zeros((S, 4), dtype=np.int64)
@@ -69,7 +76,24 @@ def slip_transition(p_intended: float, layout=LAYOUT) -> np.ndarray:
 
 def fourrooms(slip_model: str = "reference", penalty_budget: float = 0.2, lam: float = 5.0,
               gamma: float = 0.99, time_limit: int = 200, dtype=jnp.float32) -> TabularCMDP:
-    """Builds the Four-Rooms :class:`TabularCMDP` (theta = x, 105 logits, theta0 = zeros)."""
+    """Builds the Four-Rooms :class:`TabularCMDP` (theta = x, 105 logits, theta0 = zeros).
+
+    The task of Section "Configurable MDPs (Discrete)" (Figure "Four-Rooms Environment") and the
+    appendix "Four-Rooms Environment", trained by Algorithm 8. Only the rewards depend on theta.
+
+    Args:
+      slip_model: ``"reference"`` (model 0.56, sampler 2/3) or ``"paper"`` (2/3 for both).
+      penalty_budget: total penalty 0.2 distributed by the softmax (>= 0).
+      lam: weight lambda of the leader's penalty cost at the goal (>= 0).
+      gamma: discount of both players (gamma_F = gamma_L).
+      time_limit: episode length of the sampler.
+      dtype: float dtype of the tables and of theta.
+    Returns:
+      :class:`TabularCMDP` with S = 104 states, B = 4 actions, theta0 [105] zeros, start cell
+      'S' (rho_0 one-hot), terminal goal 'G'.
+    Raises:
+      ValueError: an unknown ``slip_model`` or a negative ``penalty_budget`` / ``lam``.
+    """
     if slip_model not in SLIP_MODELS:
         raise ValueError(f"slip_model must be one of {SLIP_MODELS}, got {slip_model!r}")
     if penalty_budget < 0 or lam < 0:
@@ -112,6 +136,10 @@ def fourrooms(slip_model: str = "reference", penalty_budget: float = 0.2, lam: f
 
 
 def fourrooms_cells():
-    """(cells, marks): the (row, col) of each state index and the indices of 'S', 'G', 'T'."""
+    """(cells, marks): the (row, col) of each state index and the indices of 'S', 'G', 'T'.
+
+    Returns:
+      (cells, marks): list of S (row, col) tuples, and dict mark -> state index.
+    """
     cells, _, marks = _cells()
     return cells, marks

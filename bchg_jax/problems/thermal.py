@@ -1,5 +1,5 @@
 """n-zone building thermal control (paper Section 5.2 and the appendix "n-Zone Building Thermal
-Control Task"; constants in ``spec/thermal.md``).
+Control Task"; constants in ``docs/experiments.md``).
 
 State s in R^4 (temperature deviations of 4 zones), follower action b in R^2 (2 HVAC units).
 Leader weights ``w in R^8`` give ``theta = sigmoid(w) = (alpha, beta_air)``: insulation levels
@@ -18,13 +18,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.problems.lq_cmdp import LQConfigurableMDP
+from bchg_jax.lq.cmdp import LQConfigurableMDP
 
 Array = jax.Array
 
 K_EXT = (0.04, 0.03, 0.06, 0.05)            # k_i: exchange with the outside
 # (row, column, airflow index, coefficient): heat exchange of zone `row` with zone `column`
-# through the ventilation with level beta_air[index] (paper: h12, h41 | h23, h21 | h34, h32 | h41, h43)
+# through the ventilation with level beta_air[index]
+# (paper: h12, h41 | h23, h21 | h34, h32 | h41, h43)
 H_LINKS = ((0, 1, 0, 0.05), (0, 3, 3, 0.05),
            (1, 2, 1, 0.04), (1, 0, 0, 0.03),
            (2, 3, 2, 0.06), (2, 1, 1, 0.04),
@@ -40,13 +41,25 @@ N_ZONES = 4
 
 
 def split_theta(w: Array) -> Tuple[Array, Array]:
-    """Leader weights -> (alpha, beta_air) = sigmoid(w) split in halves."""
+    """Leader weights -> (alpha, beta_air) = sigmoid(w) split in halves.
+
+    Args:
+      w: [8] leader weights.
+    Returns:
+      (alpha, beta_air): [4] insulation levels and [4] airflow levels in (0, 1).
+    """
     th = jax.nn.sigmoid(w)
     return th[:N_ZONES], th[N_ZONES:]
 
 
 def thermal_A(w: Array) -> Array:
-    """A_theta of the appendix for weights ``w`` (theta = sigmoid(w))."""
+    """A_theta of the appendix for weights ``w`` (theta = sigmoid(w)).
+
+    Args:
+      w: [8] leader weights.
+    Returns:
+      [4, 4] state matrix A_theta.
+    """
     alpha, air = split_theta(w)
     k = jnp.asarray(K_EXT, w.dtype)
     A = jnp.diag(1.0 + k * (1.0 - alpha))
@@ -56,18 +69,33 @@ def thermal_A(w: Array) -> Array:
 
 
 def stability_matrix(n: int = N_ZONES, dtype=jnp.float32) -> Array:
-    """Ms with Stability(s) = -s^T Ms s: Ms = (I - 11^T / n) / n."""
+    """Ms with Stability(s) = -s^T Ms s: Ms = (I - 11^T / n) / n.
+
+    Args:
+      n: number of zones.
+      dtype: float dtype.
+    Returns:
+      [n, n] Ms.
+    """
     return (jnp.eye(n, dtype=dtype) - jnp.full((n, n), 1.0 / n, dtype)) / n
 
 
 def config_cost(w: Array) -> Array:
+    """||alpha||^2 + ||beta_air||^2 for weights ``w`` [8] -> [] (the leader's config cost)."""
     alpha, air = split_theta(w)
     return jnp.sum(alpha ** 2) + jnp.sum(air ** 2)
 
 
 def leader_components(w: Array) -> Dict[str, Tuple[Array, Array, Array]]:
     """The four components of r_L as (Ms, Mb, c) quadratics (signs: each is a *reward* term
-    ``-s^T Ms s - b^T Mb b + c``; costs are reported positive by ``exact_lq.components``)."""
+    ``-s^T Ms s - b^T Mb b + c``; costs are reported positive by ``exact_lq.components``).
+
+    Args:
+      w: [8] leader weights.
+    Returns:
+      name -> (Ms [4, 4], Mb [2, 2], c []) for "stability", "hvac_energy", "insulation",
+      "airflow" (unweighted; see ``COMPONENT_WEIGHTS``).
+    """
     dt = w.dtype
     n, m = N_ZONES, len(R_DIAG)
     zs, zb = jnp.zeros((n, n), dt), jnp.zeros((m, m), dt)
@@ -83,6 +111,7 @@ COMPONENT_WEIGHTS = {"stability": 1.0, "hvac_energy": ENERGY_WEIGHT,
 
 
 def thermal_leader_quadratic(w: Array):
+    """r_L(s, b) = -s^T Ms s - b^T Mb b + c as (Ms [4, 4], Mb [2, 2], c []) for ``w`` [8]."""
     dt = w.dtype
     m = len(R_DIAG)
     return (stability_matrix(N_ZONES, dt), ENERGY_WEIGHT * jnp.eye(m, dtype=dt),
@@ -91,7 +120,18 @@ def thermal_leader_quadratic(w: Array):
 
 def thermal(dtype=jnp.float32, horizon: int = 100, init_weights=None) -> LQConfigurableMDP:
     """The 4-zone, 2-HVAC building of the paper. ``init_weights`` defaults to zeros (theta = 0.5);
-    training adds N(0, std^2) noise (std 0.01 as in the reference, 1.0 as the paper states)."""
+    training adds N(0, std^2) noise (std 0.01 as in the reference, 1.0 as the paper states).
+
+    Section "Configurable MDPs (Continuous)"; appendix "n-Zone Building Thermal Control Task".
+
+    Args:
+      dtype: float dtype of theta and the jnp tables.
+      horizon: episode length for sampling and for the metric.
+      init_weights: [8] initial leader weights w, or None for zeros.
+    Returns:
+      :class:`~bchg_jax.lq.cmdp.LQConfigurableMDP` (n = 4 states, m = 2 actions, theta0 [8],
+      gamma_F = gamma_L = 0.9, s_0 ~ N(0, 5^2 I)).
+    """
     B = jnp.asarray(B_HVAC, dtype)
     theta0 = jnp.zeros((2 * N_ZONES,), dtype) if init_weights is None else jnp.asarray(
         init_weights, dtype)

@@ -1,4 +1,4 @@
-"""The paper's discrete toy Markov game (appendix "Toy Markov Game Task"; ``spec/toy_game.md``).
+"""The paper's discrete toy Markov game (appendix "Toy Markov Game Task"; ``docs/experiments.md``).
 
 States S=0, A=1, B=2; leader actions {0, 1}; follower actions s=0, a=1, b=2; start at S;
 episodes of 150 steps (time-outs). In A, leader action 1 punishes every follower action
@@ -11,13 +11,25 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.problems.tabular_game import TabularGame
+from bchg_jax.games.tabular.game import TabularGame
 
 S_, A_, B_ = 0, 1, 2
 
 
 def toy_game(R: float = 2.0, gamma_F: float = 0.99, gamma_L: float = 0.99,
              time_limit: int = 150, dtype=jnp.float32) -> TabularGame:
+    """Builds the toy Markov game (module docstring; Section "2-Player Markov Games (Discrete)").
+
+    Args:
+      R: the follower's reward for b in A under leader action 0.
+      gamma_F: follower discount.
+      gamma_L: leader discount.
+      time_limit: episode length (time-outs).
+      dtype: float dtype of the tables.
+    Returns:
+      the validated :class:`~bchg_jax.games.tabular.game.TabularGame`: transition
+      [S=3, A=2, B=3, S=3], init_dist [3] (one-hot at S), rewards [3, 2, 3].
+    """
     P = np.zeros((3, 2, 3, 3))
     rF = np.zeros((3, 2, 3))
     rL = np.zeros((3, 2, 3))
@@ -46,7 +58,14 @@ def toy_game(R: float = 2.0, gamma_F: float = 0.99, gamma_L: float = 0.99,
 
 
 def leader_policy_from_p(p, dtype=jnp.float32):
-    """f(a|s) [3, 2] with f(0|A) = p and uniform elsewhere (only f(.|A) matters)."""
+    """f(a|s) [3, 2] with f(0|A) = p and uniform elsewhere (only f(.|A) matters).
+
+    Args:
+      p: scalar probability f(0|A).
+      dtype: float dtype.
+    Returns:
+      [3, 2] leader policy f(a|s).
+    """
     p = jnp.asarray(p, dtype)
     half = jnp.full((2,), 0.5, dtype)
     return jnp.stack([half, jnp.stack([p, 1.0 - p]), half])

@@ -1,0 +1,113 @@
+"""Episode buffers for actor-critic leaders, as pure functional state.
+
+A buffer holds whole episodes (``s`` [N, T+1], ``a`` [N, T], ``b`` [N, T]; int8 for discrete
+games, float with trailing vector dimensions for continuous ones) so that the influence term can
+read the rest of a sampled episode. ``"on"``-policy
+buffers hold exactly the newest batch (N = episodes per iteration); ``"off"``-policy buffers
+keep every episode (N = episodes x iterations, i.e. never full within a run).
+Sampling: ``sample_uniform`` (critic minibatches) draws (episode, step) uniformly over the
+stored transitions; ``sample_discounted`` (actor minibatches) draws the step with probability
+proportional to ``gamma^t`` (the discounted state distribution of the policy-gradient theorem).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+class EpisodeBuffer(NamedTuple):
+    """Whole episodes of a Markov game: N slots of horizon T (module docstring)."""
+
+    s: Array       # [N, T+1]
+    a: Array       # [N, T]
+    b: Array       # [N, T]
+    count: Array   # episodes stored (<= N)
+
+
+def buffer_init(capacity: int, horizon: int, dtype=jnp.int8, dims=None) -> EpisodeBuffer:
+    """An empty buffer; ``dims=(n, k, m)`` adds trailing vector dimensions to s, a, b
+    (continuous games, e.g. ``dtype=jnp.float32``).
+
+    Args:
+      capacity: N, the number of episode slots.
+      horizon: T, steps per episode.
+      dtype: dtype of the stored s, a, b (int8 for discrete games).
+      dims: None (scalar entries) or (n, k, m): state, leader-action and follower-action sizes.
+    Returns:
+      :class:`EpisodeBuffer` of zeros: ``s`` [N, T+1(, n)], ``a`` [N, T(, k)], ``b``
+      [N, T(, m)], ``count`` [] int32 = 0.
+    """
+    ds, da, db = ((), (), ()) if dims is None else ((dims[0],), (dims[1],), (dims[2],))
+    z = lambda *shape: jnp.zeros(shape, dtype)  # noqa: E731
+    return EpisodeBuffer(z(capacity, horizon + 1, *ds), z(capacity, horizon, *da),
+                         z(capacity, horizon, *db), jnp.zeros((), jnp.int32))
+
+
+def buffer_add(buf: EpisodeBuffer, s: Array, a: Array, b: Array, mode: str) -> EpisodeBuffer:
+    """Adds a batch of E episodes: ``mode="on"`` overwrites (N == E), ``"off"`` appends.
+
+    In ``"off"`` mode a full buffer overwrites its last E slots (the buffers are sized never
+    to fill within a run).
+
+    Args:
+      buf: the :class:`EpisodeBuffer` (N slots, horizon T).
+      s: [E, T+1, ...] states (cast to the buffer's dtype).
+      a: [E, T, ...] leader actions.
+      b: [E, T, ...] follower actions.
+      mode: ``"on"`` or ``"off"``.
+    Returns:
+      the updated :class:`EpisodeBuffer` (``count`` = min(count + E, N) off-policy, E on-policy).
+    Raises:
+      ValueError: an unknown ``mode``.
+    """
+    if mode not in ("on", "off"):
+        raise ValueError(f"mode must be 'on' or 'off', got {mode!r}")
+    E, N = s.shape[0], buf.s.shape[0]
+    start = 0 if mode == "on" else jnp.minimum(buf.count, N - E)
+    put = lambda dst, x: jax.lax.dynamic_update_slice(  # noqa: E731
+        dst, x.astype(dst.dtype), (start,) + (0,) * (dst.ndim - 1))
+    return EpisodeBuffer(put(buf.s, s), put(buf.a, a), put(buf.b, b),
+                         jnp.minimum(buf.count + E if mode == "off" else E, N).astype(jnp.int32))
+
+
+def sample_uniform(key: Array, buf: EpisodeBuffer, num: int):
+    """(episode, step) indices, uniform over the stored transitions.
+
+    Args:
+      key: PRNG key.
+      buf: the :class:`EpisodeBuffer` (samples episodes among the first ``max(count, 1)``).
+      num: number of indices.
+    Returns:
+      (e, t): [num] int episode indices and [num] int step indices in [0, T).
+    """
+    T = buf.a.shape[1]
+    ke, kt = jax.random.split(key)
+    e = jax.random.randint(ke, (num,), 0, jnp.maximum(buf.count, 1))
+    return e, jax.random.randint(kt, (num,), 0, T)
+
+
+def sample_discounted(key: Array, buf: EpisodeBuffer, num: int, gamma):
+    """(episode, step) indices with P(step = t) proportional to gamma^t, t < T.
+
+    Samples from the (truncated) discounted state visitation d_gamma of the policy-gradient
+    expectation in Theorem 2 (Eq. (hg_MG)).
+
+    Args:
+      key: PRNG key.
+      buf: the :class:`EpisodeBuffer` (samples episodes among the first ``max(count, 1)``).
+      num: number of indices.
+      gamma: discount (scalar), typically gamma_L.
+    Returns:
+      (e, t): [num] int episode indices and [num] int step indices in [0, T).
+    """
+    T = buf.a.shape[1]
+    cdf = jnp.cumsum(gamma ** jnp.arange(T, dtype=jnp.float32))
+    cdf = cdf / cdf[-1]
+    ke, kt = jax.random.split(key)
+    e = jax.random.randint(ke, (num,), 0, jnp.maximum(buf.count, 1))
+    t = jnp.minimum(jnp.searchsorted(cdf, jax.random.uniform(kt, (num,))), T - 1)
+    return e, t

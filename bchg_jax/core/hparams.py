@@ -1,0 +1,93 @@
+"""Typed hyperparameters: the shared half of every family's ``HParams``.
+
+Each family declares its grid-able hyperparameters once, as a ``NamedTuple`` with defaults and
+a ``validate()`` method (a pytree, so ``vmap`` over a grid of them never retraces). This module
+gives the two operations they share: :func:`from_grid` (a grid dict -> validated HParams with a
+leading grid axis, cast to the trainer's dtype) and :func:`cast` (any HParams -> arrays of the
+trainer's dtype, int32 for step counts).
+"""
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+import jax.numpy as jnp
+import numpy as np
+
+
+def cast(hp, dtype, integer_fields: Tuple[str, ...] = ()):
+    """``hp`` with float fields as ``dtype`` arrays and ``integer_fields`` as int32 arrays.
+
+    Args:
+      hp: a family's ``HParams`` (a NamedTuple), scalar fields or fields with a leading [G].
+      dtype: the float dtype of the trainer.
+      integer_fields: names of the fields cast to int32 (step counts).
+    Returns:
+      an ``HParams`` of the same type whose fields are jnp arrays of unchanged shapes.
+    """
+    return type(hp)(*(jnp.asarray(v, jnp.int32 if f in integer_fields else dtype)
+                      for f, v in zip(hp._fields, hp)))
+
+
+def from_grid(cls, grid: Dict[str, np.ndarray], dtype, integer_fields: Tuple[str, ...] = (),
+              **validate_kw):
+    """Grid dict (name -> one value per grid point, or a scalar for all) -> ``cls`` with a
+    leading axis G, validated on the host and cast. Unknown names are an error that lists the
+    valid ones; missing names take the class defaults.
+
+    Args:
+      cls: the family's ``HParams`` class.
+      grid: name -> [G] values (every non-scalar entry of one length G) or a scalar.
+      dtype: the float dtype of the trainer.
+      integer_fields: names of the fields cast to int32.
+      **validate_kw: passed to ``cls.validate``.
+    Returns:
+      a validated ``cls`` whose every field is a [G] array (G = 1 when all entries are scalars).
+    Raises:
+      ValueError: unknown names, grid axes of different lengths, or ``validate`` failures.
+    """
+    unknown = sorted(set(grid) - set(cls._fields))
+    if unknown:
+        raise ValueError(f"unknown hyperparameter(s) {unknown} for {cls.__module__}.HParams; "
+                         f"valid names: {list(cls._fields)}")
+    sizes = {len(np.atleast_1d(v)) for v in grid.values() if np.ndim(v) > 0}
+    if len(sizes) > 1:
+        raise ValueError(f"grid axes must have one length (one value per grid point), got "
+                         f"{ {k: np.shape(v) for k, v in grid.items()} }")
+    G = sizes.pop() if sizes else 1
+    values = [np.broadcast_to(np.asarray(grid.get(f, cls._field_defaults.get(f)), np.float64),
+                              (G,)) for f in cls._fields]
+    hp = cls(*values).validate(**validate_kw)
+    return cast(hp, dtype, integer_fields)
+
+
+class HParamsMixin:
+    """Shared methods of the families' ``HParams``: subclass it together with a ``NamedTuple``
+    of fields (``class HParams(HParamsMixin, _Fields)``) and define ``validate()``;
+    ``INTEGER_FIELDS`` names the fields traced as int32 (step counts)."""
+
+    __slots__ = ()
+    INTEGER_FIELDS: Tuple[str, ...] = ()
+
+    @classmethod
+    def from_grid(cls, grid: Dict[str, np.ndarray], dtype=jnp.float32, **validate_kw):
+        """Grid dict (name -> one value per grid point, or a scalar for all) -> validated
+        HParams with a leading grid axis, float fields of ``dtype``.
+
+        Args:
+          grid: name -> [G] values or a scalar (see :func:`from_grid`).
+          dtype: float dtype of the result.
+          **validate_kw: passed to ``validate``.
+        Returns:
+          an instance of this class, every field a [G] array.
+        """
+        return from_grid(cls, grid, dtype, cls.INTEGER_FIELDS, **validate_kw)
+
+    def cast(self, dtype):
+        """These hyperparameters as arrays: float fields of ``dtype``, step counts int32.
+
+        Args:
+          dtype: float dtype of the result.
+        Returns:
+          an instance of this class with unchanged field shapes (see :func:`cast`).
+        """
+        return cast(self, dtype, self.INTEGER_FIELDS)

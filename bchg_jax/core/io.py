@@ -1,0 +1,196 @@
+"""Results and checkpoints on disk, written atomically (temporary file, then ``os.replace``).
+
+Results (json, npz, csv, figures) are written to a temporary file in the same folder and moved
+into place. Training states are orbax checkpoints (``save_state(dir, state, step)`` ->
+``dir/<step>/``, written to a temporary folder and renamed by orbax's ``CheckpointManager``, one
+step kept; the previous one is deleted only after the new one is complete); leaves are stored
+with their tree paths, typed PRNG keys as their raw key data, so a restore into a state of
+another shape fails with a clear error (``load_state``).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from typing import Dict, Iterable, Sequence
+
+import jax
+import numpy as np
+
+
+def _atomic_write_bytes(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; results are for sharing
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def save_json(path: str, obj) -> None:
+    """Writes ``obj`` as indented, key-sorted JSON, atomically.
+
+    Args:
+      path: destination file (parent folders are created).
+      obj: a JSON-serialisable object (other values are written with ``str``).
+    Returns:
+      None.
+    """
+    _atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
+
+
+def save_npz(path: str, arrays: Dict[str, np.ndarray]) -> None:
+    """Writes named arrays as a compressed ``.npz``, atomically.
+
+    Args:
+      path: destination file (parent folders are created).
+      arrays: name -> array of any shape (converted with ``np.asarray``).
+    Returns:
+      None.
+    """
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **{k: np.asarray(v) for k, v in arrays.items()})
+    _atomic_write_bytes(path, buf.getvalue())
+
+
+def save_csv(path: str, header: Sequence[str], rows: Iterable[Sequence]) -> None:
+    """Writes a CSV table, atomically.
+
+    Args:
+      path: destination file (parent folders are created).
+      header: column names.
+      rows: the rows, each a sequence of cells.
+    Returns:
+      None.
+    """
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(header)
+    w.writerows(rows)
+    _atomic_write_bytes(path, buf.getvalue().encode())
+
+
+def save_figure(path: str, fig) -> None:
+    """Saves a matplotlib figure (format from the extension, default png), atomically, and
+    closes it.
+
+    Args:
+      path: destination file (parent folders are created).
+      fig: a ``matplotlib.figure.Figure``.
+    Returns:
+      None.
+    """
+    buf = io.BytesIO()
+    fig.savefig(buf, format=os.path.splitext(path)[1][1:] or "png", dpi=120, bbox_inches="tight")
+    _atomic_write_bytes(path, buf.getvalue())
+    import matplotlib.pyplot as plt
+    plt.close(fig)          # figures are written once; do not keep them open
+
+
+def _is_key(x) -> bool:
+    return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _leaves(state):
+    return jax.tree_util.tree_flatten_with_path(state)[0]
+
+
+def _manager(directory: str):
+    import orbax.checkpoint as ocp
+    return ocp.CheckpointManager(
+        os.path.abspath(directory),
+        options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True,
+                                             enable_async_checkpointing=False))
+
+
+def save_state(directory: str, state, step: int = 0) -> None:
+    """Checkpoints any pytree of arrays with orbax (``directory/<step>/``), atomically.
+
+    Orbax writes each step to a temporary folder and renames it when complete; the previous
+    step is deleted only after that, so a run killed while saving keeps its last checkpoint.
+    Leaves are stored with their tree paths (``jax.tree_util.keystr``), typed PRNG keys as raw
+    key data, so a restore checks the structure leaf by leaf.
+
+    Args:
+      directory: the checkpoint folder (created if needed); the step goes to ``directory/<step>/``.
+      state: any pytree of arrays (e.g. a trainer state with leaves [G, N, ...]).
+      step: the step number to record (e.g. iterations done).
+    Returns:
+      None.
+    """
+    import orbax.checkpoint as ocp
+    arrays, names, keys = {}, [], []
+    for i, (kp, x) in enumerate(_leaves(state)):
+        names.append(jax.tree_util.keystr(kp))
+        keys.append(bool(_is_key(x)))
+        arrays[f"leaf{i:05d}"] = np.asarray(jax.random.key_data(x) if _is_key(x) else x)
+    with _manager(directory) as mgr:
+        mgr.save(int(step), args=ocp.args.Composite(
+            arrays=ocp.args.StandardSave(arrays),
+            meta=ocp.args.JsonSave({"names": names, "keys": keys, "step": int(step)})),
+            force=True)
+        mgr.wait_until_finished()
+
+
+def checkpoint_exists(directory: str) -> bool:
+    """True when ``directory`` holds a complete checkpoint written by :func:`save_state`.
+
+    Args:
+      directory: the checkpoint folder.
+    Returns:
+      bool.
+    """
+    if not os.path.isdir(directory):
+        return False
+    with _manager(directory) as mgr:
+        return mgr.latest_step() is not None
+
+
+def load_state(directory: str, like):
+    """Restores the latest checkpoint of :func:`save_state` into the structure of ``like``.
+
+    Args:
+      directory: the checkpoint folder.
+      like: a pytree with the expected structure, leaf shapes and dtypes (typed PRNG keys are
+        restored with ``like``'s key implementation).
+    Returns:
+      a pytree of ``like``'s structure holding the saved arrays.
+    Raises:
+      ValueError: no checkpoint, a missing leaf, or a leaf of another shape.
+    """
+    import orbax.checkpoint as ocp
+    with _manager(directory) as mgr:
+        step = mgr.latest_step()
+        if step is None:
+            raise ValueError(f"no checkpoint in {directory}")
+        got = mgr.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(),
+                                                         meta=ocp.args.JsonRestore()))
+    names, data = got["meta"]["names"], got["arrays"]
+    index = {n: i for i, n in enumerate(names)}
+    leaves = []
+    for kp, ref in _leaves(like):
+        name = jax.tree_util.keystr(kp)
+        if name not in index:
+            raise ValueError(f"checkpoint {directory}: no field {name} (a different method or "
+                             "config?)")
+        raw = np.asarray(data[f"leaf{index[name]:05d}"])
+        if _is_key(ref):
+            x = jax.random.wrap_key_data(jax.numpy.asarray(raw), impl=jax.random.key_impl(ref))
+        else:
+            x = jax.numpy.asarray(raw, dtype=ref.dtype)
+        if x.shape != ref.shape:
+            raise ValueError(f"checkpoint {directory}: field {name} has shape {x.shape}, "
+                             f"expected {ref.shape} (different grid, seeds or problem?)")
+        leaves.append(x)
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), leaves)

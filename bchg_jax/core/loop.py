@@ -1,0 +1,160 @@
+"""The outer loop shared by every family: ``Trainer``, ``scan_loop`` and the small pure steps
+that each family's ``make_train`` composes (ascent with clipping, Polyak averaging, a traced
+number of inner steps).
+
+A family's ``make_train(problem, method, config)`` builds ``init(key, hp) -> state`` and
+``step(state, hp) -> (state, metrics)``; :func:`scan_loop` turns them into ``run(state, hp, n)``
+(n outer iterations as one ``lax.scan``, no host sync inside) and ``train(key, hp)``. ``hp`` is
+the family's typed ``HParams``: its leaves are traced, so ``vmap`` over a grid of them never
+retraces.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+class Trainer(NamedTuple):
+    """Pure functions of one run and what built them (returned by every family's ``make_train``).
+
+    The outer loop of Algorithm 1 (``for i = 0 .. N-1``) as pure functions.
+
+    Attributes:
+      problem, method, config: the problem instance, method name and frozen config.
+      init: ``init(key, hp) -> state``.
+      run: ``run(state, hp, n) -> (state, metrics)``: n outer iterations, metrics [n, ...].
+      train: ``train(key, hp)``: ``run(init(key, hp), hp, config.iterations)``.
+      hparams: ``hparams(grid) -> HParams`` with leading axis G: a grid dict (name -> values,
+        one per grid point) validated and cast to the trainer's dtype.
+      steps: the named pure steps that ``step`` composes (follower, rollout, critic, estimator,
+        ascent, ...), for inspection, tests and reuse in user code.
+    """
+
+    problem: Any
+    method: str
+    config: Any
+    init: Callable
+    run: Callable
+    train: Callable
+    hparams: Callable
+    steps: Any = None
+
+
+def scan_loop(init: Callable, step: Callable, iterations: int):
+    """(run, train) from ``init(key, hp)`` and ``step(state, hp) -> (state, metrics)``.
+
+    ``run(state, hp, n)`` is n outer iterations as one ``lax.scan`` (metrics stacked on a
+    leading [n] axis); ``train(key, hp)`` runs ``iterations`` from ``init``.
+
+    Args:
+      init: ``init(key, hp) -> state``.
+      step: ``step(state, hp) -> (state, metrics)``, one outer iteration.
+      iterations: outer iterations of ``train``.
+    Returns:
+      (run, train): ``run(state, hp, n) -> (state, metrics [n, ...])`` (``n`` static) and
+      ``train(key, hp) -> (state, metrics [iterations, ...])``.
+    """
+    def run(state, hp, num_iterations: int):
+        return jax.lax.scan(lambda s, _: step(s, hp), state, None, length=num_iterations)
+
+    def train(key, hp):
+        return run(init(key, hp), hp, iterations)
+
+    return run, train
+
+
+def sgd_ascent(theta, grad, lr, clip_norm: float):
+    """One stateless ascent step ``theta + lr * clip(grad)``: the gradient is clipped to global
+    norm ``clip_norm`` (optax), then plain SGD with the traced step size ``lr``.
+
+    The leader update theta^{i+1} = theta^i + alpha grad J_L of Algorithm 1 line 17 (with
+    clipping).
+
+    Args:
+      theta: leader parameters (any pytree of arrays).
+      grad: the hypergradient estimate, same structure and shapes as ``theta``.
+      lr: step size alpha (scalar, may be traced).
+      clip_norm: global-norm clip threshold (> 0).
+    Returns:
+      the new parameters, same structure and shapes as ``theta``.
+    """
+    opt = optax.chain(optax.clip_by_global_norm(clip_norm), optax.sgd(lr))
+    updates, _ = opt.update(jax.tree.map(jnp.negative, grad), opt.init(theta), theta)
+    return optax.apply_updates(theta, updates)
+
+
+def adam_step(opt: optax.GradientTransformation, params, opt_state, grads):
+    """One optimiser step on a loss gradient -> (params, opt_state).
+
+    Args:
+      opt: an optax transformation (e.g. ``optax.adam``).
+      params: parameters (pytree).
+      opt_state: ``opt``'s state for ``params``.
+      grads: gradient of a loss to *minimise*, same structure as ``params``.
+    Returns:
+      (params, opt_state) after the update.
+    """
+    upd, opt_state = opt.update(grads, opt_state, params)
+    return optax.apply_updates(params, upd), opt_state
+
+
+def polyak(new, old, tau: float):
+    """Soft target update ``tau * new + (1 - tau) * old`` on every leaf.
+
+    Args:
+      new: online parameters (pytree).
+      old: target parameters, same structure and shapes.
+      tau: smoothing factor in [0, 1] (scalar, may be traced).
+    Returns:
+      the new target parameters, same structure and shapes.
+    """
+    return jax.tree.map(lambda x, y: tau * x + (1 - tau) * y, new, old)
+
+
+def masked_steps(body: Callable, max_steps: int, num_steps, carry, active=True):
+    """``num_steps`` (traced, <= ``max_steps``) applications of ``body(i, carry) -> carry``.
+
+    The loop always runs ``max_steps`` times (one compiled program for every grid value) and
+    keeps the old carry where ``i >= num_steps`` or ``active`` is False.
+
+    Args:
+      body: ``body(i, carry) -> carry`` with an unchanged structure.
+      max_steps: static number of loop iterations.
+      num_steps: scalar (traced) number of effective iterations.
+      carry: initial carry (pytree).
+      active: scalar bool; False leaves ``carry`` unchanged.
+    Returns:
+      the final carry.
+    """
+    def masked(i, c):
+        new = body(i, c)
+        go = (i < num_steps) & active
+        return jax.tree.map(lambda x, y: jnp.where(go, x, y), new, c)
+
+    return jax.lax.fori_loop(0, max_steps, masked, carry)
+
+
+def check_setup(problem, method: str, config, methods, problem_type=None) -> None:
+    """Host-side checks of ``make_train``'s arguments before anything is traced: the method name,
+    the problem's type and ``validate()``, the config's ``validate()``.
+
+    Args:
+      problem: the problem instance (must have ``validate()``).
+      method: the requested method name.
+      config: the frozen config (must have ``validate()``).
+      methods: the family's allowed method names.
+      problem_type: the expected problem class, or None to skip the type check.
+    Returns:
+      None.
+    Raises:
+      ValueError: an unknown method, a wrong problem type, or a failed ``validate()``.
+    """
+    if method not in methods:
+        raise ValueError(f"method must be one of {tuple(methods)}, got {method!r}")
+    if problem_type is not None and not isinstance(problem, problem_type):
+        raise ValueError(f"problem must be a {problem_type.__name__}, got {type(problem).__name__}")
+    problem.validate()
+    config.validate()

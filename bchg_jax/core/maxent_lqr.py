@@ -1,0 +1,343 @@
+"""Entropy-regularised (max-ent) LQR follower: Riccati solution and Gaussian best response.
+
+Follower problem (paper, appendix "Entropy-Regularized LQR with Observable and Unobservable
+Disturbance", Propositions 1 and 2): dynamics ``s' = A s + B b + w``, ``w ~ N(0, U U^T)``
+(Eq. (lqr_with_disturbance)), reward ``r_F(s, b) = -(s^T Qbar s + b^T Rbar b)``, discount
+``gamma``, entropy weight ``beta``. Shapes: A [n, n], B [n, m], Qbar [n, n], Rbar [m, m],
+U [n, d] (a factor of the disturbance covariance).
+
+* :func:`riccati`: the stabilising solution of the discounted Riccati equation
+  (Eq. (riccati_equation))
+  ``P = Qbar + g A^T P A - g^2 A^T P B (Rbar + g B^T P B)^{-1} B^T P A`` by Riccati iteration from
+  ``P = Qbar`` (or a warm start) until the relative change is below ``tol``. It is differentiable
+  by the implicit function theorem (``jax.lax.custom_root``): the tangent solves the linearised
+  fixed-point equation, never unrolls the loop.
+* :func:`maxent_lqr`: Proposition 1, Eq. (lqr_opt_follower_cmdp) (disturbance unobservable
+  when the follower acts):
+  ``g(b|s) = N(-K s, (beta/2) S^{-1})``, ``S = Rbar + g B^T P B``, ``K = g S^{-1} B^T P A``,
+  ``V_F(s) = -(s^T P s + v)`` with
+  ``v = (-(beta m / 2) log(pi beta) + (beta/2) log det S + g tr(U^T P U)) / (1 - g)``.
+* :func:`maxent_lqr_observable`: Proposition 2, Eq. (lqr_opt_follower_mg) (the follower sees
+  ``w`` before acting, used by the bi-level LQR Markov game):
+  ``g(b|s, w) = N(-K s - K_w w, (beta/2) S^{-1})``, ``K_w = g S^{-1} B^T P`` and
+  ``V_F(s, w) = -(s^T Qbar s + (A s + w)^T M (A s + w) + v_w)`` with
+  ``M = g P - g^2 P B S^{-1} B^T P`` and
+  ``v_w = (-(beta m/2) log(pi beta) + (beta/2) log det S + g tr(U^T M U)) / (1 - g)``.
+
+Values here are *rewards* (the paper's propositions state costs, V_cost = -V_F).
+Non-convergence (an unstabilisable pair, or ``max_iters`` too small) is never silent: every
+solution carries ``converged`` (finite and below tolerance) and ``residual``; callers decide
+whether to raise (:func:`check_solution`) or to skip an update.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+
+def riccati_map(P: Array, A: Array, B: Array, Qbar: Array, Rbar: Array, gamma) -> Array:
+    """One Riccati iteration step (the right-hand side of Eq. (riccati_equation)).
+
+    Args:
+      P: [n, n] current iterate.
+      A, B, Qbar, Rbar: the follower's LQR: [n, n] dynamics, [n, m] input, [n, n] state cost,
+        [m, m] action cost.
+      gamma: discount (scalar).
+    Returns:
+      [n, n] Qbar + g A^T P A - g^2 A^T P B (Rbar + g B^T P B)^{-1} B^T P A (symmetrised).
+    """
+    PA = P @ A
+    S = Rbar + gamma * B.T @ P @ B
+    BtPA = B.T @ PA
+    out = Qbar + gamma * A.T @ PA - gamma ** 2 * BtPA.T @ jnp.linalg.solve(S, BtPA)
+    return 0.5 * (out + out.T)
+
+
+def _rel_change(P_new, P):
+    return jnp.max(jnp.abs(P_new - P)) / jnp.maximum(jnp.max(jnp.abs(P_new)), 1e-30)
+
+
+class RiccatiInfo(NamedTuple):
+    """Convergence record of :func:`riccati` (all scalars, or [...] under vmap)."""
+
+    iterations: Array
+    residual: Array      # relative change of the last iteration
+    converged: Array     # bool: finite and residual <= tol
+
+
+def _iterate(A, B, Qbar, Rbar, gamma, P0, tol, max_iters):
+    def cond(c):
+        _, res, it = c
+        return (it == 0) | ((res > tol) & (it < max_iters) & jnp.isfinite(res))
+
+    def body(c):
+        P, _, it = c
+        P2 = riccati_map(P, A, B, Qbar, Rbar, gamma)
+        return P2, _rel_change(P2, P), it + 1
+
+    init = (P0, jnp.asarray(jnp.inf, P0.dtype), jnp.asarray(0, jnp.int32))
+    P, res, it = jax.lax.while_loop(cond, body, init)
+    ok = jnp.isfinite(res) & (res <= tol) & jnp.all(jnp.isfinite(P))
+    return P, RiccatiInfo(it, res, ok)
+
+
+def riccati(A: Array, B: Array, Qbar: Array, Rbar: Array, gamma, P0=None, tol: float = 1e-6,
+            max_iters: int = 50_000):
+    """Solution ``P`` of the discounted Riccati equation and a :class:`RiccatiInfo`.
+
+    P = Riccati(A, B, Qbar, Rbar, gamma) of Eq. (riccati_equation).
+    Differentiable in every argument (implicit differentiation at the fixed point); vmappable
+    (under vmap the loop runs until the slowest lane has converged). ``tol`` is the relative
+    sup-norm change of one iteration (the reference uses 1e-6, at most 5e4 iterations).
+
+    Args:
+      A: [n, n] state matrix.
+      B: [n, m] input matrix.
+      Qbar: [n, n] state cost (symmetric PSD).
+      Rbar: [m, m] action cost (symmetric PD).
+      gamma: discount (scalar).
+      P0: [n, n] warm start, or None for ``Qbar``.
+      tol: relative sup-norm change at which the iteration stops.
+      max_iters: cap on iterations.
+    Returns:
+      (P, info): [n, n] Riccati solution and its :class:`RiccatiInfo` (check
+      ``info.converged``; a non-converged P is returned as is).
+    """
+    A, B, Qbar, Rbar = (jnp.asarray(x) for x in (A, B, Qbar, Rbar))
+    P0 = Qbar if P0 is None else jnp.asarray(P0, Qbar.dtype)
+    n = A.shape[0]
+    sg = jax.lax.stop_gradient
+    P_star, info = _iterate(sg(A), sg(B), sg(Qbar), sg(Rbar), sg(jnp.asarray(gamma)), sg(P0), tol,
+                            max_iters)
+
+    def f(P):
+        return riccati_map(P, A, B, Qbar, Rbar, gamma) - P
+
+    def tangent_solve(g, y):
+        # g is linear in an [n, n] matrix: materialise its n^2 x n^2 Jacobian and solve.
+        J = jax.jacfwd(lambda x: g(x.reshape(n, n)).reshape(-1))(jnp.zeros(n * n, y.dtype))
+        return jnp.linalg.solve(J, y.reshape(-1)).reshape(n, n)
+
+    # the loop above already converged: custom_root only attaches the implicit derivative
+    P = jax.lax.custom_root(f, P_star, lambda _f, x: x, tangent_solve)
+    return P, info
+
+
+class GaussianBestResponse(NamedTuple):
+    """The max-ent LQR follower: ``b ~ N(-K s [- K_w w], cov)``, ``V_F(s) = -(s^T P s + v)``.
+
+    Propositions 1 and 2 (n states, m follower actions). For a solution of Proposition 2
+    (:func:`maxent_lqr_observable`), ``v`` is v_w and the value is
+    :func:`soft_value_observable`, not :meth:`value`.
+    """
+
+    P: Array        # Riccati solution [n, n]
+    S: Array        # Rbar + gamma B^T P B [m, m]
+    K: Array        # state gain [m, n]
+    K_w: Array      # disturbance gain [m, n] (zeros for Proposition 1)
+    cov: Array      # (beta / 2) S^{-1} [m, m]
+    chol: Array     # Cholesky factor of cov
+    M: Array        # gamma P - gamma^2 P B S^{-1} B^T P (the post-decision value matrix)
+    v: Array        # constant of -V_F
+    info: RiccatiInfo
+
+    @property
+    def converged(self):
+        """Bool (or [...] under vmap): the Riccati iteration converged (``info.converged``)."""
+        return self.info.converged
+
+    def mean(self, s: Array, w: Array | None = None) -> Array:
+        """Mean action -K s [- K_w w] for ``s`` [..., n] and optional ``w`` [..., n] -> [..., m]."""
+        out = -s @ self.K.T
+        return out if w is None else out - w @ self.K_w.T
+
+    def sample(self, key: Array, s: Array, w: Array | None = None) -> Array:
+        """b ~ N(mean(s, w), cov) for ``s`` [..., n] (``w`` [..., n] or None) -> [..., m]."""
+        eps = jax.random.normal(key, s.shape[:-1] + (self.K.shape[0],), s.dtype)
+        return self.mean(s, w) + eps @ self.chol.T
+
+    def value(self, s: Array) -> Array:
+        """V_F(s) = -(s^T P s + v) (Proposition 1; see :func:`soft_value`)."""
+        return soft_value(self, s)
+
+    def log_prob(self, s: Array, b: Array, w: Array | None = None) -> Array:
+        """log g(b|s[, w]) for ``s`` [..., n], ``b`` [..., m] (``w`` [..., n] or None) -> [...]."""
+        d = b - self.mean(s, w)
+        z = jax.scipy.linalg.solve_triangular(self.chol, d[..., None], lower=True)[..., 0]
+        m = self.K.shape[0]
+        logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(self.chol)))
+        return -0.5 * (jnp.sum(z ** 2, -1) + m * jnp.log(2 * jnp.pi) + logdet)
+
+
+def _response(P, A, B, Rbar, U, gamma, beta, info, observable: bool):
+    m = B.shape[1]
+    S = Rbar + gamma * B.T @ P @ B
+    S = 0.5 * (S + S.T)
+    Sinv_BtP = jnp.linalg.solve(S, B.T @ P)
+    K = gamma * Sinv_BtP @ A
+    M = gamma * P - gamma ** 2 * P @ B @ Sinv_BtP
+    M = 0.5 * (M + M.T)
+    cov = 0.5 * beta * jnp.linalg.inv(S)
+    cov = 0.5 * (cov + cov.T)
+    ent = -0.5 * beta * m * jnp.log(jnp.pi * beta) + 0.5 * beta * jnp.linalg.slogdet(S)[1]
+    if observable:
+        K_w = gamma * Sinv_BtP
+        v = (ent + gamma * jnp.trace(U.T @ M @ U)) / (1.0 - gamma)
+    else:
+        K_w = jnp.zeros_like(K)
+        v = (ent + gamma * jnp.trace(U.T @ P @ U)) / (1.0 - gamma)
+    return GaussianBestResponse(P, S, K, K_w, cov, jnp.linalg.cholesky(cov), M, v, info)
+
+
+def maxent_lqr(A, B, Qbar, Rbar, U, gamma, beta, P0=None, tol: float = 1e-6,
+               max_iters: int = 50_000) -> GaussianBestResponse:
+    """Proposition 1: best response with an unobservable disturbance.
+
+    g(b|s) = N(-K s, (beta/2) S^{-1}) of Eq. (lqr_opt_follower_cmdp), with
+    P = Riccati(A, B, Qbar, Rbar, gamma).
+
+    Args:
+      A, B, Qbar, Rbar: the follower's LQR: [n, n] dynamics, [n, m] input, [n, n] state cost,
+        [m, m] action cost.
+      U: [n, d] disturbance factor (w ~ N(0, U U^T)).
+      gamma: the follower's discount (scalar).
+      beta: the follower's entropy weight (> 0).
+      P0, tol, max_iters: passed to :func:`riccati` (``P0``: [n, n] or None).
+    Returns:
+      :class:`GaussianBestResponse` (``P``, ``S``, ``M`` ..., ``K`` [m, n], ``K_w`` = 0
+      [m, n], ``cov`` and ``chol`` [m, m], ``v`` [], ``info``).
+    """
+    P, info = riccati(A, B, Qbar, Rbar, gamma, P0, tol, max_iters)
+    return _response(P, jnp.asarray(A), jnp.asarray(B), jnp.asarray(Rbar), jnp.asarray(U), gamma,
+                     beta, info, observable=False)
+
+
+def maxent_lqr_observable(A, B, Qbar, Rbar, U, gamma, beta, P0=None, tol: float = 1e-6,
+                          max_iters: int = 50_000) -> GaussianBestResponse:
+    """Proposition 2: best response when the disturbance ``w`` is observed before acting.
+
+    g(b|s, w) = N(-K s - K_w w, (beta/2) S^{-1}) of Eq. (lqr_opt_follower_mg), with
+    P = Riccati(A, B, Qbar, Rbar, gamma).
+
+    Args:
+      A, B, Qbar, Rbar, U, gamma, beta, P0, tol, max_iters: as :func:`maxent_lqr`.
+    Returns:
+      :class:`GaussianBestResponse` (``K`` [m, n], ``K_w`` [m, n], ``M`` [n, n], ``cov`` and
+      ``chol`` [m, m], ``v`` = v_w [], ``info``).
+    """
+    P, info = riccati(A, B, Qbar, Rbar, gamma, P0, tol, max_iters)
+    return _response(P, jnp.asarray(A), jnp.asarray(B), jnp.asarray(Rbar), jnp.asarray(U), gamma,
+                     beta, info, observable=True)
+
+
+def soft_value(br: GaussianBestResponse, s: Array) -> Array:
+    """V_F(s) = -(s^T P s + v) (Proposition 1), for any batch shape of ``s``.
+
+    Args:
+      br: a :class:`GaussianBestResponse` of :func:`maxent_lqr`.
+      s: [..., n] states.
+    Returns:
+      [...] soft values (rewards).
+    """
+    return -(jnp.einsum("...i,ij,...j->...", s, br.P, s) + br.v)
+
+
+def soft_value_observable(br: GaussianBestResponse, Qbar: Array, A: Array, s: Array,
+                          w: Array) -> Array:
+    """V_F(s, w) = -(s^T Qbar s + (A s + w)^T M (A s + w) + v_w) (Proposition 2).
+
+    Args:
+      br: a :class:`GaussianBestResponse` of :func:`maxent_lqr_observable`.
+      Qbar: [n, n] state cost.
+      A: [n, n] state matrix.
+      s: [..., n] states.
+      w: [..., n] observed disturbances.
+    Returns:
+      [...] soft values (rewards).
+    """
+    x = s @ A.T + w
+    return -(jnp.einsum("...i,ij,...j->...", s, Qbar, s)
+             + jnp.einsum("...i,ij,...j->...", x, br.M, x) + br.v)
+
+
+def soft_q(br: GaussianBestResponse, A, B, Qbar, Rbar, U, gamma, s: Array, b: Array) -> Array:
+    """Q_F(s, b) = r_F(s, b) + gamma E_w V_F(A s + B b + w) (Proposition 1).
+
+    Args:
+      br: a :class:`GaussianBestResponse` of :func:`maxent_lqr` (uses ``P``, ``v``).
+      A, B, Qbar, Rbar: the follower's LQR: [n, n] dynamics, [n, m] input, [n, n] state cost,
+        [m, m] action cost.
+      U: [n, d] disturbance factor.
+      gamma: discount (scalar).
+      s: [..., n] states.
+      b: [..., m] follower actions.
+    Returns:
+      [...] soft action values (rewards).
+    """
+    x = s @ A.T + b @ B.T
+    quad = lambda M, z: jnp.einsum("...i,ij,...j->...", z, M, z)  # noqa: E731
+    EV = -(quad(br.P, x) + jnp.trace(U.T @ br.P @ U) + br.v)
+    return -(quad(Qbar, s) + quad(Rbar, b)) + gamma * EV
+
+
+def is_stabilizable(A, B, gamma=1.0, tol: float = 1e-9) -> bool:
+    """PBH test for (sqrt(gamma) A, B): every eigenvalue with |lambda| >= 1 is controllable.
+
+    Host-side (numpy) check for validating problems before compilation (the stabilisability
+    assumption of Propositions 1 and 2, for the discounted problem).
+
+    Args:
+      A: [n, n] state matrix.
+      B: [n, m] input matrix.
+      gamma: discount (scalar); the test is on sqrt(gamma) A.
+      tol: eigenvalues with |lambda| >= 1 - tol are tested.
+    Returns:
+      bool, True when (sqrt(gamma) A, B) is stabilisable.
+    """
+    A = np.sqrt(float(gamma)) * np.asarray(A, np.float64)
+    B = np.asarray(B, np.float64)
+    n = A.shape[0]
+    for lam in np.linalg.eigvals(A):
+        if abs(lam) >= 1.0 - tol:
+            M = np.concatenate([A - lam * np.eye(n), B], axis=1)
+            if np.linalg.matrix_rank(M, tol=1e-8 * max(1.0, np.abs(M).max())) < n:
+                return False
+    return True
+
+
+def check_solution(br: GaussianBestResponse, what: str = "Riccati iteration") -> GaussianBestResponse:
+    """Host-side: raise a clear error when a (non-traced) solution did not converge.
+
+    Args:
+      br: a :class:`GaussianBestResponse` (concrete, possibly batched).
+      what: the solver's name for the message.
+    Returns:
+      ``br`` unchanged.
+    Raises:
+      ValueError: some entry of ``br.info.converged`` is False.
+    """
+    info = jax.device_get(br.info)
+    ok = np.asarray(info.converged)
+    if not np.all(ok):
+        raise ValueError(
+            f"{what} did not converge (relative change {np.asarray(info.residual).max():.3g} after "
+            f"{int(np.asarray(info.iterations).max())} iterations): the pair (sqrt(gamma) A, B) may "
+            "be unstabilisable, or raise max_iters")
+    return br
+
+
+def quad_form(M: Array, z: Array) -> Array:
+    """z^T M z over the last axis of ``z`` [..., d] (``M`` [d, d]) -> [...].
+
+    Args:
+      M: [d, d] matrix.
+      z: [..., d] vectors.
+    Returns:
+      [...] quadratic forms.
+    """
+    return jnp.einsum("...i,ij,...j->...", z, M, z)

@@ -1,0 +1,266 @@
+"""Seeds x hyperparameter grids as one compiled program.
+
+A grid of G hyperparameter points and N seeds is flattened into R = G*N independent runs and
+``vmap``ped; hparams are traced arrays, so a new grid value never retraces. ``run_grid`` drives
+the program in jitted chunks of ``chunk`` iterations (progress, per-chunk results and
+checkpoints between chunks; nothing inside a chunk syncs with the host). With ``shard=True`` the
+run axis is split over all devices with ``jax.shard_map`` (each device advances its own runs; a
+vmapped ``while_loop`` freezes converged lanes, so a run's result does not depend on which runs
+share its device). Multi-host: call ``jax.distributed.initialize()`` in every process first;
+``jax.devices()`` then lists every host's devices, each process feeds its own shards
+(``to_global``) and gathers the results (``to_host``), so every process holds the whole grid.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Callable, Dict, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from bchg_jax.core.loop import Trainer
+
+Array = jax.Array
+
+
+def seed_keys(seeds: Sequence[int] | int, base_seed: int = 0) -> Array:
+    """Typed keys, one per seed index: fold_in(key(base_seed), i).
+
+    Args:
+      seeds: N (seed indices 0..N-1) or a sequence of seed indices.
+      base_seed: seed of the base key.
+    Returns:
+      [N] typed PRNG keys.
+    Raises:
+      ValueError: no seed.
+    """
+    idx = jnp.arange(seeds) if isinstance(seeds, (int, np.integer)) else jnp.asarray(seeds)
+    if idx.size == 0:
+        raise ValueError("at least one seed is required")
+    return jax.vmap(lambda i: jax.random.fold_in(jax.random.key(base_seed), i))(idx)
+
+
+def product_grid(**axes: Sequence[float]) -> Dict[str, np.ndarray]:
+    """Cartesian product of named hyperparameter lists -> dict of flat arrays of length G.
+
+    Args:
+      **axes: name -> non-empty list of values (G = product of the lengths).
+    Returns:
+      name -> [G] float64 array (the last name varies fastest).
+    Raises:
+      ValueError: an empty axis.
+    """
+    for name, values in axes.items():
+        if len(values) == 0:
+            raise ValueError(f"hyperparameter grid axis {name!r} is empty")
+    names = list(axes)
+    rows = list(itertools.product(*(axes[n] for n in names)))
+    return {n: np.asarray([r[i] for r in rows], np.float64) for i, n in enumerate(names)}
+
+
+def grid_hparams(trainer: Trainer, grid: Dict[str, np.ndarray]):
+    """The trainer's typed HParams (leading axis G) of a grid dict, validated and cast.
+
+    Args:
+      trainer: a :class:`~bchg_jax.core.loop.Trainer`.
+      grid: name -> [G] values or a scalar.
+    Returns:
+      the family's ``HParams``, every field a [G] array.
+    """
+    return trainer.hparams(grid)
+
+
+def grid_functions(trainer: Trainer):
+    """(init, run): jitted functions over [G] hparams x [N] keys; state leaves are [G, N, ...].
+
+    Args:
+      trainer: a :class:`~bchg_jax.core.loop.Trainer`.
+    Returns:
+      (init, run): ``init(keys [N], hp [G]) -> state [G, N, ...]`` and
+      ``run(state [G, N, ...], hp [G], n) -> (state, metrics [G, N, n, ...])`` (``n`` static).
+    """
+    init = jax.jit(jax.vmap(jax.vmap(trainer.init, (0, None)), (None, 0)))
+    run = jax.jit(jax.vmap(jax.vmap(trainer.run, (0, None, None)), (0, 0, None)),
+                  static_argnums=2)
+    return init, run
+
+
+def _flat(tree, G, N):
+    return jax.tree.map(lambda x: x.reshape((G * N,) + x.shape[2:]), tree)
+
+
+def _unflat(tree, G, N):
+    return jax.tree.map(lambda x: x.reshape((G, N) + x.shape[1:]), tree)
+
+
+def sharded_run(trainer: Trainer, devices=None):
+    """run(state, hp, n) over R runs (leading axis), split over ``devices`` with shard_map.
+
+    R must be a multiple of the number of devices (``run_grid`` pads).
+
+    Args:
+      trainer: a :class:`~bchg_jax.core.loop.Trainer`.
+      devices: the devices of the 1-D mesh, or None for ``jax.devices()``.
+    Returns:
+      (run, sharding, D): jitted ``run(state [R, ...], hp [R], n) -> (state [R, ...],
+      metrics [R, n, ...])`` (``n`` static), the ``NamedSharding`` of the run axis, and the
+      number of devices D.
+    """
+    devices = jax.devices() if devices is None else devices
+    mesh = jax.sharding.Mesh(np.asarray(devices), ("runs",))
+    spec = PartitionSpec("runs")
+    runs = jax.vmap(trainer.run, (0, 0, None))
+
+    def run(state, hp, n):
+        f = jax.shard_map(lambda s, h: runs(s, h, n), mesh=mesh, in_specs=(spec, spec),
+                          out_specs=(spec, spec), check_vma=False)
+        return f(state, hp)
+
+    return jax.jit(run, static_argnums=2), NamedSharding(mesh, spec), len(devices)
+
+
+def to_global(tree, sharding):
+    """Host (or fully replicated) arrays -> arrays laid out by ``sharding`` over every device of
+    every process; each process supplies only its addressable shards (works multi-host).
+
+    Args:
+      tree: pytree of arrays with a leading run axis [R, ...] (typed PRNG keys allowed).
+      sharding: e.g. the ``NamedSharding`` of :func:`sharded_run`.
+    Returns:
+      the same pytree of global ``jax.Array`` s, shapes unchanged.
+    """
+    def put(x):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            impl = jax.random.key_impl(x)
+            return jax.random.wrap_key_data(put(jax.random.key_data(x)), impl=impl)
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+    return jax.tree.map(put, tree)
+
+
+def to_host(tree):
+    """Arrays -> host numpy arrays holding every run; with several processes the shards are
+    all-gathered so that every process sees the whole grid (typed PRNG keys are kept).
+
+    Args:
+      tree: pytree of (possibly sharded) arrays.
+    Returns:
+      the same pytree of numpy arrays (typed keys stay typed ``jax`` keys), shapes unchanged.
+    """
+    def get(x):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            impl = jax.random.key_impl(x)
+            return jax.random.wrap_key_data(jnp.asarray(get(jax.random.key_data(x))), impl=impl)
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            from jax.experimental import multihost_utils
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(x)
+    return jax.tree.map(get, tree)
+
+
+def run_grid(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, iterations: int,
+             chunk: int = 500, base_seed: int = 0, state=None, start: int = 0,
+             metrics: Optional[Dict[str, np.ndarray]] = None,
+             on_chunk: Optional[Callable] = None, verbose: bool = True, shard: bool = False):
+    """Runs every (grid point, seed) up to ``iterations`` outer iterations -> (state, metrics).
+
+    ``metrics`` is a dict of numpy arrays shaped [G, N, iterations]. To continue a stopped run,
+    pass its ``state`` (leaves [G, N, ...]), the iterations already done as ``start`` and the
+    metrics recorded so far. ``on_chunk(state, metrics_so_far, done)`` is called after every chunk
+    (e.g. to write results and a checkpoint). ``shard=True`` splits the runs over all devices.
+
+    Args:
+      trainer: a :class:`~bchg_jax.core.loop.Trainer` (its metrics must include ``J``).
+      grid: name -> [G] values (G is taken from the first entry) or a scalar.
+      seeds: N, the number of seeds per grid point.
+      iterations: total outer iterations per run.
+      chunk: iterations per jitted call (between host syncs).
+      base_seed: base of :func:`seed_keys`.
+      state: state to continue (leaves [G, N, ...]), or None to ``init``.
+      start: iterations already done (in [0, iterations]).
+      metrics: metrics recorded so far (name -> [G, N, start]), or None.
+      on_chunk: optional ``on_chunk(state, metrics, done)`` callback.
+      verbose: print :func:`progress_line` after every chunk.
+      shard: split the G*N runs over all devices (:func:`sharded_run`).
+    Returns:
+      (state, metrics): state leaves [G, N, ...]; metrics name -> numpy [G, N, iterations]
+      ([G, N, iterations - start] when continuing without ``metrics``).
+    Raises:
+      ValueError: ``chunk`` or ``iterations`` < 1, or ``start`` out of range.
+    """
+    if chunk < 1 or iterations < 1:
+        raise ValueError("chunk and iterations must be >= 1")
+    if not 0 <= start <= iterations:
+        raise ValueError(f"start must be in [0, iterations], got {start}")
+    hp = grid_hparams(trainer, grid)
+    G, N = int(jax.tree.leaves(hp)[0].shape[0]), int(seeds)   # grid points (from the HParams)
+    init, run = grid_functions(trainer)
+    if state is None:
+        state = init(seed_keys(N, base_seed), hp)
+    if shard:
+        run_sharded, sharding, D = sharded_run(trainer)
+        R = G * N
+        pad = (-R) % D
+        hp_runs = jax.tree.map(lambda x: jnp.repeat(x, N), hp)
+
+        def padded(tree):
+            # filler runs (copies of run 0) make R a multiple of the device count; dropped after
+            return jax.tree.map(
+                lambda x: jnp.concatenate([x, jnp.repeat(x[:1], pad, axis=0)]) if pad else x, tree)
+
+        hp_runs = to_global(padded(hp_runs), sharding)
+
+        def run(state, _hp, n):
+            s, m = run_sharded(to_global(padded(_flat(to_host(state), G, N)), sharding),
+                               hp_runs, n)
+            s, m = to_host(s), to_host(m)      # every process gets every run (multi-host)
+            trim = lambda t: _unflat(jax.tree.map(lambda x: x[:R], t), G, N)  # noqa: E731
+            return trim(s), trim(m)
+    chunks = [] if metrics is None else [metrics]
+    done, t0 = start, time.perf_counter()
+    while done < iterations:
+        n = min(chunk, iterations - done)
+        tc = time.perf_counter()
+        state, m = run(state, hp, n)
+        chunks.append(jax.tree.map(np.asarray, m))  # host copy once per chunk (the only sync)
+        dt = time.perf_counter() - tc
+        first = done == start
+        done += n
+        metrics = {k: np.concatenate([c[k] for c in chunks], axis=-1) for k in chunks[0]}
+        chunks = [metrics]
+        if verbose:
+            print(progress_line(metrics["J"], done, iterations, n, dt, first,
+                                time.perf_counter() - t0), flush=True)
+        if on_chunk is not None:
+            on_chunk(state, metrics, done)
+    return state, metrics
+
+
+def progress_line(J: np.ndarray, done: int, iterations: int, n: int, seconds: float,
+                  includes_compile: bool, elapsed: float) -> str:
+    """One line per chunk: iterations/s (and run-iterations/s over the G x N vmapped runs), the
+    current objective (seed mean at the last iteration, best grid point) and the mean over the
+    last <= 1000 iterations. Computed on the host from the chunk's metrics (no sync in the scan).
+
+    Args:
+      J: [G, N, t] leader objective recorded so far.
+      done: iterations done.
+      iterations: total iterations.
+      n: iterations of the last chunk.
+      seconds: wall time of the last chunk.
+      includes_compile: the chunk's time includes compilation.
+      elapsed: wall time since the start.
+    Returns:
+      the progress line (str).
+    """
+    G, N = J.shape[0], J.shape[1]
+    now = J[..., -1].mean(-1)
+    recent = J[..., -min(1000, J.shape[-1]):].mean(-1).mean(-1)
+    rate = n / max(seconds, 1e-9)
+    note = " incl. compile" if includes_compile else ""
+    return (f"  iter {done:6d}/{iterations}  {rate:8.1f} it/s ({rate * G * N:9.0f} run-it/s"
+            f"{note})  J now {now.max():+.4f}  best mean J (last <=1000) {recent.max():+.4f}  "
+            f"elapsed {elapsed:7.1f}s")

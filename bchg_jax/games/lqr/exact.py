@@ -1,0 +1,288 @@
+"""Exact leader return and hypergradient of the bi-level LQR Markov game (the references of
+Theorem 2's and Theorem 3's estimators).
+
+Under the leader ``a = K s + U eps_a`` and the best response ``b = -K_s s - K_a a + L eps_b`` the
+closed loop is linear-Gaussian (:func:`closed_loop`):
+``s' = F s + (C - B K_a) U eps_a + B L eps_b``, ``F = A + C K - B (K_s + K_a K)``,
+so from the fixed ``s0`` the state is ``N(mu_t, Sigma_t)`` with ``mu_{t+1} = F mu_t``,
+``Sigma_{t+1} = F Sigma_t F^T + N`` (:func:`state_moments`). The Gaussian bump has the closed-form
+expectation (:func:`expected_bump`)
+``E exp(-1/2 (s - s*)^T W (s - s*))
+= det(I + Sigma_t W)^{-1/2} exp(-1/2 d^T (I + W Sigma_t)^{-1} W d)``
+with ``d = mu_t - s*``. Summing over the horizon gives the leader's return
+(:func:`leader_objective`);
+its gradient by autodiff through the moments and the Riccati solution (implicit) is the exact
+hypergradient (:func:`exact_hypergradient`). :func:`leader_q` gives exact finite-horizon critics
+``Q_L^(h)(s, a, b) = r_L(s) + gamma V_L^(h-1)(A s + B b + C a)`` for any batch of samples (the
+conditional mean from a state ``x`` is ``F^t x`` and the covariance does not depend on ``x``).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from bchg_jax.games.estimators import (continuous_hypergradient,
+                                      deterministic_hypergradient, game_score_weights)
+from bchg_jax.games.lqr.follower import (GameResponse, best_response, follower_q,
+                                         follower_state_value, follower_value)
+from bchg_jax.games.lqr.game import (LQRGame, leader_gain, leader_log_prob, leader_reward,
+                                     transition)
+from bchg_jax.games.lqr.rollout import rollout
+
+Array = jax.Array
+
+
+def closed_loop(game: LQRGame, theta: Array, resp: GameResponse, stochastic: bool = True):
+    """(F, N): the closed-loop matrix and the per-step noise covariance.
+
+    Args:
+      game: the LQR game. theta: [k * n] leader parameters.
+      resp: the follower's best response at theta.
+      stochastic: include the leader's noise U (False: deterministic leader).
+    Returns:
+      (F [n, n] = A + C K - B (K_s + K_a K), N [n, n] symmetric noise covariance).
+    """
+    dt = theta.dtype
+    A, B, C, _, _ = game.arrays(dt)
+    K = leader_gain(game, theta)
+    F = A + C @ K - B @ (resp.K_s + resp.K_a @ K)
+    G = (C - B @ resp.K_a) @ jnp.asarray(game.U, dt) * (1.0 if stochastic else 0.0)
+    N = G @ G.T + B @ resp.cov @ B.T
+    return F, 0.5 * (N + N.T)
+
+
+def state_moments(F: Array, N: Array, s0: Array, horizon: int):
+    """Means [T, n] and covariances [T, n, n] of s_0..s_{T-1} from the fixed state ``s0``.
+
+    Args:
+      F: [n, n] closed-loop matrix. N: [n, n] per-step noise covariance.
+      s0: [n] initial state. horizon: T.
+    Returns:
+      (mu [T, n], Sigma [T, n, n]).
+    """
+    def body(c, _):
+        mu, S = c
+        return (F @ mu, F @ S @ F.T + N), (mu, S)
+
+    n = s0.shape[-1]
+    _, (mu, S) = jax.lax.scan(body, (s0, jnp.zeros((n, n), s0.dtype)), None, length=horizon)
+    return mu, S
+
+
+def expected_bump(game: LQRGame, mu: Array, cov: Array) -> Array:
+    """E[r_L(s)] for s ~ N(mu, cov) (any batch shape; ``cov`` broadcasts against ``mu``).
+
+    Args:
+      game: the LQR game (``s_star``, ``Sigma``).
+      mu: [..., n] means.
+      cov: [..., n, n] covariances (broadcast against ``mu``'s batch shape).
+    Returns:
+      [...] expected leader rewards.
+    """
+    W = jnp.asarray(game.Sigma, mu.dtype)
+    n = mu.shape[-1]
+    I = jnp.eye(n, dtype=mu.dtype)
+    Mx = I + W @ cov                                    # [..., n, n]
+    d = mu - jnp.asarray(game.s_star, mu.dtype)
+    Wd = d @ W.T
+    z = jnp.linalg.solve(jnp.broadcast_to(Mx, d.shape[:-1] + (n, n)), Wd[..., None])[..., 0]
+    return jnp.exp(-0.5 * jnp.sum(d * z, -1)) / jnp.sqrt(jnp.linalg.det(Mx))
+
+
+def leader_objective(game: LQRGame, theta: Array, beta, *, horizon: int | None = None,
+                  gamma=1.0, stochastic: bool = True, resp: GameResponse | None = None,
+                  s0: Array | None = None) -> Array:
+    """sum_{t < horizon} gamma^t E[r_L(s_t)] from ``s0`` (default the game's): exact.
+
+    ``gamma=1`` (default) is the paper's y-axis (undiscounted 100-step return); the leader's
+    training objective is ``gamma=game.gamma_L``. Differentiable in theta.
+
+    Args:
+      game: the :class:`~bchg_jax.games.lqr.game.LQRGame`.
+      theta: [k * n] leader parameters.
+      beta: the follower's entropy weight (> 0), scalar.
+      horizon: number of steps (default ``game.horizon``).
+      gamma: discount of the return (default 1.0, undiscounted).
+      stochastic: Gaussian (True) or deterministic (False) leader.
+      resp: the follower's response; solved at theta (Proposition 2) when None, so that the
+        gradient includes the follower's reaction.
+      s0: [n] start state (default ``game.s0``).
+    Returns:
+      [] the expected leader return.
+    """
+    T = int(game.horizon if horizon is None else horizon)
+    if resp is None:
+        resp = best_response(game, theta, beta, stochastic=stochastic)
+    F, N = closed_loop(game, theta, resp, stochastic)
+    x0 = jnp.asarray(game.s0 if s0 is None else s0, theta.dtype)
+    mu, S = state_moments(F, N, x0, T)
+    r = expected_bump(game, mu, S)
+    return jnp.sum(r * jnp.asarray(gamma, theta.dtype) ** jnp.arange(T, dtype=theta.dtype))
+
+
+def exact_hypergradient(game: LQRGame, theta: Array, beta, *, horizon: int | None = None,
+                        gamma=None, stochastic: bool = True) -> Array:
+    """grad_theta of the discounted ``horizon``-step leader return (default gamma = gamma_L).
+
+    The exact hypergradient (autodiff through the moments and the Riccati solution) that the
+    Theorem 2 / Theorem 3 estimates are compared with.
+
+    Args:
+      game: the LQR game. theta: [k * n] leader parameters.
+      beta: the follower's entropy weight (> 0), scalar.
+      horizon: number of steps (default ``game.horizon``).
+      gamma: discount (default ``game.gamma_L``).
+      stochastic: Gaussian (True) or deterministic (False) leader.
+    Returns:
+      [k * n] gradient.
+    """
+    g = game.gamma_L if gamma is None else gamma
+    return jax.grad(lambda th: leader_objective(game, th, beta, horizon=horizon, gamma=g,
+                                             stochastic=stochastic))(theta)
+
+
+def leader_state_values(game: LQRGame, theta: Array, resp: GameResponse, x: Array,
+                        remaining: Array, gamma, horizon: int, stochastic: bool = True) -> Array:
+    """V_L^(h)(x) = sum_{t < h} gamma^t E[r_L(s_t) | s_0 = x] for ``x`` [..., n] and ``h =
+    remaining`` [...] (per sample, at most ``horizon``).
+
+    Args:
+      game: the LQR game. theta: [k * n] leader parameters.
+      resp: the follower's response at theta.
+      x: [..., n] start states.
+      remaining: [...] steps left h per sample (values above ``horizon`` are cut at it).
+      gamma: the leader's discount. horizon: the scan length (max h).
+      stochastic: Gaussian (True) or deterministic (False) leader.
+    Returns:
+      [...] finite-horizon leader values.
+    """
+    F, N = closed_loop(game, theta, resp, stochastic)
+
+    def body(c, t):
+        Ft, S = c
+        r = expected_bump(game, x @ Ft.T, S)
+        return (F @ Ft, F @ S @ F.T + N), jnp.where(t < remaining, gamma ** t * r, 0.0)
+
+    n = x.shape[-1]
+    init = (jnp.eye(n, dtype=x.dtype), jnp.zeros((n, n), x.dtype))
+    _, rs = jax.lax.scan(body, init, jnp.arange(horizon, dtype=x.dtype))
+    return jnp.sum(rs, 0)
+
+
+def leader_q(game: LQRGame, theta: Array, resp: GameResponse, s: Array, a: Array, b: Array,
+             remaining: Array, gamma, horizon: int, stochastic: bool = True) -> Array:
+    """Exact Q_L^(h)(s, a, b) = r_L(s) + gamma V_L^(h-1)(A s + B b + C a), h = ``remaining``.
+
+    Args:
+      game: the LQR game. theta: [k * n] leader parameters.
+      resp: the follower's response at theta.
+      s: [..., n] states. a: [..., k] leader actions. b: [..., m] follower actions.
+      remaining: [...] steps left h per sample.
+      gamma: the leader's discount. horizon: the scan length (max h).
+      stochastic: Gaussian (True) or deterministic (False) leader.
+    Returns:
+      [...] exact finite-horizon leader Q-values.
+    """
+    s2 = transition(game, s, a, b)
+    return leader_reward(game, s) + gamma * leader_state_values(
+        game, theta, resp, s2, remaining - 1, gamma, horizon, stochastic)
+
+
+def exact_critic_estimate(game: LQRGame, theta: Array, beta, key: Array, *, episodes: int,
+                          leader_steps: int, extra_steps: int, gamma=None,
+                          stochastic: bool = True, guide: str = "benefit",
+                          direct_baseline: str = "value", influence: str = "baseline",
+                          samples: int = 16) -> Array:
+    """One batch's hypergradient estimate with *exact* critics (estimator studies and tests).
+
+    Episodes of ``leader_steps + extra_steps`` steps from s0; the objective is the discounted
+    ``leader_steps``-step return (exact critics Q_L^(h), h = steps left), the follower's influence
+    sums run over the extra steps too (its horizon is infinite). The Benefit subtracts the mean of
+    Q_L over ``samples`` follower actions. Stochastic leader (Theorem 2): ``direct_baseline`` in
+    ``value`` (exact V_L^(h)(s)), ``same_b`` (mean of Q_L(s, a', b) over ``samples`` a' ~ f: the
+    reference's, biased), ``same_noise`` (a' with the follower's noise kept), ``none``;
+    ``influence`` in ``raw`` (V_F) or ``baseline`` (V_F - E_a' V_F). Deterministic leader:
+    the appendix theorem (Theorem 3) with exact grad_a Q_L and grad_a Q_F.
+
+    Args:
+      game: the LQR game. theta: [k * n] leader parameters.
+      beta: the follower's entropy weight (> 0), scalar.
+      key: PRNG key (episodes, Benefit samples, baseline samples).
+      episodes: E.
+      leader_steps: T, the leader objective's horizon.
+      extra_steps: extra steps that only the follower's influence sums see.
+      gamma: the leader's discount (default ``game.gamma_L``).
+      stochastic: Gaussian leader (Theorem 2) or deterministic (Theorem 3).
+      guide: ``"benefit"`` (BC-HG) or ``"none"`` (Naive-PGD).
+      direct_baseline: ``"value"``, ``"same_b"``, ``"same_noise"`` or ``"none"``.
+      influence: ``"raw"`` or ``"baseline"``.
+      samples: Monte Carlo samples of the Benefit (and of the ``same_*`` baselines).
+    Returns:
+      [k * n] the estimate of grad_theta J_L.
+    Raises:
+      ValueError: an unknown ``direct_baseline`` or ``influence``.
+    """
+    gL = game.gamma_L if gamma is None else gamma
+    T = leader_steps
+    resp = best_response(game, theta, beta, stochastic=stochastic)
+
+    def Qfn(s, a, b, rem):
+        return leader_q(game, theta, resp, s, a, b, rem, gL, T, stochastic)
+
+    k1, k2, k3 = jax.random.split(key, 3)
+    tr = rollout(k1, game, theta, resp, episodes, T + extra_steps, stochastic=stochastic)
+    s, a, b = tr.s[:, :-1], tr.a, tr.b
+    rem = jnp.broadcast_to(jnp.maximum(T - jnp.arange(T + extra_steps), 1), s.shape[:2])
+    q = Qfn(s, a, b, rem)
+    bj = jax.vmap(lambda kk: resp.sample(kk, s, a))(jax.random.split(k2, samples))
+    ben = q - jax.vmap(lambda bb: Qfn(s, a, bb, rem))(bj).mean(0)
+    if not stochastic:
+        dQL = jax.grad(lambda aa: Qfn(s, aa, b, rem).sum())(a)
+        dQF = jax.grad(lambda aa: follower_q(game, resp, theta, s, aa, b).sum())(a)
+        return deterministic_hypergradient(
+            lambda t_, s_: s_ @ leader_gain(game, t_).T, theta, s, dQL, ben, dQF, beta, gL,
+            game.gamma_F, guide, leader_steps=T)
+    if direct_baseline == "value":
+        base = leader_state_values(game, theta, resp, s, rem, gL, T)
+    elif direct_baseline == "none":
+        base = 0.0
+    elif direct_baseline in ("same_b", "same_noise"):
+        K, U = leader_gain(game, theta), jnp.asarray(game.U, theta.dtype)
+        eps = jax.random.normal(k3, (samples,) + a.shape, theta.dtype)
+        a_alt = s @ K.T + eps @ U.T
+        b_alt = (jnp.broadcast_to(b, a_alt.shape[:-1] + b.shape[-1:]) if direct_baseline == "same_b"
+                 else resp.mean(s, a_alt) + (b - resp.mean(s, a)))
+        base = jax.vmap(lambda aa, bb: Qfn(s, aa, bb, rem))(a_alt, b_alt).mean(0)
+    else:
+        raise ValueError(f"unknown direct_baseline {direct_baseline!r}")
+    adv = follower_value(game, resp, s, a)
+    if influence == "baseline":
+        adv = adv - follower_state_value(game, resp, theta, s)
+    elif influence != "raw":
+        raise ValueError(f"influence must be 'raw' or 'baseline', got {influence!r}")
+    w = game_score_weights(q, base, ben, adv, beta, gL, game.gamma_F, guide, leader_steps=T)
+    return continuous_hypergradient(
+        lambda t_, s_, a_: leader_log_prob(game, t_, s_, a_), theta, s, a, w)
+
+
+def hypergradient_split(game: LQRGame, theta: Array, beta, *, horizon: int | None = None,
+                        gamma=None, stochastic: bool = True):
+    """(full, direct): the exact hypergradient and its part with the follower's policy held
+    fixed (what Naive-PGD estimates); ``full - direct`` is the follower-response part, which the
+    Benefit term of BC-HG estimates (the second term of Eq. (hg_MG)).
+
+    Args:
+      game, theta, beta, horizon, gamma, stochastic: as :func:`exact_hypergradient`.
+    Returns:
+      (full [k * n], direct [k * n]).
+    """
+    g = game.gamma_L if gamma is None else gamma
+
+    def J(th, th_follower):
+        resp = best_response(game, th_follower, beta, stochastic=stochastic)
+        return leader_objective(game, th, beta, horizon=horizon, gamma=g, stochastic=stochastic,
+                             resp=resp)
+
+    full = jax.grad(lambda th: J(th, th))(theta)
+    direct = jax.grad(lambda th: J(th, jax.lax.stop_gradient(theta)))(theta)
+    return full, direct

@@ -1,0 +1,204 @@
+"""The bi-level LQR Markov game: the problem type and the leader (paper Section "2-Player Markov
+Games (Continuous)" and the appendix "Bi-Level LQR Task in 2-Player Markov Games").
+
+Dynamics ``s' = A s + B b + C a`` (no process noise, Eq. (bilevel_lqr_mg_transition)),
+follower reward ``r_F(s, a, b) = -(s^T Qbar s + b^T Rbar b)``, leader reward the Gaussian bump
+``r_L(s, a, b) = exp(-1/2 (s - s*)^T Sigma (s - s*))`` at the pre-transition state.
+The leader is linear: ``f_theta(a|s) = N(K_theta s, U U^T)`` with ``K_theta = theta.reshape(k, n)``
+(a distrax distribution, :func:`leader_policy`); the deterministic leader is ``a = K_theta s``.
+
+The follower observes ``a`` before acting. Writing ``a = K s + w`` with ``w ~ N(0, U U^T)``, the
+game is an LQR with dynamics ``A + C K`` and an *observable* disturbance ``C w``, so the best
+response is Proposition 2 (:func:`bchg_jax.games.lqr.follower.best_response`,
+Eq. (lqr_opt_follower_mg)):
+``g(b|s, a) = N(-K_s s - K_a a, (beta/2) S^{-1})``, ``K_s = gamma S^{-1} B^T P A``,
+``K_a = gamma S^{-1} B^T P C``, ``P = Riccati(A + C K, B, Qbar, Rbar, gamma_F)``;
+``V_F(s, a) = -(s^T Qbar s + (A s + C a)^T M (A s + C a) + v_w)`` (Proposition 2 with
+``A s + w -> A s + C a``) and ``Q_F(s, a, b) = r_F + gamma E_{a' ~ f} V_F(s', a')``
+(:func:`bchg_jax.games.lqr.follower.follower_value`,
+:func:`bchg_jax.games.lqr.follower.follower_q`). For the deterministic leader ``U = 0``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import distrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bchg_jax.core.maxent_lqr import is_stabilizable
+from bchg_jax.core.maxent_lqr import quad_form as _quad
+from bchg_jax.core.validate import check_costs, check_discounts, shape_property
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LQRGame:
+    """A linear 2-player Markov game with a Gaussian-bump leader reward (module docstring).
+
+    Attributes:
+      A: [n, n] state transition matrix.
+      B: [n, m] the follower's input matrix.
+      C: [n, k] the leader's input matrix.
+      Qbar: [n, n] follower state cost (positive semi-definite).
+      Rbar: [m, m] follower action cost (positive definite).
+      s0: [n] fixed initial state.
+      s_star: [n] centre s* of the leader's reward bump.
+      Sigma: [n, n] sharpness (precision) of the bump.
+      U: [k, k] lower-triangular scale of the Gaussian leader, f_theta = N(K s, U U^T).
+      gamma_F: the follower's discount in [0, 1).
+      gamma_L: the leader's discount in [0, 1).
+      horizon: episode length T.
+      name: label used in error messages.
+    """
+
+    A: np.ndarray        # [n, n]
+    B: np.ndarray        # [n, m] follower input
+    C: np.ndarray        # [n, k] leader input
+    Qbar: np.ndarray     # [n, n] follower state cost
+    Rbar: np.ndarray     # [m, m] follower action cost
+    s0: np.ndarray       # [n] fixed initial state
+    s_star: np.ndarray   # [n] centre of the leader's reward bump
+    Sigma: np.ndarray    # [n, n] sharpness (precision) of the bump
+    U: np.ndarray        # [k, k] the Gaussian leader's scale (lower-triangular)
+    gamma_F: float = 0.95
+    gamma_L: float = 0.99
+    horizon: int = 100
+    name: str = "lqr_game"
+
+    state_dim = shape_property("A", 0, "n, the state dimension")
+    leader_dim = shape_property("C", 1, "k, the leader's action dimension")
+    follower_dim = shape_property("B", 1, "m, the follower's action dimension")
+
+    @property
+    def num_params(self) -> int:
+        """d = k * n, the size of theta (the flattened leader gain K_theta [k, n])."""
+        return self.leader_dim * self.state_dim
+
+    def arrays(self, dtype=jnp.float32):
+        """(A, B, C, Qbar, Rbar) as jnp arrays of ``dtype``."""
+        return tuple(jnp.asarray(x, dtype) for x in (self.A, self.B, self.C, self.Qbar, self.Rbar))
+
+    def validate(self, theta=None) -> "LQRGame":
+        """Host-side checks with clear errors, before anything compiles.
+
+        Checks every array's shape and finiteness, discounts and horizon, the costs, Sigma
+        (symmetric PSD) and U (lower-triangular, non-negative diagonal); with ``theta``, that
+        (sqrt(gamma_F) (A + C K_theta), B) is stabilisable for every row of theta.
+
+        Args:
+          theta: optional [k * n] or [..., k * n] leader parameters to check.
+        Returns:
+          ``self``.
+        Raises:
+          ValueError: the first failed check.
+        """
+        n = self.state_dim
+        A, B, C, Q, R, s0, ss, Sig, U = (np.asarray(x, np.float64) for x in (
+            self.A, self.B, self.C, self.Qbar, self.Rbar, self.s0, self.s_star, self.Sigma,
+            self.U))
+        k, m = C.shape[-1] if C.ndim == 2 else -1, B.shape[-1] if B.ndim == 2 else -1
+        shapes = {"A": (A, (n, n)), "B": (B, (n, m)), "C": (C, (n, k)), "Qbar": (Q, (n, n)),
+                  "Rbar": (R, (m, m)), "s0": (s0, (n,)), "s_star": (ss, (n,)),
+                  "Sigma": (Sig, (n, n)), "U": (U, (k, k))}
+        for name, (x, shape) in shapes.items():
+            if x.shape != shape or min(shape + (1,)) < 1:
+                raise ValueError(f"{self.name}: {name} must have shape {shape}, got {x.shape}")
+            if not np.all(np.isfinite(x)):
+                raise ValueError(f"{self.name}: {name} is not finite")
+        check_discounts(self.name, self.gamma_F, self.gamma_L, self.horizon)
+        check_costs(self.name, Q, R)
+        if not np.allclose(Sig, Sig.T) or np.linalg.eigvalsh(Sig).min() < -1e-10:
+            raise ValueError(f"{self.name}: Sigma must be symmetric positive semi-definite")
+        if not np.allclose(U, np.tril(U)) or np.any(np.diagonal(U) < 0):
+            raise ValueError(f"{self.name}: U must be lower-triangular with a non-negative "
+                             "diagonal (a Cholesky factor of the leader's covariance)")
+        if theta is not None:
+            th = np.asarray(theta, np.float64)
+            if th.shape[-1:] != (k * n,) or not np.all(np.isfinite(th)):
+                raise ValueError(f"{self.name}: theta must be finite with last axis {k * n} "
+                                 f"(K is [{k}, {n}]), got shape {th.shape}")
+            for row in th.reshape(-1, k * n):
+                Acl = A + C @ row.reshape(k, n)
+                if not is_stabilizable(Acl, B, self.gamma_F):
+                    raise ValueError(f"{self.name}: (sqrt(gamma_F) (A + C K), B) is not "
+                                     f"stabilisable at theta={row.tolist()}: the follower's "
+                                     "Riccati equation has no stabilising solution")
+        return self
+
+
+# ---- the leader -----------------------------------------------------------------------------
+def leader_gain(game: LQRGame, theta: Array) -> Array:
+    """K_theta [k, n] from theta [k * n] (row-major); batched: [..., k * n] -> [..., k, n].
+
+    Args:
+      game: the LQR game (sizes k, n).
+      theta: [..., k * n] leader parameters.
+    Returns:
+      [..., k, n] leader gains.
+    """
+    return theta.reshape(theta.shape[:-1] + (game.leader_dim, game.state_dim))
+
+
+def leader_policy(game: LQRGame, theta: Array, s: Array) -> distrax.Distribution:
+    """f_theta(.|s) = N(K_theta s, U U^T) for a batch of states ``s`` [..., n].
+
+    Args:
+      game: the LQR game (``U`` [k, k]).
+      theta: [k * n] leader parameters.
+      s: [..., n] states.
+    Returns:
+      a ``distrax.MultivariateNormalTri`` with batch shape [...] and event shape [k].
+    """
+    K = leader_gain(game, theta)
+    U = jnp.asarray(game.U, s.dtype)
+    loc = s @ K.T
+    return distrax.MultivariateNormalTri(loc, jnp.broadcast_to(U, loc.shape[:-1] + U.shape))
+
+
+def leader_log_prob(game: LQRGame, theta: Array, s: Array, a: Array) -> Array:
+    """log f_theta(a|s) (differentiable in theta), the score term of Eq. (hg_MG).
+
+    Args:
+      game: the LQR game.
+      theta: [k * n] leader parameters.
+      s: [..., n] states.
+      a: [..., k] leader actions.
+    Returns:
+      [...] log-densities.
+    """
+    return leader_policy(game, theta, s).log_prob(a)
+
+
+def leader_reward(game: LQRGame, s: Array) -> Array:
+    """r_L = exp(-1/2 (s - s*)^T Sigma (s - s*)) (depends on the pre-transition state only).
+
+    Args:
+      game: the LQR game (``s_star`` [n], ``Sigma`` [n, n]).
+      s: [..., n] states.
+    Returns:
+      [...] leader rewards in (0, 1].
+    """
+    d = s - jnp.asarray(game.s_star, s.dtype)
+    return jnp.exp(-0.5 * _quad(jnp.asarray(game.Sigma, s.dtype), d))
+
+
+def follower_reward(game: LQRGame, s: Array, b: Array) -> Array:
+    """r_F(s, a, b) = -(s^T Qbar s + b^T Rbar b) for ``s`` [..., n], ``b`` [..., m] -> [...]."""
+    return -(_quad(jnp.asarray(game.Qbar, s.dtype), s) + _quad(jnp.asarray(game.Rbar, s.dtype), b))
+
+
+def transition(game: LQRGame, s: Array, a: Array, b: Array) -> Array:
+    """s' = A s + B b + C a (Eq. (bilevel_lqr_mg_transition), deterministic).
+
+    Args:
+      game: the LQR game.
+      s: [..., n] states.
+      a: [..., k] leader actions.
+      b: [..., m] follower actions.
+    Returns:
+      [..., n] next states.
+    """
+    A, B, C = (jnp.asarray(x, s.dtype) for x in (game.A, game.B, game.C))
+    return s @ A.T + b @ B.T + a @ C.T

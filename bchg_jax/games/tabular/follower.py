@@ -1,0 +1,140 @@
+"""Soft Q-iteration for the follower of a 2-player Markov game (Theorem 2's Bellman equation).
+
+    Q_F(s, a, b) = r_F(s, a, b) + gamma_F sum_{s'} p(s'|s, a, b) V(s')
+    g(b | s, a)  = softmax_b(Q_F(s, a, .) / beta)
+    V_F(s, a)    = beta logsumexp_b (Q_F(s, a, b) / beta)
+
+The next-state value V(s') has two forms (``backup``):
+* ``"paper"``:     V(s') = sum_a' f(a'|s') beta logsumexp_b' Q(s', a', b') / beta   (Theorem 2)
+* ``"reference"``: V(s') = beta logsumexp_b' (sum_a' f(a'|s') Q(s', a', b')) / beta  (the
+  authors' code; reproduces the paper's figure; this package's default).
+Warm-startable from a previous Q; sweeps until max |dQ| <= ``tol`` (at most ``max_sweeps``).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+BACKUPS = ("reference", "paper")
+
+
+class GameBestResponse(NamedTuple):
+    """The follower's soft-optimal response to a leader policy (it observes the leader's action)
+    with the follower protocol ``sample`` / ``log_prob`` / ``value`` / ``q_value``.
+
+    g(b|s, a) = exp((Q_F(s, a, b) - V_F(s, a)) / beta), the Boltzmann best response
+    g^{theta dagger} of the Markov-game setting.
+
+    Attributes:
+      policy: [S, A, B] g(b|s, a).
+      Q: [S, A, B] the follower's soft Q_F(s, a, b).
+      V: [S, A] the follower's soft value V_F(s, a) = beta logsumexp_b Q_F(s, a, b) / beta.
+      sweeps: [] int, number of soft-Q sweeps done.
+      residual: [] sup-norm of the last change (or of the fixed-point residual).
+    """
+
+    policy: Array    # g(b | s, a) [S, A, B]
+    Q: Array         # Q_F [S, A, B]
+    V: Array         # V_F(s, a) [S, A]
+    sweeps: Array
+    residual: Array
+
+    def sample(self, key, s, a):
+        """b ~ g(.|s, a) for int arrays ``s``, ``a`` of one shape [...] -> int [...]."""
+        return jax.random.categorical(key, jnp.log(self.policy[s, a]))
+
+    def log_prob(self, s, a, b):
+        """log g(b|s, a) for int arrays ``s``, ``a``, ``b`` of one shape [...] -> [...]."""
+        return jnp.log(self.policy[s, a, b])
+
+    def value(self, s, a):
+        """V_F(s, a) for int arrays ``s``, ``a`` of one shape [...] -> [...]."""
+        return self.V[s, a]
+
+    def q_value(self, s, a, b):
+        """Q_F(s, a, b) for int arrays ``s``, ``a``, ``b`` of one shape [...] -> [...]."""
+        return self.Q[s, a, b]
+
+
+def next_value(Q: Array, f: Array, beta, backup: str) -> Array:
+    """V(s') [S] from Q [S, A, B] and the leader policy f [S, A] (module docstring's two forms).
+
+    Args:
+      Q: [S, A, B] follower soft Q.
+      f: [S, A] leader policy.
+      beta: the follower's entropy weight, scalar.
+      backup: ``"paper"`` or ``"reference"``.
+    Returns:
+      [S] next-state values.
+    Raises:
+      ValueError: an unknown ``backup``.
+    """
+    if backup == "paper":
+        return jnp.sum(f * beta * jax.nn.logsumexp(Q / beta, axis=-1), axis=-1)
+    if backup == "reference":
+        return beta * jax.nn.logsumexp(jnp.einsum("sa,sab->sb", f, Q) / beta, axis=-1)
+    raise ValueError(f"backup must be one of {BACKUPS}, got {backup!r}")
+
+
+def soft_q_backup(P: Array, r: Array, Q: Array, f: Array, beta, gamma, backup: str) -> Array:
+    """One soft Bellman backup r + gamma sum_{s'} P(s'|s, a, b) V(s'), [S, A, B].
+
+    Args:
+      P: [S, A, B, S] transition probabilities. r: [S, A, B] follower reward.
+      Q: [S, A, B] current soft Q. f: [S, A] leader policy. beta: entropy weight.
+      gamma: the follower's discount. backup: see :func:`next_value`.
+    Returns:
+      [S, A, B] backed-up Q.
+    """
+    return r + gamma * jnp.einsum("sabt,t->sab", P, next_value(Q, f, beta, backup))
+
+
+def response_from_q(Q: Array, beta, sweeps, residual) -> GameBestResponse:
+    """The Boltzmann policy softmax_b(Q / beta) [S, A, B] and V = beta logsumexp_b(Q / beta) [S, A]
+    of a soft Q [S, A, B], packed with the solver's ``sweeps`` and ``residual``."""
+    V = beta * jax.nn.logsumexp(Q / beta, axis=-1)
+    return GameBestResponse(jax.nn.softmax(Q / beta, axis=-1), Q, V, sweeps, residual)
+
+
+def soft_q_iteration(game, f: Array, beta, backup: str = "reference", Q0: Optional[Array] = None,
+                     tol: float = 1e-6, max_sweeps: int = 1000) -> GameBestResponse:
+    """The follower's best response to the leader policy ``f`` [S, A] (not differentiated).
+
+    Soft Q-iteration (at least one sweep, then until max |dQ| <= ``tol`` or ``max_sweeps``) in
+    one ``lax.while_loop``; for a differentiable response use
+    :func:`bchg_jax.games.tabular.exact.best_response`.
+
+    Args:
+      game: a :class:`~bchg_jax.games.tabular.game.TabularGame` (``transition``,
+        ``follower_reward``, ``gamma_F``).
+      f: [S, A] leader policy f(a|s).
+      beta: the follower's entropy weight (> 0), scalar.
+      backup: ``"reference"`` (default) or ``"paper"`` (module docstring).
+      Q0: optional [S, A, B] warm start (default zeros).
+      tol: sup-norm stopping tolerance.
+      max_sweeps: sweep cap.
+    Returns:
+      :class:`GameBestResponse` (``policy`` [S, A, B], ``Q`` [S, A, B], ``V`` [S, A], ``sweeps``
+      [] int32, ``residual`` [] the last sup-norm change).
+    Raises:
+      ValueError: an unknown ``backup``.
+    """
+    if backup not in BACKUPS:
+        raise ValueError(f"backup must be one of {BACKUPS}, got {backup!r}")
+    P = jnp.asarray(game.transition, f.dtype)
+    r = jnp.asarray(game.follower_reward, f.dtype)
+    Q0 = jnp.zeros_like(r) if Q0 is None else Q0
+
+    def cond(c):
+        return (c[2] == 0) | ((c[1] > tol) & (c[2] < max_sweeps))
+
+    def body(c):
+        Q2 = soft_q_backup(P, r, c[0], f, beta, game.gamma_F, backup)
+        return Q2, jnp.max(jnp.abs(Q2 - c[0])), c[2] + 1
+
+    Q, res, it = jax.lax.while_loop(cond, body, (Q0, jnp.asarray(jnp.inf, r.dtype),
+                                                 jnp.asarray(0, jnp.int32)))
+    return response_from_q(Q, beta, it, res)

@@ -1,0 +1,65 @@
+"""Episodes of a tabular Markov game (record convention: ``s``, ``a``, ``b`` [E, T], time
+axis 1)."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+
+class GameEpisodes(NamedTuple):
+    """A batch of E episodes of T steps of a tabular Markov game (int indices, time axis 1).
+
+    Attributes:
+      s: [E, T] states s_0..s_{T-1}.
+      a: [E, T] leader actions.
+      b: [E, T] follower actions.
+    """
+
+    s: Array   # [E, T]
+    a: Array   # [E, T]
+    b: Array   # [E, T]
+
+
+def rollout(key: Array, game, f: Array, g: Array, num_episodes: int,
+                 horizon: int) -> GameEpisodes:
+    """Episodes from ``init_dist``: a ~ f(.|s), b ~ g(.|s, a), s' ~ p(.|s, a, b).
+
+    The batch B of Algorithm 1 (line 4) in the Markov-game setting, one ``lax.scan`` over time.
+
+    Args:
+      key: PRNG key.
+      game: a :class:`~bchg_jax.games.tabular.game.TabularGame`.
+      f: [S, A] leader policy f(a|s).
+      g: [S, A, B] follower policy g(b|s, a).
+      num_episodes: E (>= 1).
+      horizon: T (>= 1).
+    Returns:
+      :class:`GameEpisodes` with ``s``, ``a``, ``b`` [num_episodes, horizon] (time axis 1).
+    Raises:
+      ValueError: ``num_episodes`` or ``horizon`` < 1.
+    """
+    S, A, B = np.shape(game.transition)[:3]
+    chex.assert_shape(f, (S, A))
+    chex.assert_shape(g, (S, A, B))
+    if num_episodes < 1 or horizon < 1:
+        raise ValueError(f"num_episodes and horizon must be >= 1, got {num_episodes}, {horizon}")
+    P = jnp.asarray(game.transition, f.dtype)
+    k0, kl = jax.random.split(key)
+    s0 = jax.random.categorical(k0, jnp.log(jnp.asarray(game.init_dist, f.dtype)),
+                                shape=(num_episodes,))
+
+    def body(s, k):
+        ka, kb, ks = jax.random.split(k, 3)
+        a = jax.random.categorical(ka, jnp.log(f[s]))
+        b = jax.random.categorical(kb, jnp.log(g[s, a]))
+        s2 = jax.random.categorical(ks, jnp.log(P[s, a, b]))
+        return s2, (s, a, b)
+
+    _, (s, a, b) = jax.lax.scan(body, s0, jax.random.split(kl, horizon))
+    return GameEpisodes(s.T, a.T, b.T)

@@ -1,0 +1,227 @@
+"""Continuous configurable MDPs with linear-Gaussian dynamics (the max-ent LQR setting).
+
+A leader parameter ``theta`` (unconstrained weights; problems may map them through a sigmoid)
+configures ``s' = A(theta) s + B(theta) b + w``, ``w ~ N(0, U U^T)``, ``s_0 ~ N(0, Sigma_0)``. The
+follower maximises ``r_F(s, b) = -(s^T Qbar s + b^T Rbar b)`` with entropy weight ``beta``
+(its best response is Proposition 1, :mod:`bchg_jax.core.maxent_lqr`). The leader's reward is
+a quadratic ``r_L(theta, s, b) = -s^T Ms(theta) s - b^T Mb(theta) b + c(theta)``, so J_L(theta)
+has a closed form (:mod:`bchg_jax.lq.exact`). Paper: Eq. (bilevel_lqr_cmdp_transition), the
+building thermal control task of the appendix.
+
+The generic continuous configurable-MDP interface the estimators use is pure functions of theta:
+``sample_init(key, theta, num)``, ``step(key, theta, s, b)``, ``log_transition(theta, s, b, s2)``
+(grad_theta log p_theta comes from autodiff), ``follower_reward(theta, s, b)`` and
+``leader_reward(theta, s, b)``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bchg_jax.core.maxent_lqr import GaussianBestResponse, is_stabilizable
+from bchg_jax.core.maxent_lqr import quad_form as _quad
+from bchg_jax.core.validate import check_costs, check_discounts, shape_property
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LQConfigurableMDP:
+    """A linear-Gaussian configurable MDP with quadratic rewards (see module docstring).
+
+    The configurable MDP of Eq. (bilevel_lqr_cmdp_transition): ``s' = A(theta) s + B(theta) b + w``,
+    ``w ~ N(0, U U^T)``, with ``r_F(s, b) = -(s^T Qbar s + b^T Rbar b)`` (Qbar, Rbar do not depend
+    on theta here) and a quadratic leader reward, the leader's utility Eq. (leader-utility).
+    ``A_fn(theta) -> [n, n]``, ``B_fn(theta) -> [n, m]``, ``leader_quadratic(theta) -> (Ms, Mb, c)``
+    are pure jnp functions. ``horizon`` is the episode length used for sampling and for the metric.
+
+    Attributes:
+      A_fn: theta [d] -> A(theta) [n, n], the state transition matrix.
+      B_fn: theta [d] -> B(theta) [n, m], the follower's control input matrix.
+      U: [n, n] lower-triangular Cholesky factor of the process-noise covariance U U^T.
+      Qbar: [n, n] follower state cost (positive semi-definite).
+      Rbar: [m, m] follower action cost (positive definite).
+      leader_quadratic: theta [d] -> (Ms [n, n], Mb [m, m], c []) of
+        ``r_L(s, b) = -s^T Ms s - b^T Mb b + c``.
+      init_cov: [n, n] covariance Sigma_0 of the zero-mean initial state (does not depend on
+        theta, so rho_0 contributes no score term).
+      gamma_F: the follower's discount in [0, 1).
+      gamma_L: the leader's discount in [0, 1).
+      theta0: [d] initial (unconstrained) leader parameters.
+      horizon: episode length T (sampling and the exact metric).
+      name: label used in error messages.
+      components: optional theta [d] -> {name: (Ms, Mb, c)}, reward terms reported as metrics.
+    """
+
+    A_fn: Callable[[Array], Array]
+    B_fn: Callable[[Array], Array]
+    U: Array
+    Qbar: Array
+    Rbar: Array
+    leader_quadratic: Callable[[Array], Tuple[Array, Array, Array]]
+    init_cov: Array
+    gamma_F: float
+    gamma_L: float
+    theta0: Array
+    horizon: int = 100
+    name: str = "lq_cmdp"
+    # optional: theta -> {name: (Ms, Mb, c)}, reward terms reported per iteration as metrics
+    components: Optional[Callable[[Array], dict]] = None
+
+    # ---- sizes -----------------------------------------------------------------------------
+    state_dim = shape_property("Qbar", 0, "n, the state dimension")
+    action_dim = shape_property("Rbar", 0, "m, the follower's action dimension")
+
+    # ---- the generic continuous configurable-MDP interface ----------------------------------
+    def sample_init(self, key: Array, theta: Array, num: int) -> Array:
+        """Initial states s_0 ~ N(0, init_cov) (rho_0 does not depend on theta).
+
+        Args:
+          key: PRNG key.
+          theta: [d] leader parameters (only their dtype is used).
+          num: number of states to draw.
+        Returns:
+          [num, n] initial states of ``theta.dtype``.
+        """
+        L = jnp.linalg.cholesky(jnp.asarray(self.init_cov, theta.dtype))
+        return jax.random.normal(key, (num, self.state_dim), theta.dtype) @ L.T
+
+    def mean_next(self, theta: Array, s: Array, b: Array) -> Array:
+        """The noise-free next state A(theta) s + B(theta) b.
+
+        Args:
+          theta: [d] leader parameters.
+          s: [..., n] states.
+          b: [..., m] follower actions (same batch shape as ``s``).
+        Returns:
+          [..., n] mean of s' given (s, b).
+        """
+        return s @ self.A_fn(theta).T + b @ self.B_fn(theta).T
+
+    def step(self, key: Array, theta: Array, s: Array, b: Array) -> Array:
+        """Samples s' ~ p_theta(.|s, b) = N(A(theta) s + B(theta) b, U U^T).
+
+        Args:
+          key: PRNG key.
+          theta: [d] leader parameters.
+          s: [..., n] states.
+          b: [..., m] follower actions.
+        Returns:
+          [..., n] next states.
+        """
+        w = jax.random.normal(key, s.shape, s.dtype) @ jnp.asarray(self.U, s.dtype).T
+        return self.mean_next(theta, s, b) + w
+
+    def log_transition(self, theta: Array, s: Array, b: Array, s2: Array) -> Array:
+        """log p_theta(s2|s, b) = log N(s2; A(theta) s + B(theta) b, U U^T), differentiable.
+
+        Its theta-gradient is the score ``grad_theta log p_theta`` of Eq. (hg_configurable) and
+        Eq. (nablaQF).
+
+        Args:
+          theta: [d] leader parameters.
+          s: [..., n] states.
+          b: [..., m] follower actions.
+          s2: [..., n] next states.
+        Returns:
+          [...] log-densities.
+        """
+        U = jnp.asarray(self.U, s.dtype)
+        d = s2 - self.mean_next(theta, s, b)
+        z = jax.scipy.linalg.solve_triangular(U, d[..., None], lower=True)[..., 0]
+        n = self.state_dim
+        logdet = jnp.sum(jnp.log(jnp.abs(jnp.diagonal(U))))
+        return -0.5 * jnp.sum(z ** 2, -1) - logdet - 0.5 * n * jnp.log(2 * jnp.pi)
+
+    def follower_reward(self, theta: Array, s: Array, b: Array) -> Array:
+        """r_F(s, b) = -(s^T Qbar s + b^T Rbar b) (does not depend on theta here).
+
+        Args:
+          theta: [d] leader parameters (unused; part of the interface).
+          s: [..., n] states.
+          b: [..., m] follower actions.
+        Returns:
+          [...] follower rewards.
+        """
+        return -(_quad(jnp.asarray(self.Qbar, s.dtype), s) + _quad(jnp.asarray(self.Rbar, s.dtype), b))
+
+    def leader_reward(self, theta: Array, s: Array, b: Array) -> Array:
+        """r_L^theta(s, b) = -s^T Ms(theta) s - b^T Mb(theta) b + c(theta) (``leader_quadratic``).
+
+        Args:
+          theta: [d] leader parameters (differentiable).
+          s: [..., n] states.
+          b: [..., m] follower actions.
+        Returns:
+          [...] leader rewards.
+        """
+        Ms, Mb, c = self.leader_quadratic(theta)
+        return -_quad(Ms, s) - _quad(Mb, b) + c
+
+    # ---- the follower ------------------------------------------------------------------------
+    def best_response(self, theta: Array, beta, P0=None, tol: float = 1e-6,
+                      max_iters: int = 50_000) -> GaussianBestResponse:
+        """The follower's best response at theta: Proposition 1, Eq. (lqr_opt_follower_cmdp).
+
+        Delegates to :func:`bchg_jax.lq.follower.best_response`.
+
+        Args:
+          theta: [d] leader parameters.
+          beta: the follower's entropy weight (> 0), scalar.
+          P0: optional [n, n] warm start of the Riccati iteration (default Qbar).
+          tol: relative-change stopping tolerance of the Riccati iteration.
+          max_iters: maximum number of Riccati iterations.
+        Returns:
+          :class:`~bchg_jax.core.maxent_lqr.GaussianBestResponse` (``P`` [n, n], ``K`` [m, n],
+          ``cov`` [m, m], ...; check ``.converged``).
+        """
+        from bchg_jax.lq.follower import best_response
+        return best_response(self, theta, beta, P0=P0, tol=tol, max_iters=max_iters)
+
+    # ---- validation (host side, before anything compiles) ------------------------------------
+    def validate(self, theta=None) -> "LQConfigurableMDP":
+        """Host-side checks with clear ``ValueError`` messages, before anything compiles.
+
+        Checks discounts and horizon, the shapes of Qbar [n, n], Rbar [m, m], U [n, n] and
+        init_cov [n, n], the costs, that U is a lower-triangular Cholesky factor, that init_cov is
+        positive definite, the shapes of A(theta), B(theta) and ``leader_quadratic(theta)``, and
+        that (sqrt(gamma_F) A(theta), B(theta)) is stabilisable.
+
+        Args:
+          theta: [d] parameters to check at (default ``theta0``).
+        Returns:
+          ``self``.
+        """
+        theta = np.asarray(self.theta0 if theta is None else theta)
+        check_discounts(self.name, self.gamma_F, self.gamma_L, self.horizon)
+        n, m = self.state_dim, self.action_dim
+        Q, R, U, C0 = (np.asarray(x, np.float64) for x in (self.Qbar, self.Rbar, self.U,
+                                                            self.init_cov))
+        if Q.shape != (n, n) or R.shape != (m, m) or U.shape != (n, n) or C0.shape != (n, n):
+            raise ValueError(f"{self.name}: Qbar must be [n,n], Rbar [m,m], U [n,n], init_cov "
+                             f"[n,n]; got {Q.shape}, {R.shape}, {U.shape}, {C0.shape}")
+        check_costs(self.name, Q, R)
+        if not np.allclose(U, np.tril(U)) or np.any(np.abs(np.diagonal(U)) <= 0):
+            raise ValueError(f"{self.name}: U must be lower-triangular with a non-zero diagonal "
+                             "(a Cholesky factor of the noise covariance)")
+        if not np.allclose(C0, C0.T) or np.linalg.eigvalsh(C0).min() <= 0:
+            raise ValueError(f"{self.name}: init_cov must be symmetric positive definite")
+        A = np.asarray(self.A_fn(jnp.asarray(theta)), np.float64)
+        B = np.asarray(self.B_fn(jnp.asarray(theta)), np.float64)
+        if A.shape != (n, n) or B.shape != (n, m):
+            raise ValueError(f"{self.name}: A(theta) must be [{n},{n}] and B(theta) [{n},{m}], got "
+                             f"{A.shape} and {B.shape}")
+        Ms, Mb, c = (np.asarray(x, np.float64) for x in self.leader_quadratic(jnp.asarray(theta)))
+        if Ms.shape != (n, n) or Mb.shape != (m, m) or c.shape != ():
+            raise ValueError(f"{self.name}: leader_quadratic must return ([n,n], [m,m], scalar)")
+        if not np.all(np.isfinite(A)) or not np.all(np.isfinite(B)):
+            raise ValueError(f"{self.name}: A(theta) or B(theta) is not finite at theta")
+        if not is_stabilizable(A, B, self.gamma_F):
+            raise ValueError(f"{self.name}: (sqrt(gamma_F) A(theta), B(theta)) is not stabilisable "
+                             "at the initial theta: the follower's Riccati equation has no "
+                             "stabilising solution")
+        return self

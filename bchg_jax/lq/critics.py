@@ -1,0 +1,290 @@
+"""Leader critics for linear-Gaussian configurable MDPs: quadratic LSTD (fast, exact class) and
+MLP TD.
+
+Quadratic critics: fast critics whose function class is exact for linear-Gaussian problems with
+quadratic rewards.
+
+For a zero-mean linear-Gaussian closed loop, the leader's Q_L(s, b) is a quadratic form in
+z = (s, b) plus a constant, and grad_theta V_F(s) is, per coordinate of theta, a quadratic form in s
+plus a constant. Fitting these classes by LSTD (the fixed point of on-policy TD(0)/SARSA on the
+batch, Algorithm 3 "CriticUpdate (TD)" solved in closed form) gives consistent critics at the cost
+of one small linear solve per iteration, instead of thousands of network steps.
+
+* :func:`quadratic_features`: vech(z z^T) (upper triangle) and a constant.
+* :func:`lstd`: weights W solving Phi^T (Phi - gamma Phi') W = Phi^T R (R may be vector-valued);
+  features are rescaled to unit RMS first and a small ridge keeps float32 solves stable.
+* :class:`QuadraticQ`: Q(s, b) = z^T H z + h0 with the exact Gaussian expectation
+  V(s) = E_{b ~ N(mu(s), Sigma_b)} Q(s, b) = zbar^T H zbar + tr(H_bb Sigma_b) + h0.
+
+MLP critics (the paper's neural critics, faithful mode): a 64-64 ReLU network (flax's default
+initialisation), re-initialised to the *same* parameters every outer iteration and trained with
+``steps`` full-batch Adam steps (lr 1e-4) on the semi-gradient TD loss
+``mean((r + gamma sg(f(x')) - f(x))^2)`` (Algorithm 3 "CriticUpdate (TD)"), the whole loop one
+``lax.scan``: :func:`init_mlp`, :func:`scales`, :func:`apply_scaled`, :func:`td_fit`. Used for
+the leader's Q_L(s, b) (scalar) and HPGD's grad_theta V_F(s) (vector).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from bchg_jax.core.networks import MLP
+
+Array = jax.Array
+
+
+def _triu(d):
+    return jnp.triu_indices(d)
+
+
+def quadratic_features(z: Array) -> Array:
+    """Quadratic features of z: z_i z_j (i <= j, ``triu_indices`` order) and a constant 1.
+
+    Args:
+      z: [..., d] inputs (e.g. the concatenation (s, b)).
+    Returns:
+      [..., d (d + 1) / 2 + 1] features.
+    """
+    i, j = _triu(z.shape[-1])
+    quad = z[..., i] * z[..., j]
+    return jnp.concatenate([quad, jnp.ones(z.shape[:-1] + (1,), z.dtype)], -1)
+
+
+def lstd(phi: Array, phi_next: Array, rewards: Array, gamma, ridge: float = 1e-6) -> Array:
+    """LSTD(0): W with Phi^T (Phi - gamma Phi') W = Phi^T R (the TD(0) fixed point on the batch).
+
+    Features are rescaled to unit RMS before the solve and ``ridge`` is added to the diagonal.
+
+    Args:
+      phi: [N, F] features of the current steps.
+      phi_next: [N, F] features of the next steps (the bootstrap targets).
+      rewards: [N] or [N, D] (vector-valued) rewards.
+      gamma: discount, scalar.
+      ridge: Tikhonov regularisation of the scaled system.
+    Returns:
+      [F] or [F, D] weights for the *unscaled* features.
+    """
+    scale = jnp.sqrt(jnp.mean(phi ** 2, 0)) + 1e-12
+    p, pn = phi / scale, phi_next / scale
+    N = phi.shape[0]
+    A = p.T @ (p - gamma * pn) / N
+    rhs = p.T @ rewards / N
+    A = A + ridge * jnp.eye(A.shape[0], dtype=A.dtype)
+    W = jnp.linalg.solve(A, rhs)
+    return W / (scale if W.ndim == 1 else scale[:, None])
+
+
+def _sym_from_triu(w_quad: Array, d: int) -> Array:
+    i, j = _triu(d)
+    H = jnp.zeros((d, d) + w_quad.shape[1:], w_quad.dtype)
+    H = H.at[i, j].add(0.5 * w_quad).at[j, i].add(0.5 * w_quad)
+    return H
+
+
+class QuadraticQ(NamedTuple):
+    """A quadratic leader critic Q(s, b) = z^T H z + h0, z = (s, b).
+
+    Attributes:
+      H: [n + m, n + m] symmetric quadratic form.
+      h0: [] constant.
+      n: the state dimension (splits z into s and b).
+    """
+
+    H: Array    # [n + m, n + m]
+    h0: Array   # []
+    n: int
+
+    @staticmethod
+    def from_weights(w: Array, n: int, m: int) -> "QuadraticQ":
+        """From LSTD weights ``w`` [(n + m)(n + m + 1) / 2 + 1] of :func:`quadratic_features`."""
+        return QuadraticQ(_sym_from_triu(w[:-1], n + m), w[-1], n)
+
+    def q(self, s: Array, b: Array) -> Array:
+        """Q(s, b) for ``s`` [..., n], ``b`` [..., m] -> [...]."""
+        z = jnp.concatenate([s, b], -1)
+        return jnp.einsum("...i,ij,...j->...", z, self.H, z) + self.h0
+
+    def value(self, s: Array, mean_b: Array, cov_b: Array) -> Array:
+        """V(s) = E_{b ~ N(mean_b, cov_b)} Q(s, b) (exact), Algorithm 1 line 10 for a Gaussian g.
+
+        Args:
+          s: [..., n] states.
+          mean_b: [..., m] the follower's mean action at s.
+          cov_b: [m, m] the follower's action covariance.
+        Returns:
+          [...] values.
+        """
+        Hbb = self.H[self.n:, self.n:]
+        return self.q(s, mean_b) + jnp.trace(Hbb @ cov_b)
+
+
+def fit_quadratic_q(s: Array, b: Array, r: Array, gamma, ridge: float = 1e-6) -> QuadraticQ:
+    """Leader critic Q_L(s, b) by SARSA-LSTD on episodes (Algorithms 2/3, in closed form).
+
+    The fixed point of on-policy TD(0) / SARSA with target ``r_t + gamma Q(s_{t+1}, b_{t+1})`` over
+    the quadratic class of :func:`quadratic_features`; the last step bootstraps on Q(s_T, b_T)
+    (episodes are truncated, not terminated).
+
+    Args:
+      s: [E, T+1, n] states s_0..s_T.
+      b: [E, T+1, m] follower actions b_0..b_T.
+      r: [E, T] leader rewards of steps 0..T-1.
+      gamma: the leader's discount gamma_L, scalar.
+      ridge: regularisation of :func:`lstd`.
+    Returns:
+      :class:`QuadraticQ` (``H`` [n + m, n + m], ``h0`` []).
+    """
+    n, m = s.shape[-1], b.shape[-1]
+    phi_all = quadratic_features(jnp.concatenate([s, b], -1))
+    phi = phi_all[:, :-1].reshape(-1, phi_all.shape[-1])
+    phi_next = phi_all[:, 1:].reshape(-1, phi_all.shape[-1])
+    w = lstd(phi, phi_next, r.reshape(-1), gamma, ridge)
+    return QuadraticQ.from_weights(w, n, m)
+
+
+def fit_quadratic_vector_value(s: Array, y: Array, gamma, ridge: float = 1e-6):
+    """Vector-valued state value (e.g. grad_theta V_F) by LSTD on quadratic features of s.
+
+    With ``y`` the per-step follower gradients of Eq. (nablaQF)
+    (:func:`bchg_jax.lq.estimators.per_step_follower_grad` or its pathwise form), the fitted value
+    approximates
+    ``grad_theta V_F(s) = E_{b ~ g(.|s)} grad_theta Q_F(s, b)`` (Eq. (bellman_eq_value_q_gradient)):
+    HPGD's ``dVF`` and BC-HG's optional state baseline.
+
+    Args:
+      s: [E, T+1, n] states s_0..s_T.
+      y: [E, T, D] per-step vector rewards.
+      gamma: discount (gamma_F for grad V_F), scalar.
+      ridge: regularisation of :func:`lstd`.
+    Returns:
+      a function s [..., n] -> [..., D].
+    """
+    phi_all = quadratic_features(s)
+    F = phi_all.shape[-1]
+    phi = phi_all[:, :-1].reshape(-1, F)
+    phi_next = phi_all[:, 1:].reshape(-1, F)
+    W = lstd(phi, phi_next, y.reshape(-1, y.shape[-1]), gamma, ridge)
+    return lambda x: quadratic_features(x) @ W
+
+
+def expected_quadratic_features(s: Array, mean_b: Array, cov_b: Array) -> Array:
+    """E_{b ~ N(mean_b, cov_b)} quadratic_features((s, b)) (exact: E[z_i z_j] = zbar_i zbar_j +
+    Cov_ij, non-zero only inside the action block).
+
+    Args:
+      s: [..., n] states.
+      mean_b: [..., m] mean follower actions.
+      cov_b: [m, m] action covariance.
+    Returns:
+      [..., (n + m)(n + m + 1) / 2 + 1] expected features.
+    """
+    n, m = s.shape[-1], mean_b.shape[-1]
+    zbar = jnp.concatenate([s, mean_b], -1)
+    cov = jnp.zeros((n + m, n + m), s.dtype).at[n:, n:].set(cov_b)
+    i, j = _triu(n + m)
+    return quadratic_features(zbar) + jnp.concatenate([cov[i, j], jnp.zeros((1,), s.dtype)])
+
+
+def fit_quadratic_vector_q(s: Array, b: Array, y: Array, gamma, ridge: float = 1e-6):
+    """Vector-valued action value (e.g. grad_theta Q_F) by SARSA-LSTD on quadratic features of
+    (s, b): ``s`` [E, T+1, n], ``b`` [E, T+1, m], ``y`` [E, T, D]. Returns the weights W [F, D]
+    (``quadratic_features(z) @ W``), F = (n + m)(n + m + 1) / 2 + 1."""
+    phi_all = quadratic_features(jnp.concatenate([s, b], -1))
+    F = phi_all.shape[-1]
+    return lstd(phi_all[:, :-1].reshape(-1, F), phi_all[:, 1:].reshape(-1, F),
+                y.reshape(-1, y.shape[-1]), gamma, ridge)
+
+
+# --- MLP critics (TD(0)) ---
+
+def init_mlp(key: Array, in_dim: int, out: int = 1, hidden: Sequence[int] = (64, 64),
+             dtype=jnp.float32):
+    """An MLP critic (flax default initialisation) and its parameters.
+
+    Args:
+      key: PRNG key.
+      in_dim: input size (n + m for Q_L(s, b), n for grad V_F(s)).
+      out: output size (1, or d for a vector value).
+      hidden: hidden layer sizes.
+      dtype: dtype of the dummy input used for initialisation.
+    Returns:
+      (model, params).
+    """
+    model = MLP(tuple(hidden), out, torch_init=False)
+    return model, model.init(key, jnp.zeros((1, in_dim), dtype))
+
+
+def scales(x: Array, r: Array, gamma, normalize: bool):
+    """(x_scale, y_scale) of a normalised critic: inputs divided by their RMS, outputs multiplied
+    by RMS(r) / (1 - gamma) (per output); ones when ``normalize`` is False (the paper's MLP).
+
+    Args:
+      x: [N, in] inputs.
+      r: [N] or [N, out] rewards.
+      gamma: discount, scalar.
+      normalize: whether to scale.
+    Returns:
+      (x_scale [in], y_scale [out]), gradient-stopped.
+    """
+    if not normalize:
+        return jnp.ones(x.shape[-1], x.dtype), jnp.ones(r.reshape(r.shape[0], -1).shape[-1], x.dtype)
+    xs = jnp.sqrt(jnp.mean(x ** 2, 0)) + 1e-6
+    ys = jnp.sqrt(jnp.mean(r.reshape(r.shape[0], -1) ** 2, 0)) / (1.0 - gamma) + 1e-6
+    return jax.lax.stop_gradient(xs), jax.lax.stop_gradient(ys)
+
+
+def apply_scaled(model: MLP, params, x: Array, x_scale: Array, y_scale: Array) -> Array:
+    """The critic's prediction ``model(x / x_scale) * y_scale``: x [..., in] -> [..., out]."""
+    return model.apply(params, x / x_scale) * y_scale
+
+
+def td_fit(model: MLP, params, x: Array, x_next: Array, r: Array, gamma, steps: int = 5000,
+           lr: float = 1e-4, key=None, minibatch: int = 0, x_scale=None, y_scale=None):
+    """Fits an MLP critic by TD(0): Algorithm 3 "CriticUpdate (TD)", one ``lax.scan``.
+
+    ``steps`` Adam steps on the semi-gradient TD(0) loss
+    ``mean((r / y_scale + gamma sg(f(x' / x_scale)) - f(x / x_scale))^2)`` (full batch, or
+    ``minibatch`` random samples per step with ``key``), bootstrapping on the network being fitted
+    (no target network). With ``x_scale`` / ``y_scale`` the network sees ``x / x_scale`` and
+    predicts ``f / y_scale`` (see :func:`scales`, :func:`apply_scaled`).
+
+    Args:
+      model: the :class:`~bchg_jax.core.networks.MLP`.
+      params: its starting parameters (pytree).
+      x: [N, in] inputs of the transitions (e.g. (s_t, b_t)).
+      x_next: [N, in] inputs of the next steps (e.g. (s_{t+1}, b_{t+1}), SARSA targets).
+      r: [N] or [N, out] rewards.
+      gamma: discount, scalar.
+      steps: number of Adam steps.
+      lr: Adam learning rate.
+      key: PRNG key of the minibatch draws (default ``PRNGKey(0)``).
+      minibatch: samples per step; 0 means full batch.
+      x_scale: optional [in] input scale (default ones).
+      y_scale: optional [out] output scale (default ones).
+    Returns:
+      the fitted parameters (pytree like ``params``).
+    """
+    opt = optax.adam(lr)
+    r2 = r.reshape(r.shape[0], -1)
+    xs = jnp.ones(x.shape[-1], x.dtype) if x_scale is None else x_scale
+    ys = jnp.ones(r2.shape[-1], x.dtype) if y_scale is None else y_scale
+    N = x.shape[0]
+
+    def loss(p, idx):
+        xb, xn, rb = (x, x_next, r2) if idx is None else (x[idx], x_next[idx], r2[idx])
+        target = rb / ys + gamma * jax.lax.stop_gradient(model.apply(p, xn / xs))
+        return jnp.mean((target - model.apply(p, xb / xs)) ** 2)
+
+    def step(c, k):
+        p, o = c
+        idx = None if not minibatch else jax.random.randint(k, (minibatch,), 0, N)
+        g = jax.grad(loss)(p, idx)
+        u, o = opt.update(g, o, p)
+        return (optax.apply_updates(p, u), o), None
+
+    keys = jax.random.split(jax.random.PRNGKey(0) if key is None else key, steps)
+    (params, _), _ = jax.lax.scan(step, (params, opt.init(params)), keys)
+    return params

@@ -1,0 +1,216 @@
+"""Exact references for linear-Gaussian configurable MDPs (the ground truth of the estimator
+tests): J_L of Eq. (leader-utility) in closed form and its hypergradient by autodiff.
+
+Under the max-ent LQR best response ``b = -K s + eps``, ``eps ~ N(0, Sigma_b)``, the closed loop is
+``s' = F s + B eps + w`` with ``F = A - B K``: the state stays zero-mean Gaussian with covariance
+``Sigma_{t+1} = F Sigma_t F^T + W``, ``W = B Sigma_b B^T + U U^T``, ``Sigma_0 = init_cov``.
+A quadratic leader reward ``r = -s^T Ms s - b^T Mb b + c`` has the per-step expectation
+``E r_t = -tr(G Sigma_t) - tr(Mb Sigma_b) + c`` with ``G = Ms + K^T Mb K``, so
+
+* finite horizon H (the metric; episodes of H steps):
+  ``J_L = sum_{t<H} gamma^t E r_t`` (a scan over covariances);
+* infinite horizon: ``J_L = -tr(G X) + (c - tr(Mb Sigma_b)) / (1 - gamma)`` with the discounted
+  Lyapunov equation ``X = Sigma_0 + gamma F X F^T + gamma W / (1 - gamma)``.
+
+``leader_value_quadratic`` gives the exact V_L(s) = -s^T Pv s + v0 and Q_L(s, b) (infinite horizon),
+the critics' exact counterparts used in tests. Gradients are ``jax.grad`` through the Riccati
+solution (implicit differentiation) - the references every estimator is tested against.
+"""
+from __future__ import annotations
+
+from typing import Dict, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from bchg_jax.core.maxent_lqr import GaussianBestResponse
+from bchg_jax.lq.cmdp import LQConfigurableMDP
+
+Array = jax.Array
+
+
+def discounted_lyapunov(F: Array, C: Array, gamma) -> Array:
+    """X solving X = C + gamma F X F^T (a Kronecker-form linear solve, n^2 unknowns).
+
+    Args:
+      F: [n, n] closed-loop matrix. C: [n, n] constant term. gamma: discount, scalar.
+    Returns:
+      [n, n] symmetric solution X.
+    """
+    n = F.shape[0]
+    Mk = jnp.eye(n * n, dtype=F.dtype) - gamma * jnp.kron(F, F)
+    X = jnp.linalg.solve(Mk, C.reshape(-1)).reshape(n, n)
+    return 0.5 * (X + X.T)
+
+
+def _closed_loop(problem: LQConfigurableMDP, theta: Array, br: GaussianBestResponse):
+    A, B = problem.A_fn(theta), problem.B_fn(theta)
+    U = jnp.asarray(problem.U, theta.dtype)
+    F = A - B @ br.K
+    W = B @ br.cov @ B.T + U @ U.T
+    return F, W
+
+
+def discounted_state_covariance(problem: LQConfigurableMDP, theta: Array,
+                                br: GaussianBestResponse, horizon: Optional[int]) -> Array:
+    """X = sum_{t<H} gamma_L^t Sigma_t (``horizon=None``: H = infinity).
+
+    Args:
+      problem: the configurable MDP. theta: [d] leader parameters.
+      br: the follower's Gaussian best response at theta.
+      horizon: H, or None for the infinite horizon (discounted Lyapunov equation).
+    Returns:
+      [n, n] discounted sum of the state covariances Sigma_t (Sigma_0 = init_cov).
+    """
+    F, W = _closed_loop(problem, theta, br)
+    g = problem.gamma_L
+    C0 = jnp.asarray(problem.init_cov, theta.dtype)
+    if horizon is None:
+        return discounted_lyapunov(F, C0 + g / (1.0 - g) * W, g)
+
+    def body(c, _):
+        Sig, X, d = c
+        return (F @ Sig @ F.T + W, X + d * Sig, d * g), None
+
+    (_, X, _), _ = jax.lax.scan(body, (C0, jnp.zeros_like(C0), jnp.ones((), theta.dtype)), None,
+                                length=horizon)
+    return X
+
+
+def _discount_mass(gamma, horizon, dtype):
+    if horizon is None:
+        return jnp.asarray(1.0 / (1.0 - gamma), dtype)
+    return jnp.asarray((1.0 - gamma ** horizon) / (1.0 - gamma), dtype)
+
+
+def quadratic_return(Ms, Mb, c, br: GaussianBestResponse, X: Array, mass) -> Array:
+    """sum_t gamma^t E[-s^T Ms s - b^T Mb b + c] given X = sum_t gamma^t Sigma_t.
+
+    Args:
+      Ms: [n, n]. Mb: [m, m]. c: [] the quadratic reward's terms.
+      br: the follower's Gaussian best response (``K`` [m, n], ``cov`` [m, m]).
+      X: [n, n] from :func:`discounted_state_covariance`.
+      mass: [] sum_t gamma^t over the same horizon.
+    Returns:
+      [] discounted expected return.
+    """
+    G = Ms + br.K.T @ Mb @ br.K
+    return -jnp.trace(G @ X) + mass * (c - jnp.trace(Mb @ br.cov))
+
+
+def leader_objective(problem: LQConfigurableMDP, theta: Array, beta, horizon="default",
+                     br: Optional[GaussianBestResponse] = None, tol: float = 1e-6,
+                     max_iters: int = 50_000) -> Array:
+    """Exact J_L(theta, g^{theta dagger}) (Eq. (leader-utility)) under the follower's best response.
+
+    The closed loop under Proposition 1 is linear-Gaussian, so the discounted leader return is
+    ``-tr(G X) + mass (c - tr(Mb Sigma_b))`` (module docstring). Differentiable in theta
+    (implicitly through the Riccati solution when ``br`` is None).
+
+    Args:
+      problem: the :class:`~bchg_jax.lq.cmdp.LQConfigurableMDP`.
+      theta: [d] leader parameters.
+      beta: the follower's entropy weight (> 0), scalar.
+      horizon: ``"default"`` (the problem's episode length), an int H, or None (infinite).
+      br: the follower's best response at theta; solved here (Proposition 1) when None.
+      tol: Riccati stopping tolerance. max_iters: Riccati iteration cap.
+    Returns:
+      [] the leader's discounted (gamma_L) expected return from s_0 ~ N(0, init_cov).
+    """
+    H = problem.horizon if horizon == "default" else horizon
+    br = problem.best_response(theta, beta, tol=tol, max_iters=max_iters) if br is None else br
+    X = discounted_state_covariance(problem, theta, br, H)
+    Ms, Mb, c = problem.leader_quadratic(theta)
+    return quadratic_return(Ms, Mb, c, br, X, _discount_mass(problem.gamma_L, H, theta.dtype))
+
+
+def exact_hypergradient(problem: LQConfigurableMDP, theta: Array, beta, horizon="default",
+                        tol: float = 1e-6, max_iters: int = 50_000) -> Array:
+    """Exact hypergradient grad_theta J_L(theta, g^{theta dagger}) by autodiff.
+
+    The reference that Theorem 1's estimator (:func:`bchg_jax.lq.estimators.hypergradient`) is
+    tested against: ``jax.grad`` of :func:`leader_objective` through the Riccati solution
+    (implicit differentiation), so the follower's response to theta is included.
+
+    Args:
+      problem: the configurable MDP. theta: [d] leader parameters.
+      beta: the follower's entropy weight, scalar.
+      horizon: as :func:`leader_objective`.
+      tol: Riccati stopping tolerance. max_iters: Riccati iteration cap.
+    Returns:
+      [d] gradient (like ``theta``).
+    """
+    return jax.grad(lambda th: leader_objective(problem, th, beta, horizon, tol=tol,
+                                                max_iters=max_iters))(theta)
+
+
+def components(problem: LQConfigurableMDP, theta: Array, br: GaussianBestResponse,
+               quadratics: Dict[str, tuple], horizon="default") -> Dict[str, Array]:
+    """Discounted cumulative value of each named quadratic reward term, reported as the
+    magnitude of ``sum_t gamma^t E[s^T Ms s + b^T Mb b - c]`` with the sign of a *reward* for
+    terms named ``stability`` (maximised) and of a *cost* otherwise (minimised, positive).
+
+    Args:
+      problem: the configurable MDP. theta: [d] leader parameters.
+      br: the follower's best response at theta.
+      quadratics: {name: (Ms [n, n], Mb [m, m], c [])}, e.g. ``problem.components(theta)``.
+      horizon: as :func:`leader_objective`.
+    Returns:
+      {name: [] value}.
+    """
+    H = problem.horizon if horizon == "default" else horizon
+    X = discounted_state_covariance(problem, theta, br, H)
+    mass = _discount_mass(problem.gamma_L, H, theta.dtype)
+    out = {}
+    for name, (Ms, Mb, c) in quadratics.items():
+        val = quadratic_return(Ms, Mb, c, br, X, mass)
+        out[name] = val if name == "stability" else -val
+    return out
+
+
+class QuadraticValue(NamedTuple):
+    """V_L(s) = -s^T Pv s + v0 and Q_L(s, b) = r_L(s, b) + gamma E V_L(A s + B b + w).
+
+    Exact infinite-horizon leader critics; ``value(s)``: s [..., n] -> [...];
+    ``q(s, b)``: s [..., n], b [..., m] -> [...].
+    """
+
+    Pv: Array
+    v0: Array
+    A: Array
+    B: Array
+    UUt: Array
+    Ms: Array
+    Mb: Array
+    c: Array
+    gamma: float
+
+    def value(self, s):
+        return -jnp.einsum("...i,ij,...j->...", s, self.Pv, s) + self.v0
+
+    def q(self, s, b):
+        x = s @ self.A.T + b @ self.B.T
+        EV = -jnp.einsum("...i,ij,...j->...", x, self.Pv, x) - jnp.trace(self.Pv @ self.UUt) + self.v0
+        r = (-jnp.einsum("...i,ij,...j->...", s, self.Ms, s)
+             - jnp.einsum("...i,ij,...j->...", b, self.Mb, b) + self.c)
+        return r + self.gamma * EV
+
+
+def leader_value_quadratic(problem: LQConfigurableMDP, theta: Array,
+                           br: GaussianBestResponse) -> QuadraticValue:
+    """Exact infinite-horizon V_L and Q_L of the leader under the follower ``br``.
+
+    Args:
+      problem: the configurable MDP. theta: [d] leader parameters.
+      br: the follower's Gaussian best response at theta.
+    Returns:
+      :class:`QuadraticValue` (``Pv`` [n, n], ``v0`` []).
+    """
+    F, W = _closed_loop(problem, theta, br)
+    g = problem.gamma_L
+    Ms, Mb, c = problem.leader_quadratic(theta)
+    G = Ms + br.K.T @ Mb @ br.K
+    Pv = discounted_lyapunov(F.T, G, g)                      # Pv = G + g F^T Pv F
+    v0 = (c - jnp.trace(Mb @ br.cov) - g * jnp.trace(Pv @ W)) / (1.0 - g)
+    U = jnp.asarray(problem.U, theta.dtype)
+    return QuadraticValue(Pv, v0, problem.A_fn(theta), problem.B_fn(theta), U @ U.T, Ms, Mb, c, g)

@@ -1,0 +1,53 @@
+"""The follower of a linear-Gaussian configurable MDP: the max-ent LQR best response
+(Proposition 1, the disturbance unobserved when the follower acts).
+
+:func:`best_response` solves the discounted Riccati equation for ``(A(theta), B(theta))`` by
+warm-started Riccati iteration and returns the Gaussian policy ``g(b|s) = N(-K s, (beta/2) S^{-1})``
+with its soft value ``V_F(s) = -(s^T P s + v)`` (:func:`soft_value`) and soft Q-function
+(:func:`soft_q`); everything is differentiable in theta by implicit differentiation of the
+Riccati fixed point. The solvers themselves live in :mod:`bchg_jax.core.maxent_lqr`, shared with
+the bi-level LQR game.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from bchg_jax.core.maxent_lqr import (GaussianBestResponse, check_solution, maxent_lqr, riccati,
+                                      soft_q, soft_value)
+from bchg_jax.core.validate import check_beta
+
+Array = jax.Array
+
+__all__ = ["GaussianBestResponse", "best_response", "check_solution", "riccati", "soft_q",
+           "soft_value"]
+
+
+def best_response(problem, theta: Array, beta, P0=None, tol: float = 1e-6,
+                  max_iters: int = 50_000) -> GaussianBestResponse:
+    """Proposition 1 for ``problem`` (an :class:`~bchg_jax.lq.cmdp.LQConfigurableMDP`) at theta.
+
+    The follower's best response g^{theta dagger}(b|s) = N(b | -K s, (beta/2) S^{-1}) of
+    Eq. (lqr_opt_follower_cmdp), with K = gamma_F S^{-1} B^T P A, S = Rbar + gamma_F B^T P B and
+    P = Riccati(A(theta), B(theta), Qbar, Rbar, gamma_F) (Eq. (riccati_equation)), by
+    warm-started Riccati iteration; differentiable in theta (implicit function theorem).
+
+    Args:
+      problem: the configurable MDP.
+      theta: [d] leader parameters.
+      beta: the follower's entropy weight (> 0), scalar; validated when concrete.
+      P0: [n, n] warm start of the Riccati iteration (default Qbar).
+      tol: relative-change stopping tolerance.
+      max_iters: maximum number of Riccati iterations.
+    Returns:
+      :class:`GaussianBestResponse` (``P`` [n, n], ``K`` [m, n], ``cov`` [m, m], ``.sample``,
+      ``.log_prob``, ``.mean``, ``.converged``).
+    Raises:
+      ValueError: a concrete ``beta`` that is not positive.
+    """
+    if not isinstance(beta, jax.core.Tracer):
+        check_beta(beta)
+    dt = theta.dtype
+    return maxent_lqr(problem.A_fn(theta), problem.B_fn(theta), jnp.asarray(problem.Qbar, dt),
+                      jnp.asarray(problem.Rbar, dt), jnp.asarray(problem.U, dt), problem.gamma_F,
+                      beta, P0=P0, tol=tol, max_iters=max_iters)

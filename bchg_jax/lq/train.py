@@ -1,0 +1,326 @@
+"""Outer loop for linear-Gaussian configurable MDPs (building thermal control): ``make_train``.
+
+One outer iteration i (Algorithm 1 with the continuous modules: critic Algorithm 3,
+PartialDerivative Algorithm 4, FollowerQGrad Algorithm 6):
+  1. follower best response g^{theta_i dagger}: max-ent LQR (Proposition 1), Riccati iteration
+     warm-started from P of iteration i-1 (a non-converged solve is flagged ``ok = 0`` and the
+     update is skipped, never a silent NaN);
+  2. ``num_episodes`` episodes of ``problem.horizon`` steps under g;
+  3. the leader critic on the batch: ``quadratic`` (LSTD, exact function class), ``mlp`` (the
+     paper's 64-64 TD network, re-initialised every iteration, ``mlp_steps`` Adam steps) or
+     ``exact`` (closed-form Q_L; isolates estimator noise);
+  4. the hypergradient (Theorem 1, Eq. (hg_configurable)): ``bchg`` (Benefit guide), ``hpgd_td`` /
+     ``hpgd_mc`` (Q_L x (dQF - dVF) with a learned vector dVF ~ grad V_F; TD critic / Monte Carlo
+     returns for Q_L and V_L), ``naive`` (partial term only) or ``exact`` (autodiff of the
+     closed-form J_L);
+  5. SGD ascent after clipping to ``clip_norm``.
+Metrics of iteration i: exact ``problem.horizon``-step (100 by default) J_L(theta_i) and its
+components (``exact_lq``).
+
+Hyperparameters a grid may vary (``lr``, ``beta``) are traced; everything else is static.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, NamedTuple, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bchg_jax.lq import critics, exact as exact_lq
+from bchg_jax.lq.estimators import (hypergradient, discounted_returns,
+                                            per_step_follower_grad,
+                                            per_step_follower_grad_pathwise)
+from bchg_jax.core.maxent_lqr import soft_q, soft_value
+from bchg_jax.lq.cmdp import LQConfigurableMDP
+from bchg_jax.lq.rollout import rollout
+from bchg_jax.core import hparams as hparams_lib
+from bchg_jax.core.loop import Trainer, check_setup, scan_loop, sgd_ascent
+from bchg_jax.core.networks import MLP
+from bchg_jax.core.validate import check_beta, check_config, check_positive
+
+Array = jax.Array
+
+# method -> (guide, leader critic source)
+# guide: "benefit" (BC-HG), "hpgd" (Eq. (hpgd_guidance)), "none" (Naive-PGD), None (exact);
+# source: "critic" (config.critic) or "mc" (Monte Carlo returns of the batch)
+METHOD_SPECS = {
+    "bchg": ("benefit", "critic"),
+    "hpgd_td": ("hpgd", "critic"),
+    "hpgd_mc": ("hpgd", "mc"),
+    "naive": ("none", "critic"),
+    "exact": (None, None),
+}
+METHODS = tuple(METHOD_SPECS)    # the method names make_train accepts
+CRITICS = ("quadratic", "mlp", "exact")
+FOLLOWER_GRADS = ("score", "pathwise")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Static (non-traced) settings of the LQ trainer; ``validate()`` checks them.
+
+    Attributes:
+      num_episodes: E, episodes sampled per outer iteration (each ``problem.horizon`` steps).
+      iterations: number of outer iterations of ``train``.
+      clip_norm: global-norm clip of the hypergradient before the SGD step.
+      weights_init_std: std of the Gaussian perturbation of ``problem.theta0`` at ``init``.
+      critic: the leader critic: ``"quadratic"`` (LSTD), ``"mlp"`` (TD network, Algorithm 3) or
+        ``"exact"`` (closed-form Q_L).
+      control_variates: subtract E[V(s')|s, b] from V(s_{k+1}) in the score-function terms.
+      follower_grad: FollowerQGrad per step: ``"score"`` (Eq. (nablaQF)) or ``"pathwise"``.
+      state_baseline: BC-HG subtracts a learned h(s) ~ grad V_F(s) (unbiased).
+      mlp_hidden: hidden layer sizes of the MLP critics.
+      mlp_steps: Adam steps per MLP critic fit.
+      mlp_lr: Adam learning rate of the MLP critics.
+      mlp_warm_start: start each MLP fit from the previous iteration's parameters.
+      mlp_normalize: scale the MLP critics' inputs / outputs (:func:`bchg_jax.lq.critics.scales`).
+      mlp_minibatch: samples per MLP step; 0 means full batch.
+      value_samples: actions b_j ~ g(.|s) averaged for the MLP critic's V_L(s).
+      ridge: LSTD ridge of the quadratic critics.
+      riccati_tol: relative-change tolerance of the follower's Riccati iteration.
+      riccati_max_iters: its iteration cap.
+    """
+
+    num_episodes: int = 100
+    iterations: int = 2000
+    clip_norm: float = 1.0
+    weights_init_std: float = 0.01     # reference: N(0, 0.01^2); the paper's text says N(0, 1)
+    critic: str = "quadratic"
+    control_variates: bool = True      # subtract E[V(s')|s,b] in the score-function terms
+    follower_grad: str = "pathwise"    # FollowerQGrad per step: "score" (Eq. (nablaQF)) or "pathwise"
+    state_baseline: bool = True        # bchg: subtract a learned h(s) ~ grad V_F(s) (unbiased)
+    mlp_hidden: Tuple[int, ...] = (64, 64)
+    mlp_steps: int = 5000
+    mlp_lr: float = 1e-4
+    mlp_warm_start: bool = False       # True: start each iteration from the last fit (cheaper)
+    mlp_normalize: bool = False        # scale inputs / outputs of the MLP critics (not the paper's)
+    mlp_minibatch: int = 0             # 0: full-batch Adam steps (the paper); else samples per step
+    value_samples: int = 256           # MLP critic: V_L(s) = mean of Q_L(s, b_j), b_j ~ g(.|s)
+    ridge: float = 1e-6
+    riccati_tol: float = 1e-6
+    riccati_max_iters: int = 50_000
+
+    def validate(self) -> "TrainConfig":
+        """Host-side range and choice checks; returns ``self`` (``ValueError`` otherwise)."""
+        check_config(self, positive_ints=("num_episodes", "iterations", "mlp_steps",
+                                          "value_samples", "riccati_max_iters"),
+                     nonneg_ints=("mlp_minibatch",), positive=("clip_norm", "mlp_lr", "riccati_tol"),
+                     nonneg=("weights_init_std", "ridge"),
+                     choices={"follower_grad": FOLLOWER_GRADS, "critic": CRITICS})
+        if not self.mlp_hidden or any(int(h) < 1 for h in self.mlp_hidden):
+            raise ValueError(f"mlp_hidden must be positive layer sizes, got {self.mlp_hidden!r}")
+        return self
+
+
+class TrainState(NamedTuple):
+    """The carry of the outer ``lax.scan`` (one iteration per step)."""
+
+    theta: Array        # leader weights (unconstrained)
+    P: Array            # follower Riccati solution (warm start)
+    critic: object      # MLP critics' starting parameters (q, dVF) for the next iteration, or ()
+    key: Array
+    step: Array
+
+
+class _Fields(NamedTuple):
+    lr: Any = 0.1
+    beta: Any = 0.1
+
+
+class HParams(hparams_lib.HParamsMixin, _Fields):
+    """The LQ trainer's grid-able hyperparameters (traced; a grid is one vmapped program).
+
+    Attributes:
+      lr: leader SGD step size (> 0); default 0.1.
+      beta: the follower's entropy weight (> 0); default 0.1.
+    """
+
+    __slots__ = ()
+
+    def validate(self) -> "HParams":
+        """Host-side range checks (concrete values); returns ``self``."""
+        check_positive("lr", self.lr)
+        check_beta(self.beta)
+        return self
+
+
+def make_train(problem: LQConfigurableMDP, method: str = "bchg",
+                  config: TrainConfig = TrainConfig()) -> Trainer:
+    """Pure training functions (``init``, ``run``, ``train``) for an LQ configurable MDP.
+
+    Algorithm 1 under ``lax.scan`` (module docstring): per iteration the follower's best response
+    (Proposition 1), E episodes, the leader critic, Theorem 1's estimate
+    (:func:`bchg_jax.lq.estimators.hypergradient`) or the exact hypergradient, and a clipped SGD
+    ascent step on theta [d].
+
+    Args:
+      problem: an :class:`~bchg_jax.lq.cmdp.LQConfigurableMDP` (validated here).
+      method: one of :data:`METHODS` (``"bchg"``, ``"hpgd_td"``, ``"hpgd_mc"``, ``"naive"``,
+        ``"exact"``).
+      config: the static :class:`TrainConfig`.
+    Returns:
+      a :class:`~bchg_jax.core.loop.Trainer`; its ``hparams(grid)`` builds :class:`HParams`
+      (``lr``, ``beta``) and ``run`` yields per-iteration metrics (``J``, ``ok``, ``grad_norm``,
+      ``riccati_iters`` and the problem's components).
+    Raises:
+      ValueError: an unknown method, a wrong problem type, or a failed ``validate()``.
+    """
+    check_setup(problem, method, config, METHODS, LQConfigurableMDP)
+    guide, source = METHOD_SPECS[method]
+    n, m = problem.state_dim, problem.action_dim
+    dtype = jnp.asarray(problem.theta0).dtype
+    d = int(np.size(problem.theta0))
+    E, T = config.num_episodes, problem.horizon
+    use_mlp = config.critic == "mlp" and method != "exact"
+    q_model = MLP(tuple(config.mlp_hidden), 1, torch_init=False)
+    v_model = MLP(tuple(config.mlp_hidden), d, torch_init=False)
+    comp_fn = getattr(problem, "components", None)
+
+    def init(key, hp):
+        k_theta, k_q, k_v, k_run = jax.random.split(key, 4)
+        theta0 = jnp.asarray(problem.theta0, dtype)
+        theta = theta0 + config.weights_init_std * jax.random.normal(k_theta, theta0.shape, dtype)
+        critic_init = ()
+        if use_mlp:
+            critic_init = (q_model.init(k_q, jnp.zeros((1, n + m), dtype)),
+                           v_model.init(k_v, jnp.zeros((1, n), dtype)))
+        return TrainState(theta, jnp.asarray(problem.Qbar, dtype), critic_init, k_run,
+                            jnp.zeros((), jnp.int32))
+
+    def leader_critic(key, theta, br, traj, rL, critic_init):
+        """(V_L [E,T+1], Q_L [E,T], EV_L [E,T] or None, fitted MLP params or None)."""
+        s, b = traj.s, traj.b
+        if source == "mc":
+            G = discounted_returns(rL, problem.gamma_L)
+            return jnp.concatenate([G, jnp.zeros((E, 1), dtype)], 1), G, None, None
+        params = None
+        if config.critic == "exact":
+            qv = exact_lq.leader_value_quadratic(problem, theta, br)
+            Q = qv.q(s[:, :-1], b[:, :-1])
+            V = qv.value(s)
+        elif config.critic == "quadratic":
+            qf = critics.fit_quadratic_q(s, b, rL, problem.gamma_L, config.ridge)
+            Q = qf.q(s[:, :-1], b[:, :-1])
+            V = qf.value(s, br.mean(s), br.cov)
+        else:
+            x = jnp.concatenate([s, b], -1)
+            X, Xn = x[:, :-1].reshape(-1, n + m), x[:, 1:].reshape(-1, n + m)
+            k_fit, k_val = jax.random.split(key)
+            xs, ys = critics.scales(X, rL.reshape(-1), problem.gamma_L, config.mlp_normalize)
+            params = critics.td_fit(q_model, critic_init[0], X, Xn, rL.reshape(-1),
+                                        problem.gamma_L, config.mlp_steps, config.mlp_lr,
+                                        k_fit, config.mlp_minibatch, xs, ys)
+            Q = critics.apply_scaled(q_model, params, X, xs, ys)[:, 0].reshape(E, T)
+            bs = br.sample(k_val, jnp.broadcast_to(s[None], (config.value_samples,) + s.shape))
+            xv = jnp.concatenate([jnp.broadcast_to(s[None], bs.shape[:-1] + (n,)), bs], -1)
+            V = jnp.mean(critics.apply_scaled(q_model, params, xv, xs, ys)[..., 0], 0)
+        EV = (Q - rL) / problem.gamma_L if config.control_variates else None
+        return V, Q, EV, params
+
+    def fit_grad_vf(key, traj, y, critic_init):
+        """(learned grad_theta V_F at s_0..s_{T-1}, fitted MLP params or None): TD on the per-step
+        vector rewards ``y``."""
+        if config.critic == "mlp" and guide == "hpgd":
+            S = traj.s[:, :-1].reshape(-1, n)
+            Sn = traj.s[:, 1:].reshape(-1, n)
+            Y = y.reshape(-1, d)
+            xs, ys = critics.scales(S, Y, problem.gamma_F, config.mlp_normalize)
+            params = critics.td_fit(v_model, critic_init[1], S, Sn, Y, problem.gamma_F,
+                                        config.mlp_steps, config.mlp_lr, key,
+                                        config.mlp_minibatch, xs, ys)
+            return critics.apply_scaled(v_model, params, S, xs, ys).reshape(E, T, d), params
+        # BC-HG's state baseline is always this cheap LSTD fit (any baseline is unbiased), and
+        # HPGD's dVF for the quadratic / exact critics (the class is exact for an LQ follower)
+        f = critics.fit_quadratic_vector_value(traj.s, y, problem.gamma_F, config.ridge)
+        return f(traj.s[:, :-1]), None
+
+    def follower(theta, beta, P0):
+        """Proposition 1's best response, Riccati iteration warm-started from P0 (flagged, never
+        silently wrong: ``br.converged``)."""
+        return problem.best_response(theta, beta, P0=P0, tol=config.riccati_tol,
+                                     max_iters=config.riccati_max_iters)
+
+    def evaluate(theta, beta, br):
+        """Metrics of theta: the exact 100-step J_L, its components, the follower's status."""
+        metrics = {"J": exact_lq.leader_objective(problem, theta, beta, br=br),
+                   "ok": br.converged.astype(jnp.int32), "riccati_iters": br.info.iterations}
+        if comp_fn is not None:
+            metrics.update(exact_lq.components(problem, theta, br, comp_fn(theta)))
+        return metrics
+
+    def follower_terms(key, theta, br, traj, critic_init):
+        """The follower-side inputs of the estimator: V_F on the batch, the control variate
+        E[V_F(s')|s,b] (or None), FollowerQGrad ``dQF`` (pathwise form) and the learned
+        ``dVF ~ grad V_F`` (HPGD, or BC-HG's state baseline), with the fitted MLP params."""
+        s, b = traj.s[:, :-1], traj.b[:, :-1]
+        V_F = soft_value(br, traj.s)
+        EV_F = None
+        if config.control_variates:
+            A, B = problem.A_fn(theta), problem.B_fn(theta)
+            QF = soft_q(br, A, B, jnp.asarray(problem.Qbar, dtype),
+                        jnp.asarray(problem.Rbar, dtype), jnp.asarray(problem.U, dtype),
+                        problem.gamma_F, s, b)
+            EV_F = (QF - problem.follower_reward(theta, s, b)) / problem.gamma_F
+        kw, v_params = {}, None
+        if guide is not None and guide != "none":
+            need_vf = guide == "hpgd" or config.state_baseline
+            if config.follower_grad == "pathwise":
+                br_fixed = jax.lax.stop_gradient(br)
+                y = per_step_follower_grad_pathwise(problem, theta, traj,
+                                                    lambda x: soft_value(br_fixed, x))
+                kw["dQF"] = discounted_returns(y, problem.gamma_F)
+            elif need_vf:
+                VFn = V_F[:, 1:] if EV_F is None else V_F[:, 1:] - EV_F
+                y = per_step_follower_grad(problem, theta, traj, VFn)
+            if need_vf:
+                kw["dVF"], v_params = fit_grad_vf(key, traj, y, critic_init)
+        return V_F, EV_F, kw, v_params
+
+    def estimate(k_roll, k_crit, theta, beta, br, critic_init):
+        """One batch under g and the method's hypergradient estimate (Theorem 1, continuous
+        modules) -> (grad, fitted MLP params or None for the Q_L and dVF critics)."""
+        traj = rollout(k_roll, problem, theta, br, E, T)
+        s, b = traj.s[:, :-1], traj.b[:, :-1]
+        rL = problem.leader_reward(theta, s, b)
+        V_L, Q_L, EV_L, q_params = leader_critic(k_crit, theta, br, traj, rL, critic_init)
+        V_F, EV_F, kw, v_params = follower_terms(jax.random.fold_in(k_crit, 1), theta, br, traj,
+                                                 critic_init)
+        if guide == "benefit":
+            kw["benefit"] = Q_L - V_L[:, :-1]
+        elif guide == "hpgd":
+            kw["Q_L"] = Q_L
+        grad = hypergradient(problem, theta, traj, beta, V_L, V_F, guide, EV_L=EV_L, EV_F=EV_F,
+                             **kw)
+        return grad, q_params, v_params
+
+    def step(state: TrainState, hp: HParams):
+        hp = hp.cast(dtype)
+        theta, beta = state.theta, hp.beta
+        critic = state.critic
+        key, k_roll, k_crit = jax.random.split(state.key, 3)
+        br = follower(theta, beta, state.P)
+        metrics = evaluate(theta, beta, br)
+        if method == "exact":
+            grad = exact_lq.exact_hypergradient(problem, theta, beta, tol=config.riccati_tol,
+                                                max_iters=config.riccati_max_iters)
+        else:
+            grad, q_params, v_params = estimate(k_roll, k_crit, theta, beta, br, state.critic)
+            if use_mlp and config.mlp_warm_start:
+                critic = (state.critic[0] if q_params is None else q_params,
+                          state.critic[1] if v_params is None else v_params)
+        ok = br.converged & jnp.all(jnp.isfinite(grad))
+        grad = jnp.where(ok, grad, 0.0)        # flagged, skipped: never a silent NaN update
+        new_theta = sgd_ascent(theta, grad, hp.lr, config.clip_norm)
+        metrics["ok"] = ok.astype(jnp.int32)
+        metrics["grad_norm"] = jnp.linalg.norm(grad)
+        P_next = jnp.where(br.converged, jax.lax.stop_gradient(br.P),
+                           jnp.asarray(problem.Qbar, dtype))
+        return TrainState(new_theta, P_next, critic, key, state.step + 1), metrics
+
+    run, train = scan_loop(init, step, config.iterations)
+    steps = {"follower": follower, "evaluate": evaluate, "leader_critic": leader_critic,
+             "follower_terms": follower_terms, "estimate": estimate}
+    return Trainer(problem, method, config, init, run, train,
+                   lambda grid: HParams.from_grid(grid, dtype), steps)

@@ -1,0 +1,169 @@
+"""Tabular configurable MDPs as pure functions of the leader's parameter theta.
+
+A :class:`TabularCMDP` is the tuple (S, B, p^theta, rho_0^theta, r_F^theta, gamma_F) of the
+paper's Section "Configurable Markov Decision Process", plus the leader's reward r_L^theta,
+discount gamma_L and regulariser Phi_L(theta) of Eq. (leader-utility). Every table is produced
+by a user function of ``theta``; all gradients the estimators need (grad r_L, grad r_F, grad log p,
+grad log rho_0) come from JAX autodiff of these functions, never hand-written per problem.
+
+Terminal states: the step taken at a terminal state is recorded with its rewards and the episode
+ends there, so in the model the continuation value after a terminal state is zero.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TabularCMDP:
+    """A tabular configurable MDP whose tables are pure functions of ``theta``.
+
+    The configurable MDP M_theta of the paper (Section "Configurable Markov Decision Process")
+    with the leader's utility of Eq. (leader-utility). Shapes below: S states, B follower
+    actions, theta of any floating shape (``theta0.shape``).
+
+    Attributes:
+      transition: ``theta -> [S, B, S]`` model p^theta(s' | s, b) (rows sum to 1). The follower's
+        best response and the exact evaluator use this model.
+      init_dist: ``theta -> [S]`` initial distribution rho_0^theta.
+      follower_reward: ``theta -> [S, B]`` r_F^theta.
+      leader_reward: ``theta -> [S, B]`` r_L^theta.
+      gamma_F, gamma_L: discounts in [0, 1).
+      theta0: an example parameter (shape and dtype of theta; also the default initial value).
+      leader_regularizer: optional ``theta -> scalar`` Phi_L(theta), added to J_L.
+      terminal: optional ``[S]`` bool mask of terminal states.
+      sample_transition: optional ``theta -> [S, B, S]`` used only by the sampler (rollouts), for
+        problems whose simulator differs from the follower's model (Four-Rooms' reference quirk).
+        Defaults to ``transition``.
+      time_limit: optional episode time limit of the sampler (``None``: none).
+      name: a label for logs.
+    """
+
+    transition: Callable[[Array], Array]
+    init_dist: Callable[[Array], Array]
+    follower_reward: Callable[[Array], Array]
+    leader_reward: Callable[[Array], Array]
+    gamma_F: float
+    gamma_L: float
+    theta0: Array
+    leader_regularizer: Optional[Callable[[Array], Array]] = None
+    terminal: Optional[np.ndarray] = None
+    sample_transition: Optional[Callable[[Array], Array]] = None
+    time_limit: Optional[int] = None
+    name: str = "tabular_cmdp"
+
+    # --- derived static facts -------------------------------------------------------------
+    @property
+    def num_states(self) -> int:
+        """S, the number of states (from the shape of ``init_dist(theta0)`` [S])."""
+        return int(jax.eval_shape(self.init_dist, self.theta0).shape[0])
+
+    @property
+    def num_actions(self) -> int:
+        """B, the follower's number of actions (from ``follower_reward(theta0)`` [S, B])."""
+        return int(jax.eval_shape(self.follower_reward, self.theta0).shape[1])
+
+    @property
+    def terminal_mask(self) -> Array:
+        """[S] bool mask of terminal states (all False when ``terminal`` is None)."""
+        if self.terminal is None:
+            return jnp.zeros((self.num_states,), dtype=bool)
+        return jnp.asarray(self.terminal, dtype=bool)
+
+    def sampler_transition(self, theta: Array) -> Array:
+        """The sampler's transition table (``sample_transition``, else ``transition``).
+
+        Args:
+          theta: leader parameters, shaped like ``theta0``.
+        Returns:
+          [S, B, S] p(s' | s, b) used by :func:`~bchg_jax.tabular.rollout.rollout`.
+        """
+        fn = self.sample_transition if self.sample_transition is not None else self.transition
+        return fn(theta)
+
+    def regularizer(self, theta: Array) -> Array:
+        """Phi_L(theta), the leader's regulariser of Eq. (leader-utility) (0 when absent).
+
+        Args:
+          theta: leader parameters, shaped like ``theta0``.
+        Returns:
+          [] scalar.
+        """
+        if self.leader_regularizer is None:
+            return jnp.zeros((), dtype=jnp.result_type(float))
+        return self.leader_regularizer(theta)
+
+    # --- validation (eager, before any jit) ------------------------------------------------
+    def validate(self, theta: Optional[Array] = None, atol: float = 1e-4) -> "TabularCMDP":
+        """Checks shapes, probabilities and discounts; raises ``ValueError`` with a clear message.
+
+        Runs the user functions eagerly on ``theta`` (default ``theta0``), before any compilation.
+        Returns ``self`` so it can be chained.
+
+        Args:
+          theta: leader parameters to evaluate the tables at (shaped like ``theta0``); None:
+            ``theta0``.
+          atol: tolerance of the probability checks (row sums of [S, B, S] tables, sum of [S]).
+        Returns:
+          ``self`` (the same :class:`TabularCMDP`).
+        Raises:
+          ValueError: a discount outside [0, 1), non-floating theta, a bad ``time_limit``, a
+            failing problem function, wrong table shapes, non-probability rows, a non-scalar
+            Phi_L, non-finite entries, or a ``terminal`` mask not of shape [S].
+        """
+        for name in ("gamma_F", "gamma_L"):
+            g = getattr(self, name)
+            try:
+                ok = np.ndim(g) == 0 and 0.0 <= float(g) < 1.0
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise ValueError(f"{self.name}: {name} must be a number in [0, 1), got {g!r}")
+        theta = self.theta0 if theta is None else theta
+        theta = jnp.asarray(theta)
+        if not jnp.issubdtype(theta.dtype, jnp.floating):
+            raise ValueError(f"{self.name}: theta must be a floating array, got dtype {theta.dtype}")
+        if self.time_limit is not None and int(self.time_limit) < 1:
+            raise ValueError(f"{self.name}: time_limit must be >= 1 or None, got {self.time_limit}")
+        try:
+            rho = np.asarray(self.init_dist(theta), dtype=np.float64)
+            rf = np.asarray(self.follower_reward(theta), dtype=np.float64)
+            rl = np.asarray(self.leader_reward(theta), dtype=np.float64)
+            p = np.asarray(self.transition(theta), dtype=np.float64)
+            ps = np.asarray(self.sampler_transition(theta), dtype=np.float64)
+            reg = np.asarray(self.regularizer(theta))
+        except Exception as err:  # noqa: BLE001 - re-raised with context
+            raise ValueError(f"{self.name}: a problem function failed on theta of shape "
+                             f"{theta.shape}: {err}") from err
+        if rho.ndim != 1:
+            raise ValueError(f"{self.name}: init_dist(theta) must have shape [S], got {rho.shape}")
+        S = rho.shape[0]
+        if rf.ndim != 2 or rf.shape[0] != S:
+            raise ValueError(f"{self.name}: follower_reward(theta) must have shape [S={S}, B], got {rf.shape}")
+        B = rf.shape[1]
+        if rl.shape != (S, B):
+            raise ValueError(f"{self.name}: leader_reward(theta) must have shape {(S, B)}, got {rl.shape}")
+        for label, table in (("transition", p), ("sample_transition", ps)):
+            if table.shape != (S, B, S):
+                raise ValueError(f"{self.name}: {label}(theta) must have shape {(S, B, S)}, got {table.shape}")
+            if np.any(table < -atol) or not np.allclose(table.sum(-1), 1.0, atol=atol):
+                bad = np.argwhere(~np.isclose(table.sum(-1), 1.0, atol=atol))
+                raise ValueError(f"{self.name}: {label}(theta) rows must be probabilities summing to 1; "
+                                 f"first bad (s, b): {bad[:1].tolist()}")
+        if np.any(rho < -atol) or not np.isclose(rho.sum(), 1.0, atol=atol):
+            raise ValueError(f"{self.name}: init_dist(theta) must be a probability vector summing to 1")
+        if reg.shape != ():
+            raise ValueError(f"{self.name}: leader_regularizer(theta) must be a scalar, got shape {reg.shape}")
+        for label, table in (("init_dist", rho), ("follower_reward", rf), ("leader_reward", rl), ("transition", p)):
+            if not np.all(np.isfinite(table)):
+                raise ValueError(f"{self.name}: {label}(theta) has non-finite entries")
+        if self.terminal is not None and np.shape(self.terminal) != (S,):
+            raise ValueError(f"{self.name}: terminal must be a bool mask of shape ({S},), got {np.shape(self.terminal)}")
+        return self

@@ -1,0 +1,214 @@
+"""Exact references for tabular configurable MDPs (the ground truth of the estimator tests).
+
+* ``policy_evaluation``: V^g = (I - gamma diag(cont) P_g)^{-1} r_g (a linear solve).
+* ``best_response``: the follower's soft-optimal fixed point V_F = T_theta(V_F), differentiable in
+  theta by the implicit function theorem (``jax.lax.custom_root``): dV/dtheta solves
+  (I - dT/dV) dV = dT/dtheta, never by unrolling the solver.
+* ``leader_objective``: J_L(theta) = rho_0^theta . V_L^{theta dagger} + Phi_L(theta)
+  (Eq. (leader-utility)).
+* ``exact_hypergradient``: jax.grad of ``leader_objective`` - the reference every estimator's
+  mean is tested against (Theorem 1 is an identity for this gradient).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from bchg_jax.tabular.follower import (BestResponse, boltzmann, continuation, soft_q, soft_v,
+                                       soft_value_iteration)
+from bchg_jax.tabular.cmdp import TabularCMDP
+
+Array = jax.Array
+
+
+def policy_matrix(P: Array, policy: Array) -> Array:
+    """P_g(s, s') = sum_b g(b|s) p(s'|s, b).
+
+    Args:
+      P: [S, B, S] transition p(s'|s, b).
+      policy: [S, B] g(b|s).
+    Returns:
+      [S, S] state-to-state transition matrix under ``policy``.
+    """
+    return jnp.einsum("sb,sbt->st", policy, P)
+
+
+def policy_evaluation(P: Array, r: Array, policy: Array, gamma, cont: Array) -> Array:
+    """Exact V^g for reward ``r`` [S,B] by a linear solve (Bellman expectation equation).
+
+    Solves (I - gamma diag(cont) P_g) V = sum_b g(b|s) r(s, b); differentiable in every array.
+
+    Args:
+      P: [S, B, S] transition p(s'|s, b).
+      r: [S, B] per-step reward (e.g. r_L^theta).
+      policy: [S, B] g(b|s).
+      gamma: discount (scalar).
+      cont: [S] continuation 1 - term(s) (0 after terminal states).
+    Returns:
+      [S] V^g(s).
+    """
+    S = r.shape[0]
+    A = jnp.eye(S, dtype=r.dtype) - (gamma * cont)[:, None] * policy_matrix(P, policy)
+    return jnp.linalg.solve(A, jnp.sum(policy * r, axis=-1))
+
+
+def policy_evaluation_sweeps(P: Array, r: Array, policy: Array, gamma, cont: Array, V0: Array,
+                             tol: float, max_sweeps: int = 2000) -> Array:
+    """Iterative policy evaluation from a warm start ``V0`` until sup-norm change <= ``tol``.
+
+    Args:
+      P: [S, B, S] transition p(s'|s, b).
+      r: [S, B] per-step reward.
+      policy: [S, B] g(b|s).
+      gamma: discount (scalar).
+      cont: [S] continuation 1 - term(s).
+      V0: [S] warm start.
+      tol: stopping tolerance on max_s |V_{k+1}(s) - V_k(s)|.
+      max_sweeps: at most this many Bellman expectation sweeps.
+    Returns:
+      [S] V^g(s) (approximate).
+    """
+    def sweep(V):
+        return jnp.sum(policy * soft_q(P, r, V, gamma, cont), axis=-1)
+
+    def cond(c):
+        return (c[1] > tol) & (c[2] < max_sweeps)
+
+    def body(c):
+        V2 = sweep(c[0])
+        return V2, jnp.max(jnp.abs(V2 - c[0])), c[2] + 1
+
+    V, _, _ = jax.lax.while_loop(cond, body, (V0, jnp.asarray(jnp.inf, V0.dtype), 0))
+    return V
+
+
+def soft_newton(P: Array, r: Array, beta, gamma, cont: Array, V0: Array, iters: int = 30) -> Array:
+    """Soft policy iteration (Newton's method on the soft Bellman equation) - quadratic convergence.
+
+    Accurate in float64; in float32 the linear solves limit accuracy (use soft value iteration).
+
+    Args:
+      P: [S, B, S] transition p(s'|s, b).
+      r: [S, B] follower reward r_F.
+      beta: entropy weight (> 0).
+      gamma: discount gamma_F (scalar).
+      cont: [S] continuation 1 - term(s).
+      V0: [S] initial soft value.
+      iters: number of Newton (policy-evaluation) steps.
+    Returns:
+      [S] soft value V_F after ``iters`` steps.
+    """
+    def step(V, _):
+        Q = soft_q(P, r, V, gamma, cont)
+        g = boltzmann(Q, soft_v(Q, beta), beta)
+        entropy_r = r - beta * jnp.log(jnp.maximum(g, jnp.finfo(r.dtype).tiny))
+        return policy_evaluation(P, entropy_r, g, gamma, cont), None
+
+    V, _ = jax.lax.scan(step, V0, None, length=iters)
+    return V
+
+
+def best_response(problem: TabularCMDP, theta: Array, beta, V0: Optional[Array] = None,
+                  newton_iters: int = 30, polish_sweeps: int = 200) -> BestResponse:
+    """The follower's best response g^{theta dagger}, differentiable in theta (implicit diff.).
+
+    The unique solution of the entropy-regularised follower problem Eq. (lower) in M_theta (the
+    argmax of Eq. (upper)): g(b|s) = exp((Q_F - V_F) / beta).
+    The forward solve is Newton (soft policy iteration) followed by ``polish_sweeps`` soft VI
+    sweeps; the derivative comes from the implicit function theorem at the fixed point.
+
+    Args:
+      problem: the :class:`TabularCMDP` (uses ``transition``, ``follower_reward``, ``terminal``).
+      theta: leader parameters, shaped like ``problem.theta0``.
+      beta: the follower's entropy weight (> 0).
+      V0: [S] warm start of the forward solve (not differentiated), or None for zeros.
+      newton_iters: Newton steps before the sweeps (0: soft value iteration only).
+      polish_sweeps: soft value-iteration sweeps after Newton.
+    Returns:
+      :class:`BestResponse`: ``policy`` [S, B], ``V`` [S], ``Q`` [S, B], ``sweeps`` []
+      (= ``polish_sweeps``), ``residual`` [] (sup-norm of T(V) - V).
+    """
+    P = problem.transition(theta)
+    r = problem.follower_reward(theta)
+    cont = continuation(problem.terminal, r.shape[0], r.dtype)
+    gamma = problem.gamma_F
+
+    def T(V):
+        return soft_v(soft_q(P, r, V, gamma, cont), beta)
+
+    def f(V):
+        return T(V) - V
+
+    def solve(_f, V_init):
+        V = V_init
+        if newton_iters > 0:
+            V = soft_newton(jax.lax.stop_gradient(P), jax.lax.stop_gradient(r), beta, gamma, cont,
+                            V, newton_iters)
+        return jax.lax.fori_loop(0, polish_sweeps, lambda _, v: T(v), V)
+
+    def tangent_solve(g, y):
+        J = jax.jacfwd(g)(y)
+        return jnp.linalg.solve(J, y)
+
+    V_init = jnp.zeros_like(r[:, 0]) if V0 is None else jax.lax.stop_gradient(V0)
+    V = jax.lax.custom_root(f, V_init, solve, tangent_solve)
+    Q = soft_q(P, r, V, gamma, cont)
+    V = soft_v(Q, beta)
+    return BestResponse(policy=boltzmann(Q, V, beta), V=V, Q=Q,
+                        sweeps=jnp.asarray(polish_sweeps), residual=jnp.max(jnp.abs(f(V))))
+
+
+def leader_values(problem: TabularCMDP, theta: Array, policy: Array):
+    """Exact (V_L [S], Q_L [S,B]) of the leader under the follower policy ``policy``.
+
+    V_L^{theta g} and Q_L^{theta g} of Section "Hypergradient for Configurable MDPs" (with
+    ``policy`` = g^{theta dagger}: the V_L, Q_L and Benefit of Theorem 1).
+
+    Args:
+      problem: the :class:`TabularCMDP`.
+      theta: leader parameters, shaped like ``problem.theta0``.
+      policy: [S, B] follower policy g(b|s).
+    Returns:
+      (V_L, Q_L): [S] and [S, B].
+    """
+    P = problem.transition(theta)
+    rL = problem.leader_reward(theta)
+    cont = continuation(problem.terminal, rL.shape[0], rL.dtype)
+    V = policy_evaluation(P, rL, policy, problem.gamma_L, cont)
+    return V, soft_q(P, rL, V, problem.gamma_L, cont)
+
+
+def leader_objective(problem: TabularCMDP, theta: Array, beta, V0: Optional[Array] = None,
+                     newton_iters: int = 30, polish_sweeps: int = 200) -> Array:
+    """Exact J_L(theta, g^{theta dagger}) = rho_0^theta . V_L + Phi_L(theta) (Eq. (leader-utility)).
+
+    Args:
+      problem: the :class:`TabularCMDP`.
+      theta: leader parameters, shaped like ``problem.theta0``.
+      beta: the follower's entropy weight (> 0).
+      V0, newton_iters, polish_sweeps: the follower solve of :func:`best_response`
+        (``V0``: [S] or None).
+    Returns:
+      [] scalar J_L, differentiable in ``theta`` through the follower's fixed point.
+    """
+    br = best_response(problem, theta, beta, V0, newton_iters, polish_sweeps)
+    V_L, _ = leader_values(problem, theta, br.policy)
+    return jnp.dot(problem.init_dist(theta), V_L) + problem.regularizer(theta)
+
+
+def exact_hypergradient(problem: TabularCMDP, theta: Array, beta, V0: Optional[Array] = None,
+                        newton_iters: int = 30, polish_sweeps: int = 200) -> Array:
+    """grad_theta J_L(theta, g^{theta dagger}) through the follower's fixed point.
+
+    The exact hypergradient that Theorem 1 (Eq. (hg_configurable)) expresses; ``jax.grad`` of
+    :func:`leader_objective` with implicit differentiation of :func:`best_response`.
+
+    Args:
+      problem, theta, beta, V0, newton_iters, polish_sweeps: as :func:`leader_objective`.
+    Returns:
+      the gradient, shaped like ``theta`` (includes grad Phi_L).
+    """
+    return jax.grad(leader_objective, argnums=1)(problem, theta, beta, V0, newton_iters,
+                                                 polish_sweeps)

@@ -1,0 +1,158 @@
+"""Soft value iteration: the follower's entropy-regularised best response (Eq. (lower)).
+
+    Q_F(s, b) = r_F(s, b) + gamma_F (1 - term(s)) sum_{s'} p(s'|s, b) V_F(s')
+    V_F(s)    = beta log sum_b exp(Q_F(s, b) / beta)
+    g(b | s)  = exp((Q_F(s, b) - V_F(s)) / beta)
+
+Pure and jit-able; warm-startable from a previous ``V``; either a fixed number of sweeps
+(``tol=None``) or sweeps until the sup-norm change is ``<= tol`` (at most ``max_sweeps``).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+class BestResponse(NamedTuple):
+    """The follower's best response g^{theta dagger} and its soft values.
+
+    White-box follower (Assumption 1): the leader reads the policy and the soft values
+    V_F^{theta dagger}, Q_F^{theta dagger} (S states, B follower actions).
+    """
+
+    policy: Array  # [S, B]  g(b | s)
+    V: Array       # [S]     V_F
+    Q: Array       # [S, B]  Q_F
+    sweeps: Array  # []      number of Bellman sweeps performed
+    residual: Array  # []    sup-norm change of the last sweep
+
+    def log_prob(self, s, b):
+        """log g(b|s) for integer arrays ``s``, ``b`` of one shape -> that shape."""
+        return jnp.log(self.policy[s, b])
+
+    def value(self, s):
+        """V_F(s) for an integer array ``s`` -> its shape."""
+        return self.V[s]
+
+    def q_value(self, s, b):
+        """Q_F(s, b) for integer arrays ``s``, ``b`` of one shape -> that shape."""
+        return self.Q[s, b]
+
+    def sample(self, key, s):
+        """b ~ g(.|s) for a PRNG ``key`` and integer states ``s`` [...] -> int [...]."""
+        return jax.random.categorical(key, jnp.log(self.policy[s]))
+
+
+def continuation(terminal: Optional[Array], num_states: int, dtype) -> Array:
+    """1 - term(s): zero continuation after terminal states.
+
+    Args:
+      terminal: [S] bool mask of terminal states, or None (no terminal state).
+      num_states: S.
+      dtype: the result's dtype.
+    Returns:
+      [S] continuation factors in {0, 1}.
+    """
+    if terminal is None:
+        return jnp.ones((num_states,), dtype)
+    return 1.0 - jnp.asarray(terminal, dtype)
+
+
+def soft_q(P: Array, r: Array, V: Array, gamma, cont: Array) -> Array:
+    """One soft Bellman backup Q = r + gamma cont * P V  ([S,B,S], [S,B], [S] -> [S,B]).
+
+    Args:
+      P: [S, B, S] transition p(s'|s, b).
+      r: [S, B] reward.
+      V: [S] value of the next state.
+      gamma: discount (scalar).
+      cont: [S] continuation 1 - term(s).
+    Returns:
+      [S, B] Q(s, b).
+    """
+    return r + (gamma * cont)[:, None] * jnp.einsum("sbt,t->sb", P, V)
+
+
+def soft_v(Q: Array, beta) -> Array:
+    """V(s) = beta logsumexp_b Q(s, b) / beta.
+
+    Args:
+      Q: [S, B] soft action values.
+      beta: entropy weight (> 0).
+    Returns:
+      [S] soft values.
+    """
+    return beta * jax.nn.logsumexp(Q / beta, axis=-1)
+
+
+def boltzmann(Q: Array, V: Array, beta) -> Array:
+    """g(b|s) = exp((Q - V) / beta), the Boltzmann best response of Section "Preliminaries".
+
+    Args:
+      Q: [S, B] soft action values.
+      V: [S] soft values (``soft_v(Q, beta)`` for a normalised policy).
+      beta: entropy weight (> 0).
+    Returns:
+      [S, B] policy g(b|s).
+    """
+    return jnp.exp((Q - V[:, None]) / beta)
+
+
+def soft_value_iteration(P: Array, r: Array, beta, gamma, terminal: Optional[Array] = None,
+                         V0: Optional[Array] = None, num_sweeps: int = 500,
+                         tol: Optional[float] = None, max_sweeps: int = 2000) -> BestResponse:
+    """Soft value iteration on the model ``P`` [S,B,S] with reward ``r`` [S,B].
+
+    Solves the follower problem Eq. (lower) (the best response g^{theta dagger} of Eq. (upper)
+    for the tables of M_theta); the forward-only solver of the training loop (Algorithm 8
+    line 4). Not implicitly differentiated: use :func:`~bchg_jax.tabular.exact.best_response`
+    for derivatives in theta.
+    ``tol=None``: exactly ``num_sweeps`` sweeps (the reference's fixed schedule).
+    ``tol=float``: sweeps until ``max |V_{k+1} - V_k| <= tol`` or ``max_sweeps``.
+    ``V0``: warm start (default zeros).
+
+    Args:
+      P: [S, B, S] transition p^theta(s'|s, b).
+      r: [S, B] follower reward r_F^theta.
+      beta: entropy weight (> 0; scalar, may be traced).
+      gamma: discount gamma_F (scalar).
+      terminal: [S] bool mask of terminal states, or None.
+      V0: [S] warm start, or None for zeros (cast to ``r.dtype``).
+      num_sweeps: number of sweeps when ``tol`` is None.
+      tol: sup-norm stopping tolerance, or None for a fixed schedule.
+      max_sweeps: cap on sweeps when ``tol`` is set.
+    Returns:
+      :class:`BestResponse`: ``policy`` [S, B], ``V`` [S], ``Q`` [S, B], ``sweeps`` [] (sweeps
+      performed), ``residual`` [] (sup-norm change of the last sweep).
+    """
+    S = r.shape[0]
+    cont = continuation(terminal, S, r.dtype)
+    V0 = jnp.zeros((S,), r.dtype) if V0 is None else V0.astype(r.dtype)
+
+    def sweep(V):
+        return soft_v(soft_q(P, r, V, gamma, cont), beta)
+
+    if tol is None:
+        def body(_, carry):
+            V, _res = carry
+            V2 = sweep(V)
+            return V2, jnp.max(jnp.abs(V2 - V))
+        V, res = jax.lax.fori_loop(0, num_sweeps, body, (V0, jnp.asarray(jnp.inf, r.dtype)))
+        n = jnp.asarray(num_sweeps)
+    else:
+        def cond(carry):
+            _, res, k = carry
+            return (res > tol) & (k < max_sweeps)
+
+        def body(carry):
+            V, _, k = carry
+            V2 = sweep(V)
+            return V2, jnp.max(jnp.abs(V2 - V)), k + 1
+        V, res, n = jax.lax.while_loop(cond, body, (V0, jnp.asarray(jnp.inf, r.dtype), jnp.asarray(0)))
+    Q = soft_q(P, r, V, gamma, cont)
+    V = soft_v(Q, beta)
+    return BestResponse(policy=boltzmann(Q, V, beta), V=V, Q=Q, sweeps=n, residual=res)

@@ -1,0 +1,109 @@
+"""Trajectory sampling with ``lax.scan``: ``num_envs`` streams x ``num_steps`` steps.
+
+All streams start from rho_0 at the beginning of a batch and auto-reset when an episode ends
+(terminal state or time limit). Each step records the pre-transition state ``s``, the follower
+action ``b``, the sampled next state ``s_next`` (before any reset), the in-episode time index
+``t``, and the flags ``terminal`` (s is terminal: no transition of p happened) and ``done``
+(the episode ends after this step: terminal or time limit).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import chex
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+class Batch(NamedTuple):
+    """A batch of transitions, every field shaped [num_envs, num_steps].
+
+    The sample batch B of Algorithm 1 line 4 (E = num_envs streams x T = num_steps steps).
+
+    Attributes:
+      s: [E, T] int state s_t before the step.
+      b: [E, T] int follower action b_t ~ g(.|s_t).
+      s_next: [E, T] int sampled next state (before any reset; meaningless when ``terminal``).
+      t: [E, T] int time index within the episode (0 at an episode start).
+      terminal: [E, T] bool, s_t is terminal (no transition of p happened).
+      done: [E, T] bool, the episode ends after this step (terminal or time limit).
+    """
+
+    s: Array
+    b: Array
+    s_next: Array
+    t: Array
+    terminal: Array
+    done: Array
+
+    @property
+    def num_episodes(self) -> Array:
+        """Number of completed episodes in the batch, at least 1 (the estimators' normaliser).
+
+        Returns:
+          [] float32 ``max(sum(done), 1)``, the 1/|B| of Algorithms 1 and 4.
+        """
+        return jnp.maximum(jnp.sum(self.done), 1).astype(jnp.float32)
+
+    def flat(self) -> "Batch":
+        """The same transitions with every field flattened to [E * T] (stream-major)."""
+        return Batch(*(x.reshape(-1) for x in self))
+
+
+def _sample_cdf(cdf: Array, u: Array) -> Array:
+    """Inverse-CDF sampling: index of the first entry of ``cdf`` exceeding ``u``."""
+    return jnp.minimum(jnp.sum(cdf <= u, axis=-1), cdf.shape[-1] - 1)
+
+
+def rollout(key: Array, policy: Array, transition: Array, init_dist: Array,
+            terminal: Optional[Array], time_limit: Optional[int], num_envs: int,
+            num_steps: int) -> Batch:
+    """Samples ``num_envs`` x ``num_steps`` transitions under the follower's policy.
+
+    SampleTrajectory of Algorithm 1 line 4 / Algorithm 8 lines 5 and 7: every stream starts
+    from rho_0 and auto-resets from rho_0 after an episode ends.
+
+    Args:
+      key: PRNG key.
+      policy: [S, B] g(b|s).
+      transition: [S, B, S] p(s'|s, b).
+      init_dist: [S] rho_0 (also the reset distribution).
+      terminal: [S] bool mask or None.
+      time_limit: episode length or None.
+      num_envs: positive number of parallel streams E.
+      num_steps: positive number of steps T per stream.
+    Returns:
+      :class:`Batch`, every field [num_envs, num_steps] (time axis 1).
+    Raises:
+      ValueError: ``num_envs`` or ``num_steps`` < 1 (shape errors from ``chex``).
+    """
+    S = init_dist.shape[0]
+    B = policy.shape[-1]
+    chex.assert_shape(policy, (S, B))
+    chex.assert_shape(transition, (S, B, S))
+    if num_envs < 1 or num_steps < 1:
+        raise ValueError(f"num_envs and num_steps must be >= 1, got {num_envs} and {num_steps}")
+    term_mask = jnp.zeros((S,), bool) if terminal is None else jnp.asarray(terminal, bool)
+    limit = jnp.iinfo(jnp.int32).max if time_limit is None else int(time_limit)
+    pol_cdf = jnp.cumsum(policy, axis=-1)
+    p_cdf = jnp.cumsum(transition, axis=-1)
+    rho_cdf = jnp.cumsum(init_dist)
+    k0, k1 = jax.random.split(key)
+    s0 = _sample_cdf(rho_cdf, jax.random.uniform(k0, (num_envs, 1)))
+    u = jax.random.uniform(k1, (num_steps, num_envs, 3))
+
+    def step(carry, u_t):
+        s, t = carry
+        b = _sample_cdf(pol_cdf[s], u_t[:, :1])
+        s_next = _sample_cdf(p_cdf[s, b], u_t[:, 1:2])
+        term = term_mask[s]
+        done = term | (t + 1 >= limit)
+        s_reset = _sample_cdf(rho_cdf, u_t[:, 2:3])
+        new_s = jnp.where(done, s_reset, s_next)
+        new_t = jnp.where(done, 0, t + 1)
+        return (new_s, new_t), Batch(s, b, s_next, t, term, done)
+
+    _, out = jax.lax.scan(step, (s0, jnp.zeros((num_envs,), jnp.int32)), u)
+    return Batch(*(x.T for x in out))  # [num_envs, num_steps]

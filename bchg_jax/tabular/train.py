@@ -1,0 +1,234 @@
+"""The outer loop: ``make_train(problem, method, config) -> Trainer`` (Algorithm 1 under lax.scan).
+
+One outer iteration i (Algorithm 1 / Algorithm 8):
+  1. follower best response g^{theta_i dagger}: soft value iteration, warm-started from V_F of i-1;
+  2. a batch of ``num_envs x num_steps`` transitions under g (all streams reset to rho_0);
+  3. the leader critic update (SARSA, Algorithm 2) on the batch;
+  4. the hypergradient estimate (``estimators.hypergradient`` with the method's critic and guide,
+     see ``METHOD_SPECS``), or the exact one for ``exact``;
+  5. SGD ascent after clipping to global norm ``clip_norm`` (optax).
+The metric of iteration i is the exact J_L(theta_i) under g^{theta_i dagger} (policy evaluation on
+the follower's model, warm-started sweeps to tolerance).
+
+Static choices (sizes, method, tolerances) live in the frozen :class:`TrainConfig`; numbers a
+grid varies (``lr``, ``sarsa_alpha``, ``beta``) are traced scalars in ``hparams``, so
+``jax.vmap`` over hparams and seeds never retraces.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bchg_jax.core import hparams as hparams_lib
+from bchg_jax.core.loop import Trainer, check_setup, scan_loop, sgd_ascent
+from bchg_jax.core.validate import check_beta, check_config, check_positive, check_unit_interval
+from bchg_jax.tabular import critics, estimators
+from bchg_jax.tabular.cmdp import TabularCMDP
+from bchg_jax.tabular.exact import exact_hypergradient, policy_evaluation_sweeps
+from bchg_jax.tabular.follower import continuation, soft_value_iteration
+from bchg_jax.tabular.rollout import rollout
+
+Array = jax.Array
+
+# method -> (leader critic, guiding term, oracle segments); Algorithm 8 of the paper
+METHOD_SPECS = {
+    "bchg": ("sarsa", "benefit", False),        # BC-HG (ours)
+    "hpgd_sa": ("sarsa", "hpgd", False),        # HPGD (SA)
+    "hpgd_mc": ("mc", "hpgd", False),           # HPGD (MC), the authors' implementation
+    "hpgd_oracle": ("mc", "hpgd", True),        # HPGD (oracle): extra rollouts from random states
+    "sobirl": ("mc", "sobirl", False),          # SoBiRL (one-step truncation)
+    "naive": ("mc", "none", False),             # Naive-PGD (partial derivative only)
+    "exact": (None, None, False),               # ascent on the exact hypergradient (exact.py)
+}
+# the method names accepted by make_train (the keys of METHOD_SPECS)
+METHODS = tuple(METHOD_SPECS)
+SARSA_METHODS = tuple(m for m, spec in METHOD_SPECS.items() if spec[0] == "sarsa")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Static configuration of one training run (hashable; changing it recompiles).
+
+    Attributes:
+      num_envs: E, parallel sampling streams per iteration.
+      num_steps: T, steps per stream per iteration (batch of E x T transitions).
+      iterations: N, outer iterations of ``train``.
+      clip_norm: global-norm clip of the hypergradient before the SGD step.
+      theta_init_std: std of the N(0, std^2) noise added to ``problem.theta0`` at init.
+      critic_init_std: std of the random initial leader critic Q_L^0 [S, B].
+      vi_tol: sup-norm tolerance of soft value iteration and of the exact policy evaluation.
+      vi_max_sweeps: cap on the sweeps of both.
+      grouping: segment grouping of dQF, one of ``estimators.GROUPINGS``.
+      partial: partial-derivative estimator, one of ``estimators.PARTIALS``.
+      oracle_envs: streams of the extra oracle rollouts of ``hpgd_oracle`` (Algorithm 8 line 7).
+      oracle_steps: steps per oracle stream.
+    """
+
+    num_envs: int = 1
+    num_steps: int = 100
+    iterations: int = 10_000
+    clip_norm: float = 1.0
+    theta_init_std: float = 0.01
+    critic_init_std: float = 1.0
+    vi_tol: float = 1e-6
+    vi_max_sweeps: int = 3000
+    grouping: str = "every_visit"
+    partial: str = "every_visit"
+    oracle_envs: int = 50       # HPGD (oracle): 50 x 200 = 10,000 extra steps per iteration
+    oracle_steps: int = 200
+
+    def validate(self) -> "TrainConfig":
+        """Host-side field checks; returns ``self`` (raises ``ValueError`` on a bad field)."""
+        check_config(self, positive_ints=("num_envs", "num_steps", "iterations", "vi_max_sweeps",
+                                          "oracle_envs", "oracle_steps"),
+                     positive=("clip_norm", "vi_tol"), nonneg=("theta_init_std", "critic_init_std"),
+                     choices={"grouping": estimators.GROUPINGS, "partial": estimators.PARTIALS})
+        return self
+
+
+class TrainState(NamedTuple):
+    """The carry of the outer loop (one run)."""
+
+    theta: Array
+    critic: Array   # leader critic Q_L [S, B]
+    V_F: Array      # follower soft value (warm start of soft VI)
+    V_L: Array      # leader value (warm start of the exact evaluation)
+    key: Array
+    step: Array
+
+
+class _Fields(NamedTuple):
+    lr: Any = 0.1
+    sarsa_alpha: Any = 0.5
+    beta: Any = 1e-3
+
+
+class HParams(hparams_lib.HParamsMixin, _Fields):
+    """The tabular trainer's grid-able hyperparameters (traced; a grid is one vmapped program).
+
+    Attributes:
+      lr: leader SGD step size (> 0); default 0.1.
+      sarsa_alpha: SARSA step size of the leader critic, in (0, 1] (Algorithm 2); default 0.5.
+      beta: the follower's entropy weight (> 0); default 1e-3.
+    """
+
+    __slots__ = ()
+
+    def validate(self) -> "HParams":
+        """Host-side range checks (concrete values); returns ``self``."""
+        check_positive("lr", self.lr)
+        check_unit_interval("sarsa_alpha", self.sarsa_alpha)
+        check_beta(self.beta)
+        return self
+
+
+def make_train(problem: TabularCMDP, method: str = "bchg",
+               config: TrainConfig = TrainConfig()) -> Trainer:
+    """Pure training functions of a leader in a tabular configurable MDP (Algorithm 1).
+
+    BC-HG (Algorithm 1) and the baselines of Algorithm 8 (see ``METHOD_SPECS``), one outer
+    iteration per ``lax.scan`` step (module docstring).
+
+    Args:
+      problem: a :class:`TabularCMDP` (validated here; theta0's dtype is the run's dtype).
+      method: one of :data:`METHODS`.
+      config: the static :class:`TrainConfig`.
+    Returns:
+      a :class:`~bchg_jax.core.loop.Trainer`: ``init(key, hp)``, ``run(state, hp, n)``,
+      ``train(key, hp)`` with ``hp`` an :class:`HParams`; ``metrics`` per iteration: ``J`` (exact
+      J_L(theta_i)), ``grad_norm``, ``sweeps`` (soft-VI sweeps of the follower), each [n] per
+      run of ``run(state, hp, n)``. The state is a ``TrainState`` (``theta`` shaped like
+      ``problem.theta0``, ``critic`` [S, B], ``V_F`` [S], ``V_L`` [S], ``key``, ``step``).
+    Raises:
+      ValueError: an unknown method, an invalid problem or config, or an HPGD method with
+        ``config.grouping != "every_visit"``.
+    """
+    check_setup(problem, method, config, METHODS, TabularCMDP)
+    S, B = problem.num_states, problem.num_actions
+    terminal = problem.terminal_mask
+    critic_kind, guide, use_oracle = METHOD_SPECS[method]
+    if guide == "hpgd" and config.grouping != "every_visit":
+        raise ValueError("HPGD methods need grouping='every_visit' (dV_F comes from other segments)")
+    dtype = jnp.asarray(problem.theta0).dtype
+
+    def init(key: Array, hp) -> TrainState:
+        k_theta, k_critic, k_run = jax.random.split(key, 3)
+        theta0 = jnp.asarray(problem.theta0, dtype)
+        theta = theta0 + config.theta_init_std * jax.random.normal(k_theta, theta0.shape, dtype)
+        critic = critics.init_tabular_critic(k_critic, S, B, config.critic_init_std, dtype)
+        zeros = jnp.zeros((S,), dtype)
+        return TrainState(theta, critic, zeros, zeros, k_run, jnp.zeros((), jnp.int32))
+
+    def follower(theta, beta, V0):
+        """Best response g^{theta dagger}: soft value iteration warm-started from V0."""
+        return soft_value_iteration(problem.transition(theta), problem.follower_reward(theta),
+                                    beta, problem.gamma_F, terminal, V0=V0, tol=config.vi_tol,
+                                    max_sweeps=config.vi_max_sweeps)
+
+    def evaluate(theta, policy, V0):
+        """(exact J_L(theta) under ``policy``, V_L [S]): warm-started policy-evaluation sweeps."""
+        V_L = policy_evaluation_sweeps(problem.transition(theta), problem.leader_reward(theta),
+                                       policy, problem.gamma_L, continuation(terminal, S, dtype),
+                                       V0, config.vi_tol, config.vi_max_sweeps)
+        J = jnp.dot(problem.init_dist(theta), V_L) + problem.regularizer(theta)
+        return J.astype(dtype), V_L
+
+    def collect(key, theta, policy):
+        """(batch, oracle segments or None): num_envs x num_steps transitions from rho_0 and,
+        for ``hpgd_oracle``, extra rollouts whose every reset starts from a uniform state."""
+        P_sample = problem.sampler_transition(theta)
+        batch = rollout(key, policy, P_sample, problem.init_dist(theta), terminal,
+                        problem.time_limit, config.num_envs, config.num_steps)
+        if not use_oracle:
+            return batch, None
+        return batch, rollout(jax.random.fold_in(key, 1), policy, P_sample,
+                              jnp.full((S,), 1.0 / S, dtype), terminal, problem.time_limit,
+                              config.oracle_envs, config.oracle_steps)
+
+    def leader_critic(key, critic, theta, batch, segments, alpha):
+        """(critic state, Q_L [S, B], V_L or None): a SARSA update (Algorithm 2; V_L = sum_b g
+        Q_L, Algorithm 10) or Monte Carlo returns of the batch / oracle segments (Algorithm 9)."""
+        rL = problem.leader_reward(theta)
+        if critic_kind == "sarsa":
+            critic = critics.sarsa_update(key, critic, batch, rL, problem.gamma_L, alpha)
+            return critic, critic, None
+        Q_L, V_L_hat = critics.monte_carlo_critic(batch if segments is None else segments, rL,
+                                                  problem.gamma_L)
+        return critic, Q_L, V_L_hat
+
+    def estimate(theta, beta, batch, segments, br, Q_L, V_L_hat):
+        """The method's hypergradient estimate (Theorem 1 with its guiding term)."""
+        return estimators.hypergradient(problem, theta, batch, br, Q_L, beta, guide=guide,
+                                        grouping=config.grouping, partial=config.partial,
+                                        V_L=V_L_hat, guide_batch=segments)
+
+    def step(state: TrainState, hp: HParams):
+        hp = hp.cast(dtype)
+        theta, beta = state.theta, hp.beta
+        key, k_roll, k_sarsa = jax.random.split(state.key, 3)
+        br = follower(theta, beta, state.V_F)
+        J, V_L = evaluate(theta, br.policy, state.V_L)
+        critic = state.critic
+        if method == "exact":
+            grad = exact_hypergradient(problem, theta, beta, V0=br.V, newton_iters=0,
+                                       polish_sweeps=3)
+        else:
+            batch, segments = collect(k_roll, theta, br.policy)
+            critic, Q_L, V_L_hat = leader_critic(k_sarsa, critic, theta, batch, segments,
+                                                 hp.sarsa_alpha)
+            grad = estimate(theta, beta, batch, segments, br, Q_L, V_L_hat)
+        new_theta = sgd_ascent(theta, grad, hp.lr, config.clip_norm)
+        grad_norm = jnp.sqrt(sum(jnp.sum(x ** 2) for x in jax.tree.leaves(grad)))
+        metrics = {"J": J, "grad_norm": grad_norm, "sweeps": br.sweeps}
+        return TrainState(new_theta, critic, br.V, V_L, key, state.step + 1), metrics
+
+    run, train = scan_loop(init, step, config.iterations)
+    steps = {"follower": follower, "evaluate": evaluate, "collect": collect,
+             "leader_critic": leader_critic, "estimate": estimate}
+    return Trainer(problem, method, config, init, run, train,
+                   lambda grid: HParams.from_grid(grid, dtype), steps)
+

@@ -1,0 +1,52 @@
+"""Episode buffers and minibatch sampling distributions (toy-game actor-critic)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bchg_jax.core.buffers import buffer_add, buffer_init, sample_discounted, sample_uniform
+
+
+def _batch(value, E=3, T=5):
+    return (jnp.full((E, T + 1), value), jnp.full((E, T), value), jnp.full((E, T), value))
+
+
+def test_on_policy_buffer_holds_exactly_the_newest_batch():
+    buf = buffer_init(3, 5)
+    for v in (1, 2):
+        buf = buffer_add(buf, *_batch(v), "on")
+    assert int(buf.count) == 3
+    assert np.all(np.asarray(buf.a) == 2)
+
+
+def test_off_policy_buffer_appends_and_samples_only_stored_episodes():
+    buf = buffer_init(9, 5)
+    buf = buffer_add(buf, *_batch(1), "off")
+    e, t = sample_uniform(jax.random.PRNGKey(0), buf, 10_000)
+    assert int(buf.count) == 3 and int(e.max()) == 2 and int(t.max()) == 4
+    buf = buffer_add(buf, *_batch(2), "off")
+    assert int(buf.count) == 6
+    np.testing.assert_array_equal(np.asarray(buf.a[:, 0]), [1, 1, 1, 2, 2, 2, 0, 0, 0])
+    e, _ = sample_uniform(jax.random.PRNGKey(1), buf, 60_000)
+    counts = np.bincount(np.asarray(e), minlength=9)
+    assert counts[6:].sum() == 0
+    assert np.all(np.abs(counts[:6] / 60_000 - 1 / 6) < 0.01)
+    with pytest.raises(ValueError, match="mode"):
+        buffer_add(buf, *_batch(3), "both")
+
+
+def test_discounted_sampling_matches_gamma_power_t():
+    buf = buffer_add(buffer_init(3, 150), *_batch(1, 3, 150), "on")
+    gamma, M = 0.99, 400_000
+    _, t = sample_discounted(jax.random.PRNGKey(2), buf, M, gamma)
+    t = np.asarray(t)
+    p = gamma ** np.arange(150)
+    p /= p.sum()
+    hist = np.bincount(t, minlength=150) / M
+    assert t.min() >= 0 and t.max() <= 149
+    # chi-square over 15 bins of 10 steps each
+    obs = hist.reshape(15, 10).sum(1) * M
+    exp = p.reshape(15, 10).sum(1) * M
+    chi2 = np.sum((obs - exp) ** 2 / exp)
+    assert chi2 < 37.7          # 99.9% quantile, 14 degrees of freedom
+    np.testing.assert_allclose(t.mean(), np.sum(np.arange(150) * p), rtol=0.01)

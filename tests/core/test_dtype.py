@@ -1,0 +1,48 @@
+"""The dtype follows theta (tabular, LQ: the problem's theta0; games: config.dtype): a float64
+run keeps every floating leaf of the state and every metric in float64, and its first exact
+objective agrees with the float32 run's (same start, no initial noise) to float32 accuracy."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bchg_jax import lq, tabular
+from bchg_jax.games import lqr
+from bchg_jax.games import tabular as tgame
+from bchg_jax.problems import fourrooms, lqr_game, thermal, toy_game
+
+
+def _run(family, dtype):
+    if family == "tabular":
+        tr = tabular.make_train(fourrooms(dtype=dtype), "bchg", tabular.TrainConfig(
+            num_steps=20, iterations=3, theta_init_std=0.0))
+        hp = tabular.HParams(0.1, 0.5, 1e-2)
+    elif family == "lq":
+        tr = lq.make_train(thermal(dtype=dtype), "bchg", lq.TrainConfig(
+            num_episodes=4, iterations=3, weights_init_std=0.0))
+        hp = lq.HParams(0.1, 0.1)
+    elif family == "games.tabular":
+        tr = tgame.make_train(toy_game(), "bchg", tgame.TrainConfig(
+            iterations=3, actor="tabular", dtype=jnp.dtype(dtype).name))
+        hp = tgame.HParams(1, 1, 0.05)
+    else:
+        tr = lqr.make_train(lqr_game(), "bchg", lqr.TrainConfig(
+            iterations=3, warmup_steps=0, theta0_std=0.0, dtype=jnp.dtype(dtype).name))
+        hp = lqr.HParams(0, 5, 0.1)       # the leader stays at theta = 0: J comparable
+    return jax.jit(tr.train)(jax.random.key(1), hp)
+
+
+def _float_dtypes(tree):
+    return {jnp.dtype(x.dtype).name for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(x.dtype, jnp.floating)}
+
+
+@pytest.mark.parametrize("family", ["tabular", "lq", "games.tabular", "games.lqr"])
+def test_float64_run_stays_float64(family, x64):
+    state, metrics = _run(family, jnp.float64)
+    assert _float_dtypes(state) == {"float64"}
+    assert _float_dtypes(metrics) == {"float64"}
+    state32, metrics32 = _run(family, jnp.float32)
+    assert _float_dtypes(metrics32) == {"float32"}
+    J64, J32 = np.asarray(metrics["J"]), np.asarray(metrics32["J"])
+    np.testing.assert_allclose(J32[0], J64[0], rtol=2e-3, atol=1e-4)

@@ -1,0 +1,93 @@
+"""Max-ent LQR follower: Riccati equation, Propositions 1 and 2, implicit gradients, failures."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bchg_jax.core.maxent_lqr import (check_solution, is_stabilizable, maxent_lqr,
+                                           maxent_lqr_observable, riccati, riccati_map, soft_q,
+                                           soft_value, soft_value_observable)
+
+
+def _system(seed=0, n=3, m=2):
+    rng = np.random.default_rng(seed)
+    A = 0.6 * rng.normal(size=(n, n))
+    B = rng.normal(size=(n, m))
+    Q = np.diag(rng.uniform(0.5, 2.0, n))
+    R = 0.1 * np.eye(m)
+    U = 0.3 * np.eye(n)
+    return A, B, Q, R, U
+
+
+def test_riccati_solves_the_equation(x64):
+    A, B, Q, R, _ = _system()
+    P, info = riccati(A, B, Q, R, 0.9, tol=1e-13)
+    assert bool(info.converged)
+    np.testing.assert_allclose(riccati_map(P, A, B, Q, R, 0.9), P, atol=1e-10)
+    assert np.linalg.eigvalsh(np.asarray(P)).min() > 0
+    # warm start from the solution converges at once
+    _, info2 = riccati(A, B, Q, R, 0.9, P0=P, tol=1e-10)
+    assert int(info2.iterations) <= 2
+
+
+def test_riccati_implicit_gradient_matches_finite_differences(x64):
+    A, B, Q, R, _ = _system(1)
+    f = lambda a: jnp.sum(riccati(A * a, B, Q, R, 0.9, tol=1e-14)[0] * np.arange(9).reshape(3, 3))  # noqa: E731
+    h = 1e-5
+    fd = (f(1.0 + h) - f(1.0 - h)) / (2 * h)
+    np.testing.assert_allclose(jax.grad(f)(1.0), fd, rtol=1e-6)
+
+
+def test_proposition1_soft_bellman_on_sampled_points(x64):
+    """V_F(s) = E_b[r_F + gamma E_w V_F(s') - beta log g(b|s)] and g = exp((Q_F - V_F) / beta)."""
+    A, B, Q, R, U = _system(2)
+    gamma, beta = 0.9, 0.2
+    br = maxent_lqr(A, B, Q, R, U, gamma, beta, tol=1e-13)
+    key = jax.random.PRNGKey(0)
+    states = jax.random.normal(key, (5, 3))
+    N = 200_000
+    for i, s in enumerate(states):
+        S = jnp.broadcast_to(s, (N, 3))
+        kb, kw = jax.random.split(jax.random.fold_in(key, i))
+        b = br.sample(kb, S)
+        # Boltzmann form: Q_F - beta log g is constant in b and equals V_F
+        gap = soft_q(br, A, B, Q, R, U, gamma, S, b) - beta * br.log_prob(S, b)
+        np.testing.assert_allclose(gap, soft_value(br, s), rtol=1e-9, atol=1e-9)
+        # one-step soft Bellman equation with sampled next states (Monte Carlo, 5 SE)
+        s2 = S @ A.T + b @ B.T + jax.random.normal(kw, (N, 3)) @ U.T
+        r = -(jnp.einsum("ni,ij,nj->n", S, Q, S) + jnp.einsum("ni,ij,nj->n", b, R, b))
+        x = r + gamma * soft_value(br, s2) - beta * br.log_prob(S, b)
+        assert abs(float(x.mean() - soft_value(br, s))) < 5 * float(x.std()) / np.sqrt(N) + 1e-9
+
+
+def test_proposition2_observable_disturbance(x64):
+    """V_F(s, w) = E_b[r_F(s,b) + gamma E_w' V_F(s', w') - beta log g(b|s,w)], s' = A s + B b + w."""
+    A, B, Q, R, U = _system(3)
+    gamma, beta = 0.9, 0.2
+    br = maxent_lqr_observable(A, B, Q, R, U, gamma, beta, tol=1e-13)
+    key = jax.random.PRNGKey(1)
+    N = 400_000
+    for i in range(3):
+        k1, k2, k3, k4 = jax.random.split(jax.random.fold_in(key, i), 4)
+        s = jax.random.normal(k1, (3,))
+        w = jax.random.normal(k2, (3,)) @ U.T
+        S, W = jnp.broadcast_to(s, (N, 3)), jnp.broadcast_to(w, (N, 3))
+        b = br.sample(k3, S, W)
+        s2 = S @ A.T + b @ B.T + W
+        w2 = jax.random.normal(k4, (N, 3)) @ U.T
+        r = -(jnp.einsum("ni,ij,nj->n", S, Q, S) + jnp.einsum("ni,ij,nj->n", b, R, b))
+        x = (r + gamma * soft_value_observable(br, Q, A, s2, w2)
+             - beta * br.log_prob(S, b, W))
+        target = soft_value_observable(br, Q, A, s, w)
+        assert abs(float(x.mean() - target)) < 5 * float(x.std()) / np.sqrt(N) + 1e-9
+
+
+def test_unstabilisable_pair_is_flagged_not_silent():
+    A = np.diag([2.0, 0.5])
+    B = np.array([[0.0], [1.0]])          # the unstable mode is not controllable
+    assert not is_stabilizable(A, B, 0.9)
+    assert is_stabilizable(np.diag([0.9, 0.5]), B, 0.9)
+    br = maxent_lqr(A, B, np.eye(2), np.eye(1), 0.1 * np.eye(2), 0.9, 0.1, max_iters=2000)
+    assert not bool(br.converged)
+    with pytest.raises(ValueError, match="did not converge"):
+        check_solution(br)

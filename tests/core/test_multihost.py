@@ -1,0 +1,56 @@
+"""Two JAX processes (jax.distributed, CPU collectives over gloo) shard one grid between them:
+each process gets the whole grid back, equal to the single-process run (float64)."""
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+
+WORKER = textwrap.dedent("""
+    import sys
+    import jax
+    jax.config.update("jax_enable_x64", True)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    pid, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=2,
+                               process_id=pid)
+    import jax.numpy as jnp
+    import numpy as np
+    from bchg_jax.problems.random_tabular import random_tabular_cmdp
+    from bchg_jax.core.sweep import product_grid, run_grid
+    from bchg_jax.tabular.train import TrainConfig, make_train
+    prob = random_tabular_cmdp(jax.random.key(1), num_states=5, num_actions=3, time_limit=20,
+                               dtype=jnp.float64)
+    tr = make_train(prob, "bchg", TrainConfig(num_envs=1, num_steps=20, iterations=6))
+    grid = product_grid(lr=[0.1, 0.05, 0.2], sarsa_alpha=[0.5], beta=[0.3])
+    assert len(jax.devices()) == 2 and len(jax.local_devices()) == 1
+    _, m = run_grid(tr, grid, 3, 6, chunk=3, verbose=False, shard=True)
+    np.save(f"{out}/J{pid}.npy", m["J"])
+    if pid == 0:
+        _, ref = run_grid(tr, grid, 3, 6, chunk=3, verbose=False)
+        np.save(f"{out}/ref.npy", ref["J"])
+""")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_share_one_grid(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    port = str(_free_port())
+    env = {**os.environ, "XLA_FLAGS": ""}
+    procs = [subprocess.Popen([sys.executable, str(script), str(i), port, str(tmp_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for i in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    J0, J1, ref = (np.load(tmp_path / f) for f in ("J0.npy", "J1.npy", "ref.npy"))
+    assert J0.shape == (3, 3, 6) and np.array_equal(J0, J1)
+    np.testing.assert_allclose(J0, ref, rtol=1e-9, atol=1e-12)

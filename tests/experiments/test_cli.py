@@ -1,0 +1,151 @@
+"""The experiment CLI runs a smoke configuration and writes its results."""
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+
+from experiments import fourrooms as cli
+
+
+def test_smoke_run_writes_results(tmp_path):
+    out = os.path.join(cli.main(["--smoke", "--lr", "0.1", "0.05", "--out", str(tmp_path / "r"), "--exact-out"]), "bchg")
+    files = set(os.listdir(out))
+    assert {"config.json", "metrics.npz", "summary.csv", "curve.png"} <= files
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    assert cfg["num_grid_points"] == 2 and cfg["args"]["seeds"] == 2
+    data = np.load(os.path.join(out, "metrics.npz"))
+    assert data["J"].shape == (2, 2, 20) and np.all(np.isfinite(data["J"]))
+    rows = list(csv.DictReader(open(os.path.join(out, "summary.csv"))))
+    assert len(rows) == 2 and sum(int(r["best"]) for r in rows) == 1
+
+
+@pytest.mark.parametrize("argv", [["--smoke", "--beta", "0"], ["--smoke", "--batch", "300"],
+                                  ["--smoke", "--method", "magic"], ["--smoke", "--lr", "-1"]])
+def test_bad_arguments_exit_with_a_message(argv, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv + ["--out", str(tmp_path)])
+    assert e.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_batch_shapes():
+    assert cli.batch_shape(100) == (1, 100)
+    assert cli.batch_shape(200) == (1, 200)
+    assert cli.batch_shape(400) == (2, 200)
+    assert cli.batch_shape(1000) == (5, 200)
+
+
+def test_atomic_writes_leave_no_temporary_files(tmp_path):
+    from bchg_jax.core.io import save_csv, save_json, save_npz
+    save_json(str(tmp_path / "a.json"), {"x": 1})
+    save_npz(str(tmp_path / "b.npz"), {"y": np.arange(3)})
+    save_csv(str(tmp_path / "c.csv"), ["h"], [[1], [2]])
+    assert sorted(os.listdir(tmp_path)) == ["a.json", "b.npz", "c.csv"]
+    assert json.load(open(tmp_path / "a.json")) == {"x": 1}
+    assert (os.stat(tmp_path / "a.json").st_mode & 0o044) == 0o044  # readable by others
+
+
+def test_stopped_run_resumes_without_losing_or_repeating_work(tmp_path, monkeypatch):
+    import bchg_jax.core.io as bio
+    args = ["--method", "bchg,naive", "--seeds", "2", "--iterations", "30", "--chunk", "10",
+            "--lr", "0.1", "0.5", "--exact-out"]
+    full = cli.main(args + ["--out", str(tmp_path / "full")])
+
+    original, calls = bio.save_state, []
+
+    def stop_after_second_checkpoint(path, state, step=0):
+        original(path, state, step)
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the run is killed right after iteration 20 was saved
+    monkeypatch.setattr(bio, "save_state", stop_after_second_checkpoint)
+    stopped = str(tmp_path / "stopped")
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(args + ["--out", stopped])
+    monkeypatch.setattr(bio, "save_state", original)
+    part = np.load(os.path.join(stopped, "bchg", "metrics.npz"))
+    assert part["J"].shape[-1] == 20 and bio.checkpoint_exists(os.path.join(stopped, "bchg", "checkpoint"))
+    assert not os.path.exists(os.path.join(stopped, "naive"))
+
+    cli.main(["--resume", stopped])
+    for method in ("bchg", "naive"):
+        a = np.load(os.path.join(full, method, "metrics.npz"))["J"]
+        b = np.load(os.path.join(stopped, method, "metrics.npz"))["J"]
+        assert b.shape == (2, 2, 30)
+        assert np.array_equal(a, b)                  # bit-identical to the uninterrupted run
+        assert not os.path.exists(os.path.join(stopped, method, "checkpoint"))
+    assert os.path.exists(os.path.join(stopped, "figure.png"))
+    rows = list(csv.DictReader(open(os.path.join(stopped, "summary.csv"))))
+    assert [r["method"] for r in rows] == ["bchg", "naive"]
+
+
+def test_resume_of_a_folder_without_config_is_an_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--resume", str(tmp_path)])
+    assert e.value.code == 2 and "config.json" in capsys.readouterr().err
+
+
+def test_plot_cli_draws_panels_and_table(tmp_path, capsys):
+    from experiments import plot
+    run = cli.main(["--smoke", "--method", "bchg,sobirl", "--out", str(tmp_path / "r"), "--exact-out"])
+    capsys.readouterr()
+    plot.main([run, run, "--out", str(tmp_path / "fig.png")])
+    out = capsys.readouterr().out
+    assert os.path.exists(tmp_path / "fig.png")
+    assert "| BC-HG |" in out and "| SoBiRL |" in out
+    plot.main([run, "--export", str(tmp_path / "compact")])
+    d = np.load(tmp_path / "compact" / "bchg" / "metrics.npz")
+    assert d["J"].shape == (1, 2, 20) and int(d["completed"]) == 20
+    assert plot.final_table([run]) == plot.final_table([str(tmp_path / "compact")])
+
+
+def test_methods_can_be_added_to_a_run_folder_but_settings_cannot_change(tmp_path, capsys):
+    run = str(tmp_path / "r")
+    cli.main(["--smoke", "--method", "naive", "--out", run, "--exact-out"])
+    cli.main(["--smoke", "--method", "sobirl", "--out", run, "--exact-out"])
+    cfg = json.load(open(os.path.join(run, "config.json")))
+    assert cfg["methods"] == ["naive", "sobirl"]
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--smoke", "--method", "naive", "--beta", "0.005", "--out", run, "--exact-out"])
+    assert e.value.code == 2 and "other settings" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module, extra, metrics", [
+    ("thermal", ["--method", "bchg,naive"], {"J", "stability", "hvac_energy", "insulation",
+                                             "airflow", "ok"}),
+    ("toy_game", ["--method", "bchg,naive_off"], {"J", "J_discounted", "p", "g_S"}),
+    ("lqr_game", ["--method", "bchg,bchg_det"], {"J", "J_discounted", "K1", "K2",
+                                                 "update_skipped"}),
+])
+def test_other_experiments_smoke_and_resume_skip(module, extra, metrics, tmp_path, capsys):
+    import importlib
+    mod = importlib.import_module(f"experiments.{module}")
+    run = mod.main(["--smoke", *extra, "--out", str(tmp_path / "r"), "--exact-out"])
+    for method in extra[1].split(","):
+        d = np.load(os.path.join(run, method, "metrics.npz"))
+        assert metrics <= set(d.files)
+        assert np.all(np.isfinite(d["J"]))
+    assert os.path.exists(os.path.join(run, "figure.png"))
+    cfg = json.load(open(os.path.join(run, "config.json")))
+    assert cfg["experiment"] == module and "jax_version" in cfg
+    capsys.readouterr()
+    mod.main(["--resume", run])                    # complete: every method is skipped
+    assert capsys.readouterr().out.count("skipped") == 2
+
+
+@pytest.mark.parametrize("module, argv", [
+    ("thermal", ["--method", "sobirl"]), ("thermal", ["--lr", "0"]),
+    ("thermal", ["--init-std", "-1"]), ("toy_game", ["--method", "bchg_on"]),
+    ("toy_game", ["--actor-steps", "50"]), ("toy_game", ["--beta", "-0.1"]),
+    ("lqr_game", ["--method", "hpgd"]), ("lqr_game", ["--actor-steps", "11"]),
+    ("lqr_game", ["--beta", "0"]), ("lqr_game", ["--warmup-steps", "-1"]),
+])
+def test_other_experiments_bad_arguments(module, argv, tmp_path, capsys):
+    import importlib
+    mod = importlib.import_module(f"experiments.{module}")
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--smoke", *argv, "--out", str(tmp_path)])
+    assert e.value.code == 2
+    assert "error:" in capsys.readouterr().err

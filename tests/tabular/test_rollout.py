@@ -1,0 +1,52 @@
+"""Rollouts: auto-reset, time index, done flags, sampling frequencies."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bchg_jax.problems import random_tabular_cmdp
+
+from bchg_jax.tabular import rollout
+
+
+def test_time_index_resets_and_done_flags():
+    prob = random_tabular_cmdp(jax.random.key(0), num_states=4, num_actions=2)
+    th = prob.theta0
+    term = np.array([False, False, False, True])
+    pol = jnp.full((4, 2), 0.5)
+    b = rollout(jax.random.key(1), pol, prob.transition(th), prob.init_dist(th), term, 7, 3, 50)
+    s, t, done, terminal = map(np.asarray, (b.s, b.t, b.done, b.terminal))
+    assert s.shape == (3, 50)
+    np.testing.assert_array_equal(terminal, term[s])
+    np.testing.assert_array_equal(done, terminal | (t + 1 >= 7))
+    assert np.all(t[:, 0] == 0)
+    # after a done step the next step starts a new episode, otherwise the clock ticks and the
+    # next state is the sampled s_next
+    nxt_t, nxt_s = t[:, 1:], s[:, 1:]
+    np.testing.assert_array_equal(nxt_t, np.where(done[:, :-1], 0, t[:, :-1] + 1))
+    np.testing.assert_array_equal(nxt_s[~done[:, :-1]], np.asarray(b.s_next)[:, :-1][~done[:, :-1]])
+    assert done.any() and terminal.any()
+
+
+def test_empirical_frequencies_match_policy_and_transitions():
+    prob = random_tabular_cmdp(jax.random.key(2), num_states=3, num_actions=2)
+    th = prob.theta0
+    P = np.asarray(prob.transition(th))
+    pol = jnp.asarray([[0.2, 0.8], [0.6, 0.4], [0.5, 0.5]])
+    b = rollout(jax.random.key(3), pol, jnp.asarray(P), prob.init_dist(th), None, None, 64, 500)
+    s, a, s2 = (np.asarray(x).ravel() for x in (b.s, b.b, b.s_next))
+    for st in range(3):
+        m = s == st
+        assert abs((a[m] == 1).mean() - float(pol[st, 1])) < 0.03
+        for act in range(2):
+            mm = m & (a == act)
+            freq = np.bincount(s2[mm], minlength=3) / mm.sum()
+            np.testing.assert_allclose(freq, P[st, act], atol=0.04)
+
+
+def test_streams_start_from_init_dist():
+    prob = random_tabular_cmdp(jax.random.key(4), num_states=4, num_actions=2)
+    th = prob.theta0
+    rho = np.asarray(prob.init_dist(th))
+    b = rollout(jax.random.key(5), jnp.full((4, 2), 0.5), prob.transition(th), jnp.asarray(rho),
+                None, 1, 4000, 1)
+    np.testing.assert_allclose(np.bincount(np.asarray(b.s).ravel(), minlength=4) / 4000, rho, atol=0.03)
