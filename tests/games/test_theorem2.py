@@ -3,6 +3,8 @@
 On a fixed batch and minibatch, (a) the trainer's actor gradient equals the gradient of
 ``score_objective`` / ``deterministic_objective`` evaluated on the same quantities, and (b) both
 equal Theorem 2 written out as a sum of explicit per-sample gradient vectors (float64)."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,17 +17,17 @@ from bchg_jax.problems import lqr_game, toy_game
 
 
 def _tabular_setup(method):
-    game = toy_game(2.0)
+    game = dataclasses.replace(toy_game(2.0), time_limit=40)     # short episodes: a fast test
     tr = tgame.make_train(game, method, tgame.TrainConfig(actor="tabular", dtype="float64"))
     st = tr.steps
     beta = jnp.asarray(0.05)
-    state = tr.init(jax.random.key(0), tgame.HParams(1, 1, 0.05))
+    state = jax.jit(tr.init)(jax.random.key(0), tgame.HParams(1, 1, 0.05))
     k1, k2, k3, k4 = jax.random.split(jax.random.key(1), 4)
     S, A, B = game.num_states, game.num_leader_actions, game.num_follower_actions
     params = 0.7 * jax.random.normal(k1, (S, A), jnp.float64)
     g = jax.nn.softmax(state.Q_F / beta, -1)
     V_F = beta * jax.nn.logsumexp(state.Q_F / beta, -1)
-    _, buf = st["collect"](k2, state._replace(step=jnp.ones((), jnp.int32)), st["policy"](params), g)
+    _, buf = jax.jit(st["collect"])(k2, state._replace(step=jnp.ones((), jnp.int32)), st["policy"](params), g)
     Q = jax.random.normal(k3, (S, A, B), jnp.float64)
     e, t = sample_discounted(k4, buf, 24, game.gamma_L)
     return game, st, params, g, V_F, beta, buf, Q, e, t
@@ -33,35 +35,40 @@ def _tabular_setup(method):
 
 def test_tabular_game_actor_gradient_is_theorem2(x64):
     game, st, params, g, V_F, beta, buf, Q, e, t = _tabular_setup("bchg")
-    got = st["actor_grad"](params, Q, g, V_F, beta, e, t, buf)
+    got = jax.jit(st["actor_grad"])(params, Q, g, V_F, beta, e, t, buf)
     T = buf.a.shape[1]
-    bs, ba, bb = (x.astype(jnp.int32) for x in (buf.s, buf.a, buf.b))
-    s, a, b = bs[e, t], ba[e, t], bb[e, t]
-    se, ae = bs[e, :T], ba[e, :T]
-    f = st["policy"](params)
-    q = Q[s, a, b]
-    base = jnp.sum(f[s] * Q[s, :, b], -1)
-    ben = q - jnp.sum(g[s, a] * Q[s, a], -1)
-    adv_F = (V_F - jnp.sum(f * V_F, -1, keepdims=True))[se, ae]
-    W = influence_weights(t, T, game.gamma_F, jnp.float64)
-    # (a) the estimator module's objective on the same quantities
     logf = st["log_policy"]
-    ref = jax.grad(lambda p: score_objective(logf(p)[s, a], q - base, ben, logf(p)[se, ae], adv_F,
-                                             W, beta))(params)
+
+    @jax.jit
+    def references(params):
+        bs, ba, bb = (x.astype(jnp.int32) for x in (buf.s, buf.a, buf.b))
+        s, a, b = bs[e, t], ba[e, t], bb[e, t]
+        se, ae = bs[e, :T], ba[e, :T]
+        f = st["policy"](params)
+        q = Q[s, a, b]
+        base = jnp.sum(f[s] * Q[s, :, b], -1)
+        ben = q - jnp.sum(g[s, a] * Q[s, a], -1)
+        adv_F = (V_F - jnp.sum(f * V_F, -1, keepdims=True))[se, ae]
+        W = influence_weights(t, T, game.gamma_F, jnp.float64)
+        # (a) the estimator module's objective on the same quantities
+        ref = jax.grad(lambda p: score_objective(logf(p)[s, a], q - base, ben, logf(p)[se, ae],
+                                                 adv_F, W, beta))(params)
+        # (b) Theorem 2 as explicit per-sample gradient vectors
+        glog = jax.vmap(jax.grad(lambda p, si, ai: logf(p)[si, ai]), (None, 0, 0))
+        direct = jnp.einsum("m,mij->ij", q - base, glog(params, s, a))
+        coef = (ben[:, None] * W * adv_F).reshape(-1)
+        guide = jnp.einsum("n,nij->ij", coef, glog(params, se.reshape(-1), ae.reshape(-1)))
+        return ref, (direct + guide / beta) / s.shape[0], direct, guide
+
+    ref, explicit, direct, guide = references(params)
     np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-14)
-    # (b) Theorem 2 as explicit per-sample gradient vectors
-    glog = jax.vmap(jax.grad(lambda p, si, ai: logf(p)[si, ai]), (None, 0, 0))
-    direct = jnp.einsum("m,mij->ij", q - base, glog(params, s, a))
-    coef = (ben[:, None] * W * adv_F).reshape(-1)
-    guide = jnp.einsum("n,nij->ij", coef, glog(params, se.reshape(-1), ae.reshape(-1)))
-    explicit = (direct + guide / beta) / s.shape[0]
     np.testing.assert_allclose(got, explicit, rtol=1e-10, atol=1e-12)
     assert float(jnp.linalg.norm(guide)) > 1e-3 * float(jnp.linalg.norm(direct))  # not vacuous
 
 
 def test_tabular_game_naive_has_no_guiding_term(x64):
     game, st, params, g, V_F, beta, buf, Q, e, t = _tabular_setup("naive")
-    got = st["actor_grad"](params, Q, g, V_F, beta, e, t, buf)
+    got = jax.jit(st["actor_grad"])(params, Q, g, V_F, beta, e, t, buf)
     bs, ba, bb = (x.astype(jnp.int32) for x in (buf.s, buf.a, buf.b))
     s, a, b = bs[e, t], ba[e, t], bb[e, t]
     f = st["policy"](params)
@@ -72,63 +79,76 @@ def test_tabular_game_naive_has_no_guiding_term(x64):
 
 
 def _lqr_setup(method):
-    game = lqr_game(U=np.array([[0.3]]))
-    tr = lqr.make_train(game, method, lqr.TrainConfig(dtype="float64", warmup_steps=0))
+    game = lqr_game(U=np.array([[0.3]]), horizon=30)
+    tr = lqr.make_train(game, method, lqr.TrainConfig(dtype="float64", warmup_steps=0,
+                                                      benefit_samples=32, baseline_samples=8))
     st = tr.steps
     beta = jnp.asarray(0.1)
-    state = tr.init(jax.random.key(0), lqr.HParams())
+    state = jax.jit(tr.init)(jax.random.key(0), lqr.HParams())
     theta = jnp.asarray([-0.5, -0.2])
-    resp = st["follower"](theta, beta)
+    resp = jax.jit(st["follower"])(theta, beta)
     n, k, m = game.state_dim, game.leader_dim, game.follower_dim
     T = game.horizon
-    trj = lqr.rollout(jax.random.key(2), game, theta, resp, 4, T, stochastic=method == "bchg")
-    buf = buffer_add(buffer_init(4, T, jnp.float64, (n, k, m)), trj.s, trj.a, trj.b, "on")
-    e, t = sample_discounted(jax.random.key(3), buf, 16, game.gamma_L)
+    trj = lqr.rollout(jax.random.key(2), game, theta, resp, 2, T, stochastic=method == "bchg")
+    buf = buffer_add(buffer_init(2, T, jnp.float64, (n, k, m)), trj.s, trj.a, trj.b, "on")
+    e, t = sample_discounted(jax.random.key(3), buf, 8, game.gamma_L)
     return game, st, state.critic, theta, resp, beta, buf, e, t
 
 
 def test_lqr_game_actor_gradient_is_theorem2(x64):
     game, st, critic, theta, resp, beta, buf, e, t = _lqr_setup("bchg")
     key = jax.random.key(4)
-    got = st["actor_grad"](theta, critic, resp, beta, key, e, t, buf)
+    got = jax.jit(st["actor_grad"])(theta, critic, resp, beta, key, e, t, buf)
     T = buf.a.shape[1]
-    s, a, b = buf.s[e, t], buf.a[e, t], buf.b[e, t]
-    se, ae = buf.s[e, :T], buf.a[e]
-    kb, kj = jax.random.split(key)
-    q = st["Q"](critic, s, a, b)
-    base = st["direct_baseline"](theta, critic, resp, kb, s, a, b)
-    ben = st["benefit"](critic, resp, kj, s, a, b, q)
-    adv = lqr.follower_value(game, resp, se, ae)
-    W = influence_weights(t, T, game.gamma_F, jnp.float64)
     logf = lambda th, ss, aa: lqr.leader_log_prob(game, th, ss, aa)  # noqa: E731
-    ref = jax.grad(lambda th: score_objective(logf(th, s, a), q - base, ben, logf(th, se, ae), adv,
-                                              W, beta))(theta)
+
+    @jax.jit
+    def references(theta):
+        s, a, b = buf.s[e, t], buf.a[e, t], buf.b[e, t]
+        se, ae = buf.s[e, :T], buf.a[e]
+        kb, kj = jax.random.split(key)
+        q = st["Q"](critic, s, a, b)
+        base = st["direct_baseline"](theta, critic, resp, kb, s, a, b)
+        ben = st["benefit"](critic, resp, kj, s, a, b, q)
+        adv = lqr.follower_value(game, resp, se, ae)
+        W = influence_weights(t, T, game.gamma_F, jnp.float64)
+        ref = jax.grad(lambda th: score_objective(logf(th, s, a), q - base, ben, logf(th, se, ae),
+                                                  adv, W, beta))(theta)
+        glog = jax.vmap(jax.grad(lambda th, ss, aa: logf(th, ss, aa)), (None, 0, 0))
+        direct = jnp.einsum("m,mi->i", q - base, glog(theta, s, a))
+        coef = (ben[:, None] * W * adv).reshape(-1)
+        guide = jnp.einsum("n,ni->i", coef, glog(theta, se.reshape(-1, 2), ae.reshape(-1, 1)))
+        return ref, (direct + guide / beta) / s.shape[0]
+
+    ref, explicit = references(theta)
     np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-14)
-    glog = jax.vmap(jax.grad(lambda th, ss, aa: logf(th, ss, aa)), (None, 0, 0))
-    direct = jnp.einsum("m,mi->i", q - base, glog(theta, s, a))
-    coef = (ben[:, None] * W * adv).reshape(-1)
-    guide = jnp.einsum("n,ni->i", coef, glog(theta, se.reshape(-1, 2), ae.reshape(-1, 1)))
-    np.testing.assert_allclose(got, (direct + guide / beta) / s.shape[0], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got, explicit, rtol=1e-9, atol=1e-12)
 
 
 def test_lqr_game_deterministic_actor_gradient_is_the_appendix_theorem(x64):
     game, st, critic, theta, resp, beta, buf, e, t = _lqr_setup("bchg_det")
     key = jax.random.key(5)
-    got = st["actor_grad"](theta, critic, resp, beta, key, e, t, buf)
+    got = jax.jit(st["actor_grad"])(theta, critic, resp, beta, key, e, t, buf)
     T = buf.a.shape[1]
-    K = lqr.leader_gain(game, theta)
-    s, b = buf.s[e, t], buf.b[e, t]
-    se, be = buf.s[e, :T], buf.b[e]
-    a_pi = s @ K.T
-    dQL = jax.vmap(jax.grad(lambda aa, ss, bb: st["Q"](critic, ss, aa, bb)))(a_pi, s, b)
-    ben = st["benefit"](critic, resp, key, s, a_pi, b, st["Q"](critic, s, a_pi, b))
-    dQF = jax.grad(lambda aa: jnp.sum(lqr.follower_q(game, resp, theta, se, aa, be)))(se @ K.T)
-    W = influence_weights(t, T, game.gamma_F, jnp.float64)
-    ref = jax.grad(lambda th: deterministic_objective(
-        s @ lqr.leader_gain(game, th).T, dQL, ben, se @ lqr.leader_gain(game, th).T, dQF, W,
-        beta))(theta)
+
+    @jax.jit
+    def references(theta):
+        K = lqr.leader_gain(game, theta)
+        s, b = buf.s[e, t], buf.b[e, t]
+        se, be = buf.s[e, :T], buf.b[e]
+        a_pi = s @ K.T
+        dQL = jax.vmap(jax.grad(lambda aa, ss, bb: st["Q"](critic, ss, aa, bb)))(a_pi, s, b)
+        ben = st["benefit"](critic, resp, key, s, a_pi, b, st["Q"](critic, s, a_pi, b))
+        dQF = jax.grad(lambda aa: jnp.sum(lqr.follower_q(game, resp, theta, se, aa, be)))(se @ K.T)
+        W = influence_weights(t, T, game.gamma_F, jnp.float64)
+        ref = jax.grad(lambda th: deterministic_objective(
+            s @ lqr.leader_gain(game, th).T, dQL, ben, se @ lqr.leader_gain(game, th).T, dQF, W,
+            beta))(theta)
+        # explicit: d(K s)/dK = (grad_a) s^T, row-major flattening of K [k, n]
+        direct = jnp.einsum("mk,mn->kn", dQL, s).reshape(-1)
+        guide = jnp.einsum("mt,mtk,mtn->kn", ben[:, None] * W, dQF, se).reshape(-1)
+        return ref, (direct + guide / beta) / s.shape[0]
+
+    ref, explicit = references(theta)
     np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-14)
-    # explicit: d(K s)/dK = (grad_a) s^T, row-major flattening of K [k, n]
-    direct = jnp.einsum("mk,mn->kn", dQL, s).reshape(-1)
-    guide = jnp.einsum("mt,mtk,mtn->kn", ben[:, None] * W, dQF, se).reshape(-1)
-    np.testing.assert_allclose(got, (direct + guide / beta) / s.shape[0], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got, explicit, rtol=1e-9, atol=1e-12)
