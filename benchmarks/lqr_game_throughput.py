@@ -18,11 +18,11 @@ import numpy as np
 
 from benchmarks._timing import time_chunks
 from bchg_jax.problems.lqr_game import lqr_game
-from bchg_jax.games.lqr.train import TrainConfig as LQRGameTrainConfig, make_train as make_train_lqr_game
+from bchg_jax.games import lqr
 
 
 def measure(method, seeds, iterations, actor_steps):
-    trainer = make_train_lqr_game(lqr_game(), method, LQRGameTrainConfig(warmup_steps=0))
+    trainer = lqr.make_train(lqr_game(), method, lqr.TrainConfig(warmup_steps=0))
     return time_chunks(trainer, {"actor_steps": np.array([actor_steps])}, seeds, iterations)
 
 

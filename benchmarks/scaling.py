@@ -30,19 +30,19 @@ def _trainer(name: str, runs: int):
             "lr": np.array([0.1]), "sarsa_alpha": np.array([0.5]), "beta": np.array([1e-3])}
     if name == "thermal":
         from bchg_jax.problems.thermal import thermal
-        from bchg_jax.lq.train import TrainConfig as LQTrainConfig, make_train as make_train_lq
-        return "bchg", make_train_lq(thermal(), "bchg", LQTrainConfig()), {"lr": np.array([0.1])}
+        from bchg_jax import lq
+        return "bchg", lq.make_train(thermal(), "bchg", lq.TrainConfig()), {"lr": np.array([0.1])}
     if name == "toy_game":
         from bchg_jax.problems.toy_game import toy_game
-        from bchg_jax.games.tabular.train import TrainConfig as GameTrainConfig, make_train as make_train_game
-        return "bchg", make_train_game(toy_game(), "bchg", GameTrainConfig()), {
+        from bchg_jax.games import tabular as games
+        return "bchg", games.make_train(toy_game(), "bchg", games.TrainConfig()), {
             "actor_steps": np.array([1]), "critic_steps": np.array([10])}
     if name == "lqr_game":
         from bchg_jax.problems.lqr_game import lqr_game
-        from bchg_jax.games.lqr.train import TrainConfig as LQRGameTrainConfig, make_train as make_train_lqr_game
+        from bchg_jax.games import lqr
         method = "bchg" if runs <= 100 else "naive"
-        return method, make_train_lqr_game(lqr_game(), method,
-                                           LQRGameTrainConfig(warmup_steps=0)), {
+        return method, lqr.make_train(lqr_game(), method,
+                                      lqr.TrainConfig(warmup_steps=0)), {
             "actor_steps": np.array([10])}
     raise ValueError(f"unknown experiment {name!r}")
 

@@ -16,11 +16,11 @@ import numpy as np
 
 from benchmarks._timing import time_chunks
 from bchg_jax.problems.thermal import thermal
-from bchg_jax.lq.train import TrainConfig as LQTrainConfig, make_train as make_train_lq
+from bchg_jax import lq
 
 
 def measure(method, config, seeds, iterations):
-    trainer = make_train_lq(thermal(), method, config)
+    trainer = lq.make_train(thermal(), method, config)
     return time_chunks(trainer, {"lr": np.array([0.1])}, seeds, iterations)
 
 
@@ -35,9 +35,9 @@ def main(argv=None):
           f"devices {jax.devices()}")
     print("| method | critic | seeds | compile (s) | s / outer iteration | s / iteration / seed |")
     print("|---|---|---|---|---|---|")
-    modes = [("quadratic", LQTrainConfig(), a.iterations)]
+    modes = [("quadratic", lq.TrainConfig(), a.iterations)]
     if not a.skip_mlp:
-        modes.append(("mlp (faithful)", LQTrainConfig(critic="mlp", follower_grad="score",
+        modes.append(("mlp (faithful)", lq.TrainConfig(critic="mlp", follower_grad="score",
                                                       state_baseline=False,
                                                       control_variates=False), a.mlp_iterations))
     for name, config, its in modes:

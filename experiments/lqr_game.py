@@ -84,12 +84,12 @@ def method_grid(a):
 
 
 def train_config(a, name: str):
-    from bchg_jax.games.lqr.train import TrainConfig as LQRGameTrainConfig
+    from bchg_jax.games import lqr
     method, buffer = VARIANTS[name]
     clip = a.clip if (a.clip_scope == "all" or method.startswith("bchg")) else 0.0
-    return LQRGameTrainConfig(iterations=a.iterations, buffer=buffer, warmup_steps=a.warmup_steps,
-                              clip=clip, init=a.init, max_steps=max(10, a.critic_steps),
-                              **ESTIMATORS[a.estimator]).validate()
+    return lqr.TrainConfig(iterations=a.iterations, buffer=buffer, warmup_steps=a.warmup_steps,
+                           clip=clip, init=a.init, max_steps=max(10, a.critic_steps),
+                           **ESTIMATORS[a.estimator]).validate()
 
 
 def validate_args(a):
@@ -107,12 +107,12 @@ def validate_args(a):
 
 def run_method(name: str, a, run_dir: str):
     from bchg_jax.problems.lqr_game import lqr_game
-    from bchg_jax.games.lqr.train import make_train as make_train_lqr_game
+    from bchg_jax.games import lqr
     from experiments.common import run_method_folder
     from experiments.plot import YLABELS
     method, buffer = VARIANTS[name]
     config = train_config(a, name)
-    trainer = make_train_lqr_game(lqr_game(), method, config)
+    trainer = lqr.make_train(lqr_game(), method, config)
     return run_method_folder(
         os.path.join(run_dir, name), name, trainer, method_grid(a), a,
         record={"train_config": {k: (list(v) if isinstance(v, tuple) else v)

@@ -73,14 +73,14 @@ def parse_args(argv=None):
 
 
 def methods_of(spec: str):
-    from bchg_jax.lq.train import METHODS as LQ_METHODS
+    from bchg_jax import lq
     from experiments.common import parse_methods
-    return parse_methods(spec, ALL_METHODS, LQ_METHODS)
+    return parse_methods(spec, ALL_METHODS, lq.METHODS)
 
 
 def train_config(a):
-    from bchg_jax.lq.train import TrainConfig as LQTrainConfig
-    return LQTrainConfig(
+    from bchg_jax import lq
+    return lq.TrainConfig(
         num_episodes=a.episodes, iterations=a.iterations, weights_init_std=a.init_std,
         critic=a.critic, follower_grad=a.follower_grad, state_baseline=not a.no_baseline,
         control_variates=not a.no_control_variates, mlp_steps=a.mlp_steps,
@@ -110,12 +110,12 @@ def validate_args(a):
 
 def run_method(method: str, a, run_dir: str):
     from bchg_jax.problems.thermal import thermal
-    from bchg_jax.lq.train import make_train as make_train_lq
+    from bchg_jax import lq
     from experiments.common import run_method_folder
     from experiments.plot import YLABELS
 
     config = train_config(a)
-    trainer = make_train_lq(thermal(), method, config)
+    trainer = lq.make_train(thermal(), method, config)
     return run_method_folder(
         os.path.join(run_dir, method), method, trainer, method_grid(a), a,
         record={"train_config": {k: (list(v) if isinstance(v, tuple) else v)

@@ -70,10 +70,10 @@ def method_grid(a):
 
 
 def train_config(a, buffer: str):
-    from bchg_jax.games.tabular.train import TrainConfig as GameTrainConfig
-    return GameTrainConfig(iterations=a.iterations, buffer=buffer, actor=a.actor,
-                           critic_target=a.critic_target, direct_baseline=a.direct_baseline,
-                           backup=a.backup, init=a.init).validate()
+    from bchg_jax.games import tabular as games
+    return games.TrainConfig(iterations=a.iterations, buffer=buffer, actor=a.actor,
+                             critic_target=a.critic_target, direct_baseline=a.direct_baseline,
+                             backup=a.backup, init=a.init).validate()
 
 
 def validate_args(a):
@@ -89,12 +89,12 @@ def validate_args(a):
 
 def run_method(name: str, a, run_dir: str):
     from bchg_jax.problems.toy_game import toy_game
-    from bchg_jax.games.tabular.train import make_train as make_train_game
+    from bchg_jax.games import tabular as games
     from experiments.common import run_method_folder
     from experiments.plot import YLABELS
     method, buffer = VARIANTS[name]
     config = train_config(a, buffer)
-    trainer = make_train_game(toy_game(a.R), method, config)
+    trainer = games.make_train(toy_game(a.R), method, config)
     return run_method_folder(
         os.path.join(run_dir, name), name, trainer, method_grid(a), a,
         record={"train_config": {k: (list(v) if isinstance(v, tuple) else v)
