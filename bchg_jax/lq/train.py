@@ -22,7 +22,7 @@ Hyperparameters a grid may vary (``lr``, ``beta``) are traced; everything else i
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, NamedTuple, Tuple
+from typing import Any, NamedTuple, Tuple
 
 import jax
 import jax.numpy as jnp

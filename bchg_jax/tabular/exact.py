@@ -16,8 +16,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from bchg_jax.tabular.follower import (BestResponse, boltzmann, continuation, soft_q, soft_v,
-                                       soft_value_iteration)
+from bchg_jax.tabular.follower import (BestResponse, boltzmann, continuation, soft_q, soft_v)
 from bchg_jax.tabular.cmdp import TabularCMDP
 
 Array = jax.Array

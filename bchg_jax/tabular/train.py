@@ -17,11 +17,10 @@ grid varies (``lr``, ``sarsa_alpha``, ``beta``) are traced scalars in ``hparams`
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from bchg_jax.core import hparams as hparams_lib
 from bchg_jax.core.loop import Trainer, check_setup, scan_loop, sgd_ascent

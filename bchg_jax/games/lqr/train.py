@@ -44,11 +44,10 @@ the discounted one, the batch's sampled return, theta, the follower's Riccati st
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, NamedTuple, Tuple
+from typing import NamedTuple, Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from bchg_jax.core.buffers import (EpisodeBuffer, buffer_add, buffer_init, sample_discounted,

@@ -32,7 +32,6 @@ from typing import NamedTuple, Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from bchg_jax.core.buffers import (EpisodeBuffer, buffer_add, buffer_init, sample_discounted,
