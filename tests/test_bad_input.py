@@ -174,3 +174,272 @@ def test_existing_results_are_never_lost(tmp_path, capsys):
     after = _digest(run)
     assert {k: v for k, v in after.items() if k != "config.json"} == \
         {k: v for k, v in before.items() if k != "config.json"}
+
+
+# ---- public pure functions: concrete bad values, culprits named ------------------------------
+# Every public entry point checks its concrete (non-traced) beta, discounts and the problem's
+# scalar settings, and names the array at fault in a shape error. Small problems only: each call
+# below raises before anything heavy is compiled.
+import dataclasses  # noqa: E402
+import functools  # noqa: E402
+
+import jax  # noqa: E402
+
+from bchg_jax import lq as lq_family  # noqa: E402
+from bchg_jax import tabular  # noqa: E402
+from bchg_jax.core.validate import check_beta_if_concrete, is_concrete  # noqa: E402
+from bchg_jax.games import estimators as game_est  # noqa: E402
+from bchg_jax.games import lqr as game_lqr  # noqa: E402
+from bchg_jax.games import tabular as game_tab  # noqa: E402
+from bchg_jax.problems.toy_game import leader_policy_from_p, toy_game  # noqa: E402
+
+TH = jnp.zeros(1)
+P_TAB = jnp.full((S, B, S), 1.0 / S)
+R_TAB = jnp.zeros((S, B))
+POL = jnp.full((S, B), 1.0 / B)
+CONT = jnp.ones(S)
+BATCH = tabular.Batch(*(jnp.zeros((1, 2), jnp.int32) for _ in range(4)),
+                      jnp.zeros((1, 2), bool), jnp.array([[False, True]]))
+F_TOY = leader_policy_from_p(0.5)                       # [3, 2]
+G_TOY = jnp.full((3, 2, 3), 1.0 / 3)
+EP_TOY = game_tab.GameEpisodes(*(jnp.zeros((1, 2), jnp.int32) for _ in range(3)))
+TH_LQR = jnp.zeros(2)
+K = jax.random.key(0)
+
+
+def _follower():
+    return tabular.BestResponse(POL, jnp.zeros(S), R_TAB, jnp.asarray(0), jnp.asarray(0.0))
+
+
+@functools.lru_cache(maxsize=None)
+def _resp():
+    return game_lqr.best_response(lqr_game(), TH_LQR, 0.1)
+
+
+# (label, call with a bad beta) for every entry point that takes beta
+BETA_CALLS = {
+    "tabular.soft_value_iteration": lambda b: tabular.soft_value_iteration(P_TAB, R_TAB, b, 0.9),
+    "tabular.best_response": lambda b: tabular.best_response(_cmdp(), TH, b),
+    "tabular.leader_objective": lambda b: tabular.leader_objective(_cmdp(), TH, b),
+    "tabular.exact_hypergradient": lambda b: tabular.exact_hypergradient(_cmdp(), TH, b),
+    "tabular.hypergradient": lambda b: tabular.hypergradient(_cmdp(), TH, BATCH, _follower(),
+                                                             R_TAB, b),
+    "games.tabular.soft_q_iteration": lambda b: game_tab.soft_q_iteration(toy_game(), F_TOY, b),
+    "games.tabular.best_response": lambda b: game_tab.best_response(toy_game(), F_TOY, b),
+    "games.tabular.leader_objective": lambda b: game_tab.leader_objective(toy_game(), F_TOY, b),
+    "games.tabular.exact_hypergradient": lambda b: game_tab.exact_hypergradient(
+        leader_policy_from_p, jnp.asarray(0.5), toy_game(), b),
+    "games.tabular.hypergradient": lambda b: game_tab.hypergradient(
+        leader_policy_from_p, jnp.asarray(0.5), EP_TOY, G_TOY, G_TOY, F_TOY, b, 0.99, 0.99),
+    "games.lqr.best_response": lambda b: game_lqr.best_response(lqr_game(), TH_LQR, b),
+    "games.lqr.leader_objective": lambda b: game_lqr.leader_objective(lqr_game(), TH_LQR, b),
+    "games.lqr.exact_hypergradient": lambda b: game_lqr.exact_hypergradient(lqr_game(), TH_LQR,
+                                                                            b),
+    "games.lqr.hypergradient_split": lambda b: game_lqr.hypergradient_split(lqr_game(), TH_LQR,
+                                                                            b),
+    "games.lqr.exact_critic_estimate": lambda b: game_lqr.exact_critic_estimate(
+        lqr_game(), TH_LQR, b, K, episodes=2, leader_steps=3, extra_steps=1),
+    "games.lqr.deterministic_hypergradient": lambda b: game_lqr.deterministic_hypergradient(
+        lambda t, s: s @ t[:, None], TH_LQR, jnp.zeros((1, 2, 2)), jnp.zeros((1, 2, 1)),
+        jnp.zeros((1, 2)), jnp.zeros((1, 2, 1)), b, 0.99, 0.95),
+    "games.estimators.game_score_weights": lambda b: game_est.game_score_weights(
+        jnp.zeros((1, 2)), 0.0, jnp.zeros((1, 2)), jnp.zeros((1, 2)), b, 0.99, 0.95),
+    "games.estimators.score_objective": lambda b: game_est.score_objective(
+        jnp.zeros(2), jnp.zeros(2), jnp.zeros(2), jnp.zeros((2, 3)), jnp.zeros((2, 3)),
+        jnp.zeros((2, 3)), b),
+    "games.estimators.deterministic_objective": lambda b: game_est.deterministic_objective(
+        jnp.zeros((2, 1)), jnp.zeros((2, 1)), jnp.zeros(2), jnp.zeros((2, 3, 1)),
+        jnp.zeros((2, 3, 1)), jnp.zeros((2, 3)), b),
+    "lq.best_response": lambda b: lq_family.best_response(_lq(), TH, b),
+    "lq.leader_objective": lambda b: lq_family.leader_objective(_lq(), TH, b),
+    "lq.hypergradient": lambda b: lq_family.hypergradient(
+        _lq(), TH, lq_family.Trajectories(jnp.zeros((1, 3, 2)), jnp.zeros((1, 3, 1))), b,
+        jnp.zeros((1, 3)), jnp.zeros((1, 3)), benefit=jnp.zeros((1, 2))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BETA_CALLS))
+@pytest.mark.parametrize("beta, shown", [(0.0, "got 0.0"), (-1.0, "got -1.0"),
+                                         (float("nan"), "got nan"), (np.inf, "got inf"),
+                                         (jnp.asarray(0.0), "got 0.0")])
+def test_bad_beta_is_named_with_its_value(name, beta, shown):
+    with pytest.raises(ValueError, match="beta") as e:
+        BETA_CALLS[name](beta)
+    msg = str(e.value)
+    assert msg.endswith(shown), msg
+    assert "array" not in msg.lower(), msg
+
+
+def _gamma_L_one(make):
+    return dataclasses.replace(make(), gamma_L=np.float64(1.0))
+
+
+# (label, call, culprit) for the problem's scalar settings, never validate()d
+SETTING_CALLS = [
+    ("tabular.exact_hypergradient",
+     lambda: tabular.exact_hypergradient(_gamma_L_one(_cmdp), TH, 0.1), "gamma_L"),
+    ("tabular.leader_values",
+     lambda: tabular.leader_values(dataclasses.replace(_cmdp(), gamma_F=-0.5), TH, POL),
+     "gamma_F"),
+    ("tabular.best_response",
+     lambda: tabular.best_response(dataclasses.replace(_cmdp(), time_limit=0), TH, 0.1),
+     "time_limit"),
+    ("tabular.hypergradient",
+     lambda: tabular.hypergradient(_gamma_L_one(_cmdp), TH, BATCH, _follower(), R_TAB, 0.1),
+     "gamma_L"),
+    ("games.tabular.leader_objective",
+     lambda: game_tab.leader_objective(_gamma_L_one(toy_game), F_TOY, 0.1), "gamma_L"),
+    ("games.tabular.leader_values",
+     lambda: game_tab.leader_values(_gamma_L_one(toy_game), F_TOY, G_TOY), "gamma_L"),
+    ("games.tabular.soft_q_iteration",
+     lambda: game_tab.soft_q_iteration(dataclasses.replace(toy_game(), gamma_F=1.0), F_TOY, 0.1),
+     "gamma_F"),
+    ("games.lqr.exact_hypergradient",
+     lambda: game_lqr.exact_hypergradient(_gamma_L_one(lqr_game), TH_LQR, 0.1), "gamma_L"),
+    ("games.lqr.leader_q",
+     lambda: game_lqr.leader_q(dataclasses.replace(lqr_game(), horizon=0), TH_LQR, _resp(),
+                               jnp.zeros(2), jnp.zeros(1), jnp.zeros(1), 3, 0.99, 3), "horizon"),
+    ("lq.exact_hypergradient",
+     lambda: lq_family.exact_hypergradient(_gamma_L_one(_lq), TH, 0.1), "gamma_L"),
+    ("lq.best_response",
+     lambda: lq_family.best_response(dataclasses.replace(_lq(), gamma_F=1.0), TH, 0.1),
+     "gamma_F"),
+]
+
+
+@pytest.mark.parametrize("name, call, culprit", SETTING_CALLS, ids=[c[0] for c in SETTING_CALLS])
+def test_bad_problem_setting_is_named(name, call, culprit):
+    with pytest.raises(ValueError, match=culprit) as e:
+        call()
+    msg = str(e.value)
+    assert "got " in msg and "np.float64" not in msg and "array" not in msg.lower(), msg
+
+
+# (label, call, culprit, shown) for discounts and other scalars passed as arguments
+ARG_CALLS = [
+    ("tabular.policy_evaluation gamma=1",
+     lambda: tabular.policy_evaluation(P_TAB, R_TAB, POL, 1.0, CONT), "gamma", "got 1.0"),
+    ("tabular.soft_value_iteration gamma=nan",
+     lambda: tabular.soft_value_iteration(P_TAB, R_TAB, 0.1, float("nan")), "gamma", "got nan"),
+    ("tabular.monte_carlo_critic gamma_L=1.5",
+     lambda: tabular.monte_carlo_critic(BATCH, R_TAB, 1.5), "gamma_L", "got 1.5"),
+    ("games.estimators.influence_weights gamma_F=1",
+     lambda: game_est.influence_weights(jnp.zeros(2, jnp.int32), 3, 1.0), "gamma_F", "got 1.0"),
+    ("games.estimators.hypergradient gamma_F=1",
+     lambda: game_est.hypergradient(leader_policy_from_p, jnp.asarray(0.5), EP_TOY, G_TOY,
+                                    G_TOY, F_TOY, 0.1, 0.99, 1.0), "gamma_F", "got 1.0"),
+    ("games.estimators.game_score_weights gamma_L=-0.1",
+     lambda: game_est.game_score_weights(jnp.zeros((1, 2)), 0.0, jnp.zeros((1, 2)),
+                                         jnp.zeros((1, 2)), 0.1, -0.1, 0.95),
+     "gamma_L", "got -0.1"),
+    ("games.lqr.leader_objective gamma=1.5",
+     lambda: game_lqr.leader_objective(lqr_game(), TH_LQR, 0.1, gamma=1.5), "gamma", "got 1.5"),
+    ("games.lqr.leader_state_values horizon=0",
+     lambda: game_lqr.leader_state_values(lqr_game(), TH_LQR, _resp(), jnp.zeros(2), 1, 0.9, 0),
+     "horizon", "got 0"),
+    ("games.tabular.leader_return without a horizon",
+     lambda: game_tab.leader_return(dataclasses.replace(toy_game(), time_limit=None), F_TOY,
+                                    G_TOY), "horizon", "got None"),
+]
+
+
+@pytest.mark.parametrize("name, call, culprit, shown", ARG_CALLS, ids=[c[0] for c in ARG_CALLS])
+def test_bad_scalar_argument_is_named_with_its_value(name, call, culprit, shown):
+    with pytest.raises(ValueError, match=culprit) as e:
+        call()
+    assert str(e.value).endswith(shown), str(e.value)
+
+
+def _game3(**over):
+    g = toy_game()
+    return dataclasses.replace(g, **over)
+
+
+# (label, call, culprit named, blamed wrongly before) for shape errors
+SHAPE_CALLS = [
+    ("TabularCMDP.validate init_dist",
+     lambda: _cmdp(init_dist=lambda th: jnp.full(S + 1, 1.0 / (S + 1))).validate(), "init_dist",
+     "follower_reward"),
+    ("TabularCMDP.validate follower_reward",
+     lambda: _cmdp(follower_reward=lambda th: jnp.zeros((S, B + 1))).validate(),
+     "follower_reward", "leader_reward"),
+    ("tabular.rollout policy",
+     lambda: tabular.rollout(K, jnp.full((S, B + 1), 1.0 / (B + 1)), P_TAB, jnp.full(S, 1 / S),
+                             None, None, 2, 3), "policy", "transition"),
+    ("tabular.rollout init_dist",
+     lambda: tabular.rollout(K, POL, P_TAB, jnp.full(S + 1, 1 / (S + 1)), None, None, 2, 3),
+     "init_dist", "transition"),
+    ("tabular.rollout terminal",
+     lambda: tabular.rollout(K, POL, P_TAB, jnp.full(S, 1 / S), np.zeros(S + 1, bool), None, 2,
+                             3), "terminal", "transition"),
+    ("tabular.leader_values policy",
+     lambda: tabular.leader_values(_cmdp(), TH, jnp.full((S, B + 1), 0.5)), "policy", None),
+    ("tabular.benefit policy",
+     lambda: tabular.benefit(R_TAB, jnp.full((S, B + 1), 0.5)), "policy", None),
+    ("TabularGame.validate init_dist",
+     lambda: _game3(init_dist=jnp.full(4, 0.25)).validate(), "init_dist must have shape (3,)",
+     None),
+    ("games.tabular.rollout f",
+     lambda: game_tab.rollout(K, toy_game(), jnp.full((3, 3), 1 / 3), G_TOY, 2, 3),
+     "f (leader policy)", "g (follower policy)"),
+    ("games.tabular.rollout g",
+     lambda: game_tab.rollout(K, toy_game(), F_TOY, jnp.full((3, 2, 2), 0.5), 2, 3),
+     "g (follower policy)", "f (leader policy)"),
+    ("games.tabular.soft_q_iteration f",
+     lambda: game_tab.soft_q_iteration(toy_game(), jnp.full((3, 3), 1 / 3), 0.1),
+     "f (leader policy)", None),
+    ("games.lqr.rollout theta",
+     lambda: game_lqr.rollout(K, lqr_game(), jnp.zeros(3), _resp(), 2, 3),
+     "theta must have last axis", None),
+    ("games.lqr.rollout resp of another game",
+     lambda: game_lqr.rollout(K, lqr_game(), TH_LQR, game_lqr.best_response(
+         lqr_game(B=np.array([[0.0, 1.0], [0.1, 0.0]]), Rbar=np.eye(2)), TH_LQR, 0.1), 2, 3),
+     "resp.K_s", None),
+    ("LQRGame.validate C", lambda: lqr_game(C=np.zeros((3, 1))), "C must", None),
+    ("LQConfigurableMDP.validate U", lambda: _lq(U=np.eye(3)).validate(), "U must", "Qbar"),
+    ("LQConfigurableMDP.validate Qbar", lambda: _lq(Qbar=np.eye(3)).validate(), "Qbar must",
+     "U must"),
+    ("lq.rollout policy of another problem",
+     lambda: lq_family.rollout(K, _lq(), TH, lq_family.best_response(
+         _lq(B_fn=lambda th: jnp.ones((2, 2)), Rbar=np.eye(2)), TH, 0.1), 2, 3), "policy.K",
+     None),
+]
+
+
+@pytest.mark.parametrize("name, call, culprit, innocent", SHAPE_CALLS,
+                         ids=[c[0] for c in SHAPE_CALLS])
+def test_shape_error_names_the_culprit(name, call, culprit, innocent):
+    with pytest.raises(ValueError) as e:
+        call()
+    msg = str(e.value)
+    assert culprit in msg, msg
+    # the culprit is the subject; the table the sizes come from may be mentioned after it
+    assert innocent is None or innocent not in msg or msg.index(culprit) < msg.index(innocent), msg
+
+
+def test_traced_values_are_not_checked():
+    """Under jit / vmap a traced beta (or discount) is skipped: no false error, finite results."""
+    seen = []
+    jax.jit(lambda b: seen.append(is_concrete(b)) or b)(0.1)
+    assert seen == [False] and is_concrete(0.1, jnp.ones(2), None)
+    jax.jit(check_beta_if_concrete)(-1.0)                     # traced: nothing to check
+
+    toy = toy_game()                 # built outside jit: its tables are concrete arrays
+    calls = {
+        "tabular.soft_value_iteration": lambda b: tabular.soft_value_iteration(
+            P_TAB, jnp.arange(S * B, dtype=jnp.float32).reshape(S, B), b, 0.9).V,
+        "tabular.leader_objective": lambda b: tabular.leader_objective(_cmdp(), TH, b),
+        "tabular.exact_hypergradient": lambda b: tabular.exact_hypergradient(_cmdp(), TH, b),
+        "games.tabular.leader_objective": lambda b: game_tab.leader_objective(toy, F_TOY, b),
+        "games.lqr.leader_objective": lambda b: game_lqr.leader_objective(lqr_game(), TH_LQR, b,
+                                                                          horizon=5),
+        "games.estimators.game_score_weights": lambda b: game_est.game_score_weights(
+            jnp.ones((1, 3)), 0.0, jnp.ones((1, 3)), jnp.ones((1, 3)), b, 0.99, 0.95),
+        "lq.leader_objective": lambda b: lq_family.leader_objective(_lq(), TH, b),
+    }
+    for name, fn in calls.items():
+        assert np.all(np.isfinite(np.asarray(jax.jit(fn)(0.5)))), name
+    grid = jax.jit(jax.vmap(calls["tabular.leader_objective"]))(jnp.array([0.2, 0.5]))
+    assert np.all(np.isfinite(np.asarray(grid)))
+    # a traced discount is skipped too (the problem's own settings stay concrete)
+    jax.jit(lambda g: tabular.policy_evaluation(P_TAB, R_TAB, POL, g, CONT))(0.9)

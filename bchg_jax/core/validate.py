@@ -1,8 +1,16 @@
 """Host-side checks shared by every problem family and trainer (clear ``ValueError`` before
 anything compiles): the follower's entropy weight, discounts and horizons, LQ cost matrices,
-positive numbers and integer ranges of hyperparameters."""
+positive numbers and integer ranges of hyperparameters.
+
+The public pure functions check their concrete arguments with :func:`check_if_concrete` /
+:func:`check_beta_if_concrete` / :func:`check_problem_settings`: a traced value (inside ``jit``,
+``vmap``, ``grad``) has no value to check and is skipped silently.
+"""
 from __future__ import annotations
 
+from typing import Callable
+
+import jax
 import numpy as np
 
 
@@ -10,6 +18,152 @@ def _show(value) -> str:
     """A value for an error message: numbers as numbers, arrays as lists."""
     arr = np.asarray(value)
     return repr(arr.item()) if arr.size == 1 else repr(arr.tolist())
+
+
+def is_concrete(*values) -> bool:
+    """True unless some leaf of ``values`` (any pytrees) is a ``jax.core.Tracer``.
+
+    Args:
+      values: the values to inspect (scalars, arrays, pytrees, None).
+    Returns:
+      False inside a transformation (``jit``, ``vmap``, ``grad``) that traces one of them.
+    """
+    return not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(values))
+
+
+def check_if_concrete(check: Callable[..., None], *args) -> None:
+    """``check(*args)`` when every argument is concrete; nothing when one is traced.
+
+    Args:
+      check: a host-side check raising ``ValueError`` (e.g. :func:`check_discount`).
+      args: its arguments.
+    Returns:
+      None.
+    Raises:
+      ValueError: whatever ``check`` raises on concrete arguments.
+    """
+    if is_concrete(*args):
+        check(*args)
+
+
+def check_beta_if_concrete(beta) -> None:
+    """:func:`check_beta` unless ``beta`` is traced.
+
+    Raises:
+      ValueError: a concrete ``beta`` with an entry that is not finite and > 0.
+    """
+    check_if_concrete(check_beta, beta)
+
+
+def check_discount(name: str, value, closed: bool = False) -> None:
+    """A discount: a real scalar in [0, 1) (``closed``: [0, 1], for finite-horizon sums).
+
+    Args:
+      name: the name shown in the error (e.g. ``"fourrooms: gamma_L"``).
+      value: the concrete discount (Python or numpy number, or a 0-d array).
+      closed: allow 1 (an undiscounted finite sum).
+    Returns:
+      None.
+    Raises:
+      ValueError: a non-scalar, a non-number, NaN, or a value outside the interval.
+    """
+    try:
+        v = np.asarray(value, np.float64)
+        ok = v.ndim == 0 and 0.0 <= float(v) and (float(v) <= 1.0 if closed else float(v) < 1.0)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be a number in [0, {'1]' if closed else '1)'}, "
+                         f"got {_show_any(value)}")
+
+
+def check_count(name: str, value, allow_none: bool = False) -> None:
+    """A positive integer (a horizon, an episode time limit), or None when ``allow_none``.
+
+    Args:
+      name: the name shown in the error.
+      value: the concrete value.
+      allow_none: accept None (no limit).
+    Returns:
+      None.
+    Raises:
+      ValueError: anything but an integer >= 1 (or None when allowed).
+    """
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer{' or None' if allow_none else ''}, "
+                         f"got {_show_any(value)}")
+
+
+def check_problem_settings(problem) -> None:
+    """Cheap scalar checks of a problem or game, without evaluating any table.
+
+    The discounts ``gamma_F``, ``gamma_L`` in [0, 1), and ``horizon`` (a positive integer) /
+    ``time_limit`` (a positive integer or None) where the problem has them; traced settings are
+    skipped. The full check is the problem's own ``validate()``.
+
+    Args:
+      problem: a :class:`~bchg_jax.tabular.cmdp.TabularCMDP`, ``LQConfigurableMDP``,
+        ``TabularGame``, ``LQRGame`` or any object with these attributes.
+    Returns:
+      None.
+    Raises:
+      ValueError: the first bad setting, named as ``<problem name>: <attribute>``.
+    """
+    name = getattr(problem, "name", type(problem).__name__)
+    for label in ("gamma_F", "gamma_L"):
+        if hasattr(problem, label):
+            check_if_concrete(check_discount, f"{name}: {label}", getattr(problem, label))
+    if hasattr(problem, "horizon"):
+        check_if_concrete(check_count, f"{name}: horizon", problem.horizon)
+    if hasattr(problem, "time_limit"):
+        check_if_concrete(check_count, f"{name}: time_limit", problem.time_limit, True)
+
+
+def check_shape(name: str, value, shape: tuple, source: str = "") -> None:
+    """``value`` has exactly ``shape`` (static, so this also holds for traced arrays).
+
+    Args:
+      name: the argument named in the error.
+      value: an array (or tracer).
+      shape: the expected shape.
+      source: where the sizes come from, shown in the error (e.g. ``"S=3, B=2 from transition"``).
+    Returns:
+      None.
+    Raises:
+      ValueError: another shape, naming ``name``.
+    """
+    got = tuple(np.shape(value))
+    if got != tuple(shape):
+        src = f" ({source})" if source else ""
+        raise ValueError(f"{name} must have shape {tuple(shape)}{src}, got {got}")
+
+
+def transition_sizes(name: str, P, layout: str = "[S, B, S]") -> tuple:
+    """The sizes of a transition table laid out as ``layout`` (first and last axis: states).
+
+    Args:
+      name: the table named in the error.
+      P: the table (array or tracer; only its static shape is read).
+      layout: its layout, e.g. ``"[S, B, S]"`` or ``"[S, A, B, S]"``.
+    Returns:
+      its shape without the last axis, e.g. (S, B).
+    Raises:
+      ValueError: a rank other than the layout's, an empty axis, or first axis != last axis.
+    """
+    shape = tuple(np.shape(P))
+    if len(shape) != layout.count(",") + 1 or shape[0] != shape[-1] or 0 in shape:
+        raise ValueError(f"{name} must have shape {layout}, got {shape}")
+    return shape[:-1]
+
+
+def _show_any(value) -> str:
+    """:func:`_show` for numbers and arrays, ``repr`` for anything else."""
+    try:
+        return _show(value)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def check_beta(beta) -> None:
@@ -65,11 +219,9 @@ def check_discounts(name: str, gamma_F, gamma_L, horizon) -> None:
     Raises:
       ValueError: a discount outside [0, 1) or a horizon that is not a positive integer.
     """
-    for label, g in (("gamma_F", gamma_F), ("gamma_L", gamma_L)):
-        if not 0.0 <= float(g) < 1.0:
-            raise ValueError(f"{name}: {label} must be in [0, 1), got {g!r}")
-    if not isinstance(horizon, (int, np.integer)) or horizon < 1:
-        raise ValueError(f"{name}: horizon must be a positive integer, got {horizon!r}")
+    check_discount(f"{name}: gamma_F", gamma_F)
+    check_discount(f"{name}: gamma_L", gamma_L)
+    check_count(f"{name}: horizon", horizon)
 
 
 def check_costs(name: str, Q: np.ndarray, R: np.ndarray) -> None:

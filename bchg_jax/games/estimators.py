@@ -48,6 +48,7 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core.segments import forward_discounted_sum
+from bchg_jax.core.validate import check_beta_if_concrete, check_discount, check_if_concrete
 
 Array = jax.Array
 
@@ -63,7 +64,10 @@ def influence_weights(t: Array, T: int, gamma_F, dtype=jnp.float32) -> Array:
       dtype: dtype of the powers of gamma_F.
     Returns:
       [M, T] weights.
+    Raises:
+      ValueError: a concrete ``gamma_F`` outside [0, 1).
     """
+    check_if_concrete(check_discount, "gamma_F", gamma_F)
     kk = jnp.arange(T)[None, :] - t[:, None]
     return jnp.where(kk >= 0, gamma_F ** jnp.maximum(kk, 0).astype(dtype), 0.0)
 
@@ -95,9 +99,10 @@ def score_objective(log_f: Array, advantage: Array, benefit: Array, log_f_seg: A
     Returns:
       [] scalar surrogate objective; its gradient in theta is the ascent direction.
     Raises:
-      ValueError: an unknown ``guide``.
+      ValueError: an unknown ``guide`` or a concrete ``beta`` not finite and > 0.
     """
     _check_guide(guide)
+    check_beta_if_concrete(beta)
     chex.assert_rank(log_f, 1)
     chex.assert_equal_shape([log_f, advantage])
     if guide == "benefit":
@@ -133,6 +138,7 @@ def deterministic_objective(action: Array, dQL_da: Array, benefit: Array, action
     Returns (and raises): as :func:`score_objective`.
     """
     _check_guide(guide)
+    check_beta_if_concrete(beta)
     chex.assert_rank(action, 2)
     chex.assert_equal_shape([action, dQL_da])
     if guide == "benefit":
@@ -150,6 +156,14 @@ def deterministic_objective(action: Array, dQL_da: Array, benefit: Array, action
 def _check_guide(guide: str) -> None:
     if guide not in ("benefit", "none"):
         raise ValueError(f"guide must be 'benefit' or 'none', got {guide!r}")
+
+
+def _check_scalars(beta, gamma_L, gamma_F) -> None:
+    """Concrete beta > 0, gamma_L in [0, 1] (a finite-horizon leader sum may be undiscounted),
+    gamma_F in [0, 1) (the follower's infinite-horizon discount); traced values are skipped."""
+    check_beta_if_concrete(beta)
+    check_if_concrete(check_discount, "gamma_L", gamma_L, True)
+    check_if_concrete(check_discount, "gamma_F", gamma_F)
 
 
 def game_score_weights(q: Array, base, ben: Array, adv_F: Array, beta, gamma_L, gamma_F,
@@ -177,9 +191,11 @@ def game_score_weights(q: Array, base, ben: Array, adv_F: Array, beta, gamma_L, 
     Returns:
       [E, T] weights.
     Raises:
-      ValueError: an unknown ``guide``.
+      ValueError: an unknown ``guide``, a concrete ``beta`` not finite and > 0, a concrete
+        ``gamma_L`` outside [0, 1] or ``gamma_F`` outside [0, 1).
     """
     _check_guide(guide)
+    _check_scalars(beta, gamma_L, gamma_F)
     disc = _leader_discounts(q.shape[1], q.dtype, gamma_L, leader_steps)
     w = disc * (q - base)
     if guide == "benefit":
@@ -221,7 +237,11 @@ def hypergradient(policy_fn: Callable[[Array], Array], theta, ep, g: Array,
       V_L: optional [S] state baseline V_L(s) of the direct term (unbiased).
     Returns:
       a pytree like ``theta``: the estimate of grad_theta J_L (an ascent direction).
+    Raises:
+      ValueError: as :func:`game_score_weights`.
     """
+    _check_guide(guide)
+    _check_scalars(beta, gamma_L, gamma_F)
     f = jax.lax.stop_gradient(policy_fn(theta))
     E, T = ep.s.shape
     q = Q_L[ep.s, ep.a, ep.b]
@@ -283,9 +303,11 @@ def deterministic_hypergradient(policy_fn: Callable, theta, s: Array, dQL_da: Ar
     Returns:
       a pytree like ``theta``.
     Raises:
-      ValueError: an unknown ``guide``.
+      ValueError: an unknown ``guide``, a concrete ``beta`` not finite and > 0, a concrete
+        ``gamma_L`` outside [0, 1] or ``gamma_F`` outside [0, 1).
     """
     _check_guide(guide)
+    _check_scalars(beta, gamma_L, gamma_F)
     E, T = ben.shape
     disc = _leader_discounts(T, ben.dtype, gamma_L, leader_steps)
     ct = disc[:, None] * dQL_da

@@ -24,7 +24,7 @@ import numpy as np
 
 from bchg_jax.core.maxent_lqr import GaussianBestResponse, is_stabilizable
 from bchg_jax.core.maxent_lqr import quad_form as _quad
-from bchg_jax.core.validate import check_costs, check_discounts, shape_property
+from bchg_jax.core.validate import check_costs, check_discounts, check_shape, shape_property
 
 Array = jax.Array
 
@@ -186,38 +186,45 @@ class LQConfigurableMDP:
     def validate(self, theta=None) -> "LQConfigurableMDP":
         """Host-side checks with clear ``ValueError`` messages, before anything compiles.
 
-        Checks discounts and horizon, the shapes of Qbar [n, n], Rbar [m, m], U [n, n] and
-        init_cov [n, n], the costs, that U is a lower-triangular Cholesky factor, that init_cov is
-        positive definite, the shapes of A(theta), B(theta) and ``leader_quadratic(theta)``, and
+        Checks discounts and horizon; the shapes of A(theta) [n, n] and B(theta) [n, m] (the
+        dynamics define n and m), of Qbar [n, n], Rbar [m, m], U [n, n], init_cov [n, n] and
+        ``leader_quadratic(theta)`` against them (an error names the array at fault); the costs,
+        that U is a lower-triangular Cholesky factor, that init_cov is positive definite, and
         that (sqrt(gamma_F) A(theta), B(theta)) is stabilisable.
 
         Args:
           theta: [d] parameters to check at (default ``theta0``).
         Returns:
           ``self``.
+        Raises:
+          ValueError: the first failed check.
         """
         theta = np.asarray(self.theta0 if theta is None else theta)
         check_discounts(self.name, self.gamma_F, self.gamma_L, self.horizon)
-        n, m = self.state_dim, self.action_dim
+        A = np.asarray(self.A_fn(jnp.asarray(theta)), np.float64)
+        B = np.asarray(self.B_fn(jnp.asarray(theta)), np.float64)
+        if A.ndim != 2 or A.shape[0] != A.shape[1] or A.shape[0] < 1:
+            raise ValueError(f"{self.name}: A(theta) must have shape [n, n], got {A.shape}")
+        n = A.shape[0]
+        if B.ndim != 2 or B.shape[0] != n or B.shape[1] < 1:
+            raise ValueError(f"{self.name}: B(theta) must have shape [n={n}, m] (n from "
+                             f"A(theta)), got {B.shape}")
+        m = B.shape[1]
+        src = f"n={n} from A(theta), m={m} from B(theta)"
         Q, R, U, C0 = (np.asarray(x, np.float64) for x in (self.Qbar, self.Rbar, self.U,
                                                             self.init_cov))
-        if Q.shape != (n, n) or R.shape != (m, m) or U.shape != (n, n) or C0.shape != (n, n):
-            raise ValueError(f"{self.name}: Qbar must be [n,n], Rbar [m,m], U [n,n], init_cov "
-                             f"[n,n]; got {Q.shape}, {R.shape}, {U.shape}, {C0.shape}")
+        for label, x, shape in (("Qbar", Q, (n, n)), ("Rbar", R, (m, m)), ("U", U, (n, n)),
+                                ("init_cov", C0, (n, n))):
+            check_shape(f"{self.name}: {label}", x, shape, src)
         check_costs(self.name, Q, R)
         if not np.allclose(U, np.tril(U)) or np.any(np.abs(np.diagonal(U)) <= 0):
             raise ValueError(f"{self.name}: U must be lower-triangular with a non-zero diagonal "
                              "(a Cholesky factor of the noise covariance)")
         if not np.allclose(C0, C0.T) or np.linalg.eigvalsh(C0).min() <= 0:
             raise ValueError(f"{self.name}: init_cov must be symmetric positive definite")
-        A = np.asarray(self.A_fn(jnp.asarray(theta)), np.float64)
-        B = np.asarray(self.B_fn(jnp.asarray(theta)), np.float64)
-        if A.shape != (n, n) or B.shape != (n, m):
-            raise ValueError(f"{self.name}: A(theta) must be [{n},{n}] and B(theta) [{n},{m}], got "
-                             f"{A.shape} and {B.shape}")
         Ms, Mb, c = (np.asarray(x, np.float64) for x in self.leader_quadratic(jnp.asarray(theta)))
-        if Ms.shape != (n, n) or Mb.shape != (m, m) or c.shape != ():
-            raise ValueError(f"{self.name}: leader_quadratic must return ([n,n], [m,m], scalar)")
+        for label, x, shape in (("Ms", Ms, (n, n)), ("Mb", Mb, (m, m)), ("c", c, ())):
+            check_shape(f"{self.name}: leader_quadratic(theta)'s {label}", x, shape, src)
         if not np.all(np.isfinite(A)) or not np.all(np.isfinite(B)):
             raise ValueError(f"{self.name}: A(theta) or B(theta) is not finite at theta")
         if not is_stabilizable(A, B, self.gamma_F):

@@ -27,6 +27,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings
 from bchg_jax.lq.rollout import Trajectories
 from bchg_jax.core.segments import forward_discounted_sum
 
@@ -208,10 +209,13 @@ def hypergradient(problem, theta: Array, traj: Trajectories, beta, V_L: Array,
     Returns:
       [d] estimate of grad_theta J_L (an ascent direction).
     Raises:
-      ValueError: unknown ``guide`` or a missing input it needs.
+      ValueError: unknown ``guide``, a missing input it needs, a concrete ``beta`` not finite
+        and > 0, or a bad scalar setting of ``problem`` (a discount outside [0, 1), ...).
     """
     if guide not in GUIDES:
         raise ValueError(f"guide must be one of {GUIDES}, got {guide!r}")
+    check_problem_settings(problem)
+    check_beta_if_concrete(beta)
     gw = {"benefit": benefit, "hpgd": Q_L, "none": None}[guide]
     if guide != "none" and gw is None:
         raise ValueError(f"guide={guide!r} needs {'benefit' if guide == 'benefit' else 'Q_L'}")

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core.maxent_lqr import GaussianBestResponse
+from bchg_jax.core.validate import check_beta_if_concrete, check_count, check_problem_settings
 from bchg_jax.lq.cmdp import LQConfigurableMDP
 
 Array = jax.Array
@@ -77,6 +78,16 @@ def discounted_state_covariance(problem: LQConfigurableMDP, theta: Array,
     return X
 
 
+def _check_args(problem: LQConfigurableMDP, beta=None, horizon="default") -> None:
+    """The problem's scalar settings, a concrete beta (> 0; None: not checked) and ``horizon``
+    (``"default"``, None or a positive integer)."""
+    check_problem_settings(problem)
+    if beta is not None:
+        check_beta_if_concrete(beta)
+    if not (horizon is None or (isinstance(horizon, str) and horizon == "default")):
+        check_count('horizon ("default", None or a positive integer)', horizon)
+
+
 def _discount_mass(gamma, horizon, dtype):
     if horizon is None:
         return jnp.asarray(1.0 / (1.0 - gamma), dtype)
@@ -116,7 +127,11 @@ def leader_objective(problem: LQConfigurableMDP, theta: Array, beta, horizon="de
       tol: Riccati stopping tolerance. max_iters: Riccati iteration cap.
     Returns:
       [] the leader's discounted (gamma_L) expected return from s_0 ~ N(0, init_cov).
+    Raises:
+      ValueError: a concrete ``beta`` not finite and > 0, a bad ``horizon``, or a bad scalar
+        setting of ``problem`` (a discount outside [0, 1), ...).
     """
+    _check_args(problem, beta, horizon)
     H = problem.horizon if horizon == "default" else horizon
     br = problem.best_response(theta, beta, tol=tol, max_iters=max_iters) if br is None else br
     X = discounted_state_covariance(problem, theta, br, H)
@@ -139,7 +154,10 @@ def exact_hypergradient(problem: LQConfigurableMDP, theta: Array, beta, horizon=
       tol: Riccati stopping tolerance. max_iters: Riccati iteration cap.
     Returns:
       [d] gradient (like ``theta``).
+    Raises:
+      ValueError: as :func:`leader_objective`.
     """
+    _check_args(problem, beta, horizon)
     return jax.grad(lambda th: leader_objective(problem, th, beta, horizon, tol=tol,
                                                 max_iters=max_iters))(theta)
 
@@ -157,7 +175,10 @@ def components(problem: LQConfigurableMDP, theta: Array, br: GaussianBestRespons
       horizon: as :func:`leader_objective`.
     Returns:
       {name: [] value}.
+    Raises:
+      ValueError: a bad ``horizon`` or a bad scalar setting of ``problem``.
     """
+    _check_args(problem, None, horizon)
     H = problem.horizon if horizon == "default" else horizon
     X = discounted_state_covariance(problem, theta, br, H)
     mass = _discount_mass(problem.gamma_L, H, theta.dtype)

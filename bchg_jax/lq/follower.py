@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from bchg_jax.core.maxent_lqr import (GaussianBestResponse, check_solution, maxent_lqr, riccati,
                                       soft_q, soft_value)
-from bchg_jax.core.validate import check_beta
+from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings
 
 Array = jax.Array
 
@@ -43,10 +43,11 @@ def best_response(problem, theta: Array, beta, P0=None, tol: float = 1e-6,
       :class:`GaussianBestResponse` (``P`` [n, n], ``K`` [m, n], ``cov`` [m, m], ``.sample``,
       ``.log_prob``, ``.mean``, ``.converged``).
     Raises:
-      ValueError: a concrete ``beta`` that is not positive.
+      ValueError: a concrete ``beta`` not finite and > 0, or a bad scalar setting of
+        ``problem`` (a discount outside [0, 1), a bad ``horizon``).
     """
-    if not isinstance(beta, jax.core.Tracer):
-        check_beta(beta)
+    check_problem_settings(problem)
+    check_beta_if_concrete(beta)
     dt = theta.dtype
     return maxent_lqr(problem.A_fn(theta), problem.B_fn(theta), jnp.asarray(problem.Qbar, dt),
                       jnp.asarray(problem.Rbar, dt), jnp.asarray(problem.U, dt), problem.gamma_F,

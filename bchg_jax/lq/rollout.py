@@ -11,6 +11,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.validate import check_count, check_shape
+
 Array = jax.Array
 
 
@@ -53,7 +55,17 @@ def rollout(key: Array, problem, theta: Array, policy, num_episodes: int,
       horizon: T.
     Returns:
       :class:`Trajectories` with ``s`` [E, T+1, n] and ``b`` [E, T+1, m].
+    Raises:
+      ValueError: ``num_episodes`` or ``horizon`` not a positive integer, or a ``policy`` with
+        a gain ``K`` that does not fit the problem's sizes (a response of another problem).
     """
+    check_count("num_episodes", num_episodes)
+    check_count("horizon", horizon)
+    K = getattr(policy, "K", None)
+    if K is not None and hasattr(problem, "state_dim") and hasattr(problem, "action_dim"):
+        n, m = problem.state_dim, problem.action_dim
+        check_shape("policy.K (the follower's gain)", K, (m, n),
+                    f"n={n}, m={m} from {getattr(problem, 'name', 'the problem')}")
     k0, kb0, kloop = jax.random.split(key, 3)
     s0 = problem.sample_init(k0, theta, num_episodes)
     b0 = policy.sample(kb0, s0)

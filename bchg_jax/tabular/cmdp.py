@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.core.validate import check_problem_settings
+
 Array = jax.Array
 
 
@@ -62,13 +64,13 @@ class TabularCMDP:
     # --- derived static facts -------------------------------------------------------------
     @property
     def num_states(self) -> int:
-        """S, the number of states (from the shape of ``init_dist(theta0)`` [S])."""
-        return int(jax.eval_shape(self.init_dist, self.theta0).shape[0])
+        """S, the number of states (from the shape of ``transition(theta0)`` [S, B, S])."""
+        return int(jax.eval_shape(self.transition, self.theta0).shape[0])
 
     @property
     def num_actions(self) -> int:
-        """B, the follower's number of actions (from ``follower_reward(theta0)`` [S, B])."""
-        return int(jax.eval_shape(self.follower_reward, self.theta0).shape[1])
+        """B, the follower's number of actions (from ``transition(theta0)`` [S, B, S])."""
+        return int(jax.eval_shape(self.transition, self.theta0).shape[1])
 
     @property
     def terminal_mask(self) -> Array:
@@ -105,7 +107,9 @@ class TabularCMDP:
         """Checks shapes, probabilities and discounts; raises ``ValueError`` with a clear message.
 
         Runs the user functions eagerly on ``theta`` (default ``theta0``), before any compilation.
-        Returns ``self`` so it can be chained.
+        S and B are read from ``transition(theta)`` [S, B, S]; every other table is checked
+        against them, and an error names the table at fault. Returns ``self`` so it can be
+        chained.
 
         Args:
           theta: leader parameters to evaluate the tables at (shaped like ``theta0``); None:
@@ -118,41 +122,32 @@ class TabularCMDP:
             failing problem function, wrong table shapes, non-probability rows, a non-scalar
             Phi_L, non-finite entries, or a ``terminal`` mask not of shape [S].
         """
-        for name in ("gamma_F", "gamma_L"):
-            g = getattr(self, name)
-            try:
-                ok = np.ndim(g) == 0 and 0.0 <= float(g) < 1.0
-            except (TypeError, ValueError):
-                ok = False
-            if not ok:
-                raise ValueError(f"{self.name}: {name} must be a number in [0, 1), got {g!r}")
+        check_problem_settings(self)
         theta = self.theta0 if theta is None else theta
         theta = jnp.asarray(theta)
         if not jnp.issubdtype(theta.dtype, jnp.floating):
             raise ValueError(f"{self.name}: theta must be a floating array, got dtype {theta.dtype}")
-        if self.time_limit is not None and int(self.time_limit) < 1:
-            raise ValueError(f"{self.name}: time_limit must be >= 1 or None, got {self.time_limit}")
         try:
+            p = np.asarray(self.transition(theta), dtype=np.float64)
             rho = np.asarray(self.init_dist(theta), dtype=np.float64)
             rf = np.asarray(self.follower_reward(theta), dtype=np.float64)
             rl = np.asarray(self.leader_reward(theta), dtype=np.float64)
-            p = np.asarray(self.transition(theta), dtype=np.float64)
             ps = np.asarray(self.sampler_transition(theta), dtype=np.float64)
             reg = np.asarray(self.regularizer(theta))
         except Exception as err:  # noqa: BLE001 - re-raised with context
             raise ValueError(f"{self.name}: a problem function failed on theta of shape "
                              f"{theta.shape}: {err}") from err
-        if rho.ndim != 1:
-            raise ValueError(f"{self.name}: init_dist(theta) must have shape [S], got {rho.shape}")
-        S = rho.shape[0]
-        if rf.ndim != 2 or rf.shape[0] != S:
-            raise ValueError(f"{self.name}: follower_reward(theta) must have shape [S={S}, B], got {rf.shape}")
-        B = rf.shape[1]
-        if rl.shape != (S, B):
-            raise ValueError(f"{self.name}: leader_reward(theta) must have shape {(S, B)}, got {rl.shape}")
+        if p.ndim != 3 or p.shape[0] != p.shape[2] or p.size == 0:
+            raise ValueError(f"{self.name}: transition(theta) must have shape [S, B, S], "
+                             f"got {p.shape}")
+        S, B = p.shape[:2]
+        for label, table, shape in (("init_dist", rho, (S,)), ("follower_reward", rf, (S, B)),
+                                    ("leader_reward", rl, (S, B)),
+                                    ("sample_transition", ps, (S, B, S))):
+            if table.shape != shape:
+                raise ValueError(f"{self.name}: {label}(theta) must have shape {shape} (S={S}, "
+                                 f"B={B} from transition(theta)), got {table.shape}")
         for label, table in (("transition", p), ("sample_transition", ps)):
-            if table.shape != (S, B, S):
-                raise ValueError(f"{self.name}: {label}(theta) must have shape {(S, B, S)}, got {table.shape}")
             if np.any(table < -atol) or not np.allclose(table.sum(-1), 1.0, atol=atol):
                 bad = np.argwhere(~np.isclose(table.sum(-1), 1.0, atol=atol))
                 raise ValueError(f"{self.name}: {label}(theta) rows must be probabilities summing to 1; "

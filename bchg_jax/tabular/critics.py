@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from bchg_jax.core.validate import check_discount, check_if_concrete
 from bchg_jax.tabular.rollout import Batch
 from bchg_jax.core.segments import discounted_suffix_sum
 
@@ -53,7 +55,10 @@ def sarsa_update(key: Array, Q: Array, batch: Batch, leader_reward: Array, gamma
       alpha: SARSA step size alpha_SA (scalar, may be traced).
     Returns:
       [S, B] the updated critic Q_L^{i+1}.
+    Raises:
+      ValueError: a concrete ``gamma_L`` outside [0, 1].
     """
+    check_if_concrete(check_discount, "gamma_L", gamma_L, True)
     E, T = batch.s.shape
     nxt_s = jnp.concatenate([batch.s[:, 1:], batch.s[:, -1:]], axis=1)
     nxt_b = jnp.concatenate([batch.b[:, 1:], batch.b[:, -1:]], axis=1)
@@ -71,6 +76,19 @@ def sarsa_update(key: Array, Q: Array, batch: Batch, leader_reward: Array, gamma
     return Q
 
 
+def _check_q_policy(Q: Array, policy: Array) -> None:
+    """``Q`` [..., B] and ``policy`` [S, B]: the same B, broadcasting shapes (ValueError)."""
+    qs, ps = tuple(np.shape(Q)), tuple(np.shape(policy))
+    try:
+        ok = len(qs) >= 1 and len(ps) >= 1 and qs[-1] == ps[-1]
+        np.broadcast_shapes(qs, ps)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"Q [..., B] and policy [S, B] must have the same number of actions B "
+                         f"and broadcasting shapes, got Q {qs} and policy {ps}")
+
+
 def benefit(Q: Array, policy: Array) -> Array:
     """B_L(s, b) = Q_L(s, b) - sum_b' g(b'|s) Q_L(s, b') (the paper's Benefit).
 
@@ -82,7 +100,11 @@ def benefit(Q: Array, policy: Array) -> Array:
       policy: [S, B] follower policy g(b|s).
     Returns:
       [S, B] B_L(s, b).
+    Raises:
+      ValueError: ``Q`` and ``policy`` with different numbers of actions or shapes that do not
+        broadcast.
     """
+    _check_q_policy(Q, policy)
     return Q - jnp.sum(policy * Q, axis=-1, keepdims=True)
 
 
@@ -96,7 +118,10 @@ def state_value(Q: Array, policy: Array) -> Array:
       policy: [S, B] follower policy g(b|s).
     Returns:
       [S] V_L(s).
+    Raises:
+      ValueError: as :func:`benefit`.
     """
+    _check_q_policy(Q, policy)
     return jnp.sum(policy * Q, axis=-1)
 
 
@@ -114,7 +139,10 @@ def monte_carlo_critic(batch: Batch, leader_reward: Array, gamma_L):
       gamma_L: leader discount (scalar).
     Returns:
       (Q_L, V_L): [S, B] and [S] Monte Carlo estimates.
+    Raises:
+      ValueError: a concrete ``gamma_L`` outside [0, 1].
     """
+    check_if_concrete(check_discount, "gamma_L", gamma_L, True)
     S, B = leader_reward.shape
     G = discounted_suffix_sum(leader_reward[batch.s, batch.b], gamma_L, batch.done)
     ones = jnp.ones(G.size, G.dtype)

@@ -29,7 +29,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from bchg_jax.core.validate import check_beta
+from bchg_jax.core.validate import (check_beta_if_concrete, check_discount, check_if_concrete,
+                                    check_problem_settings)
 from bchg_jax.tabular.critics import state_value
 from bchg_jax.tabular.follower import BestResponse
 from bchg_jax.tabular.cmdp import TabularCMDP
@@ -93,9 +94,10 @@ def follower_q_grad_cotangents(weights: Array, batch: Batch, V_F: Array, gamma_F
       (cot_r_F, cot_log_p): [S, B] cotangent of r_F^theta and [S, B, S] cotangent of
       log p^theta, for :func:`apply_cotangents`.
     Raises:
-      ValueError: an unknown ``grouping``, or ``per_visit`` with ``subtract_value`` or
-        ``segments``.
+      ValueError: an unknown ``grouping``, ``per_visit`` with ``subtract_value`` or
+        ``segments``, or a concrete ``gamma_F`` outside [0, 1].
     """
+    check_if_concrete(check_discount, "gamma_F", gamma_F, True)
     seg = batch if segments is None else segments
     if grouping == "per_visit":
         if subtract_value or segments is not None:
@@ -173,8 +175,9 @@ def partial_cotangents(batch: Batch, V_L: Array, rho: Array, gamma_L, n_episodes
       (cot_r_L, cot_log_p, cot_log_rho, cot_rho): [S, B], [S, B, S], [S], [S] cotangents of
       r_L^theta, log p^theta, log rho_0^theta and rho_0^theta.
     Raises:
-      ValueError: an unknown ``partial``.
+      ValueError: an unknown ``partial`` or a concrete ``gamma_L`` outside [0, 1].
     """
+    check_if_concrete(check_discount, "gamma_L", gamma_L, True)
     dtype = V_L.dtype
     if partial == "trajectory":
         w = (batch.t == 0).astype(dtype) / n_episodes
@@ -255,13 +258,13 @@ def hypergradient(problem: TabularCMDP, theta: Array, batch: Batch, follower: Be
     Returns:
       the estimate, shaped like ``theta`` (includes grad Phi_L(theta)).
     Raises:
-      ValueError: an unknown ``guide``/``grouping``/``partial`` or a non-positive concrete
-        ``beta``.
+      ValueError: an unknown ``guide``/``grouping``/``partial``, a concrete ``beta`` not finite
+        and > 0, or a bad scalar setting of ``problem`` (a discount outside [0, 1), ...).
     """
     if guide not in GUIDES:
         raise ValueError(f"guide must be one of {GUIDES}, got {guide!r}")
-    if not isinstance(beta, jax.core.Tracer):
-        check_beta(beta)
+    check_problem_settings(problem)
+    check_beta_if_concrete(beta)
     S, B = Q_L.shape
     chex.assert_shape(follower.policy, (S, B))
     chex.assert_shape(follower.V, (S,))

@@ -16,6 +16,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.validate import (check_beta_if_concrete, check_discount, check_if_concrete,
+                                    check_problem_settings, check_shape, transition_sizes)
 from bchg_jax.tabular.follower import (BestResponse, boltzmann, continuation, soft_q, soft_v)
 from bchg_jax.tabular.cmdp import TabularCMDP
 
@@ -47,8 +49,16 @@ def policy_evaluation(P: Array, r: Array, policy: Array, gamma, cont: Array) -> 
       cont: [S] continuation 1 - term(s) (0 after terminal states).
     Returns:
       [S] V^g(s).
+    Raises:
+      ValueError: a concrete ``gamma`` outside [0, 1), or ``r`` / ``policy`` / ``cont`` not
+        shaped by ``P``'s S, B.
     """
-    S = r.shape[0]
+    check_if_concrete(check_discount, "gamma (policy evaluation discount)", gamma)
+    S, B = transition_sizes("P (transition)", P)
+    src = f"S={S}, B={B} from P [S, B, S]"
+    check_shape("r (reward)", r, (S, B), src)
+    check_shape("policy", policy, (S, B), src)
+    check_shape("cont (continuation)", cont, (S,), src)
     A = jnp.eye(S, dtype=r.dtype) - (gamma * cont)[:, None] * policy_matrix(P, policy)
     return jnp.linalg.solve(A, jnp.sum(policy * r, axis=-1))
 
@@ -128,7 +138,12 @@ def best_response(problem: TabularCMDP, theta: Array, beta, V0: Optional[Array] 
     Returns:
       :class:`BestResponse`: ``policy`` [S, B], ``V`` [S], ``Q`` [S, B], ``sweeps`` []
       (= ``polish_sweeps``), ``residual`` [] (sup-norm of T(V) - V).
+    Raises:
+      ValueError: a concrete ``beta`` not finite and > 0, or a bad scalar setting of
+        ``problem`` (a discount outside [0, 1), a bad ``time_limit``).
     """
+    check_problem_settings(problem)
+    check_beta_if_concrete(beta)
     P = problem.transition(theta)
     r = problem.follower_reward(theta)
     cont = continuation(problem.terminal, r.shape[0], r.dtype)
@@ -171,8 +186,14 @@ def leader_values(problem: TabularCMDP, theta: Array, policy: Array):
       policy: [S, B] follower policy g(b|s).
     Returns:
       (V_L, Q_L): [S] and [S, B].
+    Raises:
+      ValueError: a bad scalar setting of ``problem`` (a discount outside [0, 1), ...) or a
+        ``policy`` not of shape [S, B] (S, B from ``problem.transition``).
     """
+    check_problem_settings(problem)
     P = problem.transition(theta)
+    S, B = transition_sizes("problem.transition(theta)", P)
+    check_shape("policy", policy, (S, B), f"S={S}, B={B} from problem.transition(theta)")
     rL = problem.leader_reward(theta)
     cont = continuation(problem.terminal, rL.shape[0], rL.dtype)
     V = policy_evaluation(P, rL, policy, problem.gamma_L, cont)
@@ -191,7 +212,12 @@ def leader_objective(problem: TabularCMDP, theta: Array, beta, V0: Optional[Arra
         (``V0``: [S] or None).
     Returns:
       [] scalar J_L, differentiable in ``theta`` through the follower's fixed point.
+    Raises:
+      ValueError: a concrete ``beta`` not finite and > 0, or a bad scalar setting of
+        ``problem`` (a discount outside [0, 1), a bad ``time_limit``).
     """
+    check_problem_settings(problem)
+    check_beta_if_concrete(beta)
     br = best_response(problem, theta, beta, V0, newton_iters, polish_sweeps)
     V_L, _ = leader_values(problem, theta, br.policy)
     return jnp.dot(problem.init_dist(theta), V_L) + problem.regularizer(theta)
@@ -208,6 +234,10 @@ def exact_hypergradient(problem: TabularCMDP, theta: Array, beta, V0: Optional[A
       problem, theta, beta, V0, newton_iters, polish_sweeps: as :func:`leader_objective`.
     Returns:
       the gradient, shaped like ``theta`` (includes grad Phi_L).
+    Raises:
+      ValueError: as :func:`leader_objective`.
     """
+    check_problem_settings(problem)
+    check_beta_if_concrete(beta)
     return jax.grad(leader_objective, argnums=1)(problem, theta, beta, V0, newton_iters,
                                                  polish_sweeps)

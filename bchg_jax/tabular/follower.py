@@ -14,6 +14,9 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.validate import (check_beta_if_concrete, check_discount, check_if_concrete,
+                                    check_shape, transition_sizes)
+
 Array = jax.Array
 
 
@@ -128,8 +131,19 @@ def soft_value_iteration(P: Array, r: Array, beta, gamma, terminal: Optional[Arr
     Returns:
       :class:`BestResponse`: ``policy`` [S, B], ``V`` [S], ``Q`` [S, B], ``sweeps`` [] (sweeps
       performed), ``residual`` [] (sup-norm change of the last sweep).
+    Raises:
+      ValueError: a concrete ``beta`` not finite and > 0, a concrete ``gamma`` outside [0, 1),
+        or ``r`` / ``terminal`` / ``V0`` not shaped by ``P``'s S, B.
     """
-    S = r.shape[0]
+    check_beta_if_concrete(beta)
+    check_if_concrete(check_discount, "gamma (the follower's discount)", gamma)
+    S, B = transition_sizes("P (transition)", P)
+    src = f"S={S}, B={B} from P [S, B, S]"
+    check_shape("r (follower reward)", r, (S, B), src)
+    if terminal is not None:
+        check_shape("terminal", terminal, (S,), src)
+    if V0 is not None:
+        check_shape("V0", V0, (S,), src)
     cont = continuation(terminal, S, r.dtype)
     V0 = jnp.zeros((S,), r.dtype) if V0 is None else V0.astype(r.dtype)
 

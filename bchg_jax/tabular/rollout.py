@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
-import chex
 import jax
 import jax.numpy as jnp
+
+from bchg_jax.core.validate import check_count, check_shape, transition_sizes
 
 Array = jax.Array
 
@@ -77,12 +78,17 @@ def rollout(key: Array, policy: Array, transition: Array, init_dist: Array,
     Returns:
       :class:`Batch`, every field [num_envs, num_steps] (time axis 1).
     Raises:
-      ValueError: ``num_envs`` or ``num_steps`` < 1 (shape errors from ``chex``).
+      ValueError: ``transition`` not [S, B, S]; ``policy``, ``init_dist`` or ``terminal`` not
+        shaped by its S, B (the error names the array at fault); a ``time_limit`` that is not a
+        positive integer or None; ``num_envs`` or ``num_steps`` < 1.
     """
-    S = init_dist.shape[0]
-    B = policy.shape[-1]
-    chex.assert_shape(policy, (S, B))
-    chex.assert_shape(transition, (S, B, S))
+    S, B = transition_sizes("transition", transition)
+    src = f"S={S}, B={B} from transition [S, B, S]"
+    check_shape("policy", policy, (S, B), src)
+    check_shape("init_dist", init_dist, (S,), src)
+    if terminal is not None:
+        check_shape("terminal", terminal, (S,), src)
+    check_count("time_limit", time_limit, allow_none=True)
     if num_envs < 1 or num_steps < 1:
         raise ValueError(f"num_envs and num_steps must be >= 1, got {num_envs} and {num_steps}")
     term_mask = jnp.zeros((S,), bool) if terminal is None else jnp.asarray(terminal, bool)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.validate import (check_beta_if_concrete, check_count, check_discount,
+                                    check_if_concrete, check_int_range, check_problem_settings)
 from bchg_jax.games.estimators import (continuous_hypergradient,
                                       deterministic_hypergradient, game_score_weights)
 from bchg_jax.games.lqr.follower import (GameResponse, best_response, follower_q,
@@ -30,6 +32,19 @@ from bchg_jax.games.lqr.game import (LQRGame, leader_gain, leader_log_prob, lead
 from bchg_jax.games.lqr.rollout import rollout
 
 Array = jax.Array
+
+
+def _check_args(game: LQRGame, beta=None, horizon=None, gamma=None) -> None:
+    """The game's scalar settings, a concrete beta (> 0), a horizon (a positive integer) and a
+    concrete return discount gamma (in [0, 1]: a finite-horizon sum may be undiscounted); None
+    skips an argument."""
+    check_problem_settings(game)
+    if beta is not None:
+        check_beta_if_concrete(beta)
+    if horizon is not None:
+        check_count("horizon", horizon)
+    if gamma is not None:
+        check_if_concrete(check_discount, "gamma (the leader return's discount)", gamma, True)
 
 
 def closed_loop(game: LQRGame, theta: Array, resp: GameResponse, stochastic: bool = True):
@@ -109,7 +124,12 @@ def leader_objective(game: LQRGame, theta: Array, beta, *, horizon: int | None =
       s0: [n] start state (default ``game.s0``).
     Returns:
       [] the expected leader return.
+    Raises:
+      ValueError: a concrete ``beta`` not finite and > 0, a ``horizon`` that is not a positive
+        integer, a concrete ``gamma`` outside [0, 1], a bad scalar setting of ``game`` (a
+        discount outside [0, 1), ...), or ``theta`` not [k * n].
     """
+    _check_args(game, beta, horizon, gamma)
     T = int(game.horizon if horizon is None else horizon)
     if resp is None:
         resp = best_response(game, theta, beta, stochastic=stochastic)
@@ -135,7 +155,10 @@ def exact_hypergradient(game: LQRGame, theta: Array, beta, *, horizon: int | Non
       stochastic: Gaussian (True) or deterministic (False) leader.
     Returns:
       [k * n] gradient.
+    Raises:
+      ValueError: as :func:`leader_objective`.
     """
+    _check_args(game, beta, horizon, gamma)
     g = game.gamma_L if gamma is None else gamma
     return jax.grad(lambda th: leader_objective(game, th, beta, horizon=horizon, gamma=g,
                                              stochastic=stochastic))(theta)
@@ -155,7 +178,11 @@ def leader_state_values(game: LQRGame, theta: Array, resp: GameResponse, x: Arra
       stochastic: Gaussian (True) or deterministic (False) leader.
     Returns:
       [...] finite-horizon leader values.
+    Raises:
+      ValueError: a bad scalar setting of ``game``, a ``horizon`` that is not a positive
+        integer, or a concrete ``gamma`` outside [0, 1].
     """
+    _check_args(game, horizon=horizon, gamma=gamma)
     F, N = closed_loop(game, theta, resp, stochastic)
 
     def body(c, t):
@@ -182,7 +209,10 @@ def leader_q(game: LQRGame, theta: Array, resp: GameResponse, s: Array, a: Array
       stochastic: Gaussian (True) or deterministic (False) leader.
     Returns:
       [...] exact finite-horizon leader Q-values.
+    Raises:
+      ValueError: as :func:`leader_state_values`.
     """
+    _check_args(game, horizon=horizon, gamma=gamma)
     s2 = transition(game, s, a, b)
     return leader_reward(game, s) + gamma * leader_state_values(
         game, theta, resp, s2, remaining - 1, gamma, horizon, stochastic)
@@ -220,8 +250,20 @@ def exact_critic_estimate(game: LQRGame, theta: Array, beta, key: Array, *, epis
     Returns:
       [k * n] the estimate of grad_theta J_L.
     Raises:
-      ValueError: an unknown ``direct_baseline`` or ``influence``.
+      ValueError: an unknown ``direct_baseline`` or ``influence``, a concrete ``beta`` not
+        finite and > 0, a concrete ``gamma`` outside [0, 1], ``episodes`` / ``leader_steps`` /
+        ``samples`` not positive integers or ``extra_steps`` not an integer >= 0, a bad scalar
+        setting of ``game``, or an unknown ``guide``.
     """
+    _check_args(game, beta, gamma=gamma)
+    if direct_baseline not in ("value", "same_b", "same_noise", "none"):
+        raise ValueError(f"unknown direct_baseline {direct_baseline!r}")
+    if influence not in ("raw", "baseline"):
+        raise ValueError(f"influence must be 'raw' or 'baseline', got {influence!r}")
+    check_count("episodes", episodes)
+    check_count("leader_steps", leader_steps)
+    check_count("samples", samples)
+    check_int_range("extra_steps", extra_steps, 0, float("inf"))
     gL = game.gamma_L if gamma is None else gamma
     T = leader_steps
     resp = best_response(game, theta, beta, stochastic=stochastic)
@@ -275,7 +317,10 @@ def hypergradient_split(game: LQRGame, theta: Array, beta, *, horizon: int | Non
       game, theta, beta, horizon, gamma, stochastic: as :func:`exact_hypergradient`.
     Returns:
       (full [k * n], direct [k * n]).
+    Raises:
+      ValueError: as :func:`exact_hypergradient`.
     """
+    _check_args(game, beta, horizon, gamma)
     g = game.gamma_L if gamma is None else gamma
 
     def J(th, th_follower):

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core.maxent_lqr import GaussianBestResponse, RiccatiInfo, maxent_lqr_observable
+from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings
 from bchg_jax.games.lqr.game import (LQRGame, _quad, follower_reward, leader_gain, transition)
 
 Array = jax.Array
@@ -93,7 +94,12 @@ def best_response(game: LQRGame, theta: Array, beta, *, stochastic: bool = True,
       max_iters: maximum number of Riccati iterations.
     Returns:
       :class:`GameResponse`.
+    Raises:
+      ValueError: a concrete ``beta`` not finite and > 0, a bad scalar setting of ``game`` (a
+        discount outside [0, 1), a bad ``horizon``), or ``theta`` not [k * n].
     """
+    check_problem_settings(game)
+    check_beta_if_concrete(beta)
     dt = theta.dtype
     A, B, C, Q, R = game.arrays(dt)
     K = leader_gain(game, theta)

@@ -94,17 +94,24 @@ class LQRGame:
         Raises:
           ValueError: the first failed check.
         """
-        n = self.state_dim
         A, B, C, Q, R, s0, ss, Sig, U = (np.asarray(x, np.float64) for x in (
             self.A, self.B, self.C, self.Qbar, self.Rbar, self.s0, self.s_star, self.Sigma,
             self.U))
-        k, m = C.shape[-1] if C.ndim == 2 else -1, B.shape[-1] if B.ndim == 2 else -1
+        if A.ndim != 2 or A.shape[0] != A.shape[1] or A.shape[0] < 1:
+            raise ValueError(f"{self.name}: A must have shape [n, n], got {A.shape}")
+        n = A.shape[0]
+        for name, x in (("B", B), ("C", C)):     # m, k: from B [n, m] and C [n, k]
+            if x.ndim != 2 or x.shape[0] != n or x.shape[1] < 1:
+                raise ValueError(f"{self.name}: {name} must have shape [n={n}, "
+                                 f"{'m' if name == 'B' else 'k'}] (n from A), got {x.shape}")
+        k, m = C.shape[1], B.shape[1]
         shapes = {"A": (A, (n, n)), "B": (B, (n, m)), "C": (C, (n, k)), "Qbar": (Q, (n, n)),
                   "Rbar": (R, (m, m)), "s0": (s0, (n,)), "s_star": (ss, (n,)),
                   "Sigma": (Sig, (n, n)), "U": (U, (k, k))}
         for name, (x, shape) in shapes.items():
-            if x.shape != shape or min(shape + (1,)) < 1:
-                raise ValueError(f"{self.name}: {name} must have shape {shape}, got {x.shape}")
+            if x.shape != shape:
+                raise ValueError(f"{self.name}: {name} must have shape {shape} (n={n} from A, "
+                                 f"m={m} from B, k={k} from C), got {x.shape}")
             if not np.all(np.isfinite(x)):
                 raise ValueError(f"{self.name}: {name} is not finite")
         check_discounts(self.name, self.gamma_F, self.gamma_L, self.horizon)
@@ -137,7 +144,13 @@ def leader_gain(game: LQRGame, theta: Array) -> Array:
       theta: [..., k * n] leader parameters.
     Returns:
       [..., k, n] leader gains.
+    Raises:
+      ValueError: ``theta`` whose last axis is not k * n.
     """
+    k, n = game.leader_dim, game.state_dim
+    if np.ndim(theta) < 1 or np.shape(theta)[-1] != k * n:
+        raise ValueError(f"{game.name}: theta must have last axis k * n = {k * n} (K_theta is "
+                         f"[k={k}, n={n}]), got shape {tuple(np.shape(theta))}")
     return theta.reshape(theta.shape[:-1] + (game.leader_dim, game.state_dim))
 
 

@@ -7,6 +7,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.validate import check_count, check_shape
 from bchg_jax.games.lqr.follower import GameResponse
 from bchg_jax.games.lqr.game import LQRGame, leader_gain, transition
 
@@ -48,10 +49,20 @@ def rollout(key: Array, game: LQRGame, theta: Array, resp: GameResponse, num_epi
       random_std: std of the random leader actions.
     Returns:
       :class:`GameTrajectories` (``s`` [E, T+1, n], ``a`` [E, T, k], ``b`` [E, T, m]).
+    Raises:
+      ValueError: ``theta`` not [k * n], a ``resp`` whose gains do not fit the game (a response
+        of another game), or ``num_episodes`` / the horizon not a positive integer.
     """
+    check_count("num_episodes", num_episodes)
+    check_count("horizon (or game.horizon when horizon is None)",
+                game.horizon if horizon is None else horizon)
     T = int(game.horizon if horizon is None else horizon)
     dt = theta.dtype
     K = leader_gain(game, theta)
+    n, k, m = game.state_dim, game.leader_dim, game.follower_dim
+    src = f"n={n}, k={k}, m={m} from {game.name}"
+    check_shape("resp.K_s (the follower's state gain)", resp.K_s, (m, n), src)
+    check_shape("resp.K_a (the follower's leader-action gain)", resp.K_a, (m, k), src)
     U = jnp.asarray(game.U, dt) * (1.0 if stochastic else 0.0)
     s0 = jnp.broadcast_to(jnp.asarray(game.s0, dt), (num_episodes, game.state_dim))
 

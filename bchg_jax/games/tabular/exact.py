@@ -14,8 +14,11 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.validate import (check_beta_if_concrete, check_count, check_discount,
+                                    check_if_concrete, check_problem_settings)
 from bchg_jax.games.tabular.follower import (GameBestResponse, response_from_q, soft_q_backup,
                                             soft_q_iteration)
+from bchg_jax.games.tabular.game import check_policy_shapes
 
 Array = jax.Array
 
@@ -41,7 +44,13 @@ def best_response(game, f: Array, beta, backup: str = "reference", tol: float = 
       :class:`~bchg_jax.games.tabular.follower.GameBestResponse` (``policy`` g(b|s, a)
       [S, A, B], ``Q`` [S, A, B], ``V`` [S, A]); ``sweeps`` is reported as 0 and ``residual``
       is the fixed-point residual [] at the solution.
+    Raises:
+      ValueError: a concrete ``beta`` not finite and > 0, a bad scalar setting of ``game`` (a
+        discount outside [0, 1), ...), ``f`` not [S, A], or an unknown ``backup``.
     """
+    check_problem_settings(game)
+    check_beta_if_concrete(beta)
+    check_policy_shapes(game, f)
     P = jnp.asarray(game.transition, f.dtype)
     r = jnp.asarray(game.follower_reward, f.dtype)
     sg = jax.lax.stop_gradient
@@ -87,8 +96,16 @@ def leader_return(game, f: Array, g: Array, horizon: Optional[int] = None,
       gamma: discount (1.0: undiscounted return, the paper's y-axis).
     Returns:
       [] the expected leader return.
+    Raises:
+      ValueError: no horizon (``horizon`` and ``game.time_limit`` both None) or one that is not
+        a positive integer, a concrete ``gamma`` outside [0, 1], a bad scalar setting of
+        ``game``, or ``f`` / ``g`` not shaped by ``game.transition``.
     """
+    check_problem_settings(game)
     H = game.time_limit if horizon is None else horizon
+    check_count("horizon (or game.time_limit when horizon is None)", H)
+    check_if_concrete(check_discount, "gamma", gamma, True)
+    check_policy_shapes(game, f, g)
     P_pi, r_pi = joint_chain(game, f, g)
 
     def body(c, _):
@@ -108,7 +125,12 @@ def leader_values(game, f: Array, g: Array):
       f: [S, A] leader policy. g: [S, A, B] follower policy.
     Returns:
       (V_L [S], Q_L [S, A, B]) with Q_L(s, a, b) = r_L(s, a, b) + gamma_L E_{s'} V_L(s').
+    Raises:
+      ValueError: a bad scalar setting of ``game`` (a discount outside [0, 1), ...) or ``f`` /
+        ``g`` not shaped by ``game.transition``.
     """
+    check_problem_settings(game)
+    check_policy_shapes(game, f, g)
     P_pi, r_pi = joint_chain(game, f, g)
     S = r_pi.shape[0]
     V = jnp.linalg.solve(jnp.eye(S, dtype=f.dtype) - game.gamma_L * P_pi, r_pi)
@@ -131,7 +153,11 @@ def leader_objective(game, f: Array, beta, backup: str = "reference") -> Array:
       backup: the follower's soft-Q backup (``"reference"`` or ``"paper"``).
     Returns:
       [] J_L.
+    Raises:
+      ValueError: as :func:`best_response`.
     """
+    check_problem_settings(game)
+    check_beta_if_concrete(beta)
     br = best_response(game, f, beta, backup)
     V, _ = leader_values(game, f, br.policy)
     return jnp.dot(jnp.asarray(game.init_dist, f.dtype), V)
@@ -151,5 +177,10 @@ def exact_hypergradient(policy_fn, theta, game, beta, backup: str = "reference")
       backup: the follower's soft-Q backup (``"reference"`` or ``"paper"``).
     Returns:
       a pytree like ``theta``.
+    Raises:
+      ValueError: a concrete ``beta`` not finite and > 0, a bad scalar setting of ``game``, or
+        as :func:`best_response` for ``policy_fn(theta)``.
     """
+    check_problem_settings(game)
+    check_beta_if_concrete(beta)
     return jax.grad(lambda th: leader_objective(game, policy_fn(th), beta, backup))(theta)

@@ -16,6 +16,10 @@ from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings, check_shape
+from bchg_jax.games.tabular.game import check_policy_shapes
 
 Array = jax.Array
 BACKUPS = ("reference", "paper")
@@ -120,10 +124,17 @@ def soft_q_iteration(game, f: Array, beta, backup: str = "reference", Q0: Option
       :class:`GameBestResponse` (``policy`` [S, A, B], ``Q`` [S, A, B], ``V`` [S, A], ``sweeps``
       [] int32, ``residual`` [] the last sup-norm change).
     Raises:
-      ValueError: an unknown ``backup``.
+      ValueError: an unknown ``backup``, a concrete ``beta`` not finite and > 0, a bad scalar
+        setting of ``game`` (a discount outside [0, 1), ...), or ``f`` / ``Q0`` not shaped by
+        ``game.transition``.
     """
     if backup not in BACKUPS:
         raise ValueError(f"backup must be one of {BACKUPS}, got {backup!r}")
+    check_problem_settings(game)
+    check_beta_if_concrete(beta)
+    check_policy_shapes(game, f)
+    if Q0 is not None:
+        check_shape("Q0", Q0, np.shape(game.transition)[:3], "[S, A, B] from game.transition")
     P = jnp.asarray(game.transition, f.dtype)
     r = jnp.asarray(game.follower_reward, f.dtype)
     Q0 = jnp.zeros_like(r) if Q0 is None else Q0

@@ -13,7 +13,8 @@ from typing import Optional
 
 import jax
 import numpy as np
-from bchg_jax.core.validate import shape_property
+from bchg_jax.core.validate import (check_problem_settings, check_shape, shape_property,
+                                    transition_sizes)
 
 Array = jax.Array
 
@@ -49,32 +50,55 @@ class TabularGame:
     def validate(self) -> "TabularGame":
         """Clear ValueErrors for bad shapes, probabilities or discounts (host side).
 
+        S, A, B are read from ``transition`` [S, A, B, S]; every other array is checked against
+        them and an error names the array at fault.
+
         Returns:
           ``self``.
         Raises:
           ValueError: a bad shape, a non-stochastic ``transition`` / ``init_dist``, a
             non-finite reward, a discount outside [0, 1) or a bad ``time_limit``.
         """
+        check_problem_settings(self)
         P = np.asarray(self.transition, np.float64)
-        if P.ndim != 4 or P.shape[0] != P.shape[3]:
-            raise ValueError(f"{self.name}: transition must be [S, A, B, S], got {P.shape}")
-        S, A, B, _ = P.shape
-        if np.any(P < -1e-9) or not np.allclose(P.sum(-1), 1.0, atol=1e-6):
+        S, A, B = transition_sizes(f"{self.name}: transition", P, "[S, A, B, S]")
+        src = f"S={S}, A={A}, B={B} from transition [S, A, B, S]"
+        if not np.all(np.isfinite(P)) or np.any(P < -1e-9) or \
+                not np.allclose(P.sum(-1), 1.0, atol=1e-6):
             raise ValueError(f"{self.name}: transition rows must be probability vectors")
         rho = np.asarray(self.init_dist, np.float64)
-        if rho.shape != (S,) or np.any(rho < -1e-9) or not np.isclose(rho.sum(), 1.0, atol=1e-6):
-            raise ValueError(f"{self.name}: init_dist must be a probability vector of length {S}")
+        if rho.shape != (S,):
+            raise ValueError(f"{self.name}: init_dist must have shape ({S},) ({src}), "
+                             f"got {rho.shape}")
+        if np.any(rho < -1e-9) or not np.isclose(rho.sum(), 1.0, atol=1e-6):
+            raise ValueError(f"{self.name}: init_dist must be a probability vector summing to 1")
         for name in ("follower_reward", "leader_reward"):
             r = np.asarray(getattr(self, name), np.float64)
             if r.shape != (S, A, B):
-                raise ValueError(f"{self.name}: {name} must be [{S}, {A}, {B}], got {r.shape}")
+                raise ValueError(f"{self.name}: {name} must have shape {(S, A, B)} ({src}), "
+                                 f"got {r.shape}")
             if not np.all(np.isfinite(r)):
                 raise ValueError(f"{self.name}: {name} must be finite")
-        for name in ("gamma_F", "gamma_L"):
-            g = getattr(self, name)
-            if not 0.0 <= float(g) < 1.0:
-                raise ValueError(f"{self.name}: {name} must be in [0, 1), got {g!r}")
-        if self.time_limit is not None and (not isinstance(self.time_limit, (int, np.integer))
-                                            or self.time_limit < 1):
-            raise ValueError(f"{self.name}: time_limit must be a positive integer or None")
         return self
+
+
+def check_policy_shapes(game: TabularGame, f=None, g=None) -> None:
+    """The leader policy ``f`` [S, A] and the follower policy ``g`` [S, A, B] against the sizes
+    of ``game.transition`` [S, A, B, S] (static shapes, so traced policies are checked too).
+
+    Args:
+      game: the tabular game.
+      f: [S, A] leader policy, or None (not checked).
+      g: [S, A, B] follower policy (or any [S, A, B] table such as a warm start), or None.
+    Returns:
+      None.
+    Raises:
+      ValueError: ``game.transition`` not [S, A, B, S], or ``f`` / ``g`` of another shape
+        (the error names the policy at fault).
+    """
+    S, A, B = transition_sizes(f"{game.name}: transition", game.transition, "[S, A, B, S]")
+    src = f"S={S}, A={A}, B={B} from {game.name}'s transition [S, A, B, S]"
+    if f is not None:
+        check_shape("f (leader policy)", f, (S, A), src)
+    if g is not None:
+        check_shape("g (follower policy)", g, (S, A, B), src)

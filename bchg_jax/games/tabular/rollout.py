@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from bchg_jax.core.validate import check_shape
+from bchg_jax.games.tabular.game import check_policy_shapes
 
 Array = jax.Array
 
@@ -42,11 +44,13 @@ def rollout(key: Array, game, f: Array, g: Array, num_episodes: int,
     Returns:
       :class:`GameEpisodes` with ``s``, ``a``, ``b`` [num_episodes, horizon] (time axis 1).
     Raises:
-      ValueError: ``num_episodes`` or ``horizon`` < 1.
+      ValueError: ``game.transition`` not [S, A, B, S]; ``f``, ``g`` or ``game.init_dist`` not
+        shaped by its S, A, B (the error names the array at fault); ``num_episodes`` or
+        ``horizon`` < 1.
     """
-    S, A, B = np.shape(game.transition)[:3]
-    chex.assert_shape(f, (S, A))
-    chex.assert_shape(g, (S, A, B))
+    check_policy_shapes(game, f, g)
+    S = np.shape(game.transition)[0]
+    check_shape(f"{game.name}: init_dist", game.init_dist, (S,), "S from transition")
     if num_episodes < 1 or horizon < 1:
         raise ValueError(f"num_episodes and horizon must be >= 1, got {num_episodes}, {horizon}")
     P = jnp.asarray(game.transition, f.dtype)
