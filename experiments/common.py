@@ -1,20 +1,25 @@
 """Shared driver of the experiment CLIs: the common flags, run folders, per-chunk results,
-resume, summaries (the experiments are described in ``docs/experiments.md``).
+resume / extend / repeat, Ctrl-C, summaries (the experiments: ``docs/experiments.md``).
 
 A run folder holds ``config.json`` and one sub-folder per method with ``config.json``,
-``metrics.npz`` (rewritten atomically after every chunk) and ``checkpoint/<iteration>/`` (an
-orbax checkpoint folder of the whole training state, saved atomically after every chunk and
-removed when the method completes), ``summary.csv`` and ``curve.png``. With several
-methods the folder also gets ``summary.csv`` (best grid point per method) and ``figure.png``.
-A method whose metrics are complete is skipped, one with a checkpoint resumes from it.
+``metrics.npz`` (rewritten atomically after every chunk), ``metrics.jsonl`` (one line appended
+per chunk) and ``checkpoint/<iteration>/`` (an orbax checkpoint folder of the whole training
+state, saved atomically after every chunk; the last one is kept so that a finished run can be
+extended), ``summary.csv`` and ``curve.png``. With several methods the folder also gets
+``summary.csv`` (best grid point per method) and ``figure.png``. A method whose metrics are
+complete is skipped, one with a checkpoint continues from it (``--resume``, also to a larger
+``--iterations``); ``--config FILE`` repeats a saved run's settings.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
@@ -35,59 +40,131 @@ def grid_label(method: str, grid: Dict[str, np.ndarray], g: int) -> str:
     return method + "".join(f" {k}={grid[k][g]:g}" for k in varying)
 
 
+# the method being trained, for the Ctrl-C message
+PROGRESS = {"method": None}
+
+
 def run_method_folder(out: str, method: str, trainer, grid: Dict[str, np.ndarray], a, *,
                       record: dict, title: str, window: int, ylabel: str,
                       describe: str) -> dict:
-    """Trains (or resumes, or skips if complete) one method's grid in ``out``; returns a summary.
+    """Trains (or resumes, extends, or skips if complete) one method's grid in ``out``.
 
-    ``a`` needs ``seeds``, ``seed``, ``iterations``, ``chunk`` and ``shard``.
+    ``a`` needs ``seeds``, ``seed``, ``iterations``, ``chunk`` and ``shard``. After every chunk
+    ``metrics.npz`` and the orbax checkpoint ``checkpoint/<iteration>/`` are rewritten and one
+    line is appended to ``metrics.jsonl``; the checkpoint of the last iteration is kept, so a
+    later ``--resume DIR --iterations M`` continues from it. Returns the method's summary dict.
     """
-    import shutil
-
     from bchg_jax.core import io as bio
     from bchg_jax.core.io import checkpoint_exists, load_state, save_json, save_npz
     from bchg_jax.core.sweep import grid_functions, run_grid, seed_keys
 
     metrics_path, ckpt_path = os.path.join(out, "metrics.npz"), os.path.join(out, "checkpoint")
+    jsonl_path = os.path.join(out, "metrics.jsonl")
     state, start, metrics = None, 0, None
+    PROGRESS["method"] = method
     if os.path.exists(metrics_path):
         data = dict(np.load(metrics_path))
-        if data["J"].shape[-1] >= a.iterations:
+        done = data["J"].shape[-1]
+        if done >= a.iterations:
             print(f"[{method}] complete in {out}; skipped")
             return finish_method(out, method, grid, data, window, title, ylabel, write=False)
         if checkpoint_exists(ckpt_path):
             init, _ = grid_functions(trainer)
             like = init(seed_keys(a.seeds, a.seed), _hparams(trainer, grid))
-            state = load_state(ckpt_path, like)
+            # grow=True: an off-policy episode buffer is sized by --iterations; extending a run
+            # gives it empty slots at the end
+            state = load_state(ckpt_path, like, grow=True)
             start = int(np.asarray(state.step).reshape(-1)[0])
             metrics = {k: v[..., :start] for k, v in data.items()
                        if isinstance(v, np.ndarray) and v.ndim == 3}
-            print(f"[{method}] resuming at iteration {start}")
-    if state is None:
-        save_json(os.path.join(out, "config.json"), {
-            "method": method, "args": vars(a), **record,
-            "grid": {k: np.asarray(v).tolist() for k, v in grid.items()},
-            "num_grid_points": _num_points(grid)})
+            verb = "extending" if "final" in data else "resuming"
+            print(f"[{method}] {verb} at iteration {start} (to {a.iterations})")
+        elif "final" in data:       # completed before checkpoints were kept: nothing to extend
+            fail(f"{out} completed {done} iterations but holds no checkpoint to continue from; "
+                 f"start a new run with --iterations {a.iterations}")
+    _truncate_jsonl(jsonl_path, start)
+    save_json(os.path.join(out, "config.json"), {
+        "method": method, "args": saved_args(a), **record,
+        "grid": {k: np.asarray(v).tolist() for k, v in grid.items()},
+        "num_grid_points": _num_points(grid)})
     print(f"[{method}] {describe} grid points={_num_points(grid)} seeds={a.seeds} "
           f"iterations={a.iterations} -> {out}", flush=True)
+    clock = {"t": time.perf_counter(), "done": start}
 
     def on_chunk(st, m, done):  # metrics first: a checkpoint never runs ahead of the metrics
-        save_npz(metrics_path, {**m, **{f"grid_{k}": v for k, v in grid.items()},
-                                "completed": np.asarray(done)})
-        if done < a.iterations:
+        with deferred_interrupt():          # Ctrl-C waits until the chunk's files are written
+            save_npz(metrics_path, {**m, **{f"grid_{k}": v for k, v in grid.items()},
+                                    "completed": np.asarray(done)})
+            now = time.perf_counter()
+            _append_jsonl(jsonl_path, method, m, clock["done"], done, now - clock["t"], window)
+            clock.update(t=now, done=done)
             bio.save_state(ckpt_path, st, done)
 
     t0 = time.perf_counter()
     _, metrics = run_grid(trainer, grid, a.seeds, a.iterations, a.chunk, a.seed, state=state,
-                          start=start, metrics=metrics, on_chunk=on_chunk, shard=a.shard)
+                          start=start, metrics=metrics, on_chunk=on_chunk, shard=a.shard,
+                          window=window)
     wall = time.perf_counter() - t0
-    if os.path.exists(ckpt_path):
-        shutil.rmtree(ckpt_path)
     data = {**metrics, **{f"grid_{k}": v for k, v in grid.items()}}
     summary = finish_method(out, method, grid, data, window, title, ylabel, write=True)
     summary["wall_s"] = wall
     print(f"[{method}] wall time {wall:.1f}s")
     return summary
+
+
+@contextlib.contextmanager
+def deferred_interrupt():
+    """Holds back Ctrl-C (SIGINT) inside the block and raises ``KeyboardInterrupt`` after it, so
+    that an interrupt never lands inside a checkpoint write (orbax's writer threads would print
+    their tracebacks). Outside the main thread, or where SIGINT is ignored, it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught and previous is not signal.SIG_IGN:
+            raise KeyboardInterrupt
+
+
+def _append_jsonl(path: str, method: str, m: Dict[str, np.ndarray], begin: int, done: int,
+                  seconds: float, window: int) -> None:
+    """One JSON line per chunk: for every scalar metric, the mean over seeds per grid point at
+    the chunk's last iteration (``last``), over the chunk (``chunk_mean``) and over the summary
+    window (``window_mean``). Appended and flushed, so ``tail -f`` shows a running job."""
+    line = {"method": method, "iteration": int(done), "chunk_iterations": int(done - begin),
+            "chunk_seconds": round(float(seconds), 4), "window": int(min(window, done)),
+            "metrics": {}}
+    for k, v in m.items():
+        if isinstance(v, np.ndarray) and v.ndim == 3:
+            seed_mean = v.astype(np.float64).mean(axis=1)          # [G, t]
+            line["metrics"][k] = {
+                "last": seed_mean[:, -1].tolist(),
+                "chunk_mean": seed_mean[:, begin:done].mean(-1).tolist(),
+                "window_mean": seed_mean[:, -min(window, done):].mean(-1).tolist()}
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
+        f.flush()
+
+
+def _truncate_jsonl(path: str, start: int) -> None:
+    """Drops the lines past iteration ``start`` (a chunk recorded after the last checkpoint is
+    recomputed on resume); a fresh run (start 0) starts an empty file."""
+    from bchg_jax.core.io import _atomic_write_bytes
+    if not os.path.exists(path):
+        return
+    keep = []
+    with open(path) as f:
+        for raw in f:
+            try:
+                if json.loads(raw)["iteration"] <= start:
+                    keep.append(raw if raw.endswith("\n") else raw + "\n")
+            except (ValueError, KeyError):       # a line cut by a kill: dropped
+                pass
+    _atomic_write_bytes(path, "".join(keep).encode())
 
 
 def _num_points(grid) -> int:
@@ -117,7 +194,8 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
                  keys + [f"mean_last{window}", "se", "best"], rows)
         save_figure(os.path.join(out, "curve.png"), learning_curve_figure(
             {grid_label(method, grid, best): J[best]}, title, ylabel=ylabel))
-        print(f"\n{'  '.join(f'{k:>11}' for k in keys)}  mean(last {window})      se")
+        print(f"\n{'  '.join(f'{k:>11}' for k in keys)}  mean(last {min(window, J.shape[-1])})"
+              "      se")
         for g in np.argsort(-mean):
             mark = "  <- best" if g == best else ""
             print("  ".join(f"{grid[k][g]:11g}" for k in keys)
@@ -127,45 +205,93 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
 
 
 def resume_args(a, experiment: str):
-    """For ``--resume DIR``: the saved arguments of DIR's run, with resume/shard kept."""
-    cfg_path = os.path.join(a.resume, "config.json")
+    """For ``--resume DIR``: DIR's saved arguments, with ``--iterations`` (extend only) and the
+    flags of :data:`NOT_SETTINGS` taken from the command line. Exits 2 with a message naming the
+    right folder when DIR is a method's folder or no run folder, and refuses every other
+    setting given with a value that differs from the saved one."""
+    run_dir = os.path.normpath(a.resume)
+    for flag in ("out", "exact_out", "config"):
+        if flag in a._explicit:
+            fail(f"--resume continues the run in {a.resume} in place, with its saved settings; "
+                 f"drop --{flag.replace('_', '-')}")
+    cfg_path = os.path.join(run_dir, "config.json")
+    parent = os.path.dirname(os.path.abspath(run_dir))
+    method_folder = os.path.exists(cfg_path) and "experiment" not in read_run_config(
+        cfg_path, "--resume")
+    if method_folder or (not os.path.exists(cfg_path)
+                         and os.path.exists(os.path.join(parent, "config.json"))):
+        fail(f"--resume {a.resume} is a method's folder inside a run; resume the run folder: "
+             f"python -m experiments.{experiment} --resume {parent}")
     if not os.path.exists(cfg_path):
-        print(f"error: --resume {a.resume}: no config.json there", file=sys.stderr)
-        raise SystemExit(2)
-    cfg = json.load(open(cfg_path))
-    if cfg.get("experiment", experiment) != experiment:
-        print(f"error: --resume {a.resume} holds a {cfg['experiment']} run", file=sys.stderr)
-        raise SystemExit(2)
-    resume, shard, distributed = a.resume, a.shard, getattr(a, "distributed", False)
-    a = argparse.Namespace(**{**vars(a), **cfg["args"]})
-    a.resume, a.shard, a.out, a.exact_out = resume, shard, resume, True
-    a.distributed = distributed
+        fail(f"--resume {a.resume}: no config.json there (not a run folder)")
+    cfg = read_run_config(cfg_path, "--resume")
+    if cfg["experiment"] != experiment:
+        fail(f"--resume {a.resume} holds a {cfg['experiment']} run; resume it with "
+             f"python -m experiments.{cfg['experiment']} --resume {a.resume}")
+    saved = cfg["args"]
+    changed = [f"--{k.replace('_', '-')} {saved.get(k)!r} there, {_jsonable(getattr(a, k))!r} "
+               "given" for k in sorted(a._explicit)
+               if k not in NOT_SETTINGS and k != "iterations" and k in saved
+               and _jsonable(getattr(a, k)) != saved[k]]
+    if changed:
+        fail(f"{a.resume} holds a run with other settings ({'; '.join(changed)}); --resume "
+             "continues a run with its saved settings (only --iterations may grow and --chunk, "
+             "--shard, --distributed change); start a new run with another --out")
+    iterations = saved["iterations"]
+    if "iterations" in a._explicit:
+        if a.iterations < saved["iterations"]:
+            fail(f"--resume {a.resume}: the run has --iterations {saved['iterations']}; a run "
+                 f"can be extended, not shortened (got --iterations {a.iterations})")
+        iterations = a.iterations
+    keep = {k: getattr(a, k, False) for k in ("shard", "distributed")}
+    if "chunk" in a._explicit:
+        keep["chunk"] = a.chunk
+    explicit = a._explicit
+    a = argparse.Namespace(**{**vars(a), **saved, **keep})
+    a.resume, a.out, a.exact_out, a.config = run_dir, run_dir, True, None
+    a.iterations, a._explicit = iterations, explicit
     return a
+
+
+def _jsonable(v):
+    """A parsed argument as config.json stores it (tuples as lists)."""
+    return json.loads(json.dumps(v))
 
 
 def prepare_run_dir(a, experiment: str, methods: Sequence[str], setting_keys: Sequence[str],
                     argv: Optional[Sequence[str]]) -> str:
-    """Creates (or re-opens, to add methods) the run folder and writes its ``config.json``."""
+    """Creates (or re-opens: to add methods, or to resume) the run folder and writes its
+    ``config.json``. A folder that holds another experiment's run or a method's results is
+    refused, as is one whose run has other settings."""
     from bchg_jax.core.io import save_json
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = a.out if a.exact_out else os.path.join(a.out, experiment, stamp)
     check_writable(run_dir)
     cfg_path = os.path.join(run_dir, "config.json")
-    if a.resume is None:
-        command = f"python -m experiments.{experiment} " + " ".join(
-            argv if argv is not None else sys.argv[1:])
-        all_methods = list(methods)
-        if os.path.exists(cfg_path):  # adding methods to an existing run folder
-            old = json.load(open(cfg_path))
-            diff = [k for k in setting_keys if old["args"].get(k) != vars(a).get(k)]
-            if diff:
-                print(f"error: {run_dir} holds a run with other settings ({', '.join(diff)}); "
-                      "use another --out", file=sys.stderr)
-                raise SystemExit(2)
-            all_methods = old["methods"] + [m for m in methods if m not in old["methods"]]
-        save_json(cfg_path, {"experiment": experiment, "methods": all_methods,
-                             "args": {**vars(a), "method": ",".join(all_methods)},
-                             "command": command, **environment_record()})
+    command = f"python -m experiments.{experiment} " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    args = saved_args(a)
+    if a.resume is not None:        # settings checked by resume_args; --iterations may grow
+        old = read_run_config(cfg_path, "--resume")
+        save_json(cfg_path, {**old, "args": {**old["args"], "iterations": a.iterations},
+                             "resumed": old.get("resumed", []) + [
+                                 {"command": command, **environment_record()}]})
+        return run_dir
+    all_methods = list(methods)
+    if os.path.exists(cfg_path):  # adding methods to an existing run folder
+        old = read_run_config(cfg_path, "--out")
+        if old.get("experiment") != experiment:
+            what = (f"a {old['experiment']} run" if "experiment" in old
+                    else "one method's results of a run")
+            fail(f"--out {run_dir} holds {what}; use another --out")
+        diff = [k for k in setting_keys if old["args"].get(k) != _jsonable(args.get(k))]
+        if diff:
+            fail(f"{run_dir} holds a run with other settings ({', '.join(diff)}); "
+                 "use another --out")
+        all_methods = old["methods"] + [m for m in methods if m not in old["methods"]]
+    save_json(cfg_path, {"experiment": experiment, "methods": all_methods,
+                         "args": {**args, "method": ",".join(all_methods)},
+                         "command": command, **environment_record()})
     return run_dir
 
 
@@ -214,6 +340,51 @@ def finish_run(run_dir: str, summaries: Sequence[dict], window: int, extra_figur
 
 
 SMOKE_SEEDS = 2  # --smoke runs at most this many seeds
+_UNSET = object()  # marks flags not given on the command line
+# flags that name where and how a run executes, never its settings: --config and --resume do not
+# take them from a saved config.json, and --resume accepts them changed
+NOT_SETTINGS = ("config", "resume", "out", "exact_out", "shard", "distributed", "chunk")
+
+
+def saved_args(a) -> dict:
+    """The arguments recorded in config.json (``vars(a)`` without private entries)."""
+    return {k: v for k, v in vars(a).items() if not k.startswith("_")}
+
+
+def read_run_config(path: str, flag: str) -> dict:
+    """A config.json as a dict; exits 2 with ``error: FLAG PATH: ...`` when unreadable."""
+    try:
+        with open(path) as f:
+            cfg = json.load(f)
+        if not isinstance(cfg, dict) or not isinstance(cfg.get("args"), dict):
+            raise ValueError("it has no 'args' (not a bchg-jax config.json)")
+    except (OSError, ValueError) as err:
+        fail(f"{flag} {path}: cannot read it: {getattr(err, 'strerror', None) or err}")
+    return cfg
+
+
+def fail(message: str) -> None:
+    """Prints ``error: message`` to stderr and exits with status 2 (bad input)."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def apply_config_file(parser: argparse.ArgumentParser, a) -> None:
+    """``--config FILE``: every setting of FILE (a run's or a method's ``config.json``) that was
+    not given on the command line; the flags of :data:`NOT_SETTINGS` are never taken from it."""
+    cfg = read_run_config(a.config, "--config")
+    prog = parser.prog.rsplit(".", 1)[-1]
+    if cfg.get("experiment", prog) != prog:
+        fail(f"--config {a.config} holds a {cfg['experiment']} run, not {prog}")
+    dests = {x.dest for x in parser._actions}
+    foreign = sorted(set(cfg["args"]) - dests)
+    if foreign:
+        fail(f"--config {a.config}: settings {foreign} are not flags of {parser.prog}")
+    for k, v in cfg["args"].items():
+        if k not in a._explicit and k not in NOT_SETTINGS:
+            setattr(a, k, v)
+    if "method" in cfg and "method" not in a._explicit:   # a method folder's config.json
+        a.method = cfg["method"]
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter,
@@ -231,8 +402,15 @@ class ExperimentParser(argparse.ArgumentParser):
         self.smoke_iterations, self.smoke_chunk = smoke_iterations, smoke_chunk
 
     def parse_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        unset = argparse.Namespace(**{x.dest: _UNSET for x in self._actions})
+        given = super().parse_args(args, unset)
+        explicit = {k for k, v in vars(given).items() if v is not _UNSET}
         a = super().parse_args(args, namespace)
-        if a.smoke:
+        a._explicit = frozenset(explicit)
+        if getattr(a, "config", None):
+            apply_config_file(self, a)
+        if a.smoke and "smoke" in a._explicit:   # (a --config file holds reduced values)
             a.seeds, a.iterations = min(a.seeds, SMOKE_SEEDS), min(a.iterations,
                                                                    self.smoke_iterations)
             a.chunk = self.smoke_chunk
@@ -273,9 +451,16 @@ def base_parser(experiment: str, description: str, *, seeds: int, iterations: in
                    help=f"use --out itself as the run folder (no {experiment}/<timestamp>/ "
                         "subfolder); a folder of the same settings gets the new methods added")
     p.add_argument("--resume", metavar="DIR", default=None,
-                   help="continue the stopped run in DIR with its saved settings: every method "
-                        "restarts from its last orbax checkpoint DIR/<method>/checkpoint/"
-                        "<iteration>/ (complete methods are skipped)")
+                   help="continue the run in the run folder DIR (the folder holding config.json "
+                        "and one folder per method) with its saved settings: every method "
+                        "continues from its orbax checkpoint DIR/<method>/checkpoint/<iteration>/"
+                        "; complete methods are skipped. A larger --iterations extends the run; "
+                        "--chunk, --shard and --distributed may change; any other changed "
+                        "setting is refused")
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="take every setting from FILE, a run's (or one method's) config.json, "
+                        "to repeat that run exactly; flags given on the command line override "
+                        "it (--out, --exact-out, --chunk, --shard are never taken from FILE)")
     add_scale_args(p)
     p.add_argument("--smoke", action="store_true",
                    help=f"tiny run: at most {SMOKE_SEEDS} seeds and {smoke[0]} iterations, "
@@ -308,7 +493,9 @@ def run_experiment(experiment: str, argv, parse_args: Callable, validate: Callab
                    run_method: Callable, setting_keys: Sequence[str], window: int,
                    extra_figures: Optional[Callable[[str], None]] = None) -> str:
     """The main() of every experiment CLI: parse, resume, validate everything before anything
-    compiles (bad input exits 2 with ``error: ...``), run each method, write the run summary."""
+    compiles (bad input exits 2 with ``error: ...``), run each method, write the run summary.
+    Ctrl-C exits 130 with the iteration of the last checkpoint and the command to resume."""
+    PROGRESS["method"] = None
     a = parse_args(argv)
     if a.resume is not None:
         a = resume_args(a, experiment)
@@ -317,9 +504,20 @@ def run_experiment(experiment: str, argv, parse_args: Callable, validate: Callab
     try:
         methods = validate(a)
     except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2)
+        fail(str(err))
     run_dir = prepare_run_dir(a, experiment, methods, setting_keys, argv)
-    summaries = [run_method(m, a, run_dir) for m in methods]
-    finish_run(run_dir, summaries, window, extra_figures)
+    try:
+        summaries = [run_method(m, a, run_dir) for m in methods]
+        finish_run(run_dir, summaries, window, extra_figures)
+    except KeyboardInterrupt:
+        from bchg_jax.core.io import checkpoint_step
+        if PROGRESS["method"]:
+            step = checkpoint_step(os.path.join(run_dir, PROGRESS["method"], "checkpoint"))
+            where = (f"in method {PROGRESS['method']} at iteration {step or 0} (its last "
+                     "checkpoint)")
+        else:
+            where = "before the first method started"
+        print(f"\ninterrupted {where}; nothing saved is lost. Resume with:\n"
+              f"  python -m experiments.{experiment} --resume {run_dir}", file=sys.stderr)
+        raise SystemExit(130)
     return run_dir

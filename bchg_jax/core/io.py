@@ -143,6 +143,20 @@ def save_state(directory: str, state, step: int = 0) -> None:
         mgr.wait_until_finished()
 
 
+def checkpoint_step(directory: str):
+    """The step of the latest complete checkpoint in ``directory``, or None.
+
+    Args:
+      directory: the checkpoint folder.
+    Returns:
+      int or None.
+    """
+    if not os.path.isdir(directory):
+        return None
+    with _manager(directory) as mgr:
+        return mgr.latest_step()
+
+
 def checkpoint_exists(directory: str) -> bool:
     """True when ``directory`` holds a complete checkpoint written by :func:`save_state`.
 
@@ -157,13 +171,24 @@ def checkpoint_exists(directory: str) -> bool:
         return mgr.latest_step() is not None
 
 
-def load_state(directory: str, like):
+def _grows(saved, wanted) -> bool:
+    """Same rank, one axis shorter in ``saved``, every other axis equal."""
+    if len(saved) != len(wanted):
+        return False
+    diff = [(m, n) for m, n in zip(saved, wanted) if m != n]
+    return len(diff) == 1 and diff[0][0] < diff[0][1]
+
+
+def load_state(directory: str, like, grow: bool = False):
     """Restores the latest checkpoint of :func:`save_state` into the structure of ``like``.
 
     Args:
       directory: the checkpoint folder.
       like: a pytree with the expected structure, leaf shapes and dtypes (typed PRNG keys are
         restored with ``like``'s key implementation).
+      grow: accept a saved leaf that is shorter than ``like``'s along exactly one axis and
+        complete it with ``like``'s values there (an off-policy episode buffer, sized by the
+        number of iterations, when a run is extended; its ``count`` keeps the saved episodes).
     Returns:
       a pytree of ``like``'s structure holding the saved arrays.
     Raises:
@@ -189,6 +214,11 @@ def load_state(directory: str, like):
             x = jax.random.wrap_key_data(jax.numpy.asarray(raw), impl=jax.random.key_impl(ref))
         else:
             x = jax.numpy.asarray(raw, dtype=ref.dtype)
+        if grow and x.shape != ref.shape and _grows(x.shape, ref.shape):
+            axis = next(i for i, (m, n) in enumerate(zip(x.shape, ref.shape)) if m != n)
+            tail = jax.lax.slice_in_dim(jax.numpy.asarray(ref), x.shape[axis], ref.shape[axis],
+                                        axis=axis)
+            x = jax.numpy.concatenate([x, tail], axis=axis)
         if x.shape != ref.shape:
             raise ValueError(f"checkpoint {directory}: field {name} has shape {x.shape}, "
                              f"expected {ref.shape} (different grid, seeds or problem?)")

@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from bchg_jax.core.validate import is_concrete
+
 
 class Trainer(NamedTuple):
     """Pure functions of one run and what built them (returned by every family's ``make_train``).
@@ -64,6 +66,41 @@ def scan_loop(init: Callable, step: Callable, iterations: int):
         return run(init(key, hp), hp, iterations)
 
     return run, train
+
+
+def build_trainer(problem, method: str, config, init: Callable, step: Callable,
+                  hparams: Callable, validate: Callable, steps=None) -> Trainer:
+    """The :class:`Trainer` of ``init`` and ``step`` (via :func:`scan_loop`) whose ``init``,
+    ``run`` and ``train`` check concrete hyperparameters on the host first.
+
+    ``validate(hp)`` (e.g. ``HParams.validate``) runs when every leaf of ``hp`` is concrete, so
+    ``trainer.train(key, HParams(beta=0.0))`` raises a clear ``ValueError`` instead of training
+    on NaN; traced hyperparameters (a grid under ``vmap``, a user's ``jit``) are checked where
+    they were made (``run_grid`` / ``HParams.from_grid``). ``train`` is jitted.
+
+    Args:
+      problem, method, config: recorded on the trainer.
+      init: ``init(key, hp) -> state``.
+      step: ``step(state, hp) -> (state, metrics)``.
+      hparams: ``hparams(grid) -> HParams`` (validated, cast).
+      validate: ``validate(hp)``, raises ``ValueError`` on bad values.
+      steps: the named pure steps, or None.
+    Returns:
+      the :class:`Trainer`.
+    """
+    run, train = scan_loop(init, step, config.iterations)
+    train = jax.jit(train)
+
+    def checked(fn):
+        def wrapped(x, hp, *rest):
+            if is_concrete(hp):
+                validate(hp)
+            return fn(x, hp, *rest)
+        wrapped.__name__, wrapped.__doc__ = fn.__name__, fn.__doc__
+        return wrapped
+
+    return Trainer(problem, method, config, checked(init), checked(run), checked(train),
+                   hparams, steps)
 
 
 def sgd_ascent(theta, grad, lr, clip_norm: float):

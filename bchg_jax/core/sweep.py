@@ -164,7 +164,8 @@ def to_host(tree):
 def run_grid(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, iterations: int,
              chunk: int = 500, base_seed: int = 0, state=None, start: int = 0,
              metrics: Optional[Dict[str, np.ndarray]] = None,
-             on_chunk: Optional[Callable] = None, verbose: bool = True, shard: bool = False):
+             on_chunk: Optional[Callable] = None, verbose: bool = True, shard: bool = False,
+             window: int = 1000):
     """Runs every (grid point, seed) up to ``iterations`` outer iterations -> (state, metrics).
 
     ``metrics`` is a dict of numpy arrays shaped [G, N, iterations]. To continue a stopped run,
@@ -185,6 +186,8 @@ def run_grid(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, iteratio
       on_chunk: optional ``on_chunk(state, metrics, done)`` callback.
       verbose: print :func:`progress_line` after every chunk.
       shard: split the G*N runs over all devices (:func:`sharded_run`).
+      window: iterations averaged in the progress line's running mean (the experiment's
+        summary window).
     Returns:
       (state, metrics): state leaves [G, N, ...]; metrics name -> numpy [G, N, iterations]
       ([G, N, iterations - start] when continuing without ``metrics``).
@@ -233,17 +236,19 @@ def run_grid(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, iteratio
         chunks = [metrics]
         if verbose:
             print(progress_line(metrics["J"], done, iterations, n, dt, first,
-                                time.perf_counter() - t0), flush=True)
+                                time.perf_counter() - t0, window), flush=True)
         if on_chunk is not None:
             on_chunk(state, metrics, done)
     return state, metrics
 
 
 def progress_line(J: np.ndarray, done: int, iterations: int, n: int, seconds: float,
-                  includes_compile: bool, elapsed: float) -> str:
-    """One line per chunk: iterations/s (and run-iterations/s over the G x N vmapped runs), the
-    current objective (seed mean at the last iteration, best grid point) and the mean over the
-    last <= 1000 iterations. Computed on the host from the chunk's metrics (no sync in the scan).
+                  includes_compile: bool, elapsed: float, window: int = 1000) -> str:
+    """One line per chunk: iterations/s (and run-iterations/s over the G x N vmapped runs) and
+    the objective of the best grid point: ``J`` at the last iteration and its mean over the last
+    ``window`` iterations (fewer while the run is shorter), both averaged over the N seeds; the
+    best grid point is the one with the highest windowed mean (the summary's choice). Computed
+    on the host from the chunk's metrics (no sync in the scan).
 
     Args:
       J: [G, N, t] leader objective recorded so far.
@@ -253,14 +258,17 @@ def progress_line(J: np.ndarray, done: int, iterations: int, n: int, seconds: fl
       seconds: wall time of the last chunk.
       includes_compile: the chunk's time includes compilation.
       elapsed: wall time since the start.
+      window: iterations of the running mean (the experiment's summary window).
     Returns:
       the progress line (str).
     """
     G, N = J.shape[0], J.shape[1]
-    now = J[..., -1].mean(-1)
-    recent = J[..., -min(1000, J.shape[-1]):].mean(-1).mean(-1)
+    w = min(window, J.shape[-1])
+    recent = J[..., -w:].mean(-1).mean(-1)           # [G]
+    best = int(np.argmax(recent))
     rate = n / max(seconds, 1e-9)
     note = " incl. compile" if includes_compile else ""
+    where = f"grid point {best}, " if G > 1 else ""
     return (f"  iter {done:6d}/{iterations}  {rate:8.1f} it/s ({rate * G * N:9.0f} run-it/s"
-            f"{note})  J now {now.max():+.4f}  best mean J (last <=1000) {recent.max():+.4f}  "
-            f"elapsed {elapsed:7.1f}s")
+            f"{note})  J ({where}mean of {N} seed{'s' * (N > 1)}): now {J[best, :, -1].mean():+.4f}"
+            f", last {w} it {recent[best]:+.4f}  elapsed {elapsed:7.1f}s")

@@ -36,7 +36,7 @@ from bchg_jax.core.maxent_lqr import soft_q, soft_value
 from bchg_jax.lq.cmdp import LQConfigurableMDP
 from bchg_jax.lq.rollout import rollout
 from bchg_jax.core import hparams as hparams_lib
-from bchg_jax.core.loop import Trainer, check_setup, scan_loop, sgd_ascent
+from bchg_jax.core.loop import Trainer, build_trainer, check_setup, sgd_ascent
 from bchg_jax.core.networks import MLP
 from bchg_jax.core.validate import check_beta, check_config, check_positive
 
@@ -319,8 +319,8 @@ def make_train(problem: LQConfigurableMDP, method: str = "bchg",
                            jnp.asarray(problem.Qbar, dtype))
         return TrainState(new_theta, P_next, critic, key, state.step + 1), metrics
 
-    run, train = scan_loop(init, step, config.iterations)
     steps = {"follower": follower, "evaluate": evaluate, "leader_critic": leader_critic,
              "follower_terms": follower_terms, "estimate": estimate}
-    return Trainer(problem, method, config, init, run, train,
-                   lambda grid: HParams.from_grid(grid, dtype), steps)
+    return build_trainer(problem, method, config, init, step,
+                         lambda grid: HParams.from_grid(grid, dtype),
+                         lambda hp: HParams.validate(hp), steps)

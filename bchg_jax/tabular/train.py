@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core import hparams as hparams_lib
-from bchg_jax.core.loop import Trainer, check_setup, scan_loop, sgd_ascent
+from bchg_jax.core.loop import Trainer, build_trainer, check_setup, sgd_ascent
 from bchg_jax.core.validate import check_beta, check_config, check_positive, check_unit_interval
 from bchg_jax.tabular import critics, estimators
 from bchg_jax.tabular.cmdp import TabularCMDP
@@ -225,9 +225,9 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
         metrics = {"J": J, "grad_norm": grad_norm, "sweeps": br.sweeps}
         return TrainState(new_theta, critic, br.V, V_L, key, state.step + 1), metrics
 
-    run, train = scan_loop(init, step, config.iterations)
     steps = {"follower": follower, "evaluate": evaluate, "collect": collect,
              "leader_critic": leader_critic, "estimate": estimate}
-    return Trainer(problem, method, config, init, run, train,
-                   lambda grid: HParams.from_grid(grid, dtype), steps)
+    return build_trainer(problem, method, config, init, step,
+                         lambda grid: HParams.from_grid(grid, dtype),
+                         lambda hp: HParams.validate(hp), steps)
 

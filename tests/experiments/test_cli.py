@@ -62,8 +62,9 @@ def test_stopped_run_resumes_without_losing_or_repeating_work(tmp_path, monkeypa
             raise KeyboardInterrupt  # the run is killed right after iteration 20 was saved
     monkeypatch.setattr(bio, "save_state", stop_after_second_checkpoint)
     stopped = str(tmp_path / "stopped")
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SystemExit) as e:              # Ctrl-C: exit status 130
         cli.main(args + ["--out", stopped])
+    assert e.value.code == 130
     monkeypatch.setattr(bio, "save_state", original)
     part = np.load(os.path.join(stopped, "bchg", "metrics.npz"))
     assert part["J"].shape[-1] == 20 and bio.checkpoint_exists(os.path.join(stopped, "bchg", "checkpoint"))
@@ -75,7 +76,7 @@ def test_stopped_run_resumes_without_losing_or_repeating_work(tmp_path, monkeypa
         b = np.load(os.path.join(stopped, method, "metrics.npz"))["J"]
         assert b.shape == (2, 2, 30)
         assert np.array_equal(a, b)                  # bit-identical to the uninterrupted run
-        assert not os.path.exists(os.path.join(stopped, method, "checkpoint"))
+        assert bio.checkpoint_step(os.path.join(stopped, method, "checkpoint")) == 30  # kept
     assert os.path.exists(os.path.join(stopped, "figure.png"))
     rows = list(csv.DictReader(open(os.path.join(stopped, "summary.csv"))))
     assert [r["method"] for r in rows] == ["bchg", "naive"]
@@ -149,3 +150,24 @@ def test_other_experiments_bad_arguments(module, argv, tmp_path, capsys):
         mod.main(["--smoke", *argv, "--out", str(tmp_path)])
     assert e.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", ["fourrooms", "thermal", "toy_game", "lqr_game"])
+def test_every_flag_has_help_and_shows_its_default(module, monkeypatch, capsys):
+    import argparse
+    import importlib
+    mod = importlib.import_module(f"experiments.{module}")
+    seen = {}
+
+    def grab(self, args=None, namespace=None):
+        seen["parser"] = self
+        raise SystemExit(0)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", grab)
+    with pytest.raises(SystemExit):
+        mod.parse_args([])
+    parser = seen["parser"]
+    actions = [a for a in parser._actions if a.dest != "help"]
+    assert all(a.help for a in actions), [a.option_strings for a in actions if not a.help]
+    text = parser.format_help()
+    assert text.count("(default:") == len(actions)
+    assert "checkpoint.npz" not in text and "checkpoint/<iteration>/" in text

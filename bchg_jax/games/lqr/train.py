@@ -53,7 +53,7 @@ import optax
 from bchg_jax.core.buffers import (EpisodeBuffer, buffer_add, buffer_init, sample_discounted,
                                    sample_uniform)
 from bchg_jax.core.loop import (Trainer, adam_step, check_setup, masked_steps, polyak,
-                                 scan_loop)
+                                 build_trainer)
 from bchg_jax.core.networks import MLP
 from bchg_jax.core.validate import check_config
 from bchg_jax.games.estimators import deterministic_objective, influence_weights, score_objective
@@ -348,10 +348,10 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
                                resp_new.P, buf, key, state.step + 1)
         return new_state, metrics
 
-    run, train = scan_loop(init, step, config.iterations)
     steps = {"Q": Q, "follower": follower, "critic_update": critic_update, "benefit": benefit,
              "direct_baseline": direct_baseline, "actor_objective": actor_objective,
              "actor_grad": actor_grad,
              "actor_update": actor_update}
-    return Trainer(game, method, config, init, run, train,
-                   lambda grid: HParams.from_grid(grid, dtype, max_steps=config.max_steps), steps)
+    return build_trainer(game, method, config, init, step,
+                         lambda grid: HParams.from_grid(grid, dtype, max_steps=config.max_steps),
+                         lambda hp: HParams.validate(hp, max_steps=config.max_steps), steps)

@@ -37,7 +37,7 @@ import optax
 from bchg_jax.core.buffers import (EpisodeBuffer, buffer_add, buffer_init, sample_discounted,
                                    sample_uniform)
 from bchg_jax.core.loop import (Trainer, adam_step, check_setup, masked_steps, polyak,
-                                 scan_loop)
+                                 build_trainer)
 from bchg_jax.core.networks import MLP
 from bchg_jax.core.validate import check_config
 from bchg_jax.games.estimators import influence_weights, score_objective
@@ -292,10 +292,10 @@ def make_train(game: TabularGame, method: str = "bchg",
                                    c_state, br.Q, buf, key, state.step + 1)
         return new_state, metrics
 
-    run, train = scan_loop(init, step, config.iterations)
     steps = {"log_policy": log_policy, "policy": policy, "q_table": q_table, "follower": follower,
              "collect": collect, "critic_update": critic_update,
              "actor_objective": actor_objective, "actor_grad": actor_grad,
              "actor_update": actor_update}
-    return Trainer(game, method, config, init, run, train,
-                   lambda grid: HParams.from_grid(grid, dtype, max_steps=config.max_steps), steps)
+    return build_trainer(game, method, config, init, step,
+                         lambda grid: HParams.from_grid(grid, dtype, max_steps=config.max_steps),
+                         lambda hp: HParams.validate(hp, max_steps=config.max_steps), steps)
