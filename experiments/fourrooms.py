@@ -97,7 +97,7 @@ def run_method(method: str, a, run_dir: str):
     from bchg_jax.problems.fourrooms import fourrooms
     from bchg_jax.tabular.train import TrainConfig, make_train
     from experiments.common import run_method_folder
-    from experiments.plot import YLABEL
+    from experiments.plot import YLABEL, pretty_label
 
     grid = method_grid(method, a)  # validated by main() before any method ran
     envs, steps = batch_shape(a.batch)
@@ -106,7 +106,8 @@ def run_method(method: str, a, run_dir: str):
     return run_method_folder(
         os.path.join(run_dir, method), method, trainer, grid, a,
         record={"train_config": vars(config)},
-        title=f"Four-Rooms [{a.slip_model}]  beta={a.beta:g}  batch={a.batch}  ({a.seeds} seeds)",
+        title=f"Four-Rooms, {pretty_label(method)}: β={a.beta:g}, batch {a.batch}, "
+              f"slip model {a.slip_model}, {a.seeds} seeds",
         window=SUMMARY_WINDOW, ylabel=YLABEL,
         describe=f"Four-Rooms [{a.slip_model}] beta={a.beta} batch={a.batch} ({envs}x{steps})")
 

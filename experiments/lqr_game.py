@@ -109,7 +109,7 @@ def run_method(name: str, a, run_dir: str):
     from bchg_jax.problems.lqr_game import lqr_game
     from bchg_jax.games import lqr
     from experiments.common import run_method_folder
-    from experiments.plot import YLABELS
+    from experiments.plot import YLABELS, pretty_label
     method, buffer = VARIANTS[name]
     config = train_config(a, name)
     trainer = lqr.make_train(lqr_game(), method, config)
@@ -117,7 +117,8 @@ def run_method(name: str, a, run_dir: str):
         os.path.join(run_dir, name), name, trainer, method_grid(a), a,
         record={"train_config": {k: (list(v) if isinstance(v, tuple) else v)
                                  for k, v in vars(config).items()}},
-        title=f"bi-level LQR game  {name}  ({a.seeds} seeds)", window=SUMMARY_WINDOW,
+        title=f"bi-level LQR game, {pretty_label(name)}: β={a.beta:g}, {a.seeds} seeds",
+        window=SUMMARY_WINDOW,
         ylabel=YLABELS["lqr_game"],
         describe=f"bi-level LQR game {method} buffer={buffer} estimator={a.estimator}")
 

@@ -1,15 +1,21 @@
 """Figures and tables from saved results: ``python -m experiments.plot RUN_DIR [RUN_DIR ...]``.
 
 A run folder holds one sub-folder per method (``<method>/metrics.npz``); each method is drawn
-with its best grid point (best mean over seeds of the last 1000 iterations), mean +- standard
-error over seeds of the rolling mean (window 100). Several run folders (e.g. three values of
-beta) become the panels of one figure, and a table of final values is printed (markdown).
+with its best grid point (best mean over seeds of the run's summary window, e.g. the last 1000
+iterations), mean +- standard error over seeds of the trailing rolling mean (window 100). Several
+run folders (e.g. three values of beta) become the panels of one figure, each titled by its folder
+name and the settings (``config.json`` ``args``) that differ between the given runs; the settings
+they share go in the figure's title. Runs of different experiments may be combined: each panel
+then gets its own experiment, key settings and y-axis label. A table of final values is printed
+(markdown).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import textwrap
 from typing import Sequence
 
 import numpy as np
@@ -25,10 +31,45 @@ METHOD_LABELS = {"bchg": "BC-HG", "hpgd_oracle": "HPGD (oracle)", "hpgd_mc": "HP
                  "naive_det": "Naive-PGD (deterministic leader)",
                  "exact": "exact hypergradient"}
 METHOD_ORDER = tuple(METHOD_LABELS)
-YLABEL = "upper-level objective  $V_L(S)$"
-YLABELS = {"fourrooms": YLABEL, "thermal": "leader objective $J_L$ (exact, 100 steps)",
-           "toy_game": "leader return (exact, undiscounted, 150 steps)",
-           "lqr_game": "leader return (exact, undiscounted, 100 steps)"}
+# what the curve metric J is, per experiment (docs/experiments.md, "Metric")
+YLABEL = "upper-level objective $V_L(S)$\n(exact, discounted $\\gamma=0.99$)"
+YLABELS = {"fourrooms": YLABEL,
+           "thermal": "leader objective $J_L$\n(exact, discounted $\\gamma_L=0.9$, 100 steps)",
+           "toy_game": "leader return\n(exact, undiscounted, 150 steps)",
+           "lqr_game": "leader return\n(exact, undiscounted, 100 steps)"}
+GENERIC_YLABEL = "leader objective J"
+EXPERIMENT_NAMES = {"fourrooms": "Four-Rooms", "thermal": "building thermal control",
+                    "toy_game": "toy game", "lqr_game": "bi-level LQR game"}
+# the settings a figure names for a run when nothing else distinguishes it
+KEY_SETTINGS = {"fourrooms": ("beta", "batch", "slip_model"), "thermal": ("critic", "beta"),
+                "toy_game": ("R", "beta", "actor"), "lqr_game": ("beta", "estimator")}
+# config.json "args" that are bookkeeping, not settings of the run
+NOT_SETTINGS = frozenset({"out", "resume", "shard", "exact_out", "distributed", "chunk",
+                          "method", "smoke"})
+SETTING_NAMES = {"beta": "β"}
+
+# thermal control: the logged components and how J is made of them
+# (bchg_jax.problems.thermal.COMPONENT_WEIGHTS and bchg_jax.lq.exact.components: "stability" is
+# logged as the reward term Stability(s) <= 0, the other three as positive, unweighted costs; each
+# is a discounted (gamma_L = 0.9) sum over the 100-step horizon; tests check this identity)
+THERMAL_WEIGHTS = {"stability": 1.0, "hvac_energy": 0.5, "insulation": 0.1, "airflow": 0.1}
+THERMAL_GAMMA, THERMAL_HORIZON = 0.9, 100
+THERMAL_IDENTITY = (
+    f"$J_L$ = stability − {THERMAL_WEIGHTS['hvac_energy']:g} · HVAC energy − "
+    f"{THERMAL_WEIGHTS['insulation']:g} · (insulation + airflow); each term is an exact discounted "
+    f"sum ($\\gamma_L$ = {THERMAL_GAMMA:g}) over {THERMAL_HORIZON} steps; stability is a reward "
+    "(≤ 0), the other three are costs (≥ 0)")
+COMPONENT_TITLES = {"J": "leader objective $J_L$ (higher is better)",
+                    "stability": "stability (reward ≤ 0, higher is better)",
+                    "hvac_energy": "HVAC energy cost (lower is better)",
+                    "insulation": "insulation cost (lower is better)",
+                    "airflow": "airflow cost (lower is better)"}
+COMPONENT_YLABELS = {
+    "J": "$J_L$",
+    "stability": "$\\mathbb{E}\\,\\Sigma_t\\,\\gamma_L^t\\,\\mathrm{Stability}(s_t)$",
+    "hvac_energy": "$\\mathbb{E}\\,\\Sigma_t\\,\\gamma_L^t\\,\\|b_t\\|^2$",
+    "insulation": "$\\Sigma_t\\,\\gamma_L^t\\,\\|\\alpha\\|^2$",
+    "airflow": "$\\Sigma_t\\,\\gamma_L^t\\,\\|\\beta_{\\mathrm{air}}\\|^2$"}
 
 
 def _config(run_dir: str) -> dict:
@@ -61,26 +102,112 @@ def _plt():
     return plt
 
 
-def draw_curves(ax, curves: dict, window: int = 100, colors: dict | None = None):
+def method_colors() -> dict:
+    """A distinct, fixed colour per method label (tab10, then the dark half of tab20b; the exact
+    hypergradient reference in black)."""
+    plt = _plt()
+    cmap10, cmap20 = plt.get_cmap("tab10"), plt.get_cmap("tab20b")
+    colors = {METHOD_LABELS[m]: (cmap10(i) if i < 10 else cmap20(4 * (i - 10) % 20))
+              for i, m in enumerate(METHOD_ORDER)}
+    colors[METHOD_LABELS["exact"]] = "k"
+    return colors
+
+
+def method_linestyles() -> dict:
+    """Line style per method label: off-policy variants dashed, deterministic-leader variants
+    dotted, the exact hypergradient dash-dotted, the rest solid."""
+    def style(m):
+        return ("--" if m.endswith("_off") else ":" if m.endswith("_det") else
+                "-." if m == "exact" else "-")
+    return {METHOD_LABELS[m]: style(m) for m in METHOD_ORDER}
+
+
+def pretty_label(label: str) -> str:
+    """``"bchg lr=0.1 sarsa_alpha=0.5"`` (``experiments.common.grid_label``) ->
+    ``"BC-HG (lr=0.1, sarsa_alpha=0.5)"``; other labels are returned unchanged."""
+    method, *hp = label.split()
+    if method not in METHOD_LABELS:
+        return label
+    return METHOD_LABELS[method] + (f" ({', '.join(hp)})" if hp else "")
+
+
+def band_caption(seeds, window: int, iterations=None) -> str:
+    """What a curve and its band are: ``seeds`` / ``iterations``: the seed counts / curve
+    lengths drawn (several if they differ)."""
+    seeds = sorted({int(s) for s in np.atleast_1d(seeds)})
+    n = (f"{seeds[0]} seed" + ("s" if seeds[0] != 1 else "") if len(seeds) == 1 else
+         f"{seeds[0]}-{seeds[-1]} seeds")
+    longest = None if iterations is None else max(np.atleast_1d(iterations))
+    smooth = ("no smoothing" if window <= 1 else
+              f"running mean since iteration 1 (window {window} ≥ run length)"
+              if longest is not None and longest <= window else
+              f"trailing mean over {window} iterations")
+    return f"line: mean over {n}, band: ± 1 standard error;\nsmoothing: {smooth}"
+
+
+def _integer_x(ax):
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=6))
+
+
+def draw_curves(ax, curves: dict, window: int = 100, colors: dict | None = None,
+                styles: dict | None = None):
+    """Draws ``curves`` (label -> [seeds, iterations]) as mean +- SE over seeds of the trailing
+    rolling mean (``window``) on ``ax``."""
     for label, c in curves.items():
         m, se = mean_se(rolling_mean(np.asarray(c, np.float64), window))
         x = np.arange(1, m.shape[0] + 1)
         color = None if colors is None else colors.get(label)
-        ax.plot(x, m, label=label, lw=1.4, color=color)
-        ax.fill_between(x, m - se, m + se, alpha=0.25, color=color)
+        ls = "-" if styles is None else styles.get(label, "-")
+        line, = ax.plot(x, m, label=label, lw=1.5, color=color, ls=ls)
+        ax.fill_between(x, m - se, m + se, alpha=0.2, color=line.get_color(), lw=0)
     ax.set_xlabel("outer iteration")
+    _integer_x(ax)
     ax.grid(alpha=0.3)
 
 
+def _legend_below(fig, ax_or_axes, caption: str, ncol: int | None = None):
+    """One legend under the axes (never over the curves), titled with ``caption``."""
+    axes = list(np.atleast_1d(ax_or_axes).ravel())
+    seen = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
+    if not seen:
+        return None
+    labels = [lab for lab in [METHOD_LABELS[m] for m in METHOD_ORDER] if lab in seen] + [
+        lab for lab in seen if lab not in METHOD_LABELS.values()]
+    width = fig.get_figwidth()
+    per_row = max(1, int(width / 2.2))  # legend entries that fit a row
+    ncol = ncol or (len(labels) if len(labels) <= per_row else math.ceil(len(labels) / math.ceil(
+        len(labels) / per_row)))
+    chars = max(40, int(width * 17))  # caption characters per line at fontsize 8
+    caption = "\n".join(textwrap.fill(line, chars) for line in caption.split("\n"))
+    return fig.legend([seen[lab] for lab in labels], labels, loc="upper center",
+                      bbox_to_anchor=(0.5, 0.0), ncol=ncol, fontsize=8, title=caption,
+                      title_fontsize=8, frameon=False)
+
+
 def learning_curve_figure(curves: dict, title: str = "", window: int = 100, ylabel: str = YLABEL):
-    """``curves``: label -> [seeds, iterations] array. Returns a matplotlib figure."""
+    """``curves``: label -> [seeds, iterations] array (a label starting with a method name, as
+    ``experiments.common.grid_label`` writes it, is shown as the method's name and its grid
+    point). Returns a matplotlib figure; the legend, under the axes, says what the line and band
+    are (mean +- SE over the seeds) and the smoothing window."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    draw_curves(ax, curves, window)
+    pretty = {pretty_label(k): v for k, v in curves.items()}
+    by_method, by_style = method_colors(), method_linestyles()
+    method = {pretty_label(k): METHOD_LABELS.get(k.split()[0] if k.split() else k, k)
+              for k in curves}
+    colors = {k: by_method.get(method[k]) for k in pretty}
+    styles = {k: by_style.get(method[k], "-") for k in pretty}
+    draw_curves(ax, pretty, window, colors, styles)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
+    arrays = [np.asarray(c) for c in curves.values()]
     fig.tight_layout()
+    _legend_below(fig, ax, band_caption([c.shape[0] for c in arrays], window,
+                                        [c.shape[-1] for c in arrays]))
     return fig
 
 
@@ -103,66 +230,199 @@ def load_run(run_dir: str, metric: str = "J"):
     return out
 
 
-def _title(run_dir: str) -> str:
+def run_name(run_dir: str) -> str:
+    """The run folder's name (its last path component)."""
+    return os.path.basename(os.path.normpath(run_dir)) or run_dir
+
+
+def run_settings(run_dir: str):
+    """(experiment or None, {setting: value}) from the run folder's ``config.json``.
+
+    Bookkeeping arguments (:data:`NOT_SETTINGS`) are left out, and with ``--grid paper`` so are the
+    grid flags (list values such as ``lr``), which that grid replaces.
+    """
     cfg = _config(run_dir)
-    args = cfg.get("args", {})
-    if cfg.get("experiment") == "thermal":
-        return f"thermal: critic={args.get('critic')}, follower grad={args.get('follower_grad')}"
-    if cfg.get("experiment") == "toy_game":
-        return f"toy game R={args.get('R', 2):g}, {args.get('backup')} backup"
-    if "beta" in args:
-        return f"beta={args['beta']:g}, batch={args.get('batch')}"
-    return os.path.basename(os.path.normpath(run_dir))
+    args = {k: v for k, v in cfg.get("args", {}).items() if k not in NOT_SETTINGS}
+    if args.get("grid", "none") != "none":
+        args = {k: v for k, v in args.items() if not isinstance(v, list)}
+    return cfg.get("experiment"), args
 
 
-def _ylabel(run_dirs) -> str:
-    return YLABELS.get(_config(run_dirs[0]).get("experiment", "fourrooms"), YLABEL)
+def format_setting(key: str, value) -> str:
+    """``("beta", 0.001)`` -> ``"β=0.001"``; lists are comma-joined, floats use ``:g``."""
+    def one(v):
+        return f"{v:g}" if isinstance(v, float) else str(v)
+    val = ",".join(one(v) for v in value) if isinstance(value, (list, tuple)) else one(value)
+    return f"{SETTING_NAMES.get(key, key.replace('_', '-'))}={val}"
 
 
-def method_colors() -> dict:
-    """A distinct, fixed colour per method label (tab10, then the dark half of tab20b)."""
-    plt = _plt()
-    cmap10, cmap20 = plt.get_cmap("tab10"), plt.get_cmap("tab20b")
-    return {METHOD_LABELS[m]: (cmap10(i) if i < 10 else cmap20(4 * (i - 10) % 20))
-            for i, m in enumerate(METHOD_ORDER)}
+def _key_settings(experiment, settings: dict):
+    return [k for k in KEY_SETTINGS.get(experiment, ()) if k in settings]
+
+
+def _wrap(text: str, width: int = 48) -> str:
+    return "\n".join(textwrap.wrap(text, width, break_on_hyphens=False)) if text else ""
+
+
+def panel_titles(run_dirs):
+    """(panel titles, figure title) for a figure with one panel per run folder.
+
+    Each title is the folder name and, on a second line, the settings that differ between the
+    runs (when none differ: the experiment's :data:`KEY_SETTINGS`). The figure title names the
+    experiment and the key settings all panels share. One run: the panel title names the
+    experiment and the figure title is empty. Runs of different experiments: each title names
+    its experiment and key settings, and the figure title is empty.
+    """
+    info = [run_settings(d) for d in run_dirs]
+    experiments = {e for e, _ in info}
+    titles = []
+    if len(experiments) > 1:
+        for d, (e, s) in zip(run_dirs, info):
+            body = ", ".join(format_setting(k, s[k]) for k in _key_settings(e, s))
+            titles.append(run_name(d) + f"\n{EXPERIMENT_NAMES.get(e, e or '?')}"
+                          + (f": {_wrap(body, 40)}" if body else ""))
+        return titles, ""
+    experiment = experiments.pop()
+    # settings every run records (an older config.json may lack a newer flag)
+    keys = [k for k in info[0][1] if all(k in s for _, s in info)]
+    differ = [k for k in keys if len({json.dumps(s.get(k), sort_keys=True) for _, s in info}) > 1]
+    key = KEY_SETTINGS.get(experiment, ())
+    differ = [k for k in key if k in differ] + sorted(k for k in differ if k not in key)
+    shown = differ or _key_settings(experiment, info[0][1])
+    name = EXPERIMENT_NAMES.get(experiment, experiment or "")
+    for d, (_, s) in zip(run_dirs, info):
+        body = ", ".join(format_setting(k, s[k]) for k in shown if k in s)
+        head = run_name(d) + (f" ({name})" if len(run_dirs) == 1 and name else "")
+        titles.append(head + (f"\n{_wrap(body)}" if body else ""))
+    if len(run_dirs) == 1:
+        return titles, ""
+    shared = [k for k in _key_settings(experiment, info[0][1]) if k not in shown]
+    sup = name + (": " + ", ".join(format_setting(k, info[0][1][k]) for k in shared)
+                  if shared else "")
+    return titles, sup
+
+
+def _experiment(run_dir: str):
+    return _config(run_dir).get("experiment")
+
+
+def _best_caption(windows) -> str:
+    """``windows``: the summary windows used (at most the run length, as ``summarize`` does)."""
+    windows = sorted(set(windows))
+    last = " / ".join(str(w) for w in windows)
+    return f"each method at its best grid point (highest mean of the last {last} iterations)"
 
 
 def panel_figure(run_dirs, window: int = 100):
-    """One panel per run folder, methods as curves (the paper's Four-Rooms figure layout)."""
+    """One panel per run folder, methods as curves (the paper's Four-Rooms figure layout): panel
+    titles from :func:`panel_titles`, one legend under the panels that says what the lines and
+    bands are. Up to 3 panels a row."""
     plt = _plt()
     n = len(run_dirs)
-    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 3.8), squeeze=False)
-    colors = method_colors()  # the same colour for a method in every panel
-    for ax, run_dir in zip(axes[0], run_dirs):
+    ncols = min(n, 3)
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.0 * ncols, 3.9 * nrows), squeeze=False)
+    colors, styles = method_colors(), method_linestyles()  # the same for a method in every panel
+    titles, sup = panel_titles(run_dirs)
+    mixed = len({_experiment(d) for d in run_dirs}) > 1
+    seeds, lengths, windows = [], [], []
+    for i, (ax, run_dir, title) in enumerate(zip(axes.ravel(), run_dirs, titles)):
         runs = load_run(run_dir)
-        draw_curves(ax, {METHOD_LABELS[m]: c for m, (c, _) in runs.items()}, window, colors)
-        ax.set_title(_title(run_dir), fontsize=10)
-        ax.legend(fontsize=7)
-    axes[0][0].set_ylabel(_ylabel(run_dirs))
+        draw_curves(ax, {METHOD_LABELS[m]: c for m, (c, _) in runs.items()}, window, colors,
+                    styles)
+        seeds += [c.shape[0] for c, _ in runs.values()]
+        lengths += [c.shape[-1] for c, _ in runs.values()]
+        windows += [min(s["window"], s["iterations"]) for _, s in runs.values()]
+        ax.set_title(title, fontsize=10)
+        if mixed or i % ncols == 0:
+            ax.set_ylabel(YLABELS.get(_experiment(run_dir), GENERIC_YLABEL))
+    for ax in axes.ravel()[n:]:
+        ax.set_visible(False)
+    if sup:
+        fig.suptitle(sup, fontsize=11)
     fig.tight_layout()
+    caption = band_caption(seeds or [0], window, lengths or None)
+    if windows:
+        caption += ";\n" + _best_caption(windows)
+    _legend_below(fig, axes, caption)
     return fig
 
 
+def _is_thermal_components(metrics) -> bool:
+    return set(THERMAL_WEIGHTS) <= set(metrics)
+
+
 def components_figure(run_dir: str, metrics: Sequence[str], window: int = 20):
-    """One panel per metric (e.g. the objective and its reward components), methods as curves,
-    each at its best grid point on J (the paper's thermal-control appendix figure)."""
+    """One panel per metric (e.g. the objective and its components), methods as curves, each at
+    its best grid point on J (the paper's thermal-control appendix figure).
+
+    With ``metrics = ("J", c1, c2, c3, c4)`` the J panel is large, on the left, and the four
+    components form a 2 x 2 grid beside it; otherwise up to 3 panels a row. Panels are titled and
+    y-labelled from :data:`COMPONENT_TITLES` / :data:`COMPONENT_YLABELS` (the metric's name for
+    others). For the thermal components the figure title states how J is made of them
+    (:data:`THERMAL_IDENTITY`).
+    """
     plt = _plt()
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.6), squeeze=False)
-    colors = method_colors()
-    for ax, name in zip(axes[0], metrics):
+    metrics = list(metrics)
+    big_j = len(metrics) == 5 and metrics[0] == "J"
+    if big_j:
+        fig = plt.figure(figsize=(13.5, 6.6))
+        gs = fig.add_gridspec(2, 3, width_ratios=(1.35, 1, 1))
+        axes = [fig.add_subplot(gs[:, 0])] + [fig.add_subplot(gs[r, c])
+                                             for r in range(2) for c in (1, 2)]
+    else:
+        ncols = min(len(metrics), 3)
+        nrows = math.ceil(len(metrics) / ncols)
+        fig, grid = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows), squeeze=False)
+        axes = list(grid.ravel())
+        for ax in axes[len(metrics):]:
+            ax.set_visible(False)
+    colors, styles = method_colors(), method_linestyles()
+    seeds, lengths, windows = [], [], []
+    experiment = _experiment(run_dir)
+    for ax, name in zip(axes, metrics):
         runs = load_run(run_dir, name)
-        draw_curves(ax, {METHOD_LABELS[m]: c for m, (c, _) in runs.items()}, window, colors)
-        ax.set_title(name, fontsize=10)
-    axes[0][0].legend(fontsize=7)
+        draw_curves(ax, {METHOD_LABELS[m]: c for m, (c, _) in runs.items()}, window, colors,
+                    styles)
+        seeds += [c.shape[0] for c, _ in runs.values()]
+        lengths += [c.shape[-1] for c, _ in runs.values()]
+        windows += [min(s["window"], s["iterations"]) for _, s in runs.values()]
+        ax.set_title(COMPONENT_TITLES.get(name, name), fontsize=10)
+        ylabel = (YLABELS.get(experiment, COMPONENT_YLABELS["J"]) if name == "J"
+                  else COMPONENT_YLABELS.get(name, name))
+        ax.set_ylabel(ylabel)
+    exp_name = EXPERIMENT_NAMES.get(experiment, experiment or "")
+    head = (f"{exp_name}, {run_name(run_dir)}: leader objective and its components"
+            if exp_name else f"{run_name(run_dir)}: " + ", ".join(metrics))
+    if _is_thermal_components(metrics):
+        head += "\n" + THERMAL_IDENTITY.replace("; each", ";\neach", 1)
+    fig.suptitle(head, fontsize=10.5)
     fig.tight_layout()
+    caption = band_caption(seeds or [0], window, lengths or None)
+    if windows:
+        caption += ";\n" + _best_caption(windows) + ", chosen on $J_L$"
+    _legend_below(fig, axes, caption, ncol=min(5, max(1, len({
+        lab for ax in axes for lab in ax.get_legend_handles_labels()[1]}))))
     return fig
 
 
 def final_table(run_dirs) -> str:
-    """Markdown table: mean +- SE of the last 1000 iterations of each method's best grid point."""
+    """Markdown table: mean +- SE over seeds of the summary window (e.g. the last 1000
+    iterations) of each method's best grid point.
+
+    Column headers: with several runs the panel titles of :func:`panel_titles` (folder name and
+    differing settings); with one run its key settings (so a run and its ``--export`` copy give
+    the same table)."""
     runs = [load_run(d) for d in run_dirs]
     methods = [m for m in METHOD_ORDER if any(m in r for r in runs)]
-    lines = ["| method | " + " | ".join(_title(d) for d in run_dirs) + " |",
+    if len(run_dirs) > 1:
+        heads = [t.replace("\n", ": ", 1).replace("\n", " ") for t in panel_titles(run_dirs)[0]]
+    else:
+        e, s = run_settings(run_dirs[0])
+        body = ", ".join(format_setting(k, s[k]) for k in _key_settings(e, s))
+        name = EXPERIMENT_NAMES.get(e, e or run_name(run_dirs[0]))
+        heads = [name + (f": {body}" if body else "")]
+    lines = ["| method | " + " | ".join(heads) + " |",
              "|---|" + "---|" * len(run_dirs)]
     for m in methods:
         cells = []

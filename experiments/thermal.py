@@ -112,7 +112,7 @@ def run_method(method: str, a, run_dir: str):
     from bchg_jax.problems.thermal import thermal
     from bchg_jax import lq
     from experiments.common import run_method_folder
-    from experiments.plot import YLABELS
+    from experiments.plot import YLABELS, pretty_label
 
     config = train_config(a)
     trainer = lq.make_train(thermal(), method, config)
@@ -120,7 +120,8 @@ def run_method(method: str, a, run_dir: str):
         os.path.join(run_dir, method), method, trainer, method_grid(a), a,
         record={"train_config": {k: (list(v) if isinstance(v, tuple) else v)
                                  for k, v in vars(config).items()}},
-        title=f"thermal control  critic={a.critic}  ({a.seeds} seeds)", window=SUMMARY_WINDOW,
+        title=f"building thermal control, {pretty_label(method)}: {a.critic} critic, "
+              f"β={a.beta:g}, {a.seeds} seeds", window=SUMMARY_WINDOW,
         ylabel=YLABELS["thermal"],
         describe=f"thermal critic={a.critic} follower-grad={a.follower_grad} "
                  f"episodes={a.episodes}")

@@ -91,7 +91,7 @@ def run_method(name: str, a, run_dir: str):
     from bchg_jax.problems.toy_game import toy_game
     from bchg_jax.games import tabular as games
     from experiments.common import run_method_folder
-    from experiments.plot import YLABELS
+    from experiments.plot import YLABELS, pretty_label
     method, buffer = VARIANTS[name]
     config = train_config(a, buffer)
     trainer = games.make_train(toy_game(a.R), method, config)
@@ -99,7 +99,8 @@ def run_method(name: str, a, run_dir: str):
         os.path.join(run_dir, name), name, trainer, method_grid(a), a,
         record={"train_config": {k: (list(v) if isinstance(v, tuple) else v)
                                  for k, v in vars(config).items()}},
-        title=f"toy game R={a.R:g}  {name}  ({a.seeds} seeds)", window=SUMMARY_WINDOW,
+        title=f"toy Markov game (R={a.R:g}), {pretty_label(name)}: β={a.beta:g}, "
+              f"{a.seeds} seeds", window=SUMMARY_WINDOW,
         ylabel=YLABELS["toy_game"], describe=f"toy game R={a.R:g} {method} buffer={buffer}")
 
 
