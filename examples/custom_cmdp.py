@@ -6,7 +6,7 @@ follower at the right end and may pay an incentive ``theta[s]`` for moving right
 cost ``0.05 |theta|^2``. Everything the estimators need (grad r_F, grad log p, ...) comes from
 autodiff of these functions.
 
-    python -m examples.custom_cmdp [--iterations 1500]
+    python examples/custom_cmdp.py [--iterations 1500]    (from anywhere: give its path)
 
 Prints the exact hypergradient at theta = 0 (implicit differentiation through the follower's
 soft-optimal policy), the mean BC-HG estimate with an exact leader critic over 20 batches and its
@@ -69,8 +69,7 @@ def main(argv=None) -> dict:
     cos = float(est @ g / (jnp.linalg.norm(est) * jnp.linalg.norm(g)))
 
     trainer = tabular.make_train(problem, "bchg", TrainConfig(num_steps=40, iterations=a.iterations))
-    _, metrics = jax.jit(trainer.train)(jax.random.key(1), HParams(lr=0.05, sarsa_alpha=0.5,
-                                                                        beta=beta))
+    _, metrics = trainer.train(jax.random.key(1), HParams(lr=0.05, sarsa_alpha=0.5, beta=beta))
     J = np.asarray(metrics["J"])
     out = {"exact": np.asarray(g), "estimate": np.asarray(est), "cosine": cos,
            "J_start": float(J[0]), "J_end": float(J[-100:].mean())}

@@ -7,7 +7,7 @@ frees it with probability 0.8. The city wants a free road and some toll revenue.
 parameters are the logits of a tabular softmax policy f_theta(a|s); the follower plays the
 soft-Q best response (Theorem 2's Bellman equation).
 
-    python -m examples.custom_game [--iterations 300]
+    python examples/custom_game.py [--iterations 300]     (from anywhere: give its path)
 
 Prints the exact hypergradient (implicit differentiation through the follower's fixed point),
 the part of it that comes from the follower re-optimising (what Naive-PGD leaves out: the
@@ -61,13 +61,13 @@ def main(argv=None) -> dict:
         V, _ = games.leader_values(game, policy(th), br.policy)
         return jnp.dot(game.init_dist, V)
 
-    exact = jax.grad(J)(theta)
+    exact = jax.jit(jax.grad(J))(theta)              # jitted: one compiled program
 
     def J_follower_fixed(th):                        # the follower's policy held at theta's
         br = games.best_response(game, policy(theta), beta, backup="paper")
         return jnp.dot(game.init_dist, games.leader_values(game, policy(th), br.policy)[0])
 
-    response_part = exact - jax.grad(J_follower_fixed)(theta)
+    response_part = exact - jax.jit(jax.grad(J_follower_fixed))(theta)
     br = games.best_response(game, policy(theta), beta, backup="paper")
     V_L, Q_L = games.leader_values(game, policy(theta), br.policy)
 
@@ -85,7 +85,7 @@ def main(argv=None) -> dict:
                                  actor_lr=0.05)
         trainer = games.make_train(game, method, config)
         hp = games.HParams(actor_steps=2, critic_steps=5, beta=beta)
-        _, m = jax.jit(trainer.train)(jax.random.key(2), hp)
+        _, m = trainer.train(jax.random.key(2), hp)
         finals[method] = (float(m["J"][0]), float(np.asarray(m["J"])[-20:].mean()))
     print(f"exact hypergradient (logits [s, a]):\n{np.round(np.asarray(exact), 4)}")
     print(f"  of which the follower's re-optimisation:\n{np.round(np.asarray(response_part), 4)}")

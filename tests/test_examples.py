@@ -1,12 +1,26 @@
 """The examples/ scripts run and do what their docstrings say (user-defined problems)."""
+import os
+import re
+import subprocess
+import sys
+
 import numpy as np
 
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
-def test_custom_cmdp_example():
-    from examples.custom_cmdp import main
-    out = main(["--iterations", "800"])
-    assert out["cosine"] > 0.95                    # BC-HG with an exact critic ~ exact gradient
-    assert out["J_end"] > out["J_start"] + 1.0     # the trained leader pays for progress
+
+def test_custom_cmdp_example_runs_as_a_script_from_anywhere(tmp_path):
+    """``python <repo>/examples/custom_cmdp.py`` from another folder (the installed package,
+    no repository on the path)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, os.path.join(EXAMPLES, "custom_cmdp.py"),
+                           "--iterations", "800"], cwd=str(tmp_path), env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    cosine = float(re.search(r"cosine ([-\d.]+)", done.stdout).group(1))
+    j0, j1 = map(float, re.search(r"objective: ([-\d.]+) -> ([-\d.]+)", done.stdout).groups())
+    assert cosine > 0.95                    # BC-HG with an exact critic ~ exact gradient
+    assert j1 > j0 + 1.0                    # the trained leader pays for progress
 
 
 def test_custom_game_example():

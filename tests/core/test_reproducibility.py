@@ -59,9 +59,10 @@ def test_same_seed_same_bits_and_one_compile(name):
 
 
 def test_run_grid_chunking_is_invisible():
-    """run_grid in chunks of 1 and in one chunk give the same bits (the lqr game trainer)."""
+    """run_grid in chunks of 2 (the program of the test above) and in one chunk give the same
+    bits (the lqr game trainer)."""
     trainer, grid = _trainers()["lqr_game"]
-    _, a = run_grid(trainer, grid, seeds=2, iterations=4, chunk=1, verbose=False)
+    _, a = run_grid(trainer, grid, seeds=2, iterations=4, chunk=2, verbose=False)
     _, b = run_grid(trainer, grid, seeds=2, iterations=4, chunk=4, verbose=False)
     for k in a:
         assert np.array_equal(a[k], b[k], equal_nan=True), k

@@ -11,7 +11,7 @@ from bchg_jax.tabular import TrainConfig, make_train
 
 from bchg_jax.problems import random_tabular_cmdp
 from bchg_jax.core.io import load_state, save_state
-from bchg_jax.core.sweep import product_grid, run_grid
+from bchg_jax.core.sweep import grid_functions, product_grid, run_grid, seed_keys
 
 SHARD_SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
@@ -22,7 +22,7 @@ SHARD_SCRIPT = textwrap.dedent("""
     # float64: different per-device batch shapes may round float32 GEMMs differently
     prob = random_tabular_cmdp(jax.random.key(0), num_states=5, num_actions=3, time_limit=20,
                                dtype=jnp.float64)
-    for method in ("bchg", "hpgd_oracle"):
+    for method in ("hpgd_oracle",):      # the oracle batch: the largest per-run state
         tr = make_train(prob, method, TrainConfig(num_envs=2, num_steps=20, iterations=12,
                                                   oracle_envs=2, oracle_steps=20))
         grid = product_grid(lr=[0.1, 0.05, 0.2], sarsa_alpha=[0.5], beta=[0.3])  # 3 x 3 = 9 runs
@@ -49,12 +49,13 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
     prob = random_tabular_cmdp(jax.random.key(1), num_states=5, num_actions=3, time_limit=20)
     tr = make_train(prob, "bchg", TrainConfig(num_envs=1, num_steps=20, iterations=30))
     grid = product_grid(lr=[0.1, 0.05], sarsa_alpha=[0.5], beta=[0.3])
-    _, full = run_grid(tr, grid, 2, 30, chunk=30, verbose=False)
+    # one chunk length throughout (one compile); other chunkings: test_reproducibility
+    _, full = run_grid(tr, grid, 2, 30, chunk=6, verbose=False)
     state, part = run_grid(tr, grid, 2, 12, chunk=6, verbose=False)      # "stopped" at 12
     save_state(str(tmp_path / "ckpt"), state)
     restored = load_state(str(tmp_path / "ckpt"), state)
     assert jax.random.key_impl(restored.key) == jax.random.key_impl(state.key)
-    _, rest = run_grid(tr, grid, 2, 30, chunk=7, verbose=False, state=restored, start=12,
+    _, rest = run_grid(tr, grid, 2, 30, chunk=6, verbose=False, state=restored, start=12,
                        metrics=part)
     assert rest["J"].shape == (2, 2, 30)
     for k in full:
@@ -64,8 +65,9 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
 def test_checkpoint_shape_mismatch_is_a_clear_error(tmp_path):
     prob = random_tabular_cmdp(jax.random.key(1), num_states=5, num_actions=3, time_limit=20)
     tr = make_train(prob, "bchg", TrainConfig(num_steps=10, iterations=3))
-    s2, _ = run_grid(tr, product_grid(lr=[0.1], sarsa_alpha=[0.5], beta=[0.3]), 2, 3, verbose=False)
-    s3, _ = run_grid(tr, product_grid(lr=[0.1], sarsa_alpha=[0.5], beta=[0.3]), 3, 3, verbose=False)
+    init, _ = grid_functions(tr)
+    hp = tr.hparams(product_grid(lr=[0.1], sarsa_alpha=[0.5], beta=[0.3]))
+    s2, s3 = init(seed_keys(2), hp), init(seed_keys(3), hp)     # 2 and 3 seeds
     save_state(str(tmp_path / "c"), s2)
     try:
         load_state(str(tmp_path / "c"), s3)

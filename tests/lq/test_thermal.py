@@ -49,8 +49,8 @@ def test_exact_objective_matches_monte_carlo(x64):
 def test_exact_gradient_matches_finite_differences(x64):
     p = thermal(jnp.float64)
     w = jnp.asarray(W_TEST)
-    f = lambda x: exact_lq.leader_objective(p, x, 0.1, tol=1e-14)  # noqa: E731
-    g = np.asarray(jax.grad(f)(w))
+    f = jax.jit(lambda x: exact_lq.leader_objective(p, x, 0.1, tol=1e-14))  # one compile
+    g = np.asarray(jax.jit(jax.grad(f))(w))
     e = np.eye(8) * 1e-5
     fd = np.array([(f(w + e[i]) - f(w - e[i])) / 2e-5 for i in range(8)])
     np.testing.assert_allclose(g, fd, rtol=1e-5, atol=1e-5)

@@ -53,8 +53,8 @@ def test_forward_sum_is_adjoint_of_suffix_sum():
     w = jax.random.normal(key, (3, 17))
     x = jax.random.normal(jax.random.key(1), (3, 17))
     done = jax.random.bernoulli(jax.random.key(2), 0.2, (3, 17))
-    lhs = jnp.sum(w * discounted_suffix_sum(x, 0.9, done))
-    rhs = jnp.sum(forward_discounted_sum(w, 0.9, done) * x)
+    lhs = jax.jit(lambda: jnp.sum(w * discounted_suffix_sum(x, 0.9, done)))()
+    rhs = jax.jit(lambda: jnp.sum(forward_discounted_sum(w, 0.9, done) * x))()
     np.testing.assert_allclose(lhs, rhs, rtol=1e-5)
 
 
@@ -67,24 +67,33 @@ def test_weighted_vjp_equals_explicit_segment_gradients(x64, grouping, partial):
     terminal[4] = True
     prob, th, br, _ = _setup(jax.random.key(7), beta, H, terminal)
     Q_L = jax.random.normal(jax.random.key(8), (5, 3), jnp.float64)   # any critic
-    batch = rollout(jax.random.key(9), br.policy, prob.transition(th), prob.init_dist(th),
-                    prob.terminal, H, 3, 40)
-    assert bool(batch.terminal.any()) and bool(batch.done.sum() > batch.terminal.sum())
-    got = hypergradient(prob, th, batch, br, Q_L, beta, grouping=grouping, partial=partial)
 
+    @jax.jit              # one program instead of hundreds of eagerly compiled operations
+    def parts(th):
+        batch = rollout(jax.random.key(9), br.policy, prob.transition(th), prob.init_dist(th),
+                        prob.terminal, H, 3, 40)
+        got = hypergradient(prob, th, batch, br, Q_L, beta, grouping=grouping, partial=partial)
+        JrF = jax.jacrev(prob.follower_reward)(th)
+        JrL = jax.jacrev(prob.leader_reward)(th)
+        JlogP = jax.jacrev(lambda t: jnp.log(prob.transition(t)))(th)
+        Jlogrho = jax.jacrev(lambda t: jnp.log(prob.init_dist(t)))(th)
+        Jrho = jax.jacrev(prob.init_dist)(th)
+        s, b, s2 = batch.s, batch.b, batch.s_next
+        real = (1.0 - batch.terminal)[..., None]
+        V_L = state_value(Q_L, br.policy)
+        xF = JrF[s, b] + prob.gamma_F * br.V[s2][..., None] * real * JlogP[s, b, s2]
+        xL = JrL[s, b] + prob.gamma_L * V_L[s2][..., None] * real * JlogP[s, b, s2]
+        GF = discounted_suffix_sum(xF, prob.gamma_F, batch.done)
+        GL = discounted_suffix_sum(xL, prob.gamma_L, batch.done)
+        return (batch, got, Jlogrho, Jrho, V_L, xL, GF, GL, benefit(Q_L, br.policy),
+                prob.init_dist(th), jax.grad(prob.leader_regularizer)(th))
+
+    batch, got, Jlogrho, Jrho, V_L, xL, GF, GL, ben, rho, reg = jax.tree.map(np.asarray,
+                                                                             parts(th))
+    assert bool(batch.terminal.any()) and bool(batch.done.sum() > batch.terminal.sum())
     S, B = 5, 3
-    JrF = jax.jacrev(prob.follower_reward)(th)
-    JrL = jax.jacrev(prob.leader_reward)(th)
-    JlogP = jax.jacrev(lambda t: jnp.log(prob.transition(t)))(th)
-    Jlogrho = jax.jacrev(lambda t: jnp.log(prob.init_dist(t)))(th)
-    Jrho = jax.jacrev(prob.init_dist)(th)
-    s, b, s2 = batch.s, batch.b, batch.s_next
-    real = (1.0 - batch.terminal)[..., None]
-    V_L = state_value(Q_L, br.policy)
-    xF = JrF[s, b] + prob.gamma_F * br.V[s2][..., None] * real * JlogP[s, b, s2]
-    xL = JrL[s, b] + prob.gamma_L * V_L[s2][..., None] * real * JlogP[s, b, s2]
-    GF = discounted_suffix_sum(xF, prob.gamma_F, batch.done)
-    GL = discounted_suffix_sum(xL, prob.gamma_L, batch.done)
+    s = batch.s
+    b = batch.b
     n_ep = max(int(batch.done.sum()), 1)
     if grouping == "every_visit":
         sb = np.asarray(s * B + b)
@@ -93,21 +102,20 @@ def test_weighted_vjp_equals_explicit_segment_gradients(x64, grouping, partial):
             dQF[sb == key] = np.asarray(GF)[sb == key].mean(0)
     else:
         dQF = np.asarray(GF)
-    w = prob.gamma_L ** batch.t * benefit(Q_L, br.policy)[s, b] / (beta * n_ep)
+    w = prob.gamma_L ** batch.t * ben[s, b] / (beta * n_ep)
     guide = np.einsum("et,etd->d", np.asarray(w), dQF)
     if partial == "every_visit":
-        rho = prob.init_dist(th)
         part = sum(float(rho[k]) * np.asarray(GL)[np.asarray(s) == k].mean(0)
                    for k in np.unique(np.asarray(s)))
-        part = part + np.asarray(jnp.einsum("s,sd->d", V_L, Jrho))
+        part = part + np.einsum("s,sd->d", V_L, Jrho)
     else:
         first = np.asarray(batch.t == 0)
         part = (np.einsum("et,etd->d", np.asarray(prob.gamma_L ** batch.t), np.asarray(xL))
                 + np.asarray(V_L[s][first] @ Jlogrho[s][first])) / n_ep
         # the log-p term at step j is attached to s_{j+1}; its weight gamma^{t_j + 1} V_L(s_{j+1})
         # is already in xL through gamma_L * V_L(s') * gamma_L^{t_j}.
-    reg = np.asarray(jax.grad(prob.leader_regularizer)(th))
-    np.testing.assert_allclose(np.asarray(got), guide + part + reg, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(np.asarray(got), guide + part + np.asarray(reg), rtol=1e-8,
+                               atol=1e-10)
 
 
 def test_unknown_options_raise():
@@ -151,17 +159,19 @@ def test_sobirl_equals_naive_on_fourrooms(x64):
     from bchg_jax.tabular import monte_carlo_critic
     prob = fourrooms(dtype=jnp.float64)
     th = 0.3 * jax.random.normal(jax.random.key(0), (105,), jnp.float64)
-    P = prob.transition(th)
-    br = soft_value_iteration(P, prob.follower_reward(th), 5e-3, 0.99, prob.terminal_mask,
-                              num_sweeps=500)
-    batch = rollout(jax.random.key(1), br.policy, prob.sampler_transition(th), prob.init_dist(th),
-                    prob.terminal_mask, 200, 2, 200)
-    Q_L, V_L = monte_carlo_critic(batch, prob.leader_reward(th), prob.gamma_L)
+
+    @jax.jit              # one program instead of hundreds of eagerly compiled operations
+    def estimates(th):
+        P = prob.transition(th)
+        br = soft_value_iteration(P, prob.follower_reward(th), 5e-3, 0.99, prob.terminal_mask,
+                                  num_sweeps=500)
+        batch = rollout(jax.random.key(1), br.policy, prob.sampler_transition(th),
+                        prob.init_dist(th), prob.terminal_mask, 200, 2, 200)
+        Q_L, V_L = monte_carlo_critic(batch, prob.leader_reward(th), prob.gamma_L)
+        return Q_L, [hypergradient(prob, th, batch, br, Q_L, 5e-3, guide=g, V_L=V_L)
+                     for g in ("sobirl", "none", "hpgd")]
+    Q_L, (so, nv, hp) = estimates(th)
     assert float(jnp.abs(Q_L).max()) > 0
-    kw = dict(V_L=V_L)
-    so = hypergradient(prob, th, batch, br, Q_L, 5e-3, guide="sobirl", **kw)
-    nv = hypergradient(prob, th, batch, br, Q_L, 5e-3, guide="none", **kw)
-    hp = hypergradient(prob, th, batch, br, Q_L, 5e-3, guide="hpgd", **kw)
     np.testing.assert_allclose(so, nv, atol=1e-10)
     assert float(jnp.abs(hp - nv).max()) > 1e-3  # HPGD's guide is not zero: the test can fail
 
@@ -194,17 +204,25 @@ def test_hpgd_oracle_weights_equal_explicit_group_means(x64):
     prob, th, br, _ = _setup(jax.random.key(11), beta, H)
     Q_L = jax.random.normal(jax.random.key(12), (5, 3), jnp.float64)
     V_L = jax.random.normal(jax.random.key(13), (5,), jnp.float64)
-    P, rho = prob.transition(th), prob.init_dist(th)
-    batch = rollout(jax.random.key(14), br.policy, P, rho, None, H, 2, 30)
-    seg = rollout(jax.random.key(15), br.policy, P, jnp.full((5,), 0.2), None, H, 3, 40)
-    got = hypergradient(prob, th, batch, br, Q_L, beta, guide="hpgd", V_L=V_L, guide_batch=seg,
-                        partial="trajectory")
-    base = hypergradient(prob, th, batch, br, Q_L, beta, guide="none", V_L=V_L,
-                         partial="trajectory")
-    JrF = jax.jacrev(prob.follower_reward)(th)
-    JlogP = jax.jacrev(lambda t: jnp.log(prob.transition(t)))(th)
-    x = JrF[seg.s, seg.b] + prob.gamma_F * br.V[seg.s_next][..., None] * JlogP[seg.s, seg.b, seg.s_next]
-    G = np.asarray(discounted_suffix_sum(x, prob.gamma_F, seg.done)).reshape(-1, 4)
+
+    @jax.jit              # one program instead of hundreds of eagerly compiled operations
+    def parts(th):
+        P, rho = prob.transition(th), prob.init_dist(th)
+        batch = rollout(jax.random.key(14), br.policy, P, rho, None, H, 2, 30)
+        seg = rollout(jax.random.key(15), br.policy, P, jnp.full((5,), 0.2), None, H, 3, 40)
+        got = hypergradient(prob, th, batch, br, Q_L, beta, guide="hpgd", V_L=V_L,
+                            guide_batch=seg, partial="trajectory")
+        base = hypergradient(prob, th, batch, br, Q_L, beta, guide="none", V_L=V_L,
+                             partial="trajectory")
+        JrF = jax.jacrev(prob.follower_reward)(th)
+        JlogP = jax.jacrev(lambda t: jnp.log(prob.transition(t)))(th)
+        x = (JrF[seg.s, seg.b]
+             + prob.gamma_F * br.V[seg.s_next][..., None] * JlogP[seg.s, seg.b, seg.s_next])
+        return batch, seg, got - base, discounted_suffix_sum(x, prob.gamma_F, seg.done)
+
+    batch, seg, diff, G = jax.tree.map(np.asarray, parts(th))
+    G = G.reshape(-1, 4)
+    Q_L, V_L = np.asarray(Q_L), np.asarray(V_L)
     ss, sb = np.asarray(seg.s).ravel(), np.asarray(seg.s * 3 + seg.b).ravel()
     n_ep = max(int(batch.done.sum()), 1)
     want = np.zeros(4)
@@ -215,4 +233,4 @@ def test_hpgd_oracle_weights_equal_explicit_group_means(x64):
             dv = G[ss == s].mean(0) if np.any(ss == s) else np.zeros(4)
             w = prob.gamma_L ** int(batch.t[e, j]) * float(Q_L[s, b] - V_L[s]) / (beta * n_ep)
             want += w * (dq - dv)
-    np.testing.assert_allclose(np.asarray(got - base), want, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(diff, want, rtol=1e-8, atol=1e-10)

@@ -86,8 +86,9 @@ def test_exact_hypergradient_matches_finite_differences():
     game = lqr_game()
     for stochastic in (True, False):
         th = jnp.array([-6.5, 0.3])
-        grad = exact_hypergradient(game, th, 0.1, stochastic=stochastic)
-        f = lambda t: leader_objective(game, t, 0.1, gamma=0.99, stochastic=stochastic)  # noqa: E731
+        grad = jax.jit(lambda t: exact_hypergradient(game, t, 0.1, stochastic=stochastic))(th)
+        f = jax.jit(lambda t: leader_objective(game, t, 0.1, gamma=0.99,  # noqa: E731
+                                               stochastic=stochastic))
         fd = jnp.array([(f(th + e) - f(th - e)) / 2e-5 for e in 1e-5 * jnp.eye(2)])
         np.testing.assert_allclose(grad, fd, rtol=1e-5, atol=1e-9)
 

@@ -10,29 +10,34 @@ from bchg_jax.games.tabular.game import TabularGame
 from bchg_jax.problems.toy_game import leader_policy_from_p, toy_game
 
 
-def _ret(game, p, backup="reference"):
-    f = leader_policy_from_p(p, jnp.float64)
-    br = best_response(game, f, 0.05, backup)
-    return float(leader_return(game, f, br.policy)), np.asarray(br.policy[0, 0])
+def _rets(game, ps, backup="reference"):
+    """Exact 150-step leader returns and g(.|S, A) at leader policies p in ``ps`` (one vmapped,
+    jitted program: eager calls would compile every operation)."""
+    def one(p):
+        f = leader_policy_from_p(p, jnp.float64)
+        br = best_response(game, f, 0.05, backup)
+        return leader_return(game, f, br.policy), br.policy[0, 0]
+    r, g = jax.jit(jax.vmap(one))(jnp.asarray(ps, jnp.float64))
+    return np.asarray(r), np.asarray(g)
 
 
 def test_ground_truth_values_reference_backup(x64):
     game = toy_game(2.0, dtype=jnp.float64)
-    r, g = _ret(game, 0.40)
-    assert abs(r - 32.6) < 0.05
-    np.testing.assert_allclose(g, [0.0, 0.47, 0.53], atol=0.006)
-    assert abs(_ret(game, 0.51)[0] - 59.5) < 0.05
-    assert abs(_ret(game, 0.53)[0] - 59.3) < 0.05
-    assert abs(_ret(game, 1.0)[0] - 50.0) < 1e-6
     ps = np.linspace(0.40, 0.60, 41)
-    best = ps[int(np.argmax([_ret(game, p)[0] for p in ps]))]
+    r, g = _rets(game, np.concatenate([[0.40, 0.51, 0.53, 1.0], ps]))
+    assert abs(r[0] - 32.6) < 0.05
+    np.testing.assert_allclose(g[0], [0.0, 0.47, 0.53], atol=0.006)
+    assert abs(r[1] - 59.5) < 0.05
+    assert abs(r[2] - 59.3) < 0.05
+    assert abs(r[3] - 50.0) < 1e-6
+    best = ps[int(np.argmax(r[4:]))]
     assert abs(best - 0.51) <= 0.0051
 
 
 def test_paper_backup_optimum(x64):
     game = toy_game(2.0, dtype=jnp.float64)
     ps = np.linspace(0.45, 0.55, 41)
-    rets = [_ret(game, p, "paper")[0] for p in ps]
+    rets = _rets(game, ps, "paper")[0]
     i = int(np.argmax(rets))
     assert abs(ps[i] - 0.50) <= 0.0051 and abs(rets[i] - 59.75) < 0.05
 
@@ -60,8 +65,8 @@ def test_implicit_gradient_of_the_leader_return(x64):
         return leader_return(game, f, br.policy, gamma=0.99)
 
     h = 1e-5
-    fd = (J(0.45 + h) - J(0.45 - h)) / (2 * h)
-    np.testing.assert_allclose(jax.grad(J)(0.45), fd, rtol=1e-5)
+    fd = (jax.jit(J)(0.45 + h) - jax.jit(J)(0.45 - h)) / (2 * h)
+    np.testing.assert_allclose(jax.jit(jax.grad(J))(0.45), fd, rtol=1e-5)
 
 
 def test_leader_values_satisfy_bellman(x64):
