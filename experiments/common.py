@@ -82,6 +82,8 @@ def run_method_folder(out: str, method: str, trainer, grid: Dict[str, np.ndarray
         elif "final" in data:       # completed before checkpoints were kept: nothing to extend
             fail(f"{out} completed {done} iterations but holds no checkpoint to continue from; "
                  f"start a new run with --iterations {a.iterations}")
+        else:                       # stopped before its first checkpoint was complete
+            print(f"[{method}] no checkpoint in {out}; starting again from iteration 0")
     _truncate_jsonl(jsonl_path, start)
     save_json(os.path.join(out, "config.json"), {
         "method": method, "args": saved_args(a), **record,

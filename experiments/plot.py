@@ -20,6 +20,8 @@ from typing import Sequence
 
 import numpy as np
 
+from bchg_jax.problems.thermal import COMPONENT_WEIGHTS as THERMAL_WEIGHTS
+from experiments.common import NOT_SETTINGS as RUN_FLAGS
 from experiments.summary import summarize
 
 METHOD_LABELS = {"bchg": "BC-HG", "hpgd_oracle": "HPGD (oracle)", "hpgd_mc": "HPGD (MC)",
@@ -44,16 +46,14 @@ EXPERIMENT_NAMES = {"fourrooms": "Four-Rooms", "thermal": "building thermal cont
 KEY_SETTINGS = {"fourrooms": ("beta", "batch", "slip_model"), "thermal": ("critic", "beta"),
                 "toy_game": ("R", "beta", "actor"), "lqr_game": ("beta", "estimator")}
 # config.json "args" that are bookkeeping, not settings of the run
-NOT_SETTINGS = frozenset({"out", "resume", "shard", "exact_out", "distributed", "chunk",
-                          "method", "smoke"})
+NOT_SETTINGS = frozenset(RUN_FLAGS) | {"method", "smoke"}
 SETTING_NAMES = {"beta": "β"}
 
 # thermal control: the logged components and how J is made of them
 # (bchg_jax.problems.thermal.COMPONENT_WEIGHTS and bchg_jax.lq.exact.components: "stability" is
 # logged as the reward term Stability(s) <= 0, the other three as positive, unweighted costs; each
 # is a discounted (gamma_L = 0.9) sum over the 100-step horizon; tests check this identity)
-THERMAL_WEIGHTS = {"stability": 1.0, "hvac_energy": 0.5, "insulation": 0.1, "airflow": 0.1}
-THERMAL_GAMMA, THERMAL_HORIZON = 0.9, 100
+THERMAL_GAMMA, THERMAL_HORIZON = 0.9, 100       # thermal()'s gamma_L and horizon (tested equal)
 THERMAL_IDENTITY = (
     f"$J_L$ = stability − {THERMAL_WEIGHTS['hvac_energy']:g} · HVAC energy − "
     f"{THERMAL_WEIGHTS['insulation']:g} · (insulation + airflow); each term is an exact discounted "
@@ -475,7 +475,7 @@ def export_best(run_dir: str, dest: str) -> None:
 
 def main(argv=None):
     from bchg_jax.core.io import save_figure
-    p = argparse.ArgumentParser(description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m experiments.plot", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="run folders (each with <method>/metrics.npz)")
     p.add_argument("--window", type=int, default=100, help="rolling-mean window (default 100)")
