@@ -1,4 +1,4 @@
-"""Toy Markov game: the spec's ground-truth values from the exact evaluator; follower backups."""
+"""Toy Markov game: the reference ground-truth values from the exact evaluator; follower backups."""
 import jax
 import jax.numpy as jnp
 import numpy as np
