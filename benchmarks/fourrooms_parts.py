@@ -1,0 +1,121 @@
+"""Where a Four-Rooms outer iteration goes: ms per iteration of each named step and of the whole
+iteration, at 1 / 10 / 240 / 1000 vmapped runs (the first call's extra time reported apart).
+
+    python -m benchmarks.fourrooms_parts [--runs 1 10 240 1000] [--beta 1e-3] [--method bchg]
+
+The runs cycle through the paper's lr x SARSA-alpha grid (24 points, so 240 runs = the paper's
+grid x 10 seeds). Every run first trains ``--warmup`` iterations, so the warm starts are the ones
+training sees (the follower's soft value iteration starts from the previous iteration's V, the
+metric's policy evaluation from the previous V_L). Then each step of ``trainer.steps`` is timed
+alone, vmapped over the runs: ``follower`` (soft VI to tolerance), ``evaluate`` (the exact J_L
+metric: warm-started policy-evaluation sweeps), ``collect`` (rollout), ``leader_critic``
+(SARSA), ``estimate`` (the hypergradient), and ``whole`` = ``trainer.run`` over ``--iterations``
+iterations divided by their number (it includes the ascent and bookkeeping; with few runs the
+parts, timed as separate calls, each also pay ~0.1 ms of dispatch). Each timing is the
+best of ``--repeats`` calls after one compiling call; ``sweeps`` is the follower's mean number
+of soft-VI sweeps per run and the number the vmapped loop runs (its slowest lane).
+
+The cost depends on the training phase: the follower's warm start is poorest while theta moves
+fast. Measured on the 2-core CPU (2026-11-26): the 240-run grid costs 140 ms per iteration at
+iterations 200-220, against 58 ms averaged over a whole 10,000-iteration run; ``--warmup``
+picks the phase. The first call of a large vmapped step can take far longer than compiling it
+(240 runs: 34 s for the follower, whose compile alone takes 0.2 s; not explained yet), so the
+``first call extra s`` column is reported apart from the per-iteration times.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import time
+
+import jax
+import numpy as np
+
+from bchg_jax import tabular
+from bchg_jax.core.sweep import grid_functions, seed_keys
+from bchg_jax.problems import fourrooms
+from experiments.fourrooms import PAPER_ALPHA, PAPER_LR
+
+
+def _time(fn, *args, repeats: int = 3):
+    """(first call's extra seconds (compile and first-run costs), best run seconds)."""
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    first = time.perf_counter() - t0
+    best = np.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - t0)
+    return max(first - best, 0.0), best
+
+
+def measure(runs: int, beta: float, method: str, warmup: int, iterations: int, repeats: int):
+    """One row per part: (part, first call extra s, ms per iteration) plus the follower's sweep
+    counts (mean per run, and the slowest lane's)."""
+    trainer = tabular.make_train(fourrooms(), method, tabular.TrainConfig(num_steps=100))
+    grid = [(lr, a) for lr in PAPER_LR for a in PAPER_ALPHA]
+    pts = [grid[i % len(grid)] for i in range(runs)]
+    hp = trainer.hparams({"lr": [p[0] for p in pts], "sarsa_alpha": [p[1] for p in pts],
+                          "beta": beta})
+    init, run = grid_functions(trainer)
+    state = init(seed_keys(1), hp)                        # leaves [R, 1, ...]
+    state, _ = run(state, hp, warmup)
+    flat = jax.tree.map(lambda x: x[:, 0], state)         # [R, ...]
+    steps, dt = trainer.steps, flat.theta.dtype
+    betas, alphas = hp.beta.astype(dt), hp.sarsa_alpha.astype(dt)
+    keys = jax.vmap(jax.random.fold_in, (0, None))(flat.key, 7)
+
+    follower = jax.jit(jax.vmap(steps["follower"]))
+    evaluate = jax.jit(jax.vmap(steps["evaluate"]))
+    collect = jax.jit(jax.vmap(steps["collect"]))
+    br = follower(flat.theta, betas, flat.V_F)
+    batch, segments = collect(keys, flat.theta, br.policy)
+    axis = lambda x: None if x is None else 0              # noqa: E731  (absent terms)
+    critic = jax.jit(jax.vmap(steps["leader_critic"], (0, 0, 0, 0, axis(segments), 0)))
+    _, Q_L, V_hat = critic(keys, flat.critic, flat.theta, batch, segments, alphas)
+    estimate = jax.jit(jax.vmap(steps["estimate"],
+                                (0, 0, 0, axis(segments), 0, 0, axis(V_hat))))
+    rows = [("follower",) + _time(follower, flat.theta, betas, flat.V_F, repeats=repeats),
+            ("evaluate",) + _time(evaluate, flat.theta, br.policy, flat.V_L, repeats=repeats),
+            ("collect",) + _time(collect, keys, flat.theta, br.policy, repeats=repeats),
+            ("leader_critic",) + _time(critic, keys, flat.critic, flat.theta, batch, segments,
+                                       alphas, repeats=repeats),
+            ("estimate",) + _time(estimate, flat.theta, betas, batch, segments, br, Q_L, V_hat,
+                                  repeats=repeats)]
+    c, t = _time(lambda s: run(s, hp, iterations), state, repeats=repeats)
+    rows.append(("whole", c, t / iterations))
+    sweeps = np.asarray(br.sweeps)
+    return [(p, c, 1e3 * t) for p, c, t in rows], float(sweeps.mean()), int(sweeps.max())
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m benchmarks.fourrooms_parts", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, nargs="+", default=[1, 10, 240, 1000],
+                   help="vmapped run counts (default: 1 10 240 1000)")
+    p.add_argument("--beta", type=float, default=1e-3, help="follower entropy weight (1e-3)")
+    p.add_argument("--method", default="bchg", help="tabular method (bchg)")
+    p.add_argument("--warmup", type=int, default=200, help="training iterations first (200)")
+    p.add_argument("--iterations", type=int, default=20,
+                   help="iterations of the timed whole-loop call (20)")
+    p.add_argument("--repeats", type=int, default=3, help="timed calls, best kept (3)")
+    a = p.parse_args(argv)
+    print(f"# Four-Rooms parts, {a.method}, beta {a.beta:g}, batch 100; "
+          f"{platform.machine()} {jax.devices()[0].device_kind}, jax {jax.__version__}, "
+          f"{datetime.date.today()}")
+    print("| runs | " + " | ".join(["follower", "evaluate", "collect", "leader_critic",
+                                    "estimate", "whole"]) + " | soft-VI sweeps mean / loop |")
+    print("|---:|" + "---:|" * 7)
+    for R in a.runs:
+        rows, mean_sweeps, max_sweeps = measure(R, a.beta, a.method, a.warmup, a.iterations,
+                                                a.repeats)
+        cells = " | ".join(f"{ms:.3f}" if ms < 1 else f"{ms:.1f}" for _, _, ms in rows)
+        print(f"| {R} | {cells} | {mean_sweeps:.1f} / {max_sweeps} |", flush=True)
+        print("  first call extra s: " + ", ".join(f"{n} {c:.1f}" for n, c, _ in rows),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
