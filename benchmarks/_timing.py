@@ -23,3 +23,18 @@ def time_chunks(trainer, grid, runs: int, iterations: int):
     jax.block_until_ready(m)
     per_it = (time.perf_counter() - t0) / iterations
     return first - per_it * iterations, per_it
+
+
+def time_call(fn, *args, repeats: int = 1):
+    """(first call's extra seconds: compile and first-run costs, best run seconds) of
+    ``fn(*args)``: one untimed-as-run first call, then the best of ``repeats`` timed calls."""
+    import numpy as np
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    first = time.perf_counter() - t0
+    best = np.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - t0)
+    return max(first - best, 0.0), best

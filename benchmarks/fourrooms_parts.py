@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-import time
 
 import jax
 import numpy as np
@@ -35,20 +34,8 @@ import numpy as np
 from bchg_jax import tabular
 from bchg_jax.core.sweep import grid_functions, seed_keys
 from bchg_jax.problems import fourrooms
+from benchmarks._timing import time_call
 from experiments.fourrooms import PAPER_ALPHA, PAPER_LR
-
-
-def _time(fn, *args, repeats: int = 3):
-    """(first call's extra seconds (compile and first-run costs), best run seconds)."""
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    first = time.perf_counter() - t0
-    best = np.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t0)
-    return max(first - best, 0.0), best
 
 
 def measure(runs: int, beta: float, method: str, warmup: int, iterations: int, repeats: int):
@@ -77,14 +64,15 @@ def measure(runs: int, beta: float, method: str, warmup: int, iterations: int, r
     _, Q_L, V_hat = critic(keys, flat.critic, flat.theta, batch, segments, alphas)
     estimate = jax.jit(jax.vmap(steps["estimate"],
                                 (0, 0, 0, axis(segments), 0, 0, axis(V_hat))))
-    rows = [("follower",) + _time(follower, flat.theta, betas, flat.V_F, repeats=repeats),
-            ("evaluate",) + _time(evaluate, flat.theta, br.policy, flat.V_L, repeats=repeats),
-            ("collect",) + _time(collect, keys, flat.theta, br.policy, repeats=repeats),
-            ("leader_critic",) + _time(critic, keys, flat.critic, flat.theta, batch, segments,
+    rows = [("follower",) + time_call(follower, flat.theta, betas, flat.V_F, repeats=repeats),
+            ("evaluate",) + time_call(evaluate, flat.theta, br.policy, flat.V_L,
+                                      repeats=repeats),
+            ("collect",) + time_call(collect, keys, flat.theta, br.policy, repeats=repeats),
+            ("leader_critic",) + time_call(critic, keys, flat.critic, flat.theta, batch, segments,
                                        alphas, repeats=repeats),
-            ("estimate",) + _time(estimate, flat.theta, betas, batch, segments, br, Q_L, V_hat,
+            ("estimate",) + time_call(estimate, flat.theta, betas, batch, segments, br, Q_L, V_hat,
                                   repeats=repeats)]
-    c, t = _time(lambda s: run(s, hp, iterations), state, repeats=repeats)
+    c, t = time_call(lambda s: run(s, hp, iterations), state, repeats=repeats)
     rows.append(("whole", c, t / iterations))
     sweeps = np.asarray(br.sweeps)
     return [(p, c, 1e3 * t) for p, c, t in rows], float(sweeps.mean()), int(sweeps.max())

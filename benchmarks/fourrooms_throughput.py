@@ -12,10 +12,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-import time
 
 import jax
-import numpy as np
 
 from bchg_jax.tabular import HParams, TrainConfig, make_train
 
@@ -23,19 +21,8 @@ from bchg_jax.problems import fourrooms
 
 from bchg_jax import product_grid, seed_keys
 from bchg_jax.core.sweep import grid_functions
+from benchmarks._timing import time_call
 from experiments.fourrooms import PAPER_ALPHA, PAPER_LR
-
-
-def _time(fn, *args, repeats=1):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    first = time.perf_counter() - t0
-    best = np.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t0)
-    return first - best, best   # (compile estimate, run time)
 
 
 def main(argv=None):
@@ -55,14 +42,14 @@ def main(argv=None):
     hp1 = HParams(0.1, 0.5, 1e-3)
     n1 = a.single_iterations
     single = jax.jit(make_train(fourrooms("reference"), a.method, TrainConfig(iterations=n1)).train)
-    c, t = _time(single, jax.random.key(0), hp1, repeats=2)
+    c, t = time_call(single, jax.random.key(0), hp1, repeats=2)
     print(f"one run:   compile {c:6.2f} s   {1e3 * t / n1:8.3f} ms / outer iteration  ({n1} iterations)")
 
     grid = product_grid(lr=PAPER_LR, sarsa_alpha=PAPER_ALPHA, beta=[1e-3])
     hp = HParams.from_grid(grid)
     init, run = grid_functions(trainer)
     state = init(seed_keys(a.seeds), hp)
-    c, t = _time(run, state, hp, n)
+    c, t = time_call(run, state, hp, n)
     runs = len(grid["lr"]) * a.seeds
     print(f"grid {runs}: compile {c:6.2f} s   {1e3 * t / n:8.3f} ms / outer iteration  "
           f"({n} iterations, {1e3 * t / n / runs:.3f} ms per run-iteration)")

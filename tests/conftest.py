@@ -1,3 +1,4 @@
+import hashlib
 import os
 import shutil
 import tempfile
@@ -27,3 +28,19 @@ def x64():
     """Runs a test with float64 enabled (exact-gradient checks)."""
     with jax.enable_x64(True):
         yield
+
+
+def _folder_digest(folder):
+    """{relative path: sha256} of every file under ``folder``."""
+    out = {}
+    for root, _, files in os.walk(folder):
+        for f in files:
+            p = os.path.join(root, f)
+            out[os.path.relpath(p, folder)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+    return out
+
+
+@pytest.fixture
+def digest():
+    """``digest(folder)``: {relative path: sha256} of every file (results never lost)."""
+    return _folder_digest

@@ -4,7 +4,6 @@ Library entry points raise ``ValueError`` naming the problem; the experiment CLI
 status 2 and an ``error: ...`` line. Every check here runs on the host before a training
 program is traced.
 """
-import hashlib
 import importlib
 import os
 
@@ -151,27 +150,18 @@ def test_cli_unwritable_output(module, tmp_path, capsys):
     assert blocker.read_text() == "not a folder"
 
 
-def _digest(folder):
-    h = {}
-    for root, _, files in os.walk(folder):
-        for f in files:
-            p = os.path.join(root, f)
-            h[os.path.relpath(p, folder)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
-    return h
-
-
-def test_existing_results_are_never_lost(tmp_path, capsys):
+def test_existing_results_are_never_lost(tmp_path, capsys, digest):
     """A finished run folder survives a rerun with bad arguments, a rerun with other settings,
     and a resume of the complete run, byte for byte."""
     mod = importlib.import_module("experiments.toy_game")
     run = mod.main(["--smoke", "--method", "naive_on", "--out", str(tmp_path / "r"), "--exact-out"])
-    before = _digest(run)
+    before = digest(run)
     _cli_error("toy_game", ["--smoke", "--beta", "-1", "--out", run, "--exact-out"], capsys)
     _cli_error("toy_game", ["--smoke", "--method", "naive_on", "--R", "1", "--out", run,
                             "--exact-out"], capsys)
-    assert _digest(run) == before
+    assert digest(run) == before
     mod.main(["--resume", run])                     # complete: skipped, files unchanged
-    after = _digest(run)
+    after = digest(run)
     assert {k: v for k, v in after.items() if k != "config.json"} == \
         {k: v for k, v in before.items() if k != "config.json"}
 

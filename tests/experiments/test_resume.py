@@ -1,7 +1,6 @@
 """Run folders are never redone or overwritten by mistake: --resume finds the run folder or
 refuses, extends a run by --iterations (bit for bit the longer run), refuses changed settings,
 --config repeats a run exactly, and Ctrl-C exits 130 with a resumable checkpoint."""
-import hashlib
 import importlib
 import json
 import os
@@ -16,15 +15,6 @@ import pytest
 from experiments import fourrooms
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _digest(folder):
-    out = {}
-    for root, _, files in os.walk(folder):
-        for f in files:
-            p = os.path.join(root, f)
-            out[os.path.relpath(p, folder)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
-    return out
 
 
 def _error(main, argv, capsys):
@@ -49,8 +39,8 @@ def finished_run(tmp_path_factory):
     return run
 
 
-def test_resume_refuses_a_method_folder_and_changed_settings(finished_run, capsys):
-    before = _digest(finished_run)
+def test_resume_refuses_a_method_folder_and_changed_settings(finished_run, capsys, digest):
+    before = digest(finished_run)
     err = _error(fourrooms.main, ["--resume", os.path.join(finished_run, "naive")], capsys)
     assert "method's folder" in err and f"--resume {finished_run}" in err
     err = _error(fourrooms.main, ["--resume", finished_run, "--beta", "0.5"], capsys)
@@ -70,7 +60,7 @@ def test_resume_refuses_a_method_folder_and_changed_settings(finished_run, capsy
     # the same value as saved is not a change; a complete run is skipped
     fourrooms.main(["--resume", finished_run, "--beta", "0.001"])
     assert "skipped" in capsys.readouterr().out
-    after = _digest(finished_run)
+    after = digest(finished_run)
     assert {k: v for k, v in after.items() if k != "config.json"} == \
         {k: v for k, v in before.items() if k != "config.json"}
 
