@@ -2,6 +2,7 @@
 iteration, at 1 / 10 / 240 / 1000 vmapped runs (the first call's extra time reported apart).
 
     python -m benchmarks.fourrooms_parts [--runs 1 10 240 1000] [--beta 1e-3] [--method bchg]
+        [--solver auto|dense|sparse]
 
 The runs cycle through the paper's lr x SARSA-alpha grid (24 points, so 240 runs = the paper's
 grid x 10 seeds). Every run first trains ``--warmup`` iterations, so the warm starts are the ones
@@ -38,10 +39,12 @@ from benchmarks._timing import time_call
 from experiments.fourrooms import PAPER_ALPHA, PAPER_LR
 
 
-def measure(runs: int, beta: float, method: str, warmup: int, iterations: int, repeats: int):
+def measure(runs: int, beta: float, method: str, warmup: int, iterations: int, repeats: int,
+            solver: str = "auto"):
     """One row per part: (part, first call extra s, ms per iteration) plus the follower's sweep
     counts (mean per run, and the slowest lane's)."""
-    trainer = tabular.make_train(fourrooms(), method, tabular.TrainConfig(num_steps=100))
+    trainer = tabular.make_train(fourrooms(), method, tabular.TrainConfig(num_steps=100,
+                                                                        solver=solver))
     grid = [(lr, a) for lr in PAPER_LR for a in PAPER_ALPHA]
     pts = [grid[i % len(grid)] for i in range(runs)]
     hp = trainer.hparams({"lr": [p[0] for p in pts], "sarsa_alpha": [p[1] for p in pts],
@@ -85,12 +88,14 @@ def main(argv=None):
                    help="vmapped run counts (default: 1 10 240 1000)")
     p.add_argument("--beta", type=float, default=1e-3, help="follower entropy weight (1e-3)")
     p.add_argument("--method", default="bchg", help="tabular method (bchg)")
+    p.add_argument("--solver", default="auto", choices=["auto", "dense", "sparse"],
+                   help="TrainConfig.solver (auto)")
     p.add_argument("--warmup", type=int, default=200, help="training iterations first (200)")
     p.add_argument("--iterations", type=int, default=20,
                    help="iterations of the timed whole-loop call (20)")
     p.add_argument("--repeats", type=int, default=3, help="timed calls, best kept (3)")
     a = p.parse_args(argv)
-    print(f"# Four-Rooms parts, {a.method}, beta {a.beta:g}, batch 100; "
+    print(f"# Four-Rooms parts, {a.method}, solver {a.solver}, beta {a.beta:g}, batch 100; "
           f"{platform.machine()} {jax.devices()[0].device_kind}, jax {jax.__version__}, "
           f"{datetime.date.today()}")
     print("| runs | " + " | ".join(["follower", "evaluate", "collect", "leader_critic",
@@ -98,7 +103,7 @@ def main(argv=None):
     print("|---:|" + "---:|" * 7)
     for R in a.runs:
         rows, mean_sweeps, max_sweeps = measure(R, a.beta, a.method, a.warmup, a.iterations,
-                                                a.repeats)
+                                                a.repeats, a.solver)
         cells = " | ".join(f"{ms:.3f}" if ms < 1 else f"{ms:.1f}" for _, _, ms in rows)
         print(f"| {R} | {cells} | {mean_sweeps:.1f} / {max_sweeps} |", flush=True)
         print("  first call extra s: " + ", ".join(f"{n} {c:.1f}" for n, c, _ in rows),

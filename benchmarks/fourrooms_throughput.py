@@ -1,11 +1,16 @@
-"""Four-Rooms BC-HG throughput: ms per outer iteration, compile time reported separately.
+"""Four-Rooms throughput: ms per outer iteration of one run and of the paper's 240-run grid, for
+each follower/metric solver side by side (compile time reported separately).
 
-    python -m benchmarks.fourrooms_throughput [--iterations 500] [--seeds 10]
+    python -m benchmarks.fourrooms_throughput [--iterations 500] [--single-iterations 10000]
+        [--betas 1e-3 3e-3 5e-3] [--solvers dense sparse] [--seeds 10] [--method bchg]
 
-Measures (a) one run (jit of the single-run scan, a whole 10,000-iteration run) and (b) the paper's grid, 24 hparam points x
-``--seeds`` seeds vmapped (240 runs), both from the initial state; each timed call is preceded
-by a compiling call of identical shapes. Semantics match the experiment (beta = 1e-3, batch 100,
-soft VI warm-started to tol 1e-6, exact J_L evaluated every iteration).
+For every beta and solver (``TrainConfig.solver``): (a) one run, the jitted single-run scan
+over ``--single-iterations`` iterations (a whole 10,000-iteration run by default), and (b) the
+paper's grid, 24 (lr, SARSA alpha) points x ``--seeds`` seeds vmapped (240 runs), over
+``--iterations`` iterations from the initial state. Each timed call follows a compiling call
+of identical shapes. Semantics match the experiment (batch 100, follower solved warm-started
+to the soft-sweep tolerance 1e-6, exact J_L evaluated every iteration). The last column is the
+ratio of the first solver's time to each solver's (same process, same machine).
 """
 from __future__ import annotations
 
@@ -15,44 +20,59 @@ import platform
 
 import jax
 
-from bchg_jax.tabular import HParams, TrainConfig, make_train
-
-from bchg_jax.problems import fourrooms
-
 from bchg_jax import product_grid, seed_keys
 from bchg_jax.core.sweep import grid_functions
+from bchg_jax.problems import fourrooms
+from bchg_jax.tabular import HParams, TrainConfig, make_train
 from benchmarks._timing import time_call
 from experiments.fourrooms import PAPER_ALPHA, PAPER_LR
 
 
+def measure(method: str, solver: str, beta: float, single_iterations: int, iterations: int,
+            seeds: int):
+    """(compile s, ms/it) of one run and of the 240-run grid; the grid's runs count."""
+    problem = fourrooms("reference")
+    one = make_train(problem, method, TrainConfig(iterations=single_iterations, solver=solver))
+    c1, t1 = time_call(jax.jit(one.train), jax.random.key(0), HParams(0.1, 0.5, beta), repeats=2)
+    trainer = make_train(problem, method, TrainConfig(iterations=iterations, solver=solver))
+    hp = HParams.from_grid(product_grid(lr=PAPER_LR, sarsa_alpha=PAPER_ALPHA, beta=[beta]))
+    init, run = grid_functions(trainer)
+    state = init(seed_keys(seeds), hp)
+    c2, t2 = time_call(run, state, hp, iterations)
+    return c1, 1e3 * t1 / single_iterations, c2, 1e3 * t2 / iterations, len(PAPER_LR) * len(
+        PAPER_ALPHA) * seeds
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser()
-    p.add_argument("--iterations", type=int, default=500, help="timed iterations of the grid")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.fourrooms_throughput",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--iterations", type=int, default=500,
+                   help="timed iterations of the grid (default: 500)")
     p.add_argument("--single-iterations", type=int, default=10_000,
-                   help="timed iterations of the single run (a whole run by default)")
-    p.add_argument("--seeds", type=int, default=10)
-    p.add_argument("--method", default="bchg")
+                   help="timed iterations of the single run (default: 10000, a whole run)")
+    p.add_argument("--seeds", type=int, default=10, help="seeds per grid point (default: 10)")
+    p.add_argument("--betas", type=float, nargs="+", default=[1e-3],
+                   help="follower entropy weights (default: 1e-3)")
+    p.add_argument("--solvers", nargs="+", default=["dense", "sparse"],
+                   help="TrainConfig.solver values, the first is the ratio's base "
+                        "(default: dense sparse)")
+    p.add_argument("--method", default="bchg", help="tabular method (default: bchg)")
     a = p.parse_args(argv)
-    n = a.iterations
-    trainer = make_train(fourrooms("reference"), a.method, TrainConfig(iterations=n))
     print(f"# Four-Rooms {a.method} throughput  {datetime.date.today()}  "
           f"{platform.processor() or platform.machine()}  jax {jax.__version__}  "
           f"devices {jax.devices()}")
-
-    hp1 = HParams(0.1, 0.5, 1e-3)
-    n1 = a.single_iterations
-    single = jax.jit(make_train(fourrooms("reference"), a.method, TrainConfig(iterations=n1)).train)
-    c, t = time_call(single, jax.random.key(0), hp1, repeats=2)
-    print(f"one run:   compile {c:6.2f} s   {1e3 * t / n1:8.3f} ms / outer iteration  ({n1} iterations)")
-
-    grid = product_grid(lr=PAPER_LR, sarsa_alpha=PAPER_ALPHA, beta=[1e-3])
-    hp = HParams.from_grid(grid)
-    init, run = grid_functions(trainer)
-    state = init(seed_keys(a.seeds), hp)
-    c, t = time_call(run, state, hp, n)
-    runs = len(grid["lr"]) * a.seeds
-    print(f"grid {runs}: compile {c:6.2f} s   {1e3 * t / n:8.3f} ms / outer iteration  "
-          f"({n} iterations, {1e3 * t / n / runs:.3f} ms per run-iteration)")
+    print("| beta | solver | 1 run: compile s | 1 run: ms/it | grid: runs | grid: compile s | "
+          "grid: ms/it | speed-up 1 run | speed-up grid |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for beta in a.betas:
+        base = None
+        for solver in a.solvers:
+            c1, t1, c2, t2, runs = measure(a.method, solver, beta, a.single_iterations,
+                                           a.iterations, a.seeds)
+            base = base or (t1, t2)
+            print(f"| {beta:g} | {solver} | {c1:.1f} | {t1:.3f} | {runs} | {c2:.1f} | {t2:.1f} | "
+                  f"{base[0] / t1:.2f}x | {base[1] / t2:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

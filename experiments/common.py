@@ -206,6 +206,11 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
             "mean": float(mean[best]), "se": float(se[best])}
 
 
+# settings added after runs were saved without them: the value those runs were made with
+# (a resumed run keeps it; a new run gets the flag's default)
+LEGACY_SETTINGS = {"solver": "dense"}
+
+
 def resume_args(a, experiment: str):
     """For ``--resume DIR``: DIR's saved arguments, with ``--iterations`` (extend only) and the
     flags of :data:`NOT_SETTINGS` taken from the command line. Exits 2 with a message naming the
@@ -249,7 +254,8 @@ def resume_args(a, experiment: str):
     if "chunk" in a._explicit:
         keep["chunk"] = a.chunk
     explicit = a._explicit
-    a = argparse.Namespace(**{**vars(a), **saved, **keep})
+    legacy = {k: v for k, v in LEGACY_SETTINGS.items() if hasattr(a, k)}
+    a = argparse.Namespace(**{**vars(a), **legacy, **saved, **keep})
     a.resume, a.out, a.exact_out, a.config = run_dir, run_dir, True, None
     a.iterations, a._explicit = iterations, explicit
     return a
@@ -275,7 +281,8 @@ def prepare_run_dir(a, experiment: str, methods: Sequence[str], setting_keys: Se
     args = saved_args(a)
     if a.resume is not None:        # settings checked by resume_args; --iterations may grow
         old = read_run_config(cfg_path, "--resume")
-        save_json(cfg_path, {**old, "args": {**old["args"], "iterations": a.iterations},
+        legacy = {k: args[k] for k in LEGACY_SETTINGS if k in args and k not in old["args"]}
+        save_json(cfg_path, {**old, "args": {**old["args"], **legacy, "iterations": a.iterations},
                              "resumed": old.get("resumed", []) + [
                                  {"command": command, **environment_record()}]})
         return run_dir

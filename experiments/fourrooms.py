@@ -57,6 +57,11 @@ def parse_args(argv=None):
                    help="'reference': the follower's model slips with 0.56 / 0.1467 while the "
                         "samples use 2/3 / 1/9 (the authors' setting); 'paper': 2/3 and 1/9 "
                         "everywhere (docs/experiments.md)")
+    g.add_argument("--solver", choices=["auto", "dense", "sparse"], default="auto",
+                   help="the follower's and the J_L metric's solvers: 'dense' sweeps on the "
+                        "[S, B, S] table, 'sparse' modified soft policy iteration on the "
+                        "successor table (same tolerance), 'auto' sparse on CPU and dense on "
+                        "accelerators (docs/performance.md)")
     return p.parse_args(argv)
 
 
@@ -101,7 +106,8 @@ def run_method(method: str, a, run_dir: str):
 
     grid = method_grid(method, a)  # validated by main() before any method ran
     envs, steps = batch_shape(a.batch)
-    config = TrainConfig(num_envs=envs, num_steps=steps, iterations=a.iterations)
+    config = TrainConfig(num_envs=envs, num_steps=steps, iterations=a.iterations,
+                         solver=a.solver)
     trainer = make_train(fourrooms(a.slip_model), method, config)
     return run_method_folder(
         os.path.join(run_dir, method), method, trainer, grid, a,

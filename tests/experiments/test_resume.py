@@ -158,3 +158,25 @@ def test_ctrl_c_exits_130_with_a_resumable_checkpoint(tmp_path):
     like = init(seed_keys(1), trainer.hparams(fourrooms.method_grid("naive", a)))
     state = load_state(ckpt, like)
     assert int(np.asarray(state.step).reshape(-1)[0]) == step
+
+
+def test_a_run_saved_before_the_solver_flag_resumes_with_the_dense_solvers(tmp_path):
+    """Runs saved without ``solver`` in their config were made with the dense solvers; --resume
+    keeps them there (LEGACY_SETTINGS): the extended run equals a fresh dense run bit for bit."""
+    old, fresh = str(tmp_path / "old"), str(tmp_path / "fresh")
+    common = ["--method", "bchg", "--seeds", "2", "--chunk", "10", "--exact-out"]
+    fourrooms.main(common + ["--iterations", "20", "--solver", "dense", "--out", old])
+    for path in (os.path.join(old, "config.json"), os.path.join(old, "bchg", "config.json")):
+        with open(path) as f:
+            cfg = json.load(f)
+        if "solver" in cfg.get("args", {}):
+            del cfg["args"]["solver"]
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+    fourrooms.main(["--resume", old, "--iterations", "30"])
+    fourrooms.main(common + ["--iterations", "30", "--solver", "dense", "--out", fresh])
+    a, b = _metrics(old, "bchg"), _metrics(fresh, "bchg")
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+    with open(os.path.join(old, "config.json")) as f:
+        assert json.load(f)["args"]["solver"] == "dense"

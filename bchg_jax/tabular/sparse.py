@@ -1,0 +1,319 @@
+"""Sparse-successor solvers: the follower's best response and policy evaluation on a successor table.
+
+Most tabular environments reach a few states from each state (Four-Rooms: at most 4 of 104), so
+a dense Bellman sweep, a [S*B, S] x [S] product, does ~S/J times the work the maths needs. Here
+the support is a fixed integer table ``index`` [S, J] (the states reachable from s under any
+action, padded with a valid state of probability 0); the probabilities are still read from
+``transition(theta)`` at every call, so a theta-dependent model keeps working as long as its
+support stays inside the table (:func:`problem_successors` checks it at theta0 and at random
+thetas).
+
+Two solvers, both run-last batched (:mod:`bchg_jax.core.run_last`: under ``vmap`` the run axis is
+the minor, contiguous one):
+
+* :func:`sparse_soft_value_iteration`: the best response of Eq. (lower) by *modified* soft policy
+  iteration (Puterman and Shin's modified policy iteration with the soft Bellman operator): each
+  soft sweep (the one with ``exp``) gives the Boltzmann policy and the stopping residual, and is
+  followed by ``linear_sweeps`` cheap sweeps of the entropy-regularised Bellman *expectation*
+  operator of that policy (no ``exp``). It stops on the same test as
+  :func:`~bchg_jax.tabular.follower.soft_value_iteration` (sup-norm change of a soft sweep
+  ``<= tol``) and returns the same fixed point; ``linear_sweeps=0`` is plain soft value iteration.
+* :func:`sparse_policy_evaluation`: V^g by warm-started expectation sweeps to tolerance (the
+  exact J_L metric of the training loops).
+
+Forward-only (no derivative rule): use :func:`~bchg_jax.tabular.exact.best_response` for
+derivatives in theta.
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bchg_jax.core.run_last import add_run_axis, compacting_while_loop, run_last
+from bchg_jax.core.validate import (check_beta_if_concrete, check_discount, check_if_concrete,
+                                    check_shape, transition_sizes)
+from bchg_jax.tabular.cmdp import TabularCMDP
+from bchg_jax.tabular.follower import BestResponse, continuation
+
+Array = jax.Array
+
+# the automatic solver choice takes the successor form when J <= S * SPARSE_MAX_FRACTION
+SPARSE_MAX_FRACTION = 0.25
+
+
+class Successors(NamedTuple):
+    """A fixed successor table: ``index`` [S, J] int32 (padded), ``valid`` [S, J] bool."""
+
+    index: np.ndarray
+    valid: np.ndarray
+
+    @property
+    def width(self) -> int:
+        """J, the most successors of any state."""
+        return int(self.index.shape[1])
+
+
+def successors_from_support(support: np.ndarray) -> Successors:
+    """The successor table of a boolean support ``support`` [S, S'] (s' reachable from s).
+
+    Args:
+      support: [S, S] bool (any action).
+    Returns:
+      :class:`Successors` with J = the largest row count (at least 1); padding repeats the row's
+      first successor (or s itself for a row without any) and is marked invalid.
+    """
+    support = np.asarray(support, bool)
+    S = support.shape[0]
+    rows = [np.flatnonzero(support[s]) for s in range(S)]
+    J = max(1, max(len(r) for r in rows))
+    index = np.empty((S, J), np.int32)
+    valid = np.zeros((S, J), bool)
+    for s, row in enumerate(rows):
+        pad = row[0] if len(row) else s
+        index[s] = np.concatenate([row, np.full(J - len(row), pad)]).astype(np.int32)
+        valid[s, :len(row)] = True
+    return Successors(index, valid)
+
+
+def successors_from_transition(P) -> Successors:
+    """The successor table of one transition table ``P`` [S, B, S] (entries != 0 under any b)."""
+    P = np.asarray(P)
+    transition_sizes("P (transition)", P)
+    return successors_from_support(np.any(P != 0, axis=1))
+
+
+def problem_successors(problem: TabularCMDP, draws: int = 3, scale: float = 1.0,
+                       seed: int = 0) -> Successors:
+    """The successor table of ``problem.transition``: the union of the supports at ``theta0`` and
+    at ``draws`` random thetas ``theta0 + scale N(0, I)`` (evaluated eagerly, before any jit).
+
+    A model whose support changes elsewhere in theta must use the dense solvers
+    (``TrainConfig(solver="dense")``); the sparse solvers would drop the probability mass
+    outside the table.
+    """
+    theta0 = np.asarray(problem.theta0)
+    rng = np.random.default_rng(seed)
+    support = None
+    for k in range(draws + 1):
+        theta = theta0 if k == 0 else theta0 + scale * rng.standard_normal(theta0.shape)
+        P = np.asarray(problem.transition(jnp.asarray(theta, theta0.dtype)))
+        s = np.any(P != 0, axis=1)
+        support = s if support is None else support | s
+    return successors_from_support(support)
+
+
+def prefers_sparse(successors: Successors, num_states: int) -> bool:
+    """The automatic rule: the successor form when J <= S / 4 (``SPARSE_MAX_FRACTION``)."""
+    return successors.width <= SPARSE_MAX_FRACTION * num_states
+
+
+def successor_probs(P: Array, successors: Successors) -> Array:
+    """p(index[s, j] | s, b) gathered from ``P`` [S, B, S] -> [S, B, J] (0 at padding)."""
+    index = jnp.asarray(successors.index)
+    S, B = P.shape[:2]
+    probs = jnp.take_along_axis(P, jnp.broadcast_to(index[:, None, :], (S, B, index.shape[1])),
+                                axis=2)
+    return jnp.where(jnp.asarray(successors.valid)[:, None, :], probs, 0.0)
+
+
+# --- run-last implementations (arrays end in the run axis R) -----------------------------------
+
+def _lanes(has_run, names, xs):
+    """(R, per-lane arrays {name: [..., R]}, shared arrays {name: [..., 1]}): each argument with
+    a trailing run axis (size 1 where shared by all runs)."""
+    xs = [add_run_axis(x, h) for x, h in zip(xs, has_run)]
+    R = max(x.shape[-1] for x in xs)
+    lanes = {n: x for n, x in zip(names, xs) if R > 1 and x.shape[-1] == R}
+    shared = {n: x for n, x in zip(names, xs) if n not in lanes}
+    return R, lanes, shared
+
+
+def _expectation(probs, values_next):
+    """sum_j probs[s, b, j] V(index[s, j]): probs [S, B, J(, R)] x values_next [S, J, R]."""
+    if probs.ndim == 3:
+        return jnp.einsum("sbj,sjr->sbr", probs, values_next)
+    return jnp.sum(probs * values_next[:, None], axis=2)
+
+
+def _policy_step(policy, probs, gc):
+    """gamma cont(s) sum_b g(b|s) p(index[s, j] | s, b): [S, J, R]."""
+    if probs.ndim == 3:
+        return gc[:, None, :] * jnp.einsum("sbr,sbj->sjr", policy, probs)
+    return gc[:, None, :] * jnp.sum(policy[:, :, None] * probs, axis=1)
+
+
+def _soft_impl(index, tol, max_sweeps, linear_sweeps, has_run, probs, r, beta, gc, V0):
+    """Modified soft policy iteration, run-last (module docstring), on fewer lanes as they
+    converge (``compacting_while_loop``). Returns (V, Q, policy, sweeps, residual), each ending
+    in R."""
+    R, lanes, shared = _lanes(has_run, ("probs", "r", "beta", "gc", "V0"),
+                              (probs, r, beta, gc, V0))
+    dtype = r.dtype
+    S = r.shape[0]
+    V0 = lanes.pop("V0") if "V0" in lanes else shared.pop("V0")
+    V0 = jnp.broadcast_to(V0, (S, R)).astype(dtype)
+
+    def tables(c):
+        t = {**shared, **c["const"]}
+        if t["probs"].shape[-1] == 1:
+            t["probs"] = t["probs"][..., 0]
+        return t
+
+    def backup(t, V):
+        return t["r"] + t["gc"][:, None, :] * _expectation(t["probs"], V[index])
+
+    def soft_v(t, Q):
+        return t["beta"] * jax.nn.logsumexp(Q / t["beta"], axis=1)
+
+    def improve_and_evaluate(t, Q, V2):
+        """``linear_sweeps`` expectation sweeps of the Boltzmann policy of Q from V2, with the
+        entropy-regularised reward r - beta log g = r - (Q - V2)."""
+        pol = jnp.exp((Q - V2[:, None, :]) / t["beta"])
+        pol = pol / jnp.sum(pol, axis=1, keepdims=True)
+        reward = jnp.sum(pol * (t["r"] - Q + V2[:, None, :]), axis=1)          # [S, R]
+        step = _policy_step(pol, t["probs"], t["gc"])                          # [S, J, R]
+        return jax.lax.fori_loop(0, linear_sweeps,
+                                 lambda _, W: reward + jnp.sum(step * W[index], axis=1), V2)
+
+    def active(c):
+        return (c["res"] > tol) & (c["n"] < max_sweeps)
+
+    def body(c):
+        t = tables(c)
+        act = active(c)
+        Q = backup(t, c["V"])
+        V2 = soft_v(t, Q)
+        res2 = jnp.max(jnp.abs(V2 - c["V"]), axis=0)
+        more = act & (res2 > tol)
+        if linear_sweeps > 0:
+            W = jax.lax.cond(jnp.any(more), lambda: improve_and_evaluate(t, Q, V2), lambda: V2)
+            V2 = jnp.where(more, W, V2)
+        n = c["n"] + act.astype(jnp.int32) * (1 + linear_sweeps * more.astype(jnp.int32))
+        return {"V": jnp.where(act, V2, c["V"]), "res": jnp.where(act, res2, c["res"]), "n": n,
+                "const": c["const"]}
+
+    carry = {"V": V0, "res": jnp.full((R,), jnp.inf, dtype), "n": jnp.zeros((R,), jnp.int32),
+             "const": lanes}
+    carry = compacting_while_loop(active, body, carry)
+    t = tables(carry)
+    Q = backup(t, carry["V"])
+    V = soft_v(t, Q)
+    return V, Q, jnp.exp((Q - V[:, None, :]) / t["beta"]), carry["n"], carry["res"]
+
+
+def _evaluation_impl(index, tol, max_sweeps, has_run, probs, r, policy, gc, V0):
+    """Warm-started expectation sweeps to tolerance, run-last, on fewer lanes as they converge.
+    Returns (V, sweeps)."""
+    R, lanes, shared = _lanes(has_run, ("probs", "r", "policy", "gc", "V0"),
+                              (probs, r, policy, gc, V0))
+    t = {**shared, **lanes}
+    probs = t["probs"][..., 0] if t["probs"].shape[-1] == 1 else t["probs"]
+    S = r.shape[0]
+    reward = jnp.broadcast_to(jnp.sum(t["policy"] * t["r"], axis=1), (S, R))
+    step = jnp.broadcast_to(_policy_step(t["policy"], probs, t["gc"]), (S, index.shape[1], R))
+    V0 = jnp.broadcast_to(t["V0"], (S, R)).astype(r.dtype)
+
+    def active(c):
+        return (c["res"] > tol) & (c["n"] < max_sweeps)
+
+    def body(c):
+        act = active(c)
+        V2 = c["reward"] + jnp.sum(c["step"] * c["V"][index], axis=1)
+        res = jnp.where(act, jnp.max(jnp.abs(V2 - c["V"]), axis=0), c["res"])
+        return {**c, "V": jnp.where(act, V2, c["V"]), "res": res,
+                "n": c["n"] + act.astype(jnp.int32)}
+
+    carry = compacting_while_loop(active, body, {
+        "V": V0, "res": jnp.full((R,), jnp.inf, r.dtype), "n": jnp.zeros((R,), jnp.int32),
+        "reward": reward, "step": step})
+    return carry["V"], carry["n"]
+
+
+@functools.lru_cache(maxsize=64)
+def _soft_solver(index_bytes, shape, tol, max_sweeps, linear_sweeps):
+    index = np.frombuffer(index_bytes, np.int32).reshape(shape)
+    return run_last(functools.partial(_soft_impl, index, tol, max_sweeps, linear_sweeps))
+
+
+@functools.lru_cache(maxsize=64)
+def _evaluation_solver(index_bytes, shape, tol, max_sweeps):
+    index = np.frombuffer(index_bytes, np.int32).reshape(shape)
+    return run_last(functools.partial(_evaluation_impl, index, tol, max_sweeps))
+
+
+def _key(successors: Successors):
+    index = np.ascontiguousarray(successors.index, np.int32)
+    return index.tobytes(), index.shape
+
+
+def sparse_soft_value_iteration(P: Array, r: Array, beta, gamma, successors: Successors,
+                                terminal: Optional[Array] = None, V0: Optional[Array] = None,
+                                tol: float = 1e-6, max_sweeps: int = 3000,
+                                linear_sweeps: int = 16) -> BestResponse:
+    """The follower's best response (Eq. (lower)) by modified soft policy iteration on a
+    successor table (module docstring); same inputs, stopping test and result as
+    :func:`~bchg_jax.tabular.follower.soft_value_iteration` with ``tol`` set.
+
+    Args:
+      P: [S, B, S] transition p^theta(s'|s, b); only the entries in ``successors`` are read.
+      r: [S, B] follower reward r_F^theta.
+      beta: entropy weight (> 0; scalar, may be traced).
+      gamma: discount gamma_F (scalar).
+      successors: the :class:`Successors` table of ``P``'s support.
+      terminal: [S] bool mask of terminal states, or None.
+      V0: [S] warm start, or None for zeros.
+      tol: stop when a soft sweep changes V by at most ``tol`` (sup norm).
+      max_sweeps: cap on the sweeps (soft and linear together).
+      linear_sweeps: expectation sweeps after each soft sweep (0: soft value iteration).
+    Returns:
+      :class:`~bchg_jax.tabular.follower.BestResponse`; ``sweeps`` counts soft and linear
+      sweeps, ``residual`` is the change of the last soft sweep.
+    Raises:
+      ValueError: as ``soft_value_iteration``, a negative ``linear_sweeps`` or a successor table
+        not of S rows.
+    """
+    check_beta_if_concrete(beta)
+    check_if_concrete(check_discount, "gamma (the follower's discount)", gamma)
+    S, B = transition_sizes("P (transition)", P)
+    src = f"S={S}, B={B} from P [S, B, S]"
+    check_shape("r (follower reward)", r, (S, B), src)
+    check_shape("successors.index", successors.index, (S, successors.width), src)
+    if terminal is not None:
+        check_shape("terminal", terminal, (S,), src)
+    if V0 is not None:
+        check_shape("V0", V0, (S,), src)
+    if int(linear_sweeps) < 0:
+        raise ValueError(f"linear_sweeps must be >= 0, got {linear_sweeps}")
+    dtype = r.dtype
+    gc = jnp.asarray(gamma, dtype) * continuation(terminal, S, dtype)
+    V0 = jnp.zeros((S,), dtype) if V0 is None else jnp.asarray(V0, dtype)
+    solve = _soft_solver(*_key(successors), float(tol), int(max_sweeps), int(linear_sweeps))
+    V, Q, policy, n, res = solve(successor_probs(P, successors).astype(dtype), r,
+                                 jnp.asarray(beta, dtype), gc, V0)
+    return BestResponse(policy=policy, V=V, Q=Q, sweeps=n, residual=res)
+
+
+def sparse_policy_evaluation(P: Array, r: Array, policy: Array, gamma, cont: Array, V0: Array,
+                             successors: Successors, tol: float,
+                             max_sweeps: int = 3000) -> Array:
+    """V^g by warm-started expectation sweeps on a successor table until the sup-norm change is
+    ``<= tol`` (the sparse form of :func:`~bchg_jax.tabular.exact.policy_evaluation_sweeps`).
+
+    Args:
+      P: [S, B, S] transition; r: [S, B] reward; policy: [S, B] g(b|s); gamma: discount;
+      cont: [S] continuation 1 - term(s); V0: [S] warm start; successors: the table of ``P``'s
+      support; tol, max_sweeps: stopping test and cap.
+    Returns:
+      [S] V^g (approximate).
+    """
+    dtype = r.dtype
+    S = r.shape[0]
+    check_shape("successors.index", successors.index, (S, successors.width), f"S={S} from r")
+    solve = _evaluation_solver(*_key(successors), float(tol), int(max_sweeps))
+    V, _ = solve(successor_probs(P, successors).astype(dtype), r, policy.astype(dtype),
+                 jnp.asarray(gamma, dtype) * cont.astype(dtype), jnp.asarray(V0, dtype))
+    return V

@@ -1,0 +1,35 @@
+"""The XLA:CPU flag that avoids the stall of large vmapped programs is set on import only when it
+is safe (bchg_jax/core/compile_options.py)."""
+import os
+import subprocess
+import sys
+
+import jaxlib
+
+from bchg_jax.core import compile_options
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHOW = "import os, bchg_jax; print(os.environ.get('XLA_FLAGS', ''))"
+
+
+def _flags_after_import(extra_env, code=SHOW):
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "BCHG_JAX_KEEP_XLA_FLAGS")}
+    env.update(extra_env)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120, check=True)
+    return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+
+
+def test_import_sets_the_flag_only_when_safe():
+    checked = jaxlib.__version__.startswith(compile_options.CHECKED_JAXLIB_PREFIXES)
+    assert (_flags_after_import({}) == compile_options.FLAG) == checked
+    # a user's own value of the option wins; other flags are kept
+    mine = "--xla_cpu_enable_concurrency_optimized_scheduler=true"
+    assert _flags_after_import({"XLA_FLAGS": mine}) == mine
+    kept = _flags_after_import({"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"})
+    assert kept.startswith("--xla_cpu_enable_fast_math=false")
+    assert (compile_options.FLAG in kept) == checked
+    # opted out, or JAX already started: the environment is left alone
+    assert _flags_after_import({"BCHG_JAX_KEEP_XLA_FLAGS": "1"}) == ""
+    started = "import os, jax; jax.numpy.zeros(1); " + SHOW.replace("import os, ", "import ")
+    assert _flags_after_import({}, started) == ""
