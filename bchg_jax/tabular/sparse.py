@@ -309,10 +309,17 @@ def sparse_policy_evaluation(P: Array, r: Array, policy: Array, gamma, cont: Arr
       support; tol, max_sweeps: stopping test and cap.
     Returns:
       [S] V^g (approximate).
+    Raises:
+      ValueError: a concrete ``gamma`` outside [0, 1), or an array not shaped by ``P``'s S, B.
     """
+    check_if_concrete(check_discount, "gamma (policy evaluation discount)", gamma)
+    S, B = transition_sizes("P (transition)", P)
+    src = f"S={S}, B={B} from P [S, B, S]"
+    for name, x, shape in (("r (reward)", r, (S, B)), ("policy", policy, (S, B)),
+                           ("cont (continuation)", cont, (S,)), ("V0", V0, (S,)),
+                           ("successors.index", successors.index, (S, successors.width))):
+        check_shape(name, x, shape, src)
     dtype = r.dtype
-    S = r.shape[0]
-    check_shape("successors.index", successors.index, (S, successors.width), f"S={S} from r")
     solve = _evaluation_solver(*_key(successors), float(tol), int(max_sweeps))
     V, _ = solve(successor_probs(P, successors).astype(dtype), r, policy.astype(dtype),
                  jnp.asarray(gamma, dtype) * cont.astype(dtype), jnp.asarray(V0, dtype))
