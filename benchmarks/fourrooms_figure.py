@@ -1,0 +1,150 @@
+"""The whole Four-Rooms figure: every (batch, beta) panel of the paper, all methods.
+
+    python -m benchmarks.fourrooms_figure run [--out results/fourrooms_figure]
+        [--compact benchmarks/results/fourrooms_figure] [--panels 200:3e-3 400:1e-3 ...]
+    python -m benchmarks.fourrooms_figure figure [--compact benchmarks/results/fourrooms_figure]
+
+``run`` trains the panels one after the other, each as
+``python -m experiments.fourrooms --method <all six> ,exact --grid paper --batch B --beta BETA
+--seeds 10 --iterations 10000 --exact-out --out OUT/batchB_betaBETA`` (every method's paper grid
+x 10 seeds x 10,000 iterations, ``exact`` as the reference line). A panel folder that already
+holds a ``config.json`` is continued with ``--resume`` (complete methods are skipped), so the
+command can be stopped at any time and given again in a later sitting. After each panel its
+compact copy (best grid point of every method, ``experiments.plot --export``) and
+``wall.json`` (seconds per method, summed over the chunks of every sitting, compile included)
+go to ``--compact``.
+
+``figure`` draws the panels found under ``--compact`` (rows: batch, columns: beta) into
+``figure.png`` and writes ``table.md``: mean +- SE over 10 seeds of the last 1000 iterations at
+each method's best grid point, and the wall time of every panel.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+BATCHES = (100, 200, 400, 1000)
+BETAS = ("1e-3", "3e-3", "5e-3")
+METHODS = ("naive", "sobirl", "hpgd_mc", "hpgd_sa", "bchg", "hpgd_oracle", "exact")
+
+
+def panel_name(batch: int, beta: str) -> str:
+    return f"batch{batch}_beta{beta}"
+
+
+def parse_panel(spec: str):
+    """``"200:3e-3"`` -> (200, "3e-3"), checked against the paper's batches and betas."""
+    try:
+        batch, beta = spec.split(":")
+        batch = int(batch)
+    except ValueError:
+        raise SystemExit(f"error: panel {spec!r} is not BATCH:BETA (e.g. 200:3e-3)")
+    if batch not in BATCHES or beta not in BETAS:
+        raise SystemExit(f"error: panel {spec!r}: batch must be one of {BATCHES}, beta one of "
+                         f"{BETAS}")
+    return batch, beta
+
+
+def method_seconds(run_dir: str) -> dict:
+    """{method: seconds} summed over the chunk lines of ``<method>/metrics.jsonl`` (every
+    sitting's chunks; the first chunk of a sitting includes its compile)."""
+    out = {}
+    for m in METHODS:
+        path = os.path.join(run_dir, m, "metrics.jsonl")
+        if os.path.exists(path):
+            with open(path) as f:
+                out[m] = round(sum(json.loads(line)["chunk_seconds"] for line in f
+                                   if line.strip()), 1)
+    return out
+
+
+def run_panel(out: str, compact: str, batch: int, beta: str, methods, seeds: int,
+              iterations: int) -> None:
+    from bchg_jax.core.io import save_json
+    from experiments.plot import export_best
+    run_dir = os.path.join(out, panel_name(batch, beta))
+    if os.path.exists(os.path.join(run_dir, "config.json")):
+        cmd = ["--resume", run_dir]
+    else:
+        cmd = ["--method", ",".join(methods), "--grid", "paper", "--batch", str(batch),
+               "--beta", beta, "--seeds", str(seeds), "--iterations", str(iterations),
+               "--exact-out", "--out", run_dir]
+    cmd = [sys.executable, "-m", "experiments.fourrooms"] + cmd
+    print(f"== {panel_name(batch, beta)}: {' '.join(cmd[1:])}", flush=True)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    print(f"== {panel_name(batch, beta)} done in {time.perf_counter() - t0:.0f} s (this sitting)",
+          flush=True)
+    dest = os.path.join(compact, panel_name(batch, beta))
+    export_best(run_dir, dest)
+    seconds = method_seconds(run_dir)
+    save_json(os.path.join(dest, "wall.json"), {"seconds": seconds,
+                                                "total": round(sum(seconds.values()), 1)})
+
+
+def panels_found(compact: str):
+    return [(b, e) for b in BATCHES for e in BETAS
+            if os.path.exists(os.path.join(compact, panel_name(b, e), "config.json"))]
+
+
+def write_figure(compact: str) -> None:
+    from bchg_jax.core.io import _atomic_write_bytes, save_figure
+    from experiments.plot import final_table, panel_figure
+    found = panels_found(compact)
+    if not found:
+        raise SystemExit(f"error: no panel folders under {compact}")
+    dirs = [os.path.join(compact, panel_name(b, e)) for b, e in found]
+    save_figure(os.path.join(compact, "figure.png"), panel_figure(dirs))
+    parts = ["Mean +- SE over the seeds of the last 1000 iterations, each method at its best "
+             "grid point (chosen on that mean).", ""]
+    total = 0.0
+    for b in BATCHES:
+        row = [os.path.join(compact, panel_name(b, e)) for e in BETAS if (b, e) in found]
+        if not row:
+            continue
+        parts += [f"### batch {b}", "", final_table(row)]
+        walls = []
+        for d in row:
+            with open(os.path.join(d, "wall.json")) as f:
+                w = json.load(f)
+            total += w["total"]
+            walls.append(f"{os.path.basename(d)} {w['total']:.0f} s")
+        parts += ["", "wall time: " + ", ".join(walls), ""]
+    parts.append(f"Total wall time of the {len(found)} panels: {total:.0f} s "
+                 f"({total / 3600:.2f} h).")
+    text = "\n".join(parts) + "\n"
+    _atomic_write_bytes(os.path.join(compact, "table.md"), text.encode())
+    print(text)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m benchmarks.fourrooms_figure", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("action", choices=("run", "figure"))
+    p.add_argument("--out", default="results/fourrooms_figure",
+                   help="full run folders, one per panel (default results/fourrooms_figure)")
+    p.add_argument("--compact", default="benchmarks/results/fourrooms_figure",
+                   help="compact copies, figure.png and table.md")
+    p.add_argument("--panels", nargs="+", default=None, metavar="BATCH:BETA",
+                   help="panels to run, in this order (default: all 12, batch-major)")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help="comma-separated methods of a new panel (default: the six and exact)")
+    p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--iterations", type=int, default=10000)
+    a = p.parse_args(argv)
+    if a.action == "figure":
+        write_figure(a.compact)
+        return
+    panels = ([parse_panel(s) for s in a.panels] if a.panels
+              else [(b, e) for b in BATCHES for e in BETAS])
+    for batch, beta in panels:
+        run_panel(a.out, a.compact, batch, beta, a.methods.split(","), a.seeds, a.iterations)
+    write_figure(a.compact)
+
+
+if __name__ == "__main__":
+    main()
