@@ -3,7 +3,8 @@
     python -m benchmarks.fourrooms_solver_agreement RUN_A RUN_B
 
 RUN_A, RUN_B: run folders of ``python -m experiments.fourrooms --method bchg --grid paper
---seeds 10 --solver ...``. Prints, per run, |final J_B - final J_A| (final = mean of the last
+--seeds 10 --solver ...``, or a kept ``summary.csv`` of one (then only the grid points are
+compared). Prints, per run, |final J_B - final J_A| (final = mean of the last
 1000 iterations) against the seed SE of its grid point in A, and per grid point the z-score of
 the difference of the seed means, (mean_B - mean_A) / sqrt(SE_A^2 + SE_B^2).
 """
@@ -20,27 +21,41 @@ def seed_se(final):
     return final.std(1, ddof=1) / np.sqrt(final.shape[1])
 
 
+def load(path: str) -> dict:
+    """A run folder (its ``bchg/metrics.npz``: per-run finals) or a ``summary.csv`` (grid-point
+    means and SEs only, as kept in ``benchmarks/results``)."""
+    if path.endswith(".csv"):
+        rows = np.genfromtxt(path, delimiter=",", names=True)
+        return {"lr": rows["lr"], "alpha": rows["sarsa_alpha"], "mean": rows["mean_last1000"],
+                "se": rows["se"], "final": None, "sweeps": None}
+    d = np.load(os.path.join(path, "bchg", "metrics.npz"))
+    return {"lr": d["grid_lr"], "alpha": d["grid_sarsa_alpha"], "mean": d["final"].mean(1),
+            "se": seed_se(d["final"]), "final": d["final"], "sweeps": d["sweeps"].mean()}
+
+
 def main(argv=None):
     run_a, run_b = (argv if argv is not None else sys.argv[1:])[:2]
-    a = np.load(os.path.join(run_a, "bchg", "metrics.npz"))
-    b = np.load(os.path.join(run_b, "bchg", "metrics.npz"))
-    fa, fb = a["final"], b["final"]
-    sa, sb = seed_se(fa), seed_se(fb)
-    d = np.abs(fb - fa)
-    ma, mb = fa.mean(1), fb.mean(1)
+    a, b = load(run_a), load(run_b)
+    if not (np.allclose(a["lr"], b["lr"]) and np.allclose(a["alpha"], b["alpha"])):
+        raise SystemExit("error: the two runs have different grids")
+    ma, mb, sa, sb = a["mean"], b["mean"], a["se"], b["se"]
     z = (mb - ma) / np.sqrt(sa ** 2 + sb ** 2 + 1e-24)
-    print(f"final J per run: |B - A| max {d.max():.4f}, mean {d.mean():.4f}; seed SE per grid "
-          f"point: min {sa.min():.4f}, median {np.median(sa):.4f}")
-    print(f"runs within their grid point's seed SE: {(d <= sa[:, None]).sum()} / {d.size}")
+    per_run = a["final"] is not None and b["final"] is not None
+    if per_run:
+        d = np.abs(b["final"] - a["final"])
+        print(f"final J per run: |B - A| max {d.max():.4f}, mean {d.mean():.4f}; seed SE per "
+              f"grid point: min {sa.min():.4f}, median {np.median(sa):.4f}")
+        print(f"runs within their grid point's seed SE: {(d <= sa[:, None]).sum()} / {d.size}")
     print(f"best grid point: A {ma.argmax()} ({ma.max():.4f} +- {sa[ma.argmax()]:.4f}), "
           f"B {mb.argmax()} ({mb.max():.4f} +- {sb[mb.argmax()]:.4f})")
-    print(f"follower sweeps per iteration, mean: A {a['sweeps'].mean():.1f}, "
-          f"B {b['sweeps'].mean():.1f}")
-    print("| lr | SARSA alpha | A mean +- SE | B mean +- SE | z | runs within SE |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for i, (lr, al) in enumerate(zip(a["grid_lr"], a["grid_sarsa_alpha"])):
+    if a["sweeps"] is not None and b["sweeps"] is not None:
+        print(f"follower sweeps per iteration, mean: A {a['sweeps']:.1f}, B {b['sweeps']:.1f}")
+    print("| lr | SARSA alpha | A mean +- SE | B mean +- SE | z |"
+          + (" runs within SE |" if per_run else ""))
+    print("|---:|---:|---:|---:|---:|" + ("---:|" if per_run else ""))
+    for i, (lr, al) in enumerate(zip(a["lr"], a["alpha"])):
         print(f"| {lr:g} | {al:g} | {ma[i]:.4f} +- {sa[i]:.4f} | {mb[i]:.4f} +- {sb[i]:.4f} | "
-              f"{z[i]:+.2f} | {(d[i] <= sa[i]).sum()}/{fa.shape[1]} |")
+              f"{z[i]:+.2f} |" + (f" {(d[i] <= sa[i]).sum()}/{d.shape[1]} |" if per_run else ""))
     print(f"grid points with |z| <= 2: {(np.abs(z) <= 2).sum()} / {len(z)}; mean z {z.mean():+.2f}")
 
 

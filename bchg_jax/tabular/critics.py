@@ -72,7 +72,7 @@ def sarsa_update(key: Array, Q: Array, batch: Batch, leader_reward: Array, gamma
         target = r[i] + gamma_L * bt[i] * Q[s2[i], b2[i]]
         return Q.at[s[i], b[i]].add(alpha * (target - Q[s[i], b[i]])), None
 
-    Q, _ = jax.lax.scan(body, Q, order)
+    Q, _ = jax.lax.scan(body, Q, order, unroll=4)    # as the rollout's scan
     return Q
 
 

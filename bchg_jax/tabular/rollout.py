@@ -111,5 +111,7 @@ def rollout(key: Array, policy: Array, transition: Array, init_dist: Array,
         new_t = jnp.where(done, 0, t + 1)
         return (new_s, new_t), Batch(s, b, s_next, t, term, done)
 
-    _, out = jax.lax.scan(step, (s0, jnp.zeros((num_envs,), jnp.int32)), u)
+    # unroll 4: fewer loop round trips for one run (0.175 -> 0.14 ms per Four-Rooms iteration
+    # with the SARSA pass; results bit-identical; 8 was slower)
+    _, out = jax.lax.scan(step, (s0, jnp.zeros((num_envs,), jnp.int32)), u, unroll=4)
     return Batch(*(x.T for x in out))  # [num_envs, num_steps]

@@ -64,13 +64,19 @@ def test_validation_errors_before_compilation():
 
 
 def test_bchg_learns_to_incentivise_on_fourrooms():
-    """From the no-incentive start (J ~ -0.74), BC-HG raises the exact objective."""
-    tr = make_train(fourrooms(), "bchg", TrainConfig(iterations=600))
+    """From the no-incentive start (J ~ -0.74), BC-HG raises the exact objective. A run takes
+    off at a random iteration (the paper grid's best point, 10 seeds, dense and sparse solvers
+    alike: first J > -0.5 between iterations ~300 and ~2200, median ~700), so the test runs
+    2000 iterations and asks for at least 2 of 4 seeds above 0 (the chance that 3 of 4 are
+    still below is ~1e-3 by that measurement)."""
+    tr = make_train(fourrooms(), "bchg", TrainConfig(iterations=2000))
     grid = product_grid(lr=[0.1], sarsa_alpha=[0.5], beta=[1e-3])
-    _, m = run_grid(tr, grid, seeds=4, iterations=600, chunk=600, verbose=False)
+    _, m = run_grid(tr, grid, seeds=4, iterations=2000, chunk=2000, verbose=False)
     J = m["J"][0]
     assert np.all(np.abs(J[:, 0] + 0.7406) < 2e-3)
-    assert J[:, -50:].mean() > J[:, :50].mean() + 0.3, J[:, -50:].mean(-1)
+    final = J[:, -50:].mean(-1)
+    assert (final > 0).sum() >= 2, final
+    assert final.mean() > J[:, :50].mean() + 0.3, final
 
 
 def test_exact_and_naive_methods_run():
