@@ -12,7 +12,10 @@ holds a ``config.json`` is continued with ``--resume`` (complete methods are ski
 command can be stopped at any time and given again in a later sitting. After each panel its
 compact copy (best grid point of every method, ``experiments.plot --export``) and
 ``wall.json`` (seconds per method, summed over the chunks of every sitting, compile included)
-go to ``--compact``.
+go to ``--compact``. Each panel's output goes to ``OUT/batchB_betaBETA/log.txt``.
+``--workers 2`` trains two panels at once, each pinned to one core: on the 2-core CPU the
+240-run grid runs faster on one pinned core than unpinned on both (XLA:CPU's threading costs
+more than it gives at these sizes; docs/performance.md).
 
 ``figure`` draws the panels found under ``--compact`` (rows: batch, columns: beta) into
 ``figure.png`` and writes ``table.md``: mean +- SE over 10 seeds of the last 1000 iterations at
@@ -23,8 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 
 BATCHES = (100, 200, 400, 1000)
@@ -63,7 +68,7 @@ def method_seconds(run_dir: str) -> dict:
 
 
 def run_panel(out: str, compact: str, batch: int, beta: str, methods, seeds: int,
-              iterations: int) -> None:
+              iterations: int, core=None) -> None:
     from bchg_jax.core.io import save_json
     from experiments.plot import export_best
     run_dir = os.path.join(out, panel_name(batch, beta))
@@ -74,9 +79,15 @@ def run_panel(out: str, compact: str, batch: int, beta: str, methods, seeds: int
                "--beta", beta, "--seeds", str(seeds), "--iterations", str(iterations),
                "--exact-out", "--out", run_dir]
     cmd = [sys.executable, "-m", "experiments.fourrooms"] + cmd
-    print(f"== {panel_name(batch, beta)}: {' '.join(cmd[1:])}", flush=True)
+    pin = None if core is None else (lambda: os.sched_setaffinity(0, {core}))
+    os.makedirs(run_dir, exist_ok=True)
+    log = os.path.join(run_dir, "log.txt")
+    print(f"== {panel_name(batch, beta)}"
+          + ("" if core is None else f" (core {core})") + f": {' '.join(cmd[1:])} >> {log}",
+          flush=True)
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True)
+    with open(log, "a") as f:
+        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT, preexec_fn=pin)
     print(f"== {panel_name(batch, beta)} done in {time.perf_counter() - t0:.0f} s (this sitting)",
           flush=True)
     dest = os.path.join(compact, panel_name(batch, beta))
@@ -133,6 +144,10 @@ def main(argv=None):
                    help="panels to run, in this order (default: all 12, batch-major)")
     p.add_argument("--methods", default=",".join(METHODS),
                    help="comma-separated methods of a new panel (default: the six and exact)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="panels trained at once, each pinned to its own core (default 1: one "
+                        "unpinned job). On the 2-core CPU two pinned jobs give ~2.7x the grid "
+                        "throughput of one unpinned job (docs/performance.md)")
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--iterations", type=int, default=10000)
     a = p.parse_args(argv)
@@ -141,8 +156,39 @@ def main(argv=None):
         return
     panels = ([parse_panel(s) for s in a.panels] if a.panels
               else [(b, e) for b in BATCHES for e in BETAS])
-    for batch, beta in panels:
-        run_panel(a.out, a.compact, batch, beta, a.methods.split(","), a.seeds, a.iterations)
+    if a.workers < 1:
+        raise SystemExit("error: --workers must be >= 1")
+    if a.workers == 1:
+        for batch, beta in panels:
+            run_panel(a.out, a.compact, batch, beta, a.methods.split(","), a.seeds,
+                      a.iterations)
+    else:
+        cores = sorted(os.sched_getaffinity(0))
+        todo = queue.Queue()
+        for panel in panels:
+            todo.put(panel)
+        failed = []
+
+        def worker(core):
+            while True:
+                try:
+                    batch, beta = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    run_panel(a.out, a.compact, batch, beta, a.methods.split(","), a.seeds,
+                              a.iterations, core)
+                except subprocess.CalledProcessError as e:
+                    failed.append(f"{panel_name(batch, beta)}: {e}")
+
+        threads = [threading.Thread(target=worker, args=(cores[i % len(cores)],))
+                   for i in range(a.workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if failed:
+            raise SystemExit("error: " + "; ".join(failed))
     write_figure(a.compact)
 
 
