@@ -9,7 +9,8 @@
 --seeds 10 --iterations 10000 --exact-out --out OUT/batchB_betaBETA`` (every method's paper grid
 x 10 seeds x 10,000 iterations, ``exact`` as the reference line). A panel folder that already
 holds a ``config.json`` is continued with ``--resume`` (complete methods are skipped), so the
-command can be stopped at any time and given again in a later sitting. After each panel its
+command can be stopped at any time and given again in a later sitting; a panel whose compact
+copy is complete and whose full folder is gone is skipped. After each panel its
 compact copy (best grid point of every method, ``experiments.plot --export``) and
 ``wall.json`` (seconds per method, summed over the chunks of every sitting, compile included)
 go to ``--compact``. Each panel's output goes to ``OUT/batchB_betaBETA/log.txt``.
@@ -72,6 +73,12 @@ def run_panel(out: str, compact: str, batch: int, beta: str, methods, seeds: int
     from bchg_jax.core.io import save_json
     from experiments.plot import export_best
     run_dir = os.path.join(out, panel_name(batch, beta))
+    dest = os.path.join(compact, panel_name(batch, beta))
+    if (os.path.exists(os.path.join(dest, "wall.json"))
+            and not os.path.exists(os.path.join(run_dir, "config.json"))):
+        print(f"== {panel_name(batch, beta)}: done, kept in {dest} (delete it to train again)",
+              flush=True)
+        return
     if os.path.exists(os.path.join(run_dir, "config.json")):
         cmd = ["--resume", run_dir]
     else:
@@ -90,7 +97,6 @@ def run_panel(out: str, compact: str, batch: int, beta: str, methods, seeds: int
         subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT, preexec_fn=pin)
     print(f"== {panel_name(batch, beta)} done in {time.perf_counter() - t0:.0f} s (this sitting)",
           flush=True)
-    dest = os.path.join(compact, panel_name(batch, beta))
     export_best(run_dir, dest)
     seconds = method_seconds(run_dir)
     save_json(os.path.join(dest, "wall.json"), {"seconds": seconds,

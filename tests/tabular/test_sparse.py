@@ -173,7 +173,8 @@ def test_sparse_trainer_follows_the_dense_one():
 def test_gauss_seidel_colouring_accuracy_and_sweeps(x64):
     """The colour classes are proper (no state shares its colour with a successor; Four-Rooms
     needs 3), and the multi-colour Gauss-Seidel evaluation stops within gamma / (1 - gamma) * tol
-    of the exact V^g, in fewer sweeps than plain (Jacobi) sweeps from the same start."""
+    of the exact V^g, in fewer sweeps than plain (Jacobi) sweeps from the same start, batched
+    or not."""
     fr = fourrooms()
     succ = sparse.problem_successors(fr)
     colour = sparse.colour_classes(succ)
@@ -200,3 +201,10 @@ def test_gauss_seidel_colouring_accuracy_and_sweeps(x64):
                 break
             x = x2
         assert int(n) < 0.8 * jacobi, (int(n), jacobi)
+        assert int(n) % sparse.ONE_RUN_SWEEPS_PER_TEST == 0       # unbatched: k sweeps a test
+        # batched (one sweep per test, run axis last): the same bound
+        Vb, nb = jax.jit(jax.vmap(solve, (None, None, 0, None, None)))(
+            sparse.successor_probs(P, succ), r, jnp.stack([policy, policy]), gamma * cont,
+            jnp.zeros(S))
+        assert np.abs(np.asarray(Vb) - want).max() <= gamma / (1 - gamma) * tol
+        assert abs(int(nb[0]) - int(n)) < sparse.ONE_RUN_SWEEPS_PER_TEST
