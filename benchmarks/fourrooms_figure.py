@@ -129,8 +129,9 @@ def write_figure(compact: str) -> None:
             with open(os.path.join(d, "wall.json")) as f:
                 w = json.load(f)
             total += w["total"]
-            walls.append(f"{os.path.basename(d)} {w['total']:.0f} s")
-        parts += ["", "wall time: " + ", ".join(walls), ""]
+            walls.append(f"{os.path.basename(d)} {w['total']:.0f} s"
+                         + (f" ({w['note']})" if w.get("note") else ""))
+        parts += ["", "wall time (all methods, compile included): " + ", ".join(walls), ""]
     parts.append(f"Total wall time of the {len(found)} panels: {total:.0f} s "
                  f"({total / 3600:.2f} h).")
     text = "\n".join(parts) + "\n"
