@@ -126,6 +126,9 @@ def write_figure(compact: str) -> None:
         parts += [f"### batch {b}", "", final_table(row)]
         walls = []
         for d in row:
+            if not os.path.exists(os.path.join(d, "wall.json")):   # exported, not finished
+                walls.append(f"{os.path.basename(d)} unknown")
+                continue
             with open(os.path.join(d, "wall.json")) as f:
                 w = json.load(f)
             total += w["total"]
