@@ -102,9 +102,10 @@ def successors_from_transition(P) -> Successors:
 
 
 def problem_successors(problem: TabularCMDP, draws: int = 3, scale: float = 1.0,
-                       seed: int = 0) -> Successors:
-    """The successor table of ``problem.transition``: the union of the supports at ``theta0`` and
-    at ``draws`` random thetas ``theta0 + scale N(0, I)`` (evaluated eagerly, before any jit).
+                       seed: int = 0, sampler: bool = False) -> Successors:
+    """The successor table of ``problem.transition`` (of ``problem.sampler_transition`` with
+    ``sampler=True``): the union of the supports at ``theta0`` and at ``draws`` random thetas
+    ``theta0 + scale N(0, I)`` (evaluated eagerly, before any jit).
 
     A model whose support changes elsewhere in theta must use the dense solvers
     (``TrainConfig(solver="dense")``); the sparse solvers would drop the probability mass
@@ -115,7 +116,8 @@ def problem_successors(problem: TabularCMDP, draws: int = 3, scale: float = 1.0,
     support = None
     for k in range(draws + 1):
         theta = theta0 if k == 0 else theta0 + scale * rng.standard_normal(theta0.shape)
-        P = np.asarray(problem.transition(jnp.asarray(theta, theta0.dtype)))
+        table = problem.sampler_transition if sampler else problem.transition
+        P = np.asarray(table(jnp.asarray(theta, theta0.dtype)))
         s = np.any(P != 0, axis=1)
         support = s if support is None else support | s
     return successors_from_support(support)

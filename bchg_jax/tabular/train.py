@@ -189,6 +189,12 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
         raise ValueError("HPGD methods need grouping='every_visit' (dV_F comes from other segments)")
     dtype = jnp.asarray(problem.theta0).dtype
     solver, successors = resolve_solver(problem, config.solver)
+    # with the sparse solvers the rollouts draw next states among the successors too (the same
+    # draws as the full search); a sampling model of its own gets its own table
+    sample_successors = None
+    if solver == "sparse":
+        sample_successors = (successors if problem.sample_transition is None
+                             else problem_successors(problem, sampler=True))
 
     def init(key: Array, hp) -> TrainState:
         k_theta, k_critic, k_run = jax.random.split(key, 3)
@@ -232,12 +238,14 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
         for ``hpgd_oracle``, extra rollouts whose every reset starts from a uniform state."""
         P_sample = problem.sampler_transition(theta)
         batch = rollout(key, policy, P_sample, problem.init_dist(theta), terminal,
-                        problem.time_limit, config.num_envs, config.num_steps)
+                        problem.time_limit, config.num_envs, config.num_steps,
+                        successors=sample_successors)
         if not use_oracle:
             return batch, None
         return batch, rollout(jax.random.fold_in(key, 1), policy, P_sample,
                               jnp.full((S,), 1.0 / S, dtype), terminal, problem.time_limit,
-                              config.oracle_envs, config.oracle_steps)
+                              config.oracle_envs, config.oracle_steps,
+                              successors=sample_successors)
 
     def leader_critic(key, critic, theta, batch, segments, alpha):
         """(critic state, Q_L [S, B], V_L or None): a SARSA update (Algorithm 2; V_L = sum_b g

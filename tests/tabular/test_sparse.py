@@ -10,6 +10,7 @@ from bchg_jax.problems import fourrooms
 from bchg_jax.tabular import TabularCMDP, sparse
 from bchg_jax.tabular.exact import policy_evaluation
 from bchg_jax.tabular.follower import continuation, soft_value_iteration
+from bchg_jax.tabular.rollout import rollout
 from bchg_jax.tabular.train import TrainConfig, make_train, resolve_solver
 
 
@@ -208,3 +209,28 @@ def test_gauss_seidel_colouring_accuracy_and_sweeps(x64):
             jnp.zeros(S))
         assert np.abs(np.asarray(Vb) - want).max() <= gamma / (1 - gamma) * tol
         assert abs(int(nb[0]) - int(n)) < sparse.ONE_RUN_SWEEPS_PER_TEST
+
+
+@pytest.mark.parametrize("problem", ["fourrooms", "ring"])
+def test_rollout_on_the_successor_table_draws_the_same_states(problem):
+    """Drawing the next state among the successors (inverse CDF over the J entries, in
+    increasing state order) picks exactly the state the full search over S picks for the same
+    uniform number: every field of the batch is identical."""
+    prob = fourrooms() if problem == "fourrooms" else _ring_problem(dtype=jnp.float32)
+    succ = sparse.problem_successors(prob, sampler=True)
+    rng = np.random.default_rng(1)
+    S = prob.num_states
+    B = prob.follower_reward(prob.theta0).shape[1]
+    for i in range(5):
+        theta = jnp.asarray(prob.theta0) + jnp.asarray(
+            rng.normal(size=np.shape(prob.theta0)), jnp.float32)
+        policy = jax.nn.softmax(jnp.asarray(3 * rng.normal(size=(S, B)), jnp.float32), -1)
+        P = prob.sampler_transition(theta)
+
+        def draw(table):
+            return jax.jit(lambda k: rollout(k, policy, P, prob.init_dist(theta), prob.terminal,
+                                             prob.time_limit, 20, 100, successors=table))(
+                jax.random.key(i))
+
+        for full, on_table in zip(draw(None), draw(succ)):
+            np.testing.assert_array_equal(np.asarray(full), np.asarray(on_table))
