@@ -13,13 +13,14 @@ from bchg_jax.tabular.exact import (best_response, exact_hypergradient, leader_o
                                     leader_values, policy_evaluation)
 from bchg_jax.tabular.follower import BestResponse, soft_value_iteration
 from bchg_jax.tabular.rollout import Batch, rollout
-from bchg_jax.tabular.sparse import (Successors, problem_successors, sparse_policy_evaluation,
-                                     sparse_soft_value_iteration)
+from bchg_jax.tabular.sparse import (Successors, colour_classes, problem_successors,
+                                     sparse_policy_evaluation, sparse_soft_value_iteration)
 from bchg_jax.tabular.train import METHODS, HParams, TrainConfig, make_train
 
 __all__ = ["TabularCMDP", "benefit", "init_tabular_critic", "monte_carlo_critic", "sarsa_update",
            "state_value", "follower_q_grad_cotangents", "hypergradient", "partial_cotangents",
            "sobirl_cotangent", "best_response", "exact_hypergradient", "leader_objective",
            "leader_values", "policy_evaluation", "BestResponse", "soft_value_iteration", "Batch",
-           "rollout", "Successors", "problem_successors", "sparse_policy_evaluation",
-           "sparse_soft_value_iteration", "METHODS", "HParams", "TrainConfig", "make_train"]
+           "rollout", "Successors", "colour_classes", "problem_successors",
+           "sparse_policy_evaluation", "sparse_soft_value_iteration", "METHODS", "HParams",
+           "TrainConfig", "make_train"]
