@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core.validate import check_count, check_shape, transition_sizes
+from bchg_jax.tabular.sparse import successor_probs
 
 Array = jax.Array
 
@@ -101,7 +102,6 @@ def rollout(key: Array, policy: Array, transition: Array, init_dist: Array,
     if successors is None:
         p_cdf, nxt = jnp.cumsum(transition, axis=-1), None
     else:
-        from bchg_jax.tabular.sparse import successor_probs
         check_shape("successors.index", successors.index, (S, successors.width), src)
         p_cdf = jnp.cumsum(successor_probs(transition, successors), axis=-1)   # [S, B, J]
         nxt = jnp.asarray(successors.index)
