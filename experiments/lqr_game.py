@@ -1,12 +1,24 @@
 """The bi-level LQR Markov game with actor-critic leaders: ``python -m experiments.lqr_game``.
 
-Method variants: ``bchg`` (BC-HG, Gaussian leader, on-policy buffer of 400 steps), ``naive_on`` /
-``naive_off`` (Naive-PGD, on-policy / off-policy buffer), ``bchg_det`` / ``naive_det`` (the
-appendix theorem for a deterministic linear leader, with and without the guiding term) and
-``exact`` (Adam on the exact hypergradient: the reference curve); ``all`` = bchg, naive_on,
-naive_off, bchg_det (``exact`` climbs to ~18, far above the
-paper's axis, so it is run on its own). ``--grid paper`` runs actor_steps in {1, 2, 5, 10} (critic steps 5)
-per variant as one vmapped program. The metric of every iteration is the *exact* undiscounted
+Two presets (``docs/experiments.md``, "Bi-level LQR Markov game"):
+
+* ``--preset explore`` (default): the learned-critic design. Every iteration collects 2 episodes
+  of the leader's own policy (the actor's data) and 2 episodes of a behaviour leader
+  ``a = K s + 0.5 eps`` that the follower observes (critic data only); the critic evaluates the
+  target policy off-policy from a replay ring of 200 episodes, with standardised inputs and
+  follower actions sampled in its TD target; unbiased estimators; every method clipped;
+  2000 iterations. ``all`` = bchg, bchg_det, naive, naive_det, exact, exact_direct.
+* ``--preset reference``: the reference implementation's settings (on-policy buffer of 400
+  steps, the reference estimator, 4000 random warm-up steps, only BC-HG clipped, 500
+  iterations); ``all`` = bchg, naive_on, naive_off, bchg_det. Its result is documented as not
+  reproducing the paper.
+
+Method variants: ``bchg`` (BC-HG, Gaussian leader), ``naive`` = ``naive_on`` / ``naive_off``
+(Naive-PGD with the same critic and data, on-policy / off-policy actor buffer), ``bchg_det`` /
+``naive_det`` (the appendix theorem for a deterministic linear leader, with and without the
+guiding term), ``exact`` (Adam on the exact hypergradient) and ``exact_direct`` (Adam on its
+direct part only: the follower's policy held fixed, what Naive-PGD estimates).
+``--grid paper`` runs actor_steps in {1, 2, 5, 10} per variant as one vmapped program. The metric of every iteration is the *exact* undiscounted
 100-step leader return of the current leader against its best response (``J``), with the
 discounted one, the batch's sampled return, K_theta (``K1``, ``K2``) and skipped updates.
 ``--estimator reference`` (default) is the reference implementation's estimator
@@ -22,10 +34,28 @@ import os
 import numpy as np
 
 PAPER_STEPS = (1, 2, 5, 10)
-VARIANTS = {"bchg": ("bchg", "on"), "naive_on": ("naive", "on"), "naive_off": ("naive", "off"),
-            "bchg_det": ("bchg_det", "on"), "naive_det": ("naive_det", "on"),
-            "exact": ("exact", "on")}
-ALL = ("bchg", "naive_on", "naive_off", "bchg_det")
+VARIANTS = {"bchg": ("bchg", "on"), "naive": ("naive", "on"), "naive_on": ("naive", "on"),
+            "naive_off": ("naive", "off"), "bchg_det": ("bchg_det", "on"),
+            "naive_det": ("naive_det", "on"), "exact": ("exact", "on"),
+            "exact_direct": ("exact_direct", "on")}
+ALL = {"explore": ("bchg", "bchg_det", "naive", "naive_det", "exact", "exact_direct"),
+       "reference": ("bchg", "naive_on", "naive_off", "bchg_det")}
+# the flags' defaults under each preset
+PRESET_FLAGS = {
+    "explore": dict(iterations=2000, actor_steps=[1], critic_steps=10, estimator="unbiased",
+                    warmup_steps=0, clip_scope="all", actor_lr=0.05,
+                    actor_lr_schedule="constant", critic_lr=1e-3,
+                    explore_std=0.5),
+    "reference": dict(iterations=500, actor_steps=[10], critic_steps=5, estimator="reference",
+                      warmup_steps=4000, clip_scope="reference", actor_lr=0.1,
+                      actor_lr_schedule="constant", critic_lr=0.1,
+                      explore_std=0.5)}
+# the TrainConfig fields each preset sets beyond the flags
+PRESET_CONFIG = {
+    "explore": dict(episodes=2, explore_episodes=2, replay=200, critic_minibatch=256,
+                    target_samples=8, normalize=True, q_scale=10.0, tau=0.05, influence_cv=True,
+                    benefit_samples=64, baseline_samples=16),
+    "reference": dict()}
 ESTIMATORS = {"reference": dict(direct_baseline="reference", influence="raw"),
               "unbiased": dict(direct_baseline="same_noise", influence="baseline"),
               # control experiment: the reference estimator with the Benefit of another sample
@@ -33,19 +63,35 @@ ESTIMATORS = {"reference": dict(direct_baseline="reference", influence="raw"),
                                shuffle_benefit=True)}
 SUMMARY_WINDOW = 50
 SETTING_KEYS = ("seeds", "seed", "grid", "actor_steps", "critic_steps", "iterations", "beta",
-                "estimator", "warmup_steps", "clip", "clip_scope", "init")
+                "estimator", "warmup_steps", "clip", "clip_scope", "init", "preset", "actor_lr",
+                "critic_lr", "explore_std", "actor_lr_schedule")
 
 
 def parse_args(argv=None):
+    import argparse
+    import sys
     from experiments.common import base_parser
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--preset", choices=tuple(PRESET_FLAGS), default="explore")
+    preset = pre.parse_known_args(sys.argv[1:] if argv is None else list(argv))[0].preset
     p = base_parser(
-        "lqr_game", __doc__, seeds=20, iterations=500, chunk=50, methods=ALL, noun="variant",
-        also="also naive_det (Naive-PGD, deterministic leader) and exact (Adam on the "
-             "exact hypergradient; run it on its own)",
+        "lqr_game", __doc__, seeds=20, iterations=PRESET_FLAGS[preset]["iterations"], chunk=50,
+        methods=ALL[preset], noun="variant",
+        also="also any of " + ", ".join(v for v in VARIANTS if v not in ALL[preset]),
         grid_flags="--actor-steps",
         grid_help="actor steps in {" + ", ".join(map(str, PAPER_STEPS)) + "}", smoke=(6, 3),
         smoke_help="at most 800 warm-up steps")
     g = p.add_argument_group("LQR game options")
+    g.add_argument("--preset", choices=tuple(PRESET_FLAGS), default="explore",
+                   help="'explore': learned critics with exploration, replay and unbiased "
+                        "estimators (the default design); 'reference': the reference "
+                        "implementation's settings; each sets the defaults of the flags below")
+    g.add_argument("--actor-lr", type=float, help="Adam learning rate of theta")
+    g.add_argument("--actor-lr-schedule", choices=["constant", "cosine"],
+                   help="theta's learning rate: constant, or cosine decay to 0 over the run")
+    g.add_argument("--critic-lr", type=float, help="Adam learning rate of the critic")
+    g.add_argument("--explore-std", type=float,
+                   help="std of the behaviour leader's exploration noise (explore preset)")
     g.add_argument("--actor-steps", type=int, nargs="+", default=[10],
                    help="actor updates per outer iteration (0 to max(10, --critic-steps)); "
                         "several values form a grid")
@@ -65,15 +111,16 @@ def parse_args(argv=None):
     g.add_argument("--init", choices=["torch", "flax"], default="torch",
                    help="network initialisation: PyTorch's nn.Linear default (the reference) or "
                         "flax's lecun_normal")
+    p.set_defaults(**PRESET_FLAGS[preset])
     a = p.parse_args(argv)
     if a.smoke:
         a.warmup_steps = min(a.warmup_steps, 800)
     return a
 
 
-def methods_of(spec: str):
+def methods_of(spec: str, preset: str = "explore"):
     from experiments.common import parse_methods
-    return parse_methods(spec, ALL, tuple(VARIANTS))
+    return parse_methods(spec, ALL[preset], tuple(VARIANTS))
 
 
 def method_grid(a):
@@ -89,13 +136,16 @@ def train_config(a, name: str):
     clip = a.clip if (a.clip_scope == "all" or method.startswith("bchg")) else 0.0
     return lqr.TrainConfig(iterations=a.iterations, buffer=buffer, warmup_steps=a.warmup_steps,
                            clip=clip, init=a.init, max_steps=max(10, a.critic_steps),
+                           actor_lr=a.actor_lr, actor_lr_schedule=a.actor_lr_schedule,
+                           critic_lr=a.critic_lr,
+                           explore_std=a.explore_std, **PRESET_CONFIG[a.preset],
                            **ESTIMATORS[a.estimator]).validate()
 
 
 def validate_args(a):
     from bchg_jax.problems.lqr_game import lqr_game
     from bchg_jax.games.lqr.train import HParams
-    methods = methods_of(a.method)
+    methods = methods_of(a.method, a.preset)
     if a.seeds < 1 or a.iterations < 1 or a.chunk < 1:
         raise ValueError("--seeds, --iterations and --chunk must be >= 1")
     for m in methods:

@@ -9,7 +9,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "bchg_jax"
 FAMILIES = ("bchg_jax.tabular", "bchg_jax.lq", "bchg_jax.games.tabular", "bchg_jax.games.lqr")
-GAMES_SHARED = ("bchg_jax.games.estimators", "bchg_jax.games.hparams")
+GAMES_SHARED = ("bchg_jax.games.estimators", "bchg_jax.games.hparams",
+                "bchg_jax.games.control_variate")
 PROTOCOL = ("best_response", "rollout", "hypergradient", "leader_objective",
             "exact_hypergradient", "make_train", "TrainConfig", "HParams", "METHODS")
 

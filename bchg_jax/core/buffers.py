@@ -4,7 +4,8 @@ A buffer holds whole episodes (``s`` [N, T+1], ``a`` [N, T], ``b`` [N, T]; int8 
 games, float with trailing vector dimensions for continuous ones) so that the influence term can
 read the rest of a sampled episode. ``"on"``-policy
 buffers hold exactly the newest batch (N = episodes per iteration); ``"off"``-policy buffers
-keep every episode (N = episodes x iterations, i.e. never full within a run).
+keep every episode (N = episodes x iterations, i.e. never full within a run); ``"ring"``
+buffers keep the newest N episodes (a replay memory: the oldest batch is overwritten).
 Sampling: ``sample_uniform`` (critic minibatches) draws (episode, step) uniformly over the
 stored transitions; ``sample_discounted`` (actor minibatches) draws the step with probability
 proportional to ``gamma^t`` (the discounted state distribution of the policy-gradient theorem).
@@ -25,7 +26,7 @@ class EpisodeBuffer(NamedTuple):
     s: Array       # [N, T+1]
     a: Array       # [N, T]
     b: Array       # [N, T]
-    count: Array   # episodes stored (<= N)
+    count: Array   # episodes added so far ("on" / "off": <= N; "ring": all, stored min(count, N))
 
 
 def buffer_init(capacity: int, horizon: int, dtype=jnp.int8, dims=None) -> EpisodeBuffer:
@@ -48,30 +49,44 @@ def buffer_init(capacity: int, horizon: int, dtype=jnp.int8, dims=None) -> Episo
 
 
 def buffer_add(buf: EpisodeBuffer, s: Array, a: Array, b: Array, mode: str) -> EpisodeBuffer:
-    """Adds a batch of E episodes: ``mode="on"`` overwrites (N == E), ``"off"`` appends.
+    """Adds a batch of E episodes: ``mode="on"`` overwrites (N == E), ``"off"`` appends,
+    ``"ring"`` overwrites the oldest E slots once full.
 
     In ``"off"`` mode a full buffer overwrites its last E slots (the buffers are sized never
-    to fill within a run).
+    to fill within a run). ``"ring"`` needs N to be a multiple of E.
 
     Args:
       buf: the :class:`EpisodeBuffer` (N slots, horizon T).
       s: [E, T+1, ...] states (cast to the buffer's dtype).
       a: [E, T, ...] leader actions.
       b: [E, T, ...] follower actions.
-      mode: ``"on"`` or ``"off"``.
+      mode: ``"on"``, ``"off"`` or ``"ring"``.
     Returns:
-      the updated :class:`EpisodeBuffer` (``count`` = min(count + E, N) off-policy, E on-policy).
+      the updated :class:`EpisodeBuffer` (``count`` = min(count + E, N) off-policy, E on-policy,
+      count + E for a ring).
     Raises:
-      ValueError: an unknown ``mode``.
+      ValueError: an unknown ``mode``, or a ring whose N is not a multiple of E.
     """
-    if mode not in ("on", "off"):
-        raise ValueError(f"mode must be 'on' or 'off', got {mode!r}")
+    if mode not in ("on", "off", "ring"):
+        raise ValueError(f"mode must be 'on', 'off' or 'ring', got {mode!r}")
     E, N = s.shape[0], buf.s.shape[0]
-    start = 0 if mode == "on" else jnp.minimum(buf.count, N - E)
+    if mode == "ring" and N % E:
+        raise ValueError(f"a ring buffer's {N} slots must be a multiple of the {E} episodes "
+                         "added at a time")
+    if mode == "ring":
+        start = buf.count % N
+        count = buf.count + E
+    else:
+        start = 0 if mode == "on" else jnp.minimum(buf.count, N - E)
+        count = jnp.minimum(buf.count + E if mode == "off" else E, N)
     put = lambda dst, x: jax.lax.dynamic_update_slice(  # noqa: E731
         dst, x.astype(dst.dtype), (start,) + (0,) * (dst.ndim - 1))
-    return EpisodeBuffer(put(buf.s, s), put(buf.a, a), put(buf.b, b),
-                         jnp.minimum(buf.count + E if mode == "off" else E, N).astype(jnp.int32))
+    return EpisodeBuffer(put(buf.s, s), put(buf.a, a), put(buf.b, b), count.astype(jnp.int32))
+
+
+def stored(buf: EpisodeBuffer) -> Array:
+    """The number of filled episode slots, at least 1 (an empty buffer samples slot 0)."""
+    return jnp.clip(buf.count, 1, buf.s.shape[0])
 
 
 def sample_uniform(key: Array, buf: EpisodeBuffer, num: int):
@@ -79,14 +94,14 @@ def sample_uniform(key: Array, buf: EpisodeBuffer, num: int):
 
     Args:
       key: PRNG key.
-      buf: the :class:`EpisodeBuffer` (samples episodes among the first ``max(count, 1)``).
+      buf: the :class:`EpisodeBuffer` (samples among the first ``clip(count, 1, N)`` episodes).
       num: number of indices.
     Returns:
       (e, t): [num] int episode indices and [num] int step indices in [0, T).
     """
     T = buf.a.shape[1]
     ke, kt = jax.random.split(key)
-    e = jax.random.randint(ke, (num,), 0, jnp.maximum(buf.count, 1))
+    e = jax.random.randint(ke, (num,), 0, stored(buf))
     return e, jax.random.randint(kt, (num,), 0, T)
 
 
@@ -98,7 +113,7 @@ def sample_discounted(key: Array, buf: EpisodeBuffer, num: int, gamma):
 
     Args:
       key: PRNG key.
-      buf: the :class:`EpisodeBuffer` (samples episodes among the first ``max(count, 1)``).
+      buf: the :class:`EpisodeBuffer` (samples among the first ``clip(count, 1, N)`` episodes).
       num: number of indices.
       gamma: discount (scalar), typically gamma_L.
     Returns:
@@ -108,6 +123,6 @@ def sample_discounted(key: Array, buf: EpisodeBuffer, num: int, gamma):
     cdf = jnp.cumsum(gamma ** jnp.arange(T, dtype=jnp.float32))
     cdf = cdf / cdf[-1]
     ke, kt = jax.random.split(key)
-    e = jax.random.randint(ke, (num,), 0, jnp.maximum(buf.count, 1))
+    e = jax.random.randint(ke, (num,), 0, stored(buf))
     t = jnp.minimum(jnp.searchsorted(cdf, jax.random.uniform(kt, (num,))), T - 1)
     return e, t

@@ -171,3 +171,22 @@ def test_every_flag_has_help_and_shows_its_default(module, monkeypatch, capsys):
     text = parser.format_help()
     assert text.count("(default:") == len(actions)
     assert "checkpoint.npz" not in text and "checkpoint/<iteration>/" in text
+
+
+def test_lqr_game_presets():
+    """``--preset explore`` (default) and ``--preset reference`` set the flags' defaults and the
+    trainer's config; explicit flags still win."""
+    from experiments import lqr_game as cli
+    a = cli.parse_args([])
+    assert (a.preset, a.iterations, a.estimator, a.actor_lr) == ("explore", 2000, "unbiased", 0.05)
+    assert cli.methods_of("all", a.preset) == ["bchg", "bchg_det", "naive", "naive_det", "exact",
+                                               "exact_direct"]
+    c = cli.train_config(a, "naive")
+    assert (c.explore_episodes, c.replay, c.normalize, c.influence_cv, c.clip) == (2, 200, True,
+                                                                                   True, 1.0)
+    r = cli.parse_args(["--preset", "reference", "--actor-lr", "0.2"])
+    assert (r.iterations, r.estimator, r.warmup_steps, r.actor_lr) == (500, "reference", 4000, 0.2)
+    assert cli.methods_of("all", r.preset) == ["bchg", "naive_on", "naive_off", "bchg_det"]
+    c = cli.train_config(r, "naive_on")
+    assert (c.episodes, c.explore_episodes, c.replay, c.normalize, c.clip, c.critic_lr) == (
+        4, 0, 0, False, 0.0, 0.1)

@@ -38,6 +38,14 @@ b (biased: b depends on a); ``"same_noise"`` keeps the follower's noise instead,
 ``E_a' V_F(s_k, a')`` (unbiased, far lower variance with U = 1e-3).
 ``shuffle_benefit=True`` (a control experiment, not a method) pairs every influence sum with the
 Benefit of another minibatch element: the guiding term keeps its noise but loses its mean.
+The learned-critic design (the CLI's ``explore`` preset, ``docs/experiments.md``) adds
+``explore_episodes`` behaviour episodes ``a = K s + explore_std * eps`` per iteration, which feed
+only the critic; the critic then trains off-policy on a replay ring of the newest ``replay``
+episodes, with ``target_samples`` follower actions averaged in its TD target, standardised inputs
+(``normalize``) and output scale ``q_scale``; ``influence_cv`` subtracts a cross-fitted control
+variate from the guiding term's influence sums (:mod:`bchg_jax.games.control_variate`);
+``actor_lr_schedule="cosine"`` decays theta's learning rate to 0. ``exact_direct`` ascends the
+exact hypergradient's direct part only (the follower's policy held at the iteration's start).
 Metrics per iteration: the exact undiscounted return over the horizon (``J``, the paper's y-axis),
 the discounted one, the batch's sampled return, theta, the follower's Riccati status.
 """
@@ -48,14 +56,16 @@ from typing import NamedTuple, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from bchg_jax.core.buffers import (EpisodeBuffer, buffer_add, buffer_init, sample_discounted,
-                                   sample_uniform)
+                                   sample_uniform, stored)
 from bchg_jax.core.loop import (Trainer, adam_step, check_setup, masked_steps, polyak,
                                  build_trainer)
 from bchg_jax.core.networks import MLP
 from bchg_jax.core.validate import check_config
+from bchg_jax.games.control_variate import crossfit_baseline, quadratic_features
 from bchg_jax.games.estimators import deterministic_objective, influence_weights, score_objective
 from bchg_jax.games.hparams import game_hparams
 from bchg_jax.games.lqr.exact import leader_objective
@@ -66,8 +76,9 @@ from bchg_jax.games.lqr.rollout import rollout
 
 Array = jax.Array
 # bchg / naive: Gaussian leader (Theorem 2 / direct term only); *_det: deterministic leader
-# (Theorem 3); exact: ascent on the exact discounted return
-METHODS = ("bchg", "naive", "bchg_det", "naive_det", "exact")
+# (Theorem 3); exact: ascent on the exact discounted return; exact_direct: on its direct part
+# only (the follower's policy held fixed: what Naive-PGD estimates)
+METHODS = ("bchg", "naive", "bchg_det", "naive_det", "exact", "exact_direct")
 DETERMINISTIC = ("bchg_det", "naive_det")
 
 
@@ -84,11 +95,27 @@ class TrainConfig:
       hidden: hidden layer sizes of the critic Q_L(s, a, b).
       init: ``"torch"`` or ``"flax"`` initialisation of the critic.
       actor_lr: Adam learning rate of theta.
+      actor_lr_schedule: ``"constant"`` or ``"cosine"`` (cosine decay from ``actor_lr`` to 0
+        over ``iterations`` actor steps: the whole run when ``actor_steps`` = 1).
       critic_lr: Adam learning rate of the critic.
       tau: Polyak factor of the target critic and target leader, in (0, 1].
       clip: global-norm clip of the actor gradient (0: none).
       warmup_steps: environment steps with random leader actions (no actor updates).
       warmup_std: std of the random warm-up leader actions.
+      explore_episodes: episodes per iteration collected with the behaviour leader
+        ``a = K s + explore_std * eps`` for the critic only (0: none, the reference).
+      explore_std: std of the behaviour leader's exploration noise.
+      replay: episodes the critic trains on, the newest kept in a ring (0: the critic trains on
+        the actor's buffer, the reference); must be a multiple of the episodes per iteration.
+      critic_minibatch: transitions per critic step (0: ``minibatch``).
+      target_samples: follower actions b' ~ g(.|s', a') averaged in the TD target (0: the
+        follower's mean action, the reference).
+      normalize: standardise the critic's inputs (s, a, b) by the mean and std of the data it
+        trains on (recomputed every iteration; the target critic uses the same scales).
+      q_scale: the critic network outputs ``q_scale * Q_L`` (its output scale).
+      influence_cv: subtract from every influence sum a cross-fitted prediction of it from
+        quadratic features of (s, a) (:mod:`bchg_jax.games.control_variate`; unbiased, since
+        the Benefit has mean zero given (s, a)); needs at least 2 episodes in the actor's buffer.
       benefit_samples: follower actions b_j ~ g(.|s, a) averaged in the Benefit.
       baseline_samples: leader actions a'_i ~ f(.|s) averaged in the direct baseline.
       direct_baseline: ``"reference"``, ``"same_noise"`` or ``"none"`` (module docstring).
@@ -108,11 +135,20 @@ class TrainConfig:
     hidden: Tuple[int, ...] = (64, 64)
     init: str = "torch"
     actor_lr: float = 0.1
+    actor_lr_schedule: str = "constant"  # "constant" | "cosine" (to 0 over `iterations` steps)
     critic_lr: float = 0.1
     tau: float = 0.01
     clip: float = 1.0                  # global-norm clip of the actor gradient (0: none)
     warmup_steps: int = 4000
     warmup_std: float = 1.0
+    explore_episodes: int = 0          # behaviour episodes a = K s + explore_std eps (critic only)
+    explore_std: float = 0.5
+    replay: int = 0                    # critic replay ring in episodes (0: the actor's buffer)
+    critic_minibatch: int = 0          # 0: minibatch
+    target_samples: int = 0            # 0: the follower's mean action in the TD target
+    normalize: bool = False            # standardise the critic inputs
+    q_scale: float = 1.0               # the critic network outputs q_scale * Q_L
+    influence_cv: bool = False         # cross-fitted control variate of the guiding term
     benefit_samples: int = 256
     baseline_samples: int = 32
     direct_baseline: str = "reference"  # "reference" | "same_noise" | "none"
@@ -129,19 +165,64 @@ class TrainConfig:
         check_config(self, positive_ints=("iterations", "episodes", "minibatch", "max_steps",
                                           "benefit_samples", "baseline_samples",
                                           "follower_max_iters"),
-                     nonneg_ints=("warmup_steps",),
-                     positive=("actor_lr", "critic_lr", "follower_tol", "warmup_std"),
+                     nonneg_ints=("warmup_steps", "explore_episodes", "replay",
+                                  "critic_minibatch", "target_samples"),
+                     positive=("actor_lr", "critic_lr", "follower_tol", "warmup_std",
+                               "explore_std"),
                      nonneg=("clip", "theta0_std"), unit=("tau",),
                      choices={"buffer": ("on", "off"), "init": ("torch", "flax"),
+                              "actor_lr_schedule": ("constant", "cosine"),
                               "direct_baseline": ("reference", "same_noise", "none"),
                               "influence": ("raw", "baseline")})
+        per_iteration = self.episodes + self.explore_episodes
+        if self.replay and self.replay % per_iteration:
+            raise ValueError(f"replay ({self.replay} episodes) must be a multiple of the "
+                             f"{per_iteration} episodes collected per iteration (episodes + "
+                             "explore_episodes)")
+        if self.influence_cv and self.buffer != "on":
+            raise ValueError("influence_cv needs buffer='on' (the newest episodes are the "
+                             "control variate's groups)")
+        if self.influence_cv and self.episodes < 2:
+            raise ValueError("influence_cv needs episodes >= 2: the control variate of an "
+                             "episode's samples is fitted on the other episodes")
+        if self.explore_episodes and not self.replay:
+            raise ValueError("explore_episodes > 0 needs a replay ring (replay > 0): the "
+                             "exploration episodes feed only the critic")
         return self
+
+
+class Critic(NamedTuple):
+    """The leader's critic Q_L(s, a, b): the MLP's parameters and the input scales.
+
+    Attributes:
+      params: the MLP's parameters (the only part the critic's Adam updates).
+      scale: ``None`` (raw inputs) or ``(mean [n+k+m], std [n+k+m])``: the inputs (s, a, b) are
+        standardised as ``(x - mean) / std`` (``config.normalize``).
+    """
+
+    params: object
+    scale: object = None
+
+
+def input_scale(buf: EpisodeBuffer, floor: float = 1e-3):
+    """(mean, std) [n+k+m] of the (s, a, b) transitions stored in ``buf`` (its filled slots).
+
+    The critic's input normalisation (``TrainConfig.normalize``); ``std`` is at least ``floor``.
+    """
+    n_slots = buf.s.shape[0]
+    w = (jnp.arange(n_slots) < stored(buf)).astype(buf.s.dtype)[:, None, None]
+    x = jnp.concatenate([buf.s[:, :-1], buf.a, buf.b], -1)            # [N, T, n+k+m]
+    tot = jnp.sum(w) * x.shape[1]
+    mean = jnp.sum(w * x, (0, 1)) / tot
+    var = jnp.sum(w * (x - mean) ** 2, (0, 1)) / tot
+    return jax.lax.stop_gradient(mean), jax.lax.stop_gradient(jnp.sqrt(var) + floor)
 
 
 class TrainState(NamedTuple):
     """The carry of the outer ``lax.scan``: theta [k * n] and its target, the critic and its
     target, both Adam states, the follower's Riccati solution P [n, n] (warm start), the episode
-    buffer, the PRNG key and the iteration counter."""
+    buffer (the actor's), the critic's replay ring (``None`` without one), the PRNG key and the
+    iteration counter."""
 
     theta: Array
     theta_targ: Array
@@ -151,6 +232,7 @@ class TrainState(NamedTuple):
     critic_opt: object
     P: Array            # the follower's Riccati solution (warm start)
     buffer: EpisodeBuffer
+    replay: object      # the critic's EpisodeBuffer ring, or None (the critic uses ``buffer``)
     key: Array
     step: Array
 
@@ -181,19 +263,28 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
     check_setup(game, method, config, METHODS)
     dtype = jnp.dtype(config.dtype)
     n, k, m = game.state_dim, game.leader_dim, game.follower_dim
-    T, E = int(game.horizon), config.episodes
+    T, E, Ex = int(game.horizon), config.episodes, config.explore_episodes
     N = E if config.buffer == "on" else E * config.iterations
+    explore_game = dataclasses.replace(game, U=config.explore_std * np.eye(k))
     gL, gF = game.gamma_L, game.gamma_F
     det = method in DETERMINISTIC
     guide = "benefit" if method in ("bchg", "bchg_det") else "none"
     critic_net = MLP(tuple(config.hidden), 1, config.init == "torch", dtype)
     tx = [optax.clip_by_global_norm(config.clip)] if config.clip > 0 else []
-    a_opt = optax.chain(*tx, optax.adam(config.actor_lr))
+    lr = (optax.cosine_decay_schedule(config.actor_lr, config.iterations)
+          if config.actor_lr_schedule == "cosine" else config.actor_lr)
+    a_opt = optax.chain(*tx, optax.adam(lr))
     c_opt = optax.adam(config.critic_lr)
-    warmup_iters = -(-config.warmup_steps // (E * T))
+    warmup_iters = -(-config.warmup_steps // ((E + Ex) * T))
+    critic_mb = config.critic_minibatch or config.minibatch
+    buf_episodes = N
 
-    def Q(params, s, a, b):
-        return critic_net.apply(params, jnp.concatenate([s, a, b], -1))[..., 0]
+    def Q(critic: Critic, s, a, b):
+        """Q_L(s, a, b) of a :class:`Critic` (inputs standardised by ``critic.scale``)."""
+        x = jnp.concatenate([s, a, b], -1)
+        if critic.scale is not None:
+            x = (x - critic.scale[0]) / critic.scale[1]
+        return critic_net.apply(critic.params, x)[..., 0] / config.q_scale
 
     def follower(theta, beta, P0=None):
         """Proposition 2's best response (warm-started Riccati iteration from P0)."""
@@ -204,28 +295,46 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
         hp = hp.cast(dtype)
         kt, kc, kr = jax.random.split(key, 3)
         theta = config.theta0_std * jax.random.normal(kt, (k * n,), dtype)
-        critic = critic_net.init(kc, jnp.zeros((1, n + k + m), dtype))
+        params = critic_net.init(kc, jnp.zeros((1, n + k + m), dtype))
+        scale = ((jnp.zeros(n + k + m, dtype), jnp.ones(n + k + m, dtype)) if config.normalize
+                 else None)
         resp = follower(theta, hp.beta)
-        return TrainState(theta, theta, critic, critic, a_opt.init(theta), c_opt.init(critic),
-                          resp.P, buffer_init(N, T, dtype, (n, k, m)), kr,
-                          jnp.zeros((), jnp.int32))
+        replay = buffer_init(config.replay, T, dtype, (n, k, m)) if config.replay else None
+        return TrainState(theta, theta, Critic(params, scale), params, a_opt.init(theta),
+                          c_opt.init(params), resp.P, buffer_init(N, T, dtype, (n, k, m)),
+                          replay, kr, jnp.zeros((), jnp.int32))
 
-    def critic_loss(params, targ, theta_targ, resp, s, a, b, s2):
+    def critic_loss(params, targ, scale, theta_targ, resp, key, s, a, b, s2):
+        """TD loss of Q_L(s, a, b) against ``r_L(s) + gamma_L E_b' Q_targ(s', K_targ s', b')``:
+        b' is the follower's mean action (``target_samples`` = 0) or the mean over
+        ``target_samples`` draws b' ~ g(.|s', a')."""
         a2 = s2 @ leader_gain(game, theta_targ).T
-        y = leader_reward(game, s) + gL * Q(targ, s2, a2, resp.mean(s2, a2))
-        return jnp.mean((Q(params, s, a, b) - jax.lax.stop_gradient(y)) ** 2)
+        if config.target_samples:
+            b2 = jax.vmap(lambda kk: resp.sample(kk, s2, a2))(
+                jax.random.split(key, config.target_samples))                # [J, M, m]
+            shp = b2.shape[:-1]
+            nxt = jnp.mean(Q(Critic(targ, scale), jnp.broadcast_to(s2, shp + (n,)),
+                             jnp.broadcast_to(a2, shp + (k,)), b2), 0)
+        else:
+            nxt = Q(Critic(targ, scale), s2, a2, resp.mean(s2, a2))
+        y = leader_reward(game, s) + gL * nxt
+        return jnp.mean((Q(Critic(params, scale), s, a, b) - jax.lax.stop_gradient(y)) ** 2)
 
-    def critic_update(key, state, resp, buf, num_steps):
-        """``num_steps`` Adam steps of Q_L(s, a, b) on uniform minibatches (TD targets from the
-        target networks and the follower's mean action)."""
+    def critic_update(key, state, resp, buf, num_steps, scale):
+        """``num_steps`` Adam steps of Q_L(s, a, b) on uniform minibatches of ``buf`` (TD targets
+        from the target networks); returns (:class:`Critic`, Adam state)."""
         def body(i, c):
             params, opt = c
-            e, t = sample_uniform(jax.random.fold_in(key, i), buf, config.minibatch)
-            grads = jax.grad(critic_loss)(params, state.critic_targ, state.theta_targ, resp,
-                                          buf.s[e, t], buf.a[e, t], buf.b[e, t], buf.s[e, t + 1])
+            ki = jax.random.fold_in(key, i)
+            e, t = sample_uniform(ki, buf, critic_mb)
+            grads = jax.grad(critic_loss)(params, state.critic_targ, scale, state.theta_targ,
+                                          resp, jax.random.fold_in(ki, 1), buf.s[e, t],
+                                          buf.a[e, t], buf.b[e, t], buf.s[e, t + 1])
             return adam_step(c_opt, params, opt, grads)
 
-        return masked_steps(body, config.max_steps, num_steps, (state.critic, state.critic_opt))
+        params, opt = masked_steps(body, config.max_steps, num_steps,
+                                   (state.critic.params, state.critic_opt))
+        return Critic(params, scale), opt
 
     def leader_sample(theta, key, s):
         eps = jax.random.normal(key, s.shape[:-1] + (k,), s.dtype)
@@ -267,8 +376,12 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
             adv = adv - follower_state_value(game, resp, theta, se)
         if config.shuffle_benefit:
             ben = jax.random.permutation(jax.random.fold_in(key, 1), ben)
-        return score_objective(logf, q - base, ben, leader_log_prob(game, theta, se, ae), adv,
-                               influence_weights(t, T, gF, dtype), beta, guide)
+        W = influence_weights(t, T, gF, dtype)
+        J = score_objective(logf, q - base, ben, leader_log_prob(game, theta, se, ae), adv, W,
+                            beta, guide)
+        return J - influence_correction(
+            lambda th: jnp.sum(W * leader_log_prob(game, th, se, ae) * adv, -1), theta, ben,
+            jnp.concatenate([s, a], -1), e, beta)
 
     def deterministic_objective_(theta, critic, resp, beta, key, e, t, buf):
         """Theorem 3 (appendix) on the minibatch (:func:`deterministic_objective`), a = K s."""
@@ -282,8 +395,22 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
         se, be = buf.s[e, :T], buf.b[e]
         ae = jax.lax.stop_gradient(se @ K.T)
         dQF = jax.grad(lambda aa: jnp.sum(follower_q(game, resp, theta, se, aa, be)))(ae)
-        return deterministic_objective(s @ K.T, dQL, ben, se @ K.T, dQF,
-                                       influence_weights(t, T, gF, dtype), beta, guide)
+        W = influence_weights(t, T, gF, dtype)
+        J = deterministic_objective(s @ K.T, dQL, ben, se @ K.T, dQF, W, beta, guide)
+        return J - influence_correction(
+            lambda th: jnp.sum(W * jnp.sum((se @ leader_gain(game, th).T) * dQF, -1), -1), theta,
+            ben, s, e, beta)
+
+    def influence_correction(influence, theta, ben, x, e, beta):
+        """The control variate of the guiding term (``config.influence_cv``): a surrogate whose
+        gradient is ``mean_m Ben_m c_m / beta``, with ``c_m`` the cross-fitted prediction of the
+        sample's influence gradient ``grad_theta influence(theta)_m`` from quadratic features of
+        ``x_m`` = (s_m, a_m) (:mod:`bchg_jax.games.control_variate`); 0 when switched off."""
+        if not config.influence_cv:
+            return 0.0
+        G = jax.jacrev(influence)(jax.lax.stop_gradient(theta))            # [M, d]
+        c = crossfit_baseline(quadratic_features(x), G, e, buf_episodes)
+        return jnp.mean(jax.lax.stop_gradient(ben) * (jax.lax.stop_gradient(c) @ theta)) / beta
 
     actor_objective = deterministic_objective_ if det else stochastic_objective
 
@@ -300,6 +427,9 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
             if method == "exact":
                 grads = jax.grad(lambda th: -leader_objective(game, th, beta, gamma=gL,
                                                            stochastic=True))(theta)
+            elif method == "exact_direct":      # the follower's policy held at theta's
+                grads = jax.grad(lambda th: -leader_objective(game, th, beta, gamma=gL,
+                                                           stochastic=True, resp=resp))(theta)
             else:
                 e, t = sample_discounted(jax.random.fold_in(key, i), buf, config.minibatch, gL)
                 k_i = jax.random.fold_in(key, 10_000 + i)
@@ -322,9 +452,20 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
         tr = rollout(k_roll, game, state.theta, resp, E, T, stochastic=True, random_leader=warm,
                      random_std=config.warmup_std)
         buf = buffer_add(state.buffer, tr.s, tr.a, tr.b, config.buffer)
+        replay, critic_buf = state.replay, buf
+        if config.replay:
+            s_, a_, b_ = tr.s, tr.a, tr.b
+            if Ex:      # behaviour episodes a = K s + explore_std eps, for the critic only
+                tx_ = rollout(jax.random.fold_in(k_roll, 1), explore_game, state.theta, resp, Ex,
+                              T, stochastic=True, random_leader=warm,
+                              random_std=config.warmup_std)
+                s_, a_, b_ = (jnp.concatenate(p, 0) for p in ((tr.s, tx_.s), (tr.a, tx_.a),
+                                                               (tr.b, tx_.b)))
+            replay = critic_buf = buffer_add(replay, s_, a_, b_, "ring")
         critic, c_state = state.critic, state.critic_opt
-        if method != "exact":
-            critic, c_state = critic_update(k_c, state, resp, buf, hp.critic_steps)
+        if method not in ("exact", "exact_direct"):
+            scale = input_scale(critic_buf) if config.normalize else None
+            critic, c_state = critic_update(k_c, state, resp, critic_buf, hp.critic_steps, scale)
         theta, a_state, gnorm = actor_update(k_a, state, jax.lax.stop_gradient(critic), resp,
                                              beta, buf, hp.actor_steps, ~warm)
         resp_new = follower(theta, beta, resp.P)
@@ -344,8 +485,8 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
             "riccati_iterations": resp_new.info.iterations,
         }
         new_state = TrainState(theta, polyak(theta, state.theta_targ, config.tau), critic,
-                               polyak(critic, state.critic_targ, config.tau), a_state, c_state,
-                               resp_new.P, buf, key, state.step + 1)
+                               polyak(critic.params, state.critic_targ, config.tau), a_state,
+                               c_state, resp_new.P, buf, replay, key, state.step + 1)
         return new_state, metrics
 
     steps = {"Q": Q, "follower": follower, "critic_update": critic_update, "benefit": benefit,

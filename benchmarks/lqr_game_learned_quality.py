@@ -1,0 +1,133 @@
+"""Quality of the LQR game's hypergradient estimators with *learned* critics (explore preset).
+
+``python -m benchmarks.lqr_game_learned_quality [--critics 4] [--train 200] [--batches 50]``
+
+At each leader gain K (held fixed: ``actor_steps = 0``) ``--critics`` independent critics are
+trained for ``--train`` iterations on the explore preset's data (2 target-policy episodes and 2
+behaviour episodes ``a = K s + 0.5 eps`` per iteration, replay ring of 200 episodes). Then each
+estimator (the trainer's own ``actor_grad`` on a fresh batch of 2 target-policy episodes and a
+minibatch of 64 steps drawn ~ gamma_L^t) is computed on ``--batches`` batches per critic and
+multiplied by ``sum_{t<T} gamma_L^t`` (the minibatch averages over the discounted state
+distribution). Reported per estimator and K: the exact hypergradient (of the discounted
+100-step return, float64) and its direct part, the mean estimate, the bias ``|mean - exact| / |exact|`` over all critics and batches,
+the spread of the per-critic means (``critic sd / norm``: what one training run sees as a
+persistent bias), the per-batch std / norm, the mean cosine of a batch to the exact gradient,
+the cosine of the mean, and, for the Naive-PGD rows, the cosine of the mean to the *direct*
+part (what Naive-PGD estimates). Machine and jax version are printed first.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bchg_jax.core.buffers import buffer_add, sample_discounted
+from bchg_jax.games import lqr
+from bchg_jax.problems.lqr_game import lqr_game
+from experiments.lqr_game import ESTIMATORS, PRESET_CONFIG, PRESET_FLAGS
+
+GAINS = ((-1.0, 0.0), (-4.0, 0.0), (-7.0, 0.0), (-9.0, -9.0))
+METHODS = ("bchg", "bchg_det", "naive", "naive_det")
+
+
+def explore_config(iterations: int, **changes) -> lqr.TrainConfig:
+    """The explore preset's TrainConfig (as ``python -m experiments.lqr_game`` builds it)."""
+    f = PRESET_FLAGS["explore"]
+    kw = dict(iterations=iterations, warmup_steps=0, actor_lr=f["actor_lr"],
+              critic_lr=f["critic_lr"], explore_std=f["explore_std"],
+              **PRESET_CONFIG["explore"], **ESTIMATORS[f["estimator"]])
+    kw.update(changes)
+    return lqr.TrainConfig(**kw).validate()
+
+
+def exact_parts(game, theta):
+    """(full, direct) exact hypergradient of the discounted 100-step return, in float64."""
+    jax.config.update("jax_enable_x64", True)
+    try:
+        full, direct = lqr.hypergradient_split(game, jnp.asarray(theta, jnp.float64), 0.1,
+                                               gamma=game.gamma_L)
+        return np.asarray(full), np.asarray(direct)
+    finally:
+        jax.config.update("jax_enable_x64", False)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--critics", type=int, default=4, help="independently trained critics per K")
+    p.add_argument("--train", type=int, default=200, help="critic training iterations at K")
+    p.add_argument("--batches", type=int, default=50, help="estimates per critic")
+    p.add_argument("--gains", default=";".join(f"{k1:g},{k2:g}" for k1, k2 in GAINS),
+                   help="leader gains K1,K2 separated by ';'")
+    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                   help="TrainConfig fields to change from the explore preset (e.g. "
+                        "influence_cv=False)")
+    a = p.parse_args(argv)
+    game, beta = lqr_game(), jnp.float32(0.1)
+    gains = [tuple(float(x) for x in g.split(",")) for g in a.gains.split(";")]
+    exact = {K: exact_parts(game, K) for K in gains}
+    changes = {}
+    for item in a.set:
+        name, value = item.split("=", 1)
+        default = getattr(lqr.TrainConfig(), name)
+        changes[name] = (value == "True") if isinstance(default, bool) else type(default)(value)
+    config = explore_config(a.train, **changes)
+    trainers = {m: lqr.make_train(game, m, config) for m in METHODS}
+    hp = lqr.HParams(actor_steps=0, critic_steps=PRESET_FLAGS["explore"]["critic_steps"],
+                     beta=0.1)
+    T = game.horizon
+    Z = float(np.sum(game.gamma_L ** np.arange(T)))
+    print(f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "
+          f"{time.strftime('%Y-%m-%d')}; {a.critics} critics x {a.train} training iterations, "
+          f"{a.batches} batches each (2 episodes, minibatch {config.minibatch})")
+    print("| K | estimator | exact (full; direct) | mean estimate | bias / norm | "
+          "critic sd / norm | std / norm | mean cosine | cosine of mean | "
+          "cosine of mean to direct |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(f"# changes from the explore preset: {changes or 'none'}")
+    for K in gains:
+        theta = jnp.asarray(K, jnp.float32)
+        tr0 = trainers["bchg"]
+        resp = tr0.steps["follower"](theta, beta)
+
+        def trained(key):
+            s0 = tr0.init(key, hp)._replace(theta=theta, theta_targ=theta, P=resp.P)
+            return tr0.run(s0, hp, a.train)[0]
+
+        states = jax.jit(jax.vmap(trained))(jax.random.split(jax.random.key(0), a.critics))
+        full, direct = exact[K]
+        for m in METHODS:
+            st = trainers[m].steps
+
+            def est(state, key):
+                k1, k2, k3 = jax.random.split(key, 3)
+                trj = lqr.rollout(k1, game, theta, resp, config.episodes, T, stochastic=True)
+                buf = buffer_add(state.buffer, trj.s, trj.a, trj.b, "on")
+                e, t = sample_discounted(k2, buf, config.minibatch, game.gamma_L)
+                return st["actor_grad"](theta, state.critic, resp, beta, k3, e, t, buf)
+
+            g = jax.jit(jax.vmap(lambda s, k: jax.vmap(lambda kk: est(s, kk))(
+                jax.random.split(k, a.batches))))(states, jax.random.split(jax.random.key(1),
+                                                                           a.critics))
+            g = Z * np.asarray(g, np.float64)                       # [critics, batches, 2]
+            nf = np.linalg.norm(full)
+            flat = g.reshape(-1, g.shape[-1])
+            mean = flat.mean(0)
+            cos = flat @ full / (np.linalg.norm(flat, axis=1) * nf + 1e-300)
+            cm = mean @ full / (np.linalg.norm(mean) * nf)
+            cd = mean @ direct / (np.linalg.norm(mean) * np.linalg.norm(direct))
+            critic_sd = np.linalg.norm(g.mean(1).std(0)) / nf
+            std = np.linalg.norm(np.sqrt(((g - g.mean(1, keepdims=True)) ** 2).mean((0, 1)))) / nf
+            vec = lambda v: "(" + ", ".join(f"{x:+.3g}" for x in v) + ")"  # noqa: E731
+            print(f"| ({K[0]:g},{K[1]:g}) | {m} | {vec(full)}; {vec(direct)} | {vec(mean)} | "
+                  f"{np.linalg.norm(mean - full) / nf:.3f}"
+                  f" | {critic_sd:.3f} | {std:.3f} | {cos.mean():+.3f} | {cm:+.3f} | "
+                  + (f"{cd:+.3f} |" if m.startswith("naive") else "- |"), flush=True)
+
+
+if __name__ == "__main__":
+    main()
