@@ -31,7 +31,8 @@ METHOD_LABELS = {"bchg": "BC-HG", "hpgd_oracle": "HPGD (oracle)", "hpgd_mc": "HP
                  "biac_on": "Bi-AC (on-policy)", "biac_off": "Bi-AC (off-policy)",
                  "bchg_det": "BC-HG (deterministic leader)",
                  "naive_det": "Naive-PGD (deterministic leader)",
-                 "exact": "exact hypergradient"}
+                 "exact": "exact hypergradient",
+                 "exact_direct": "exact hypergradient, direct part"}
 METHOD_ORDER = tuple(METHOD_LABELS)
 # what the curve metric J is, per experiment (docs/experiments.md, "Metric")
 YLABEL = "upper-level objective $V_L(S)$\n(exact, discounted $\\gamma=0.99$)"
@@ -110,15 +111,16 @@ def method_colors() -> dict:
     colors = {METHOD_LABELS[m]: (cmap10(i) if i < 10 else cmap20(4 * (i - 10) % 20))
               for i, m in enumerate(METHOD_ORDER)}
     colors[METHOD_LABELS["exact"]] = "k"
+    colors[METHOD_LABELS["exact_direct"]] = "0.55"
     return colors
 
 
 def method_linestyles() -> dict:
     """Line style per method label: off-policy variants dashed, deterministic-leader variants
-    dotted, the exact hypergradient dash-dotted, the rest solid."""
+    dotted, the exact hypergradient (and its direct part) dash-dotted, the rest solid."""
     def style(m):
         return ("--" if m.endswith("_off") else ":" if m.endswith("_det") else
-                "-." if m == "exact" else "-")
+                "-." if m.startswith("exact") else "-")
     return {METHOD_LABELS[m]: style(m) for m in METHOD_ORDER}
 
 
