@@ -277,7 +277,6 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
     c_opt = optax.adam(config.critic_lr)
     warmup_iters = -(-config.warmup_steps // ((E + Ex) * T))
     critic_mb = config.critic_minibatch or config.minibatch
-    buf_episodes = N
 
     def Q(critic: Critic, s, a, b):
         """Q_L(s, a, b) of a :class:`Critic` (inputs standardised by ``critic.scale``)."""
@@ -304,17 +303,21 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
                           c_opt.init(params), resp.P, buffer_init(N, T, dtype, (n, k, m)),
                           replay, kr, jnp.zeros((), jnp.int32))
 
+    def follower_mean_q(critic, resp, key, s, a, samples):
+        """mean_j Q(s, a, b_j) over ``samples`` follower actions b_j ~ g(.|s, a): the Monte
+        Carlo E_b Q_L of the Benefit and of the sampled TD target."""
+        bj = jax.vmap(lambda kk: resp.sample(kk, s, a))(jax.random.split(key, samples))
+        shp = bj.shape[:-1]                                                   # [J, M]
+        return jnp.mean(Q(critic, jnp.broadcast_to(s, shp + (n,)),
+                          jnp.broadcast_to(a, shp + (k,)), bj), 0)
+
     def critic_loss(params, targ, scale, theta_targ, resp, key, s, a, b, s2):
         """TD loss of Q_L(s, a, b) against ``r_L(s) + gamma_L E_b' Q_targ(s', K_targ s', b')``:
         b' is the follower's mean action (``target_samples`` = 0) or the mean over
         ``target_samples`` draws b' ~ g(.|s', a')."""
         a2 = s2 @ leader_gain(game, theta_targ).T
         if config.target_samples:
-            b2 = jax.vmap(lambda kk: resp.sample(kk, s2, a2))(
-                jax.random.split(key, config.target_samples))                # [J, M, m]
-            shp = b2.shape[:-1]
-            nxt = jnp.mean(Q(Critic(targ, scale), jnp.broadcast_to(s2, shp + (n,)),
-                             jnp.broadcast_to(a2, shp + (k,)), b2), 0)
+            nxt = follower_mean_q(Critic(targ, scale), resp, key, s2, a2, config.target_samples)
         else:
             nxt = Q(Critic(targ, scale), s2, a2, resp.mean(s2, a2))
         y = leader_reward(game, s) + gL * nxt
@@ -342,11 +345,7 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
 
     def benefit(critic, resp, key, s, a, b, q):
         """Ben(s, a, b) = Q(s, a, b) - mean_j Q(s, a, b_j), b_j ~ g(.|s, a) (benefit_samples)."""
-        bj = jax.vmap(lambda kk: resp.sample(kk, s, a))(
-            jax.random.split(key, config.benefit_samples))                  # [J, M, m]
-        shp = bj.shape[:-1]
-        return q - jnp.mean(Q(critic, jnp.broadcast_to(s, shp + (n,)),
-                              jnp.broadcast_to(a, shp + (k,)), bj), 0)
+        return q - follower_mean_q(critic, resp, key, s, a, config.benefit_samples)
 
     def direct_baseline(theta, critic, resp, key, s, a, b):
         """The direct term's baseline: mean_i Q(s, a'_i, b'_i), a'_i ~ f(.|s) (config option)."""
@@ -409,7 +408,7 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
         if not config.influence_cv:
             return 0.0
         G = jax.jacrev(influence)(jax.lax.stop_gradient(theta))            # [M, d]
-        c = crossfit_baseline(quadratic_features(x), G, e, buf_episodes)
+        c = crossfit_baseline(quadratic_features(x), G, e, N)
         return jnp.mean(jax.lax.stop_gradient(ben) * (jax.lax.stop_gradient(c) @ theta)) / beta
 
     actor_objective = deterministic_objective_ if det else stochastic_objective
