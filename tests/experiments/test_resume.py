@@ -131,10 +131,14 @@ def test_ctrl_c_exits_130_with_a_resumable_checkpoint(tmp_path):
     argv = [sys.executable, "-m", "experiments.fourrooms", "--method", "naive", "--seeds", "1",
             "--iterations", "1000000", "--chunk", "50", "--out", run, "--exact-out"]
     # a shell's background job inherits SIGINT ignored (and Python then installs no Ctrl-C
-    # handler): give the child the default disposition, as an interactive terminal would
-    proc = subprocess.Popen(argv, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # handler); a Python-level handler in this process is reset to the default at the child's
+    # exec, so the child gets the default disposition, as under an interactive terminal
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(argv, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     ckpt, t0 = os.path.join(run, "naive", "checkpoint"), time.time()
     while not (os.path.isdir(ckpt) and any(x.isdigit() for x in os.listdir(ckpt))):
         assert proc.poll() is None and time.time() - t0 < 120, proc.communicate()
