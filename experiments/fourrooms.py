@@ -60,8 +60,8 @@ def parse_args(argv=None):
     g.add_argument("--solver", choices=["auto", "dense", "sparse"], default="auto",
                    help="the follower's and the J_L metric's solvers: 'dense' sweeps on the "
                         "[S, B, S] table, 'sparse' modified soft policy iteration on the "
-                        "successor table (same tolerance), 'auto' sparse on CPU and dense on "
-                        "accelerators (docs/performance.md)")
+                        "successor table (same tolerance), 'auto' sparse when every state has at "
+                        "most S/4 successors, as in Four-Rooms (docs/performance.md)")
     return p.parse_args(argv)
 
 
