@@ -4,7 +4,9 @@
 
 At each leader gain K (held fixed: ``actor_steps = 0``) ``--critics`` independent critics are
 trained for ``--train`` iterations on the explore preset's data (2 target-policy episodes and 2
-behaviour episodes ``a = K s + 0.5 eps`` per iteration, replay ring of 200 episodes). Then each
+behaviour episodes ``a = K s + 0.5 eps`` per iteration, the preset's replay ring and target rate;
+the tables in ``benchmarks/results/lqr_game/`` were made with the earlier preset values, i.e.
+``--set replay=200 tau=0.05``). Then each
 estimator (the trainer's own ``actor_grad`` on a fresh batch of 2 target-policy episodes and a
 minibatch of 64 steps drawn ~ gamma_L^t) is computed on ``--batches`` batches per critic and
 multiplied by ``sum_{t<T} gamma_L^t`` (the minibatch averages over the discounted state
@@ -38,7 +40,8 @@ def explore_config(iterations: int, **changes) -> lqr.TrainConfig:
     """The explore preset's TrainConfig (as ``python -m experiments.lqr_game`` builds it)."""
     f = PRESET_FLAGS["explore"]
     kw = dict(iterations=iterations, warmup_steps=0, actor_lr=f["actor_lr"],
-              critic_lr=f["critic_lr"], explore_std=f["explore_std"],
+              critic_lr=f["critic_lr"], explore_std=f["explore_std"], replay=f["replay"],
+              tau=f["tau"],
               **PRESET_CONFIG["explore"], **ESTIMATORS[f["estimator"]])
     kw.update(changes)
     return lqr.TrainConfig(**kw).validate()

@@ -1,46 +1,63 @@
 """Bi-level LQR game throughput: compile time and per-outer-iteration time, 1 and 20 vmapped seeds.
 
-``python -m benchmarks.lqr_game_throughput [--iterations N] [--methods bchg,naive,...]``
+``python -m benchmarks.lqr_game_throughput [--preset explore|reference] [--iterations N]
+[--methods bchg,naive,...] [--seeds 1 20] [--actor-steps N]``
 
-One outer iteration = 4 episodes x 100 steps, 5 critic steps and ``--actor-steps`` actor steps
-(default 10, the largest of the paper's grid; BC-HG's Benefit uses 256 follower samples and the
-direct baseline 32 leader samples per minibatch element). The first call of the jitted chunk
-(compile + run) is measured separately and the compile time excluded from the per-iteration
-figures. The warm-up is set to 0 so that every timed iteration takes its actor steps.
+Each method is built exactly as ``python -m experiments.lqr_game --preset P --method M`` builds
+it (the preset's TrainConfig and flag defaults), except that the warm-up is set to 0 so that
+every timed iteration takes its actor steps. One outer iteration of ``--preset explore`` (the
+default) = 2 target-policy + 2 behaviour episodes x 100 steps, 10 critic minibatch steps on the
+replay ring and 1 actor step; of ``--preset reference`` = 4 episodes, 5 critic steps and 10
+actor steps (BC-HG's Benefit uses 256 follower samples and the direct baseline 32 leader
+samples per minibatch element). The first call of the jitted chunk (compile + run) is measured
+separately and the compile time excluded from the per-iteration figures.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import platform
 
 import jax
-import numpy as np
 
 from benchmarks._timing import time_chunks
-from bchg_jax.problems.lqr_game import lqr_game
-from bchg_jax.games import lqr
 
 
-def measure(method, seeds, iterations, actor_steps):
-    trainer = lqr.make_train(lqr_game(), method, lqr.TrainConfig(warmup_steps=0))
-    return time_chunks(trainer, {"actor_steps": np.array([actor_steps])}, seeds, iterations)
+def measure(name: str, seeds: int, iterations: int, preset: str, actor_steps=None):
+    """(compile s, s per outer iteration) of variant ``name`` for ``seeds`` vmapped seeds."""
+    from bchg_jax.games import lqr
+    from bchg_jax.problems.lqr_game import lqr_game
+    from experiments import lqr_game as cli
+    argv = ["--preset", preset, "--warmup-steps", "0", "--method", name]
+    if actor_steps is not None:
+        argv += ["--actor-steps", str(actor_steps)]
+    a = cli.parse_args(argv)
+    trainer = lqr.make_train(lqr_game(), cli.VARIANTS[name][0], cli.train_config(a, name))
+    return time_chunks(trainer, cli.method_grid(a), seeds, iterations)
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__)
+    from experiments.lqr_game import ALL
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=tuple(ALL), default="explore")
     p.add_argument("--iterations", type=int, default=50)
-    p.add_argument("--actor-steps", type=int, default=10)
-    p.add_argument("--methods", default="bchg,naive,bchg_det,exact")
+    p.add_argument("--actor-steps", type=int, help="override the preset's actor steps")
+    p.add_argument("--methods", help="comma-separated variants (default: the preset's 'all')")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 20])
     a = p.parse_args(argv)
+    if a.iterations < 1 or min(a.seeds) < 1:
+        p.error("--iterations and --seeds must be >= 1")
+    methods = a.methods.split(",") if a.methods else list(ALL[a.preset])
     print(f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "
-          f"devices {jax.devices()}, actor steps {a.actor_steps}")
+          f"devices {jax.devices()}, {datetime.date.today()}, preset {a.preset}, "
+          f"{a.iterations} timed iterations")
     print("| method | seeds | compile (s) | s / outer iteration | s / iteration / seed |")
     print("|---|---|---|---|---|")
-    for method in a.methods.split(","):
+    for name in methods:
         for seeds in a.seeds:
-            comp, per = measure(method, seeds, a.iterations, a.actor_steps)
-            print(f"| {method} | {seeds} | {comp:.1f} | {per:.4f} | {per / seeds:.4f} |",
+            comp, per = measure(name, seeds, a.iterations, a.preset, a.actor_steps)
+            print(f"| {name} | {seeds} | {comp:.1f} | {per:.4f} | {per / seeds:.4f} |",
                   flush=True)
 
 

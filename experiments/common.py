@@ -206,9 +206,15 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
             "mean": float(mean[best]), "se": float(se[best])}
 
 
-# settings added after runs were saved without them: the value those runs were made with
-# (a resumed run keeps it; a new run gets the flag's default)
-LEGACY_SETTINGS = {"solver": "dense"}
+# settings added after runs were saved without them: the value those runs were made with, or a
+# function of the saved arguments that gives it (a resumed run keeps it; a new run gets the
+# flag's default)
+LEGACY_SETTINGS = {
+    "solver": "dense",
+    # the LQR game's critic ring and target rate (fixed by the preset before they were flags)
+    "replay": lambda saved: 200 if saved.get("preset") == "explore" else 0,
+    "tau": lambda saved: 0.05 if saved.get("preset") == "explore" else 0.01,
+}
 
 
 def resume_args(a, experiment: str):
@@ -254,7 +260,8 @@ def resume_args(a, experiment: str):
     if "chunk" in a._explicit:
         keep["chunk"] = a.chunk
     explicit = a._explicit
-    legacy = {k: v for k, v in LEGACY_SETTINGS.items() if hasattr(a, k)}
+    legacy = {k: v(saved) if callable(v) else v for k, v in LEGACY_SETTINGS.items()
+              if hasattr(a, k)}
     a = argparse.Namespace(**{**vars(a), **legacy, **saved, **keep})
     a.resume, a.out, a.exact_out, a.config = run_dir, run_dir, True, None
     a.iterations, a._explicit = iterations, explicit

@@ -178,15 +178,37 @@ def test_lqr_game_presets():
     trainer's config; explicit flags still win."""
     from experiments import lqr_game as cli
     a = cli.parse_args([])
-    assert (a.preset, a.iterations, a.estimator, a.actor_lr) == ("explore", 2000, "unbiased", 0.05)
+    assert (a.preset, a.iterations, a.estimator, a.actor_lr) == ("explore", 2000, "unbiased", 0.02)
     assert cli.methods_of("all", a.preset) == ["bchg", "bchg_det", "naive", "naive_det", "exact",
                                                "exact_direct"]
     c = cli.train_config(a, "naive")
-    assert (c.explore_episodes, c.replay, c.normalize, c.influence_cv, c.clip) == (2, 200, True,
-                                                                                   True, 1.0)
+    assert (c.explore_episodes, c.replay, c.tau, c.normalize, c.influence_cv, c.clip) == (
+        2, 40, 0.2, True, True, 1.0)
+    assert (c.actor_lr, c.actor_lr_schedule, c.warmup_steps) == (0.02, "cosine", 20000)
+    c = cli.train_config(cli.parse_args(["--replay", "200", "--tau", "0.05"]), "bchg")
+    assert (c.replay, c.tau) == (200, 0.05)
+    with pytest.raises(ValueError, match="multiple of the 4 episodes"):
+        cli.validate_args(cli.parse_args(["--replay", "42"]))
     r = cli.parse_args(["--preset", "reference", "--actor-lr", "0.2"])
     assert (r.iterations, r.estimator, r.warmup_steps, r.actor_lr) == (500, "reference", 4000, 0.2)
     assert cli.methods_of("all", r.preset) == ["bchg", "naive_on", "naive_off", "bchg_det"]
     c = cli.train_config(r, "naive_on")
     assert (c.episodes, c.explore_episodes, c.replay, c.normalize, c.clip, c.critic_lr) == (
         4, 0, 0, False, 0.0, 0.1)
+
+
+@pytest.mark.parametrize("preset,replay,tau", [("explore", 200, 0.05), ("reference", 0, 0.01)])
+def test_lqr_game_run_saved_before_the_replay_and_tau_flags_resumes_with_its_values(
+        tmp_path, preset, replay, tau):
+    """A run saved before ``--replay`` / ``--tau`` existed was made with its preset's values of
+    the time (LEGACY_SETTINGS); ``--resume`` restores them, not today's defaults."""
+    from experiments import lqr_game as cli
+    from experiments.common import resume_args
+    saved = vars(cli.parse_args(["--preset", preset]))
+    saved = {k: v for k, v in saved.items() if k not in ("replay", "tau", "_explicit")}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"experiment": "lqr_game", "args": saved}))
+    a = resume_args(cli.parse_args(["--resume", str(run)]), "lqr_game")
+    c = cli.train_config(a, "bchg")
+    assert (a.preset, c.replay, c.tau) == (preset, replay, tau)
