@@ -387,7 +387,8 @@ def fail(message: str) -> None:
 
 def apply_config_file(parser: argparse.ArgumentParser, a) -> None:
     """``--config FILE``: every setting of FILE (a run's or a method's ``config.json``) that was
-    not given on the command line; the flags of :data:`NOT_SETTINGS` are never taken from it."""
+    not given on the command line; the flags of :data:`NOT_SETTINGS` are never taken from it,
+    and a setting FILE lacks because it predates the flag gets its :data:`LEGACY_SETTINGS` value."""
     cfg = read_run_config(a.config, "--config")
     prog = parser.prog.rsplit(".", 1)[-1]
     if cfg.get("experiment", prog) != prog:
@@ -399,6 +400,9 @@ def apply_config_file(parser: argparse.ArgumentParser, a) -> None:
     for k, v in cfg["args"].items():
         if k not in a._explicit and k not in NOT_SETTINGS:
             setattr(a, k, v)
+    for k, v in LEGACY_SETTINGS.items():       # a file saved before the flag existed
+        if k in dests and k not in cfg["args"] and k not in a._explicit:
+            setattr(a, k, v(cfg["args"]) if callable(v) else v)
     if "method" in cfg and "method" not in a._explicit:   # a method folder's config.json
         a.method = cfg["method"]
 

@@ -201,7 +201,8 @@ def test_lqr_game_presets():
 def test_lqr_game_run_saved_before_the_replay_and_tau_flags_resumes_with_its_values(
         tmp_path, preset, replay, tau):
     """A run saved before ``--replay`` / ``--tau`` existed was made with its preset's values of
-    the time (LEGACY_SETTINGS); ``--resume`` restores them, not today's defaults."""
+    the time (LEGACY_SETTINGS); ``--resume`` and ``--config`` restore them, not today's
+    defaults."""
     from experiments import lqr_game as cli
     from experiments.common import resume_args
     saved = vars(cli.parse_args(["--preset", preset]))
@@ -210,5 +211,8 @@ def test_lqr_game_run_saved_before_the_replay_and_tau_flags_resumes_with_its_val
     run.mkdir()
     (run / "config.json").write_text(json.dumps({"experiment": "lqr_game", "args": saved}))
     a = resume_args(cli.parse_args(["--resume", str(run)]), "lqr_game")
+    c = cli.train_config(a, "bchg")
+    assert (a.preset, c.replay, c.tau) == (preset, replay, tau)
+    a = cli.parse_args(["--config", str(run / "config.json")])    # --config: the same values
     c = cli.train_config(a, "bchg")
     assert (a.preset, c.replay, c.tau) == (preset, replay, tau)
