@@ -5,17 +5,20 @@
 At each leader gain K (held fixed: ``actor_steps = 0``) ``--critics`` independent critics are
 trained for ``--train`` iterations on the explore preset's data (2 target-policy episodes and 2
 behaviour episodes ``a = K s + 0.5 eps`` per iteration, the preset's replay ring and target rate;
-the tables in ``benchmarks/results/lqr_game/`` were made with the earlier preset values, i.e.
-``--set replay=200 tau=0.05``). Then each
-estimator (the trainer's own ``actor_grad`` on a fresh batch of 2 target-policy episodes and a
-minibatch of 64 steps drawn ~ gamma_L^t) is computed on ``--batches`` batches per critic and
+the older tables in ``benchmarks/results/lqr_game/`` were made with the earlier preset values,
+i.e. ``--set replay=200 tau=0.05 minibatch=64``; each table's first line names its minibatch).
+Then each estimator (the trainer's own ``actor_grad`` on a fresh batch of 2 target-policy
+episodes and the preset's actor minibatch of steps drawn ~ gamma_L^t) is computed on ``--batches`` batches per critic and
 multiplied by ``sum_{t<T} gamma_L^t`` (the minibatch averages over the discounted state
 distribution). Reported per estimator and K: the exact hypergradient (of the discounted
 100-step return, float64) and its direct part, the mean estimate, the bias ``|mean - exact| / |exact|`` over all critics and batches,
 the spread of the per-critic means (``critic sd / norm``: what one training run sees as a
 persistent bias), the per-batch std / norm, the mean cosine of a batch to the exact gradient,
-the cosine of the mean, and, for the Naive-PGD rows, the cosine of the mean to the *direct*
-part (what Naive-PGD estimates). Machine and jax version are printed first.
+the cosine of the mean, for the Naive-PGD rows the cosine of the mean to the *direct*
+part (what Naive-PGD estimates), and per coordinate of theta the signal-to-noise ratio
+``mean / std`` over all batches (what sets the pace of a per-coordinate normalised step such as
+Adam's). ``--methods`` picks estimators; ``--set minibatch=256`` changes the actor's minibatch.
+Machine and jax version are printed first.
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ def explore_config(iterations: int, **changes) -> lqr.TrainConfig:
     f = PRESET_FLAGS["explore"]
     kw = dict(iterations=iterations, warmup_steps=0, actor_lr=f["actor_lr"],
               critic_lr=f["critic_lr"], explore_std=f["explore_std"], replay=f["replay"],
-              tau=f["tau"],
+              tau=f["tau"], minibatch=f["minibatch"],
               **PRESET_CONFIG["explore"], **ESTIMATORS[f["estimator"]])
     kw.update(changes)
     return lqr.TrainConfig(**kw).validate()
@@ -66,10 +69,16 @@ def main(argv=None):
     p.add_argument("--batches", type=int, default=50, help="estimates per critic")
     p.add_argument("--gains", default=";".join(f"{k1:g},{k2:g}" for k1, k2 in GAINS),
                    help="leader gains K1,K2 separated by ';'")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help="estimators, comma-separated, from " + ", ".join(METHODS))
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
                    help="TrainConfig fields to change from the explore preset (e.g. "
                         "influence_cv=False)")
     a = p.parse_args(argv)
+    methods = a.methods.split(",")
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        p.error(f"unknown --methods {unknown}; choose from {', '.join(METHODS)}")
     game, beta = lqr_game(), jnp.float32(0.1)
     gains = [tuple(float(x) for x in g.split(",")) for g in a.gains.split(";")]
     exact = {K: exact_parts(game, K) for K in gains}
@@ -79,7 +88,7 @@ def main(argv=None):
         default = getattr(lqr.TrainConfig(), name)
         changes[name] = (value == "True") if isinstance(default, bool) else type(default)(value)
     config = explore_config(a.train, **changes)
-    trainers = {m: lqr.make_train(game, m, config) for m in METHODS}
+    trainers = {m: lqr.make_train(game, m, config) for m in ("bchg",) + tuple(methods)}
     hp = lqr.HParams(actor_steps=0, critic_steps=PRESET_FLAGS["explore"]["critic_steps"],
                      beta=0.1)
     T = game.horizon
@@ -89,8 +98,8 @@ def main(argv=None):
           f"{a.batches} batches each (2 episodes, minibatch {config.minibatch})")
     print("| K | estimator | exact (full; direct) | mean estimate | bias / norm | "
           "critic sd / norm | std / norm | mean cosine | cosine of mean | "
-          "cosine of mean to direct |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "cosine of mean to direct | SNR per coordinate |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     print(f"# changes from the explore preset: {changes or 'none'}")
     for K in gains:
         theta = jnp.asarray(K, jnp.float32)
@@ -103,7 +112,7 @@ def main(argv=None):
 
         states = jax.jit(jax.vmap(trained))(jax.random.split(jax.random.key(0), a.critics))
         full, direct = exact[K]
-        for m in METHODS:
+        for m in methods:
             st = trainers[m].steps
 
             def est(state, key):
@@ -129,7 +138,8 @@ def main(argv=None):
             print(f"| ({K[0]:g},{K[1]:g}) | {m} | {vec(full)}; {vec(direct)} | {vec(mean)} | "
                   f"{np.linalg.norm(mean - full) / nf:.3f}"
                   f" | {critic_sd:.3f} | {std:.3f} | {cos.mean():+.3f} | {cm:+.3f} | "
-                  + (f"{cd:+.3f} |" if m.startswith("naive") else "- |"), flush=True)
+                  + (f"{cd:+.3f} |" if m.startswith("naive") else "- |")
+                  + f" {vec(mean / (flat.std(0) + 1e-300))} |", flush=True)
 
 
 if __name__ == "__main__":

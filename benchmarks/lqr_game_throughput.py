@@ -7,10 +7,11 @@ Each method is built exactly as ``python -m experiments.lqr_game --preset P --me
 it (the preset's TrainConfig and flag defaults), except that the warm-up is set to 0 so that
 every timed iteration takes its actor steps. One outer iteration of ``--preset explore`` (the
 default) = 2 target-policy + 2 behaviour episodes x 100 steps, 10 critic minibatch steps on the
-replay ring and 1 actor step; of ``--preset reference`` = 4 episodes, 5 critic steps and 10
-actor steps (BC-HG's Benefit uses 256 follower samples and the direct baseline 32 leader
-samples per minibatch element). The first call of the jitted chunk (compile + run) is measured
-separately and the compile time excluded from the per-iteration figures.
+replay ring and 1 actor step on a minibatch of 64 steps; of ``--preset reference`` = 4 episodes,
+5 critic steps and 10 actor steps on minibatches of 64 (BC-HG's Benefit uses 256 follower
+samples and the direct baseline 32 leader samples per minibatch element). The first call of the
+jitted chunk (compile + run) is measured separately and the compile time excluded from the
+per-iteration figures.
 """
 from __future__ import annotations
 

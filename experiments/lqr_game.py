@@ -47,11 +47,11 @@ PRESET_FLAGS = {
     "explore": dict(iterations=2000, actor_steps=[1], critic_steps=10, estimator="unbiased",
                     warmup_steps=20000, clip_scope="all", actor_lr=0.02,
                     actor_lr_schedule="cosine", critic_lr=1e-3,
-                    explore_std=0.5, replay=40, tau=0.2),
+                    explore_std=0.5, replay=40, tau=0.2, minibatch=64),
     "reference": dict(iterations=500, actor_steps=[10], critic_steps=5, estimator="reference",
                       warmup_steps=4000, clip_scope="reference", actor_lr=0.1,
                       actor_lr_schedule="constant", critic_lr=0.1,
-                      explore_std=0.5, replay=0, tau=0.01)}
+                      explore_std=0.5, replay=0, tau=0.01, minibatch=64)}
 # the TrainConfig fields each preset sets beyond the flags
 PRESET_CONFIG = {
     "explore": dict(episodes=2, explore_episodes=2, critic_minibatch=256,
@@ -66,7 +66,7 @@ ESTIMATORS = {"reference": dict(direct_baseline="reference", influence="raw"),
 SUMMARY_WINDOW = 50
 SETTING_KEYS = ("seeds", "seed", "grid", "actor_steps", "critic_steps", "iterations", "beta",
                 "estimator", "warmup_steps", "clip", "clip_scope", "init", "preset", "actor_lr",
-                "critic_lr", "explore_std", "actor_lr_schedule", "replay", "tau")
+                "critic_lr", "explore_std", "actor_lr_schedule", "replay", "tau", "minibatch")
 
 
 def parse_args(argv=None):
@@ -99,6 +99,9 @@ def parse_args(argv=None):
                         "on the actor's buffer); a multiple of the episodes per iteration")
     g.add_argument("--tau", type=float,
                    help="Polyak rate of the target critic and target leader, in (0, 1]")
+    g.add_argument("--minibatch", type=int,
+                   help="steps (segment starts, drawn ~ gamma_L^t from the iteration's "
+                        "episodes) per actor update")
     g.add_argument("--actor-steps", type=int, nargs="+", default=[10],
                    help="actor updates per outer iteration (0 to max(10, --critic-steps)); "
                         "several values form a grid")
@@ -146,7 +149,7 @@ def train_config(a, name: str):
                            actor_lr=a.actor_lr, actor_lr_schedule=a.actor_lr_schedule,
                            critic_lr=a.critic_lr,
                            explore_std=a.explore_std, replay=a.replay, tau=a.tau,
-                           **PRESET_CONFIG[a.preset],
+                           minibatch=a.minibatch, **PRESET_CONFIG[a.preset],
                            **ESTIMATORS[a.estimator]).validate()
 
 

@@ -154,24 +154,23 @@ def polyak(new, old, tau: float):
 def masked_steps(body: Callable, max_steps: int, num_steps, carry, active=True):
     """``num_steps`` (traced, <= ``max_steps``) applications of ``body(i, carry) -> carry``.
 
-    The loop always runs ``max_steps`` times (one compiled program for every grid value) and
-    keeps the old carry where ``i >= num_steps`` or ``active`` is False.
+    A loop with a traced trip count (``lax.fori_loop`` lowered to a while loop), so one compiled
+    program serves every grid value of ``num_steps`` and only the steps asked for are computed.
+    Under ``vmap`` (seeds, grid points) the loop runs the batch's largest count and every
+    element keeps its carry once its own count is reached. The loop is not reverse-mode
+    differentiable (no trainer differentiates through its update loops).
 
     Args:
       body: ``body(i, carry) -> carry`` with an unchanged structure.
-      max_steps: static number of loop iterations.
+      max_steps: static upper bound of ``num_steps`` (larger counts are cut to it).
       num_steps: scalar (traced) number of effective iterations.
       carry: initial carry (pytree).
       active: scalar bool; False leaves ``carry`` unchanged.
     Returns:
       the final carry.
     """
-    def masked(i, c):
-        new = body(i, c)
-        go = (i < num_steps) & active
-        return jax.tree.map(lambda x, y: jnp.where(go, x, y), new, c)
-
-    return jax.lax.fori_loop(0, max_steps, masked, carry)
+    n = jnp.where(active, jnp.minimum(jnp.asarray(num_steps, jnp.int32), max_steps), 0)
+    return jax.lax.fori_loop(jnp.zeros((), jnp.int32), n, body, carry)
 
 
 def check_setup(problem, method: str, config, methods, problem_type=None) -> None:

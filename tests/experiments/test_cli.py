@@ -185,16 +185,20 @@ def test_lqr_game_presets():
     assert (c.explore_episodes, c.replay, c.tau, c.normalize, c.influence_cv, c.clip) == (
         2, 40, 0.2, True, True, 1.0)
     assert (c.actor_lr, c.actor_lr_schedule, c.warmup_steps) == (0.02, "cosine", 20000)
-    c = cli.train_config(cli.parse_args(["--replay", "200", "--tau", "0.05"]), "bchg")
-    assert (c.replay, c.tau) == (200, 0.05)
+    assert c.minibatch == 64
+    c = cli.train_config(cli.parse_args(["--replay", "200", "--tau", "0.05", "--minibatch", "256"]),
+                         "bchg")
+    assert (c.replay, c.tau, c.minibatch) == (200, 0.05, 256)
+    with pytest.raises(ValueError, match="minibatch"):
+        cli.validate_args(cli.parse_args(["--minibatch", "0"]))
     with pytest.raises(ValueError, match="multiple of the 4 episodes"):
         cli.validate_args(cli.parse_args(["--replay", "42"]))
     r = cli.parse_args(["--preset", "reference", "--actor-lr", "0.2"])
     assert (r.iterations, r.estimator, r.warmup_steps, r.actor_lr) == (500, "reference", 4000, 0.2)
     assert cli.methods_of("all", r.preset) == ["bchg", "naive_on", "naive_off", "bchg_det"]
     c = cli.train_config(r, "naive_on")
-    assert (c.episodes, c.explore_episodes, c.replay, c.normalize, c.clip, c.critic_lr) == (
-        4, 0, 0, False, 0.0, 0.1)
+    assert (c.episodes, c.explore_episodes, c.replay, c.normalize, c.clip, c.critic_lr,
+            c.minibatch) == (4, 0, 0, False, 0.0, 0.1, 64)
 
 
 @pytest.mark.parametrize("preset,replay,tau", [("explore", 200, 0.05), ("reference", 0, 0.01)])

@@ -43,7 +43,8 @@ The learned-critic design (the CLI's ``explore`` preset, ``docs/experiments.md``
 only the critic; the critic then trains off-policy on a replay ring of the newest ``replay``
 episodes, with ``target_samples`` follower actions averaged in its TD target, standardised inputs
 (``normalize``) and output scale ``q_scale``; ``influence_cv`` subtracts a cross-fitted control
-variate from the guiding term's influence sums (:mod:`bchg_jax.games.control_variate`);
+variate from the guiding term's influence sums (:mod:`bchg_jax.games.control_variate`) and
+``guide_bound`` bounds each sample's guiding gradient by a multiple of the minibatch median;
 ``actor_lr_schedule="cosine"`` decays theta's learning rate to 0. ``exact_direct`` ascends the
 exact hypergradient's direct part only (the follower's policy held at the iteration's start).
 Metrics per iteration: the exact undiscounted return over the horizon (``J``, the paper's y-axis),
@@ -116,6 +117,9 @@ class TrainConfig:
       influence_cv: subtract from every influence sum a cross-fitted prediction of it from
         quadratic features of (s, a) (:mod:`bchg_jax.games.control_variate`; unbiased, since
         the Benefit has mean zero given (s, a)); needs at least 2 episodes in the actor's buffer.
+      guide_bound: 0 (off) or b > 0: every minibatch sample's guiding-term gradient
+        ``Ben_m (grad influence_m - c_m) / beta`` is shrunk to norm at most b times the median norm
+        over the minibatch (a robust mean of a heavy-tailed term: biased, bounded).
       benefit_samples: follower actions b_j ~ g(.|s, a) averaged in the Benefit.
       baseline_samples: leader actions a'_i ~ f(.|s) averaged in the direct baseline.
       direct_baseline: ``"reference"``, ``"same_noise"`` or ``"none"`` (module docstring).
@@ -149,6 +153,7 @@ class TrainConfig:
     normalize: bool = False            # standardise the critic inputs
     q_scale: float = 1.0               # the critic network outputs q_scale * Q_L
     influence_cv: bool = False         # cross-fitted control variate of the guiding term
+    guide_bound: float = 0.0           # per-sample bound of the guiding term (x minibatch median)
     benefit_samples: int = 256
     baseline_samples: int = 32
     direct_baseline: str = "reference"  # "reference" | "same_noise" | "none"
@@ -169,7 +174,7 @@ class TrainConfig:
                                   "critic_minibatch", "target_samples"),
                      positive=("actor_lr", "critic_lr", "follower_tol", "warmup_std",
                                "explore_std"),
-                     nonneg=("clip", "theta0_std"), unit=("tau",),
+                     nonneg=("clip", "theta0_std", "guide_bound"), unit=("tau",),
                      choices={"buffer": ("on", "off"), "init": ("torch", "flax"),
                               "actor_lr_schedule": ("constant", "cosine"),
                               "direct_baseline": ("reference", "same_noise", "none"),
@@ -378,7 +383,7 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
         W = influence_weights(t, T, gF, dtype)
         J = score_objective(logf, q - base, ben, leader_log_prob(game, theta, se, ae), adv, W,
                             beta, guide)
-        return J - influence_correction(
+        return J + guide_correction(
             lambda th: jnp.sum(W * leader_log_prob(game, th, se, ae) * adv, -1), theta, ben,
             jnp.concatenate([s, a], -1), e, beta)
 
@@ -396,20 +401,34 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
         dQF = jax.grad(lambda aa: jnp.sum(follower_q(game, resp, theta, se, aa, be)))(ae)
         W = influence_weights(t, T, gF, dtype)
         J = deterministic_objective(s @ K.T, dQL, ben, se @ K.T, dQF, W, beta, guide)
-        return J - influence_correction(
+        return J + guide_correction(
             lambda th: jnp.sum(W * jnp.sum((se @ leader_gain(game, th).T) * dQF, -1), -1), theta,
             ben, s, e, beta)
 
-    def influence_correction(influence, theta, ben, x, e, beta):
-        """The control variate of the guiding term (``config.influence_cv``): a surrogate whose
-        gradient is ``mean_m Ben_m c_m / beta``, with ``c_m`` the cross-fitted prediction of the
-        sample's influence gradient ``grad_theta influence(theta)_m`` from quadratic features of
-        ``x_m`` = (s_m, a_m) (:mod:`bchg_jax.games.control_variate`); 0 when switched off."""
-        if not config.influence_cv:
+    def guide_correction(influence, theta, ben, x, e, beta):
+        """A surrogate added to the guiding term: 0 unless ``influence_cv`` or ``guide_bound``.
+
+        With ``G_m = grad_theta influence(theta)_m`` (one forward-mode pass, theta is small):
+        ``influence_cv`` subtracts ``mean_m Ben_m c_m / beta``, ``c_m`` the cross-fitted
+        prediction of ``G_m`` from quadratic features of ``x_m`` = (s_m, a_m)
+        (:mod:`bchg_jax.games.control_variate`); ``guide_bound`` = b then shrinks every sample's
+        guiding gradient ``h_m = Ben_m (G_m - c_m) / beta`` to norm at most b times the minibatch
+        median of ``|h_m|`` by adding ``mean_m (w_m - 1) h_m . theta``, ``w_m`` the shrink factor.
+        """
+        if not (config.influence_cv or config.guide_bound):
             return 0.0
-        G = jax.jacrev(influence)(jax.lax.stop_gradient(theta))            # [M, d]
-        c = crossfit_baseline(quadratic_features(x), G, e, N)
-        return jnp.mean(jax.lax.stop_gradient(ben) * (jax.lax.stop_gradient(c) @ theta)) / beta
+        G = jax.jacfwd(influence)(jax.lax.stop_gradient(theta))            # [M, d]
+        c = crossfit_baseline(quadratic_features(x), G, e, N) if config.influence_cv else 0.0
+        ben = jax.lax.stop_gradient(ben)
+        surrogate = (-jnp.mean(ben * (jax.lax.stop_gradient(c) @ theta)) / beta
+                     if config.influence_cv else 0.0)
+        if config.guide_bound:
+            h = jax.lax.stop_gradient(ben[:, None] * (G - c) / beta)        # [M, d]
+            norm = jnp.sqrt(jnp.sum(h ** 2, -1))
+            bound = config.guide_bound * jnp.median(norm)
+            w = jnp.minimum(1.0, bound / jnp.maximum(norm, jnp.finfo(norm.dtype).tiny))
+            surrogate = surrogate + jnp.mean(((w - 1.0)[:, None] * h) @ theta)
+        return surrogate
 
     actor_objective = deterministic_objective_ if det else stochastic_objective
 

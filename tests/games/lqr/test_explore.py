@@ -50,6 +50,8 @@ def test_config_checks():
         lqr.TrainConfig(episodes=2, explore_episodes=2, replay=10).validate()
     with pytest.raises(ValueError, match="explore_std"):
         lqr.TrainConfig(explore_std=0.0).validate()
+    with pytest.raises(ValueError, match="guide_bound"):
+        lqr.TrainConfig(guide_bound=-1.0).validate()
 
 
 def _trained_at(theta, iterations, method="bchg_det", seed=0, **kw):
@@ -128,3 +130,28 @@ def test_exact_direct_ascends_the_direct_part_only():
             np.testing.assert_allclose(state.theta - theta, 0.01 * np.sign(g), rtol=1e-5)
     finally:
         jax.config.update("jax_enable_x64", False)
+
+
+@pytest.mark.parametrize("cv", [False, True])
+def test_guide_bound_shrinks_only_the_guiding_term(cv):
+    """``guide_bound``: a bound far above every sample's guiding gradient changes nothing; a bound
+    near 0 removes the guiding term, leaving the direct term (= ``naive_det`` on the same
+    minibatch)."""
+    theta = jnp.array([-9.0, -6.0])
+    game, tr, state, resp = _trained_at(theta, 3, influence_cv=cv)
+    T, beta = game.horizon, jnp.float32(0.1)
+    tj = lqr.rollout(jax.random.key(3), game, theta, resp, 2, T, stochastic=True)
+    buf = buffer_add(state.buffer, tj.s, tj.a, tj.b, "on")
+    e, t = sample_uniform(jax.random.key(4), buf, 64)
+
+    def grad(method, bound):
+        config = lqr.TrainConfig(iterations=3, influence_cv=cv, guide_bound=bound, **EXPLORE)
+        step = lqr.make_train(game, method, config).steps["actor_grad"]
+        return np.asarray(step(theta, state.critic, resp, beta, jax.random.key(5), e, t, buf))
+
+    direct, full = grad("naive_det", 0.0), grad("bchg_det", 0.0)
+    guide = full - direct
+    assert np.linalg.norm(guide) > 1e-3 * np.linalg.norm(direct)
+    np.testing.assert_allclose(grad("bchg_det", 1e9), full, rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(grad("bchg_det", 1e-7), direct, rtol=1e-4,
+                               atol=1e-5 * np.linalg.norm(guide))
