@@ -9,8 +9,8 @@ the older tables in ``benchmarks/results/lqr_game/`` were made with the earlier 
 i.e. ``--set replay=200 tau=0.05 minibatch=64``; each table's first line names its minibatch).
 Then each estimator (the trainer's own ``actor_grad`` on a fresh batch of 2 target-policy
 episodes and the preset's actor minibatch of steps drawn ~ gamma_L^t) is computed on
-``--batches`` batches per critic and multiplied by ``sum_{t<T} gamma_L^t`` (the minibatch averages over the discounted state
-distribution). Reported per estimator and K: the exact hypergradient (of the discounted
+``--batches`` batches per critic and multiplied by ``sum_{t<T} gamma_L^t`` (the minibatch
+averages over the discounted state distribution). Reported per estimator and K: the exact hypergradient (of the discounted
 100-step return, float64) and its direct part, the mean estimate, the bias ``|mean - exact| / |exact|`` over all critics and batches,
 the spread of the per-critic means (``critic sd / norm``: what one training run sees as a
 persistent bias), the per-batch std / norm, the mean cosine of a batch to the exact gradient,
