@@ -1,23 +1,27 @@
 """Quality of the LQR game's hypergradient estimators with *learned* critics (explore preset).
 
-``python -m benchmarks.lqr_game_learned_quality [--critics 4] [--train 200] [--batches 50]``
+``python -m benchmarks.lqr_game_learned_quality [--critics 4] [--train 200] [--batches 50]
+[--critic-steps N]``
 
 At each leader gain K (held fixed: ``actor_steps = 0``) ``--critics`` independent critics are
-trained for ``--train`` iterations on the explore preset's data (2 target-policy episodes and 2
-behaviour episodes ``a = K s + 0.5 eps`` per iteration, the preset's replay ring and target rate;
-the older tables in ``benchmarks/results/lqr_game/`` were made with the earlier preset values,
-i.e. ``--set replay=200 tau=0.05 minibatch=64``; each table's first line names its minibatch).
-Then each estimator (the trainer's own ``actor_grad`` on a fresh batch of 2 target-policy
-episodes and the preset's actor minibatch of steps drawn ~ gamma_L^t) is computed on
-``--batches`` batches per critic and multiplied by ``sum_{t<T} gamma_L^t`` (the minibatch
-averages over the discounted state distribution). Reported per estimator and K: the exact hypergradient (of the discounted
-100-step return, float64) and its direct part, the mean estimate, the bias ``|mean - exact| / |exact|`` over all critics and batches,
-the spread of the per-critic means (``critic sd / norm``: what one training run sees as a
-persistent bias), the per-batch std / norm, the mean cosine of a batch to the exact gradient,
-the cosine of the mean, for the Naive-PGD rows the cosine of the mean to the *direct*
-part (what Naive-PGD estimates), and per coordinate of theta the signal-to-noise ratio
-``mean / std`` over all batches (what sets the pace of a per-coordinate normalised step such as
-Adam's). ``--methods`` picks estimators; ``--set minibatch=256`` changes the actor's minibatch.
+trained for ``--train`` iterations (``--critic-steps`` updates each, default the preset's) on
+the explore preset's data (2 target-policy episodes and 2 behaviour episodes
+``a = K s + 0.5 eps`` per iteration, the preset's replay ring and target rate; the older tables
+in ``benchmarks/results/lqr_game/`` were made with the earlier preset values, i.e.
+``--set replay=200 tau=0.05 minibatch=64``; each table's first line names its minibatch and,
+in the tables made since the flag exists, its critic steps). Then each estimator (the trainer's
+own ``actor_grad`` on a fresh batch of 2 target-policy episodes and the preset's actor
+minibatch of steps drawn ~ gamma_L^t) is computed on ``--batches`` batches per critic and
+multiplied by ``sum_{t<T} gamma_L^t`` (the minibatch averages over the discounted state
+distribution). Reported per estimator and K: the exact hypergradient (of the discounted
+100-step return, float64) and its direct part, the mean estimate, the bias
+``|mean - exact| / |exact|`` over all critics and batches, the spread of the per-critic means
+(``critic sd / norm``: what one training run sees as a persistent bias), the per-batch
+std / norm, the mean cosine of a batch to the exact gradient, the cosine of the mean, for the
+Naive-PGD rows the cosine of the mean to the *direct* part (what Naive-PGD estimates), and per
+coordinate of theta the signal-to-noise ratio ``mean / std`` over all batches (what sets the
+pace of a per-coordinate normalised step such as Adam's). ``--methods`` picks estimators;
+``--set minibatch=256`` changes the actor's minibatch.
 Machine and jax version are printed first.
 """
 from __future__ import annotations
@@ -67,6 +71,8 @@ def main(argv=None):
     p.add_argument("--critics", type=int, default=4, help="independently trained critics per K")
     p.add_argument("--train", type=int, default=200, help="critic training iterations at K")
     p.add_argument("--batches", type=int, default=50, help="estimates per critic")
+    p.add_argument("--critic-steps", type=int, default=PRESET_FLAGS["explore"]["critic_steps"],
+                   help="critic updates per training iteration (default: the preset's)")
     p.add_argument("--gains", default=";".join(f"{k1:g},{k2:g}" for k1, k2 in GAINS),
                    help="leader gains K1,K2 separated by ';'")
     p.add_argument("--methods", default=",".join(METHODS),
@@ -87,14 +93,16 @@ def main(argv=None):
         name, value = item.split("=", 1)
         default = getattr(lqr.TrainConfig(), name)
         changes[name] = (value == "True") if isinstance(default, bool) else type(default)(value)
-    config = explore_config(a.train, **changes)
+    if a.critic_steps < 1:
+        p.error("--critic-steps must be >= 1")
+    config = explore_config(a.train, **{"max_steps": max(10, a.critic_steps), **changes})
     trainers = {m: lqr.make_train(game, m, config) for m in ("bchg",) + tuple(methods)}
-    hp = lqr.HParams(actor_steps=0, critic_steps=PRESET_FLAGS["explore"]["critic_steps"],
-                     beta=0.1)
+    hp = lqr.HParams(actor_steps=0, critic_steps=a.critic_steps, beta=0.1)
     T = game.horizon
     Z = float(np.sum(game.gamma_L ** np.arange(T)))
     print(f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "
-          f"{time.strftime('%Y-%m-%d')}; {a.critics} critics x {a.train} training iterations, "
+          f"{time.strftime('%Y-%m-%d')}; {a.critics} critics x {a.train} training iterations "
+          f"({a.critic_steps} critic steps each), "
           f"{a.batches} batches each (2 episodes, minibatch {config.minibatch})")
     print("| K | estimator | exact (full; direct) | mean estimate | bias / norm | "
           "critic sd / norm | std / norm | mean cosine | cosine of mean | "
