@@ -21,7 +21,9 @@ std / norm, the mean cosine of a batch to the exact gradient, the cosine of the 
 Naive-PGD rows the cosine of the mean to the *direct* part (what Naive-PGD estimates), and per
 coordinate of theta the signal-to-noise ratio ``mean / std`` over all batches (what sets the
 pace of a per-coordinate normalised step such as Adam's). ``--methods`` picks estimators;
-``--set minibatch=256`` changes the actor's minibatch.
+``--set minibatch=256`` changes the actor's minibatch; ``--same-data`` trains every critic on
+the same stream of episodes and minibatches, so that their spread is that of the
+initialisation alone.
 Machine and jax version are printed first.
 """
 from __future__ import annotations
@@ -73,6 +75,10 @@ def main(argv=None):
     p.add_argument("--batches", type=int, default=50, help="estimates per critic")
     p.add_argument("--critic-steps", type=int, default=PRESET_FLAGS["explore"]["critic_steps"],
                    help="critic updates per training iteration (default: the preset's)")
+    p.add_argument("--same-data", action="store_true",
+                   help="train every critic on the same episodes and minibatches (only the "
+                        "initialisations differ): the critic sd then measures the part of the "
+                        "per-critic error that comes from the initialisation")
     p.add_argument("--gains", default=";".join(f"{k1:g},{k2:g}" for k1, k2 in GAINS),
                    help="leader gains K1,K2 separated by ';'")
     p.add_argument("--methods", default=",".join(METHODS),
@@ -102,7 +108,7 @@ def main(argv=None):
     Z = float(np.sum(game.gamma_L ** np.arange(T)))
     print(f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "
           f"{time.strftime('%Y-%m-%d')}; {a.critics} critics x {a.train} training iterations "
-          f"({a.critic_steps} critic steps each), "
+          f"({a.critic_steps} critic steps each{', same data' if a.same_data else ''}), "
           f"{a.batches} batches each (2 episodes, minibatch {config.minibatch})")
     print("| K | estimator | exact (full; direct) | mean estimate | bias / norm | "
           "critic sd / norm | std / norm | mean cosine | cosine of mean | "
@@ -116,6 +122,8 @@ def main(argv=None):
 
         def trained(key):
             s0 = tr0.init(key, hp)._replace(theta=theta, theta_targ=theta, P=resp.P)
+            if a.same_data:     # one stream of episodes and minibatches; the inits differ
+                s0 = s0._replace(key=jax.random.key(2))
             return tr0.run(s0, hp, a.train)[0]
 
         states = jax.jit(jax.vmap(trained))(jax.random.split(jax.random.key(0), a.critics))
