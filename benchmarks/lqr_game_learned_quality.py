@@ -88,6 +88,8 @@ def main(argv=None):
                         "influence_cv=False)")
     a = p.parse_args(argv)
     methods = a.methods.split(",")
+    if a.critic_steps < 1:
+        p.error("--critic-steps must be >= 1")
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
         p.error(f"unknown --methods {unknown}; choose from {', '.join(METHODS)}")
@@ -99,8 +101,6 @@ def main(argv=None):
         name, value = item.split("=", 1)
         default = getattr(lqr.TrainConfig(), name)
         changes[name] = (value == "True") if isinstance(default, bool) else type(default)(value)
-    if a.critic_steps < 1:
-        p.error("--critic-steps must be >= 1")
     config = explore_config(a.train, **{"max_steps": max(10, a.critic_steps), **changes})
     trainers = {m: lqr.make_train(game, m, config) for m in ("bchg",) + tuple(methods)}
     hp = lqr.HParams(actor_steps=0, critic_steps=a.critic_steps, beta=0.1)
