@@ -1,7 +1,7 @@
 """Quality of the LQR game's hypergradient estimators with *learned* critics (explore preset).
 
 ``python -m benchmarks.lqr_game_learned_quality [--critics 4] [--train 200] [--batches 50]
-[--critic-steps N]``
+[--critic-steps N] [--same-data]``
 
 At each leader gain K (held fixed: ``actor_steps = 0``) ``--critics`` independent critics are
 trained for ``--train`` iterations (``--critic-steps`` updates each, default the preset's) on
