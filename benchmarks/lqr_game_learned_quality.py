@@ -5,11 +5,14 @@
 
 At each leader gain K (held fixed: ``actor_steps = 0``) ``--critics`` independent critics are
 trained for ``--train`` iterations (``--critic-steps`` updates each, default the preset's) on
-the explore preset's data (2 target-policy episodes and 2 behaviour episodes
-``a = K s + 0.5 eps`` per iteration, the preset's replay ring and target rate; the older tables
-in ``benchmarks/results/lqr_game/`` were made with the earlier preset values, i.e.
-``--set replay=200 tau=0.05 minibatch=64``; each table's first line names its minibatch and,
-in the tables made since the flag exists, its critic steps). Then each estimator (the trainer's
+the explore preset's data (2 target-policy episodes and the preset's behaviour episodes
+``a = K s + 0.5 eps`` per iteration, its replay ring and target rate). The tables in
+``benchmarks/results/lqr_game/`` were made with the preset values of their time: the
+``learned_quality_start_*`` tables and ``learned_quality_edge`` / ``_mb64`` / ``_mb256`` /
+``_guide_bound`` with 2 behaviour episodes, a ring of 40 and 10 critic steps (today:
+``--set explore_episodes=2 replay=40 --critic-steps 10``), the older ones also with
+``replay=200 tau=0.05``; each table's first line names its minibatch and, in the tables made
+since the flag exists, its critic steps. Then each estimator (the trainer's
 own ``actor_grad`` on a fresh batch of 2 target-policy episodes and the preset's actor
 minibatch of steps drawn ~ gamma_L^t) is computed on ``--batches`` batches per critic and
 multiplied by ``sum_{t<T} gamma_L^t`` (the minibatch averages over the discounted state
@@ -49,7 +52,8 @@ def explore_config(iterations: int, **changes) -> lqr.TrainConfig:
     """The explore preset's TrainConfig (as ``python -m experiments.lqr_game`` builds it)."""
     f = PRESET_FLAGS["explore"]
     kw = dict(iterations=iterations, warmup_steps=0, actor_lr=f["actor_lr"],
-              critic_lr=f["critic_lr"], explore_std=f["explore_std"], replay=f["replay"],
+              critic_lr=f["critic_lr"], explore_std=f["explore_std"],
+              explore_episodes=f["explore_episodes"], replay=f["replay"],
               tau=f["tau"], minibatch=f["minibatch"],
               **PRESET_CONFIG["explore"], **ESTIMATORS[f["estimator"]])
     kw.update(changes)

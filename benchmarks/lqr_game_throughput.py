@@ -6,7 +6,7 @@
 Each method is built exactly as ``python -m experiments.lqr_game --preset P --method M`` builds
 it (the preset's TrainConfig and flag defaults), except that the warm-up is set to 0 so that
 every timed iteration takes its actor steps. One outer iteration of ``--preset explore`` (the
-default) = 2 target-policy + 2 behaviour episodes x 100 steps, 10 critic minibatch steps on the
+default) = 2 target-policy + 6 behaviour episodes x 100 steps, 20 critic minibatch steps on the
 replay ring and 1 actor step on a minibatch of 64 steps; of ``--preset reference`` = 4 episodes,
 5 critic steps and 10 actor steps on minibatches of 64 (BC-HG's Benefit uses 256 follower
 samples and the direct baseline 32 leader samples per minibatch element). The first call of the

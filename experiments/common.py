@@ -214,6 +214,7 @@ LEGACY_SETTINGS = {
     # the LQR game's critic ring and target rate (fixed by the preset before they were flags)
     "replay": lambda saved: 200 if saved.get("preset") == "explore" else 0,
     "tau": lambda saved: 0.05 if saved.get("preset") == "explore" else 0.01,
+    "explore_episodes": lambda saved: 2 if saved.get("preset") == "explore" else 0,
 }
 
 

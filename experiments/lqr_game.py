@@ -3,13 +3,15 @@
 Two presets (``docs/experiments.md``, "Bi-level LQR Markov game"):
 
 * ``--preset explore`` (default): the learned-critic design. Every iteration collects 2 episodes
-  of the leader's own policy (the actor's data) and 2 episodes of a behaviour leader
-  ``a = K s + 0.5 eps`` that the follower observes (critic data only); the critic evaluates the
-  target policy off-policy from a replay ring of the last 40 episodes (``--replay``), with
+  of the leader's own policy (the actor's data) and 6 episodes of a behaviour leader
+  ``a = K s + 0.5 eps`` that the follower observes (critic data only, ``--explore-episodes``);
+  the critic evaluates the target policy off-policy from a replay ring of the last 80 episodes
+  (``--replay``: 10 iterations), 20 updates per iteration (``--critic-steps``), with
   standardised inputs, follower actions sampled in its TD target and target networks updated
-  at rate 0.2 (``--tau``); a 20,000-step critic-only warm-up; unbiased estimators with the
-  control variate of the guiding term; every method clipped; Adam 0.02 for theta with a cosine
-  decay to 0; 2000 iterations. ``all`` = bchg, bchg_det, naive, naive_det, exact, exact_direct.
+  at rate 0.2 (``--tau``); a 160,000-step (200-iteration) critic-only warm-up; unbiased
+  estimators with the control variate of the guiding term; every method clipped; Adam 0.02 for
+  theta with a cosine decay to 0; 2000 iterations. ``all`` = bchg, bchg_det, naive, naive_det,
+  exact, exact_direct.
 * ``--preset reference``: the reference implementation's settings (on-policy buffer of 400
   steps, the reference estimator, 4000 random warm-up steps, only BC-HG clipped, 500
   iterations); ``all`` = bchg, naive_on, naive_off, bchg_det. Its result is documented as not
@@ -44,17 +46,18 @@ ALL = {"explore": ("bchg", "bchg_det", "naive", "naive_det", "exact", "exact_dir
        "reference": ("bchg", "naive_on", "naive_off", "bchg_det")}
 # the flags' defaults under each preset
 PRESET_FLAGS = {
-    "explore": dict(iterations=2000, actor_steps=[1], critic_steps=10, estimator="unbiased",
-                    warmup_steps=20000, clip_scope="all", actor_lr=0.02,
+    "explore": dict(iterations=2000, actor_steps=[1], critic_steps=20, estimator="unbiased",
+                    warmup_steps=160000, clip_scope="all", actor_lr=0.02,
                     actor_lr_schedule="cosine", critic_lr=1e-3,
-                    explore_std=0.5, replay=40, tau=0.2, minibatch=64),
+                    explore_std=0.5, explore_episodes=6, replay=80, tau=0.2, minibatch=64),
     "reference": dict(iterations=500, actor_steps=[10], critic_steps=5, estimator="reference",
                       warmup_steps=4000, clip_scope="reference", actor_lr=0.1,
                       actor_lr_schedule="constant", critic_lr=0.1,
-                      explore_std=0.5, replay=0, tau=0.01, minibatch=64)}
+                      explore_std=0.5, explore_episodes=0, replay=0, tau=0.01,
+                      minibatch=64)}
 # the TrainConfig fields each preset sets beyond the flags
 PRESET_CONFIG = {
-    "explore": dict(episodes=2, explore_episodes=2, critic_minibatch=256,
+    "explore": dict(episodes=2, critic_minibatch=256,
                     target_samples=8, normalize=True, q_scale=10.0, influence_cv=True,
                     benefit_samples=64, baseline_samples=16),
     "reference": dict()}
@@ -66,7 +69,8 @@ ESTIMATORS = {"reference": dict(direct_baseline="reference", influence="raw"),
 SUMMARY_WINDOW = 50
 SETTING_KEYS = ("seeds", "seed", "grid", "actor_steps", "critic_steps", "iterations", "beta",
                 "estimator", "warmup_steps", "clip", "clip_scope", "init", "preset", "actor_lr",
-                "critic_lr", "explore_std", "actor_lr_schedule", "replay", "tau", "minibatch")
+                "critic_lr", "explore_std", "actor_lr_schedule", "replay", "tau", "minibatch",
+                "explore_episodes")
 
 
 def parse_args(argv=None):
@@ -94,6 +98,9 @@ def parse_args(argv=None):
     g.add_argument("--critic-lr", type=float, help="Adam learning rate of the critic")
     g.add_argument("--explore-std", type=float,
                    help="std of the behaviour leader's exploration noise (explore preset)")
+    g.add_argument("--explore-episodes", type=int,
+                   help="behaviour-leader episodes per iteration, critic data only (0: none; "
+                        "more than 0 needs --replay)")
     g.add_argument("--replay", type=int,
                    help="episodes in the critic's replay ring, newest kept (0: the critic trains "
                         "on the actor's buffer); a multiple of the episodes per iteration")
@@ -148,7 +155,8 @@ def train_config(a, name: str):
                            clip=clip, init=a.init, max_steps=max(10, a.critic_steps),
                            actor_lr=a.actor_lr, actor_lr_schedule=a.actor_lr_schedule,
                            critic_lr=a.critic_lr,
-                           explore_std=a.explore_std, replay=a.replay, tau=a.tau,
+                           explore_std=a.explore_std, explore_episodes=a.explore_episodes,
+                           replay=a.replay, tau=a.tau,
                            minibatch=a.minibatch, **PRESET_CONFIG[a.preset],
                            **ESTIMATORS[a.estimator]).validate()
 

@@ -140,8 +140,9 @@ def test_other_experiments_smoke_and_resume_skip(module, extra, metrics, tmp_pat
     ("thermal", ["--method", "sobirl"]), ("thermal", ["--lr", "0"]),
     ("thermal", ["--init-std", "-1"]), ("toy_game", ["--method", "bchg_on"]),
     ("toy_game", ["--actor-steps", "50"]), ("toy_game", ["--beta", "-0.1"]),
-    ("lqr_game", ["--method", "hpgd"]), ("lqr_game", ["--actor-steps", "11"]),
+    ("lqr_game", ["--method", "hpgd"]), ("lqr_game", ["--actor-steps", "21"]),
     ("lqr_game", ["--beta", "0"]), ("lqr_game", ["--warmup-steps", "-1"]),
+    ("lqr_game", ["--explore-episodes", "-2"]),
 ])
 def test_other_experiments_bad_arguments(module, argv, tmp_path, capsys):
     import importlib
@@ -183,15 +184,21 @@ def test_lqr_game_presets():
                                                "exact_direct"]
     c = cli.train_config(a, "naive")
     assert (c.explore_episodes, c.replay, c.tau, c.normalize, c.influence_cv, c.clip) == (
-        2, 40, 0.2, True, True, 1.0)
-    assert (c.actor_lr, c.actor_lr_schedule, c.warmup_steps) == (0.02, "cosine", 20000)
-    assert c.minibatch == 64
+        6, 80, 0.2, True, True, 1.0)
+    assert (c.actor_lr, c.actor_lr_schedule, c.warmup_steps) == (0.02, "cosine", 160000)
+    assert (c.minibatch, c.max_steps, a.critic_steps) == (64, 20, 20)
     c = cli.train_config(cli.parse_args(["--replay", "200", "--tau", "0.05", "--minibatch", "256"]),
                          "bchg")
     assert (c.replay, c.tau, c.minibatch) == (200, 0.05, 256)
+    c = cli.train_config(cli.parse_args(["--explore-episodes", "2", "--replay", "40"]), "naive")
+    assert (c.episodes, c.explore_episodes, c.replay) == (2, 2, 40)
+    with pytest.raises(ValueError, match="multiple of the 6 episodes"):
+        cli.validate_args(cli.parse_args(["--explore-episodes", "4"]))   # 80 % (2 + 4) != 0
+    with pytest.raises(ValueError, match="needs a replay ring"):
+        cli.validate_args(cli.parse_args(["--replay", "0"]))
     with pytest.raises(ValueError, match="minibatch"):
         cli.validate_args(cli.parse_args(["--minibatch", "0"]))
-    with pytest.raises(ValueError, match="multiple of the 4 episodes"):
+    with pytest.raises(ValueError, match="multiple of the 8 episodes"):
         cli.validate_args(cli.parse_args(["--replay", "42"]))
     r = cli.parse_args(["--preset", "reference", "--actor-lr", "0.2"])
     assert (r.iterations, r.estimator, r.warmup_steps, r.actor_lr) == (500, "reference", 4000, 0.2)
@@ -201,22 +208,24 @@ def test_lqr_game_presets():
             c.minibatch) == (4, 0, 0, False, 0.0, 0.1, 64)
 
 
-@pytest.mark.parametrize("preset,replay,tau", [("explore", 200, 0.05), ("reference", 0, 0.01)])
+@pytest.mark.parametrize("preset,replay,tau,explore",
+                         [("explore", 200, 0.05, 2), ("reference", 0, 0.01, 0)])
 def test_lqr_game_run_saved_before_the_replay_and_tau_flags_resumes_with_its_values(
-        tmp_path, preset, replay, tau):
-    """A run saved before ``--replay`` / ``--tau`` existed was made with its preset's values of
-    the time (LEGACY_SETTINGS); ``--resume`` and ``--config`` restore them, not today's
-    defaults."""
+        tmp_path, preset, replay, tau, explore):
+    """A run saved before ``--replay`` / ``--tau`` / ``--explore-episodes`` existed was made with
+    its preset's values of the time (LEGACY_SETTINGS); ``--resume`` and ``--config`` restore
+    them, not today's defaults."""
     from experiments import lqr_game as cli
     from experiments.common import resume_args
     saved = vars(cli.parse_args(["--preset", preset]))
-    saved = {k: v for k, v in saved.items() if k not in ("replay", "tau", "_explicit")}
+    saved = {k: v for k, v in saved.items()
+             if k not in ("replay", "tau", "explore_episodes", "_explicit")}
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps({"experiment": "lqr_game", "args": saved}))
     a = resume_args(cli.parse_args(["--resume", str(run)]), "lqr_game")
     c = cli.train_config(a, "bchg")
-    assert (a.preset, c.replay, c.tau) == (preset, replay, tau)
+    assert (a.preset, c.replay, c.tau, c.explore_episodes) == (preset, replay, tau, explore)
     a = cli.parse_args(["--config", str(run / "config.json")])    # --config: the same values
     c = cli.train_config(a, "bchg")
-    assert (a.preset, c.replay, c.tau) == (preset, replay, tau)
+    assert (a.preset, c.replay, c.tau, c.explore_episodes) == (preset, replay, tau, explore)
