@@ -32,6 +32,7 @@ Machine and jax version are printed first.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import time
 
@@ -42,22 +43,19 @@ import numpy as np
 from bchg_jax.core.buffers import buffer_add, sample_discounted
 from bchg_jax.games import lqr
 from bchg_jax.problems.lqr_game import lqr_game
-from experiments.lqr_game import ESTIMATORS, PRESET_CONFIG, PRESET_FLAGS
+from experiments.lqr_game import PRESET_FLAGS
 
 GAINS = ((-1.0, 0.0), (-4.0, 0.0), (-7.0, 0.0), (-9.0, -9.0))
 METHODS = ("bchg", "bchg_det", "naive", "naive_det")
 
 
 def explore_config(iterations: int, **changes) -> lqr.TrainConfig:
-    """The explore preset's TrainConfig (as ``python -m experiments.lqr_game`` builds it)."""
-    f = PRESET_FLAGS["explore"]
-    kw = dict(iterations=iterations, warmup_steps=0, actor_lr=f["actor_lr"],
-              critic_lr=f["critic_lr"], explore_std=f["explore_std"],
-              explore_episodes=f["explore_episodes"], replay=f["replay"],
-              tau=f["tau"], minibatch=f["minibatch"],
-              **PRESET_CONFIG["explore"], **ESTIMATORS[f["estimator"]])
-    kw.update(changes)
-    return lqr.TrainConfig(**kw).validate()
+    """The explore preset's TrainConfig as ``python -m experiments.lqr_game`` builds it (no
+    warm-up, a constant actor step: the gains are held fixed here), with ``changes``."""
+    from experiments import lqr_game as cli
+    a = cli.parse_args(["--iterations", str(iterations), "--warmup-steps", "0",
+                        "--actor-lr-schedule", "constant"])
+    return dataclasses.replace(cli.train_config(a, "bchg"), **changes).validate()
 
 
 def exact_parts(game, theta):
