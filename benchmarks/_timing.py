@@ -8,33 +8,40 @@ import jax
 from bchg_jax.core.sweep import grid_functions, grid_hparams, seed_keys
 
 
-def time_chunks(trainer, grid, runs: int, iterations: int):
+def time_chunks(trainer, grid, runs: int, iterations: int, with_metrics: bool = False):
     """(compile seconds, seconds per outer iteration) for ``runs`` vmapped seeds per grid point:
-    the first call of the jitted chunk is compile + run, the second is timed on its own."""
+    the first call of the jitted chunk is compile + run, the second is timed on its own.
+    ``with_metrics=True`` adds a third entry: the metrics of both calls (name -> numpy
+    [G, runs, 2 * iterations]), to check the timed runs' solver health beside their speed."""
     init, run = grid_functions(trainer)
     hp = grid_hparams(trainer, grid)
     state = init(seed_keys(runs), hp)
     t0 = time.perf_counter()
-    state, m = run(state, hp, iterations)
-    jax.block_until_ready(m)
+    state, m1 = run(state, hp, iterations)
+    jax.block_until_ready(m1)
     first = time.perf_counter() - t0
     t0 = time.perf_counter()
-    state, m = run(state, hp, iterations)
-    jax.block_until_ready(m)
+    state, m2 = run(state, hp, iterations)
+    jax.block_until_ready(m2)
     per_it = (time.perf_counter() - t0) / iterations
-    return first - per_it * iterations, per_it
+    if not with_metrics:
+        return first - per_it * iterations, per_it
+    import numpy as np
+    both = {k: np.concatenate([np.asarray(m1[k]), np.asarray(m2[k])], -1) for k in m1}
+    return first - per_it * iterations, per_it, both
 
 
-def time_call(fn, *args, repeats: int = 1):
+def time_call(fn, *args, repeats: int = 1, with_output: bool = False):
     """(first call's extra seconds: compile and first-run costs, best run seconds) of
-    ``fn(*args)``: one untimed-as-run first call, then the best of ``repeats`` timed calls."""
+    ``fn(*args)``: one untimed-as-run first call, then the best of ``repeats`` timed calls.
+    ``with_output=True`` adds the last call's output (to check what the timed call computed)."""
     import numpy as np
     t0 = time.perf_counter()
     jax.block_until_ready(fn(*args))
     first = time.perf_counter() - t0
-    best = np.inf
+    best, out = np.inf, None
     for _ in range(repeats):
         t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
+        out = jax.block_until_ready(fn(*args))
         best = min(best, time.perf_counter() - t0)
-    return max(first - best, 0.0), best
+    return (max(first - best, 0.0), best) + ((out,) if with_output else ())

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# One short GPU check (under 8 minutes): Four-Rooms paper-grid throughput (240 vmapped runs) with
-# the dense and the sparse follower solvers side by side, and the scaling table of every
-# experiment's trainer at 1 / 100 / 1000 / 10,000 runs.
+# One short GPU check (under 8 minutes) that fails (exit 1) when any run's solver hits its cap.
+#   1. Four-Rooms throughput: one run and the paper's 240-run grid, dense and sparse solvers.
+#   2. Thermal with the paper's faithful MLP critics, 1 run (their matmuls keep JAX's default).
+#   3. The scaling table of every experiment's trainer at 1 / 100 / 1000 / 10,000 vmapped runs.
+# Every table has the share of run-iterations whose follower (or metric) solve hit its cap and
+# the skipped updates beside the speed; each step runs with --fail-on-cap, and a step that
+# fails, or runs past its own time limit, makes the whole script exit 1 after the others ran.
 # Usage (repository root, on a machine with a GPU and jax[cuda] installed):
 #   bash benchmarks/device_check.sh [OUTDIR] [EXPERIMENTS]
 # EXPERIMENTS: the scaling table's experiments, comma-separated (default:
-# fourrooms,thermal,toy_game,lqr_game; "none" skips the table).
-# Each step has its own time limit so that one slow step cannot take the others with it (the
-# steps' limits add up to 7.5 minutes). If ./.whl holds wheels (packages the GPU machine lacks,
-# e.g. distrax), they are installed into /tmp/site first.
+# fourrooms,thermal,toy_game,lqr_game; "none" skips steps 2 and 3).
+# The steps' limits add up to 7.3 minutes. If ./.whl holds wheels (packages the GPU machine
+# lacks, e.g. distrax), they are installed into /tmp/site first.
 set -uo pipefail
 out="${1:-${OUT:-/tmp/device_check}}"
 experiments="${2:-fourrooms,thermal,toy_game,lqr_game}"
@@ -18,16 +21,33 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
 fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+failed=()
+step() {   # step NAME LIMIT_S COMMAND...: run with a time limit, tee to OUT/NAME.txt
+  local name="$1" limit="$2"
+  shift 2
+  timeout "$limit" "$@" 2>&1 | grep -v Warning | tee "$out/$name.txt"
+  local rc="${PIPESTATUS[0]}"
+  if [ "$rc" -ne 0 ]; then
+    [ "$rc" -eq 124 ] && why="ran past its ${limit} s limit" || why="exit $rc"
+    failed+=("$name ($why)")
+  fi
+}
 {
   date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
   python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
 } 2>&1 | tee "$out/header.txt"
-timeout 150 python3 -m benchmarks.fourrooms_throughput --iterations 100 --single-iterations 500 \
-  --solvers dense sparse 2>&1 | tee "$out/fourrooms_throughput.txt"
-[ "$experiments" = none ] && exit 0
-for e in ${experiments//,/ }; do
-  runs="1 100 1000 10000"
-  [ "$e" = thermal ] && runs="1 100 1000"   # 10,000 thermal runs do not finish in the limit
-  timeout 75 python3 -m benchmarks.scaling --experiments "$e" --runs $runs \
-    --iterations 2 2>&1 | grep -v Warning | tee "$out/scaling_$e.txt"
-done
+step fourrooms_throughput 120 python3 -m benchmarks.fourrooms_throughput --iterations 100 \
+  --single-iterations 500 --solvers dense sparse --fail-on-cap
+if [ "$experiments" != none ]; then
+  step thermal_faithful 60 python3 -m benchmarks.thermal_throughput --methods bchg --seeds 1 \
+    --only-mlp --mlp-iterations 2 --fail-on-cap
+  for e in ${experiments//,/ }; do
+    step "scaling_$e" 65 python3 -m benchmarks.scaling --experiments "$e" \
+      --runs 1 100 1000 10000 --iterations 2 --fail-on-cap
+  done
+fi
+if [ "${#failed[@]}" -gt 0 ]; then
+  printf 'DEVICE CHECK FAILED: %s\n' "${failed[@]}" | tee "$out/FAILED.txt"
+  exit 1
+fi
+echo "device check passed: no solve hit its cap, no update skipped" | tee "$out/PASSED.txt"

@@ -1,7 +1,7 @@
 """Scaling with the number of vmapped runs, for every experiment's trainer.
 
 ``python -m benchmarks.scaling [--experiments fourrooms,thermal,toy_game,lqr_game]
-[--runs 1 10 100 1000] [--iterations K]``
+[--runs 1 10 100 1000] [--iterations K] [--fail-on-cap]``
 
 For each experiment one method's trainer (the paper's main setting, BC-HG) is run for R vmapped
 seeds (one grid point): the first call of the jitted chunk (compile + K iterations) and a second
@@ -9,6 +9,12 @@ call (K iterations, timed) give the compile time and the time per outer iteratio
 also gives run-iterations per second (R / time per iteration), i.e. how far vmapping amortises.
 The LQR game uses Naive-PGD above 100 runs (BC-HG's 256-sample Benefit per minibatch element
 needs ~4 GB of activations at 1000 runs).
+
+A speed figure counts only with its correctness beside it: each row also gives the share of
+run-iterations whose follower (or metric) solve hit its cap, the skipped updates and the mean
+final J over the runs; ``--fail-on-cap`` exits with status 3 once the table is printed if any
+lane of any row hit its cap, skipped an update or ended with a non-finite J (what
+``benchmarks/device_check.sh`` relies on).
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import jax
 import numpy as np
 
 from benchmarks._timing import time_chunks
+from bchg_jax.core.health import health_text, solver_health
 
 
 def _trainer(name: str, runs: int):
@@ -48,8 +55,10 @@ def _trainer(name: str, runs: int):
 
 
 def measure(name: str, runs: int, iterations: int):
+    """(method, compile s, s per iteration, health dict, mean final J) of one row."""
     method, trainer, grid = _trainer(name, runs)
-    return (method,) + time_chunks(trainer, grid, runs, iterations)
+    comp, per, m = time_chunks(trainer, grid, runs, iterations, with_metrics=True)
+    return method, comp, per, solver_health(m), float(np.mean(m["J"][..., -1]))
 
 
 def main(argv=None):
@@ -57,17 +66,30 @@ def main(argv=None):
     p.add_argument("--experiments", default="fourrooms,thermal,toy_game,lqr_game")
     p.add_argument("--runs", type=int, nargs="+", default=[1, 10, 100, 1000])
     p.add_argument("--iterations", type=int, default=3)
+    p.add_argument("--fail-on-cap", action="store_true",
+                   help="exit 3 if any run's solve hit its cap, an update was skipped or J is "
+                        "not finite")
     a = p.parse_args(argv)
     print(f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, devices "
           f"{jax.devices()}, {datetime.date.today()}, {a.iterations} timed iterations")
     print("| experiment | method | vmapped runs | compile (s) | s / outer iteration | "
-          "run-iterations / s |")
-    print("|---|---|---|---|---|---|")
+          "run-iterations / s | capped | skipped | mean J |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    bad = []
     for name in a.experiments.split(","):
         for runs in a.runs:
-            method, comp, per = measure(name, runs, a.iterations)
-            print(f"| {name} | {method} | {runs} | {comp:.1f} | {per:.4f} | {runs / per:.0f} |",
-                  flush=True)
+            method, comp, per, health, J = measure(name, runs, a.iterations)
+            print(f"| {name} | {method} | {runs} | {comp:.1f} | {per:.4f} | {runs / per:.0f} | "
+                  f"{health.get('capped_share', 0.0):.2%} | {health.get('update_skipped', 0)} | "
+                  f"{J:.4g} |", flush=True)
+            if health.get("solve_capped", 0) or health.get("update_skipped", 0) or not (
+                    np.isfinite(J)):
+                bad.append(f"{name} at {runs} runs ({health_text(health)}, J {J:.4g})")
+    if bad:
+        print("FAILED: solves hit their cap, updates skipped or J not finite in: "
+              + "; ".join(bad), flush=True)
+        if a.fail_on_cap:
+            raise SystemExit(3)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,9 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
+# summary entries that are not hyperparameters of the best grid point
+NOT_HPARAMS = ("method", "mean", "se", "wall_s", "health")
+
 
 def parse_methods(spec: str, all_methods: Sequence[str], valid: Sequence[str]):
     """``--method`` value -> list of names: 'all', one name or a comma-separated list."""
@@ -181,19 +184,25 @@ def _hparams(trainer, grid):
 def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict:
     from bchg_jax.core.io import save_csv, save_figure, save_npz
     from experiments.plot import learning_curve_figure
+    from bchg_jax.core.health import FLAGS, health_text, health_warning, solver_health
     from experiments.summary import summarize
     J = data["J"]
     final, mean, se, best = summarize(J, window)
     keys = list(grid)
+    flags = {k: np.asarray(data[k]) for k in FLAGS if k in data}
+    health = solver_health(flags)
+    per_point = [solver_health({k: v[g] for k, v in flags.items()}) for g in range(len(mean))]
     if write:
         save_npz(os.path.join(out, "metrics.npz"), {
             **data, "final": final, "best_index": np.asarray(best),
             "summary_window": np.asarray(window), "completed": np.asarray(J.shape[-1])})
         rows = [tuple(float(grid[k][g]) for k in keys) + (f"{mean[g]:.4f}", f"{se[g]:.4f}",
                                                           int(g == best))
+                + tuple(_health_cells(per_point[g]))
                 for g in range(len(mean))]
         save_csv(os.path.join(out, "summary.csv"),
-                 keys + [f"mean_last{window}", "se", "best"], rows)
+                 keys + [f"mean_last{window}", "se", "best"] + HEALTH_COLUMNS * bool(health),
+                 rows)
         save_figure(os.path.join(out, "curve.png"), learning_curve_figure(
             {grid_label(method, grid, best): J[best]}, title, ylabel=ylabel))
         print(f"\n{'  '.join(f'{k:>11}' for k in keys)}  mean(last {min(window, J.shape[-1])})"
@@ -202,8 +211,26 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
             mark = "  <- best" if g == best else ""
             print("  ".join(f"{grid[k][g]:11g}" for k in keys)
                   + f"  {mean[g]:+.4f}  {se[g]:.4f}{mark}")
+        if health:
+            print(f"[{method}] solver health: {health_text(health)} "
+                  f"(of {health['run_iterations']} run-iterations)")
+            warning = health_warning(health)
+            if warning:
+                print(f"[{method}] " + warning.replace("\n", f"\n[{method}] "), file=sys.stderr,
+                      flush=True)
     return {"method": method, **{k: float(grid[k][best]) for k in keys},
-            "mean": float(mean[best]), "se": float(se[best])}
+            "mean": float(mean[best]), "se": float(se[best]), "health": health}
+
+
+# summary.csv columns of the solver-health flags (bchg_jax.core.health)
+HEALTH_COLUMNS = ["capped_share", "skipped_updates"]
+
+
+def _health_cells(health: dict):
+    """The HEALTH_COLUMNS cells of one grid point (none when the trainer records no flags)."""
+    if not health:
+        return ()
+    return (f"{health.get('capped_share', 0.0):.4f}", int(health.get("update_skipped", 0)))
 
 
 # settings added after runs were saved without them: the value those runs were made with, or a
@@ -337,22 +364,33 @@ def environment_record() -> dict:
 
 def finish_run(run_dir: str, summaries: Sequence[dict], window: int, extra_figures:
                Optional[Callable[[str], None]] = None) -> None:
+    from bchg_jax.core.health import WARN_SHARE, health_text, health_warning
     from bchg_jax.core.io import save_csv, save_figure
     from experiments.plot import panel_figure
     if len(summaries) > 1:
-        keys = [k for k in summaries[0] if k not in ("method", "mean", "se", "wall_s")]
+        keys = [k for k in summaries[0] if k not in NOT_HPARAMS]
+        with_health = any(s.get("health") for s in summaries)
         save_csv(os.path.join(run_dir, "summary.csv"),
-                 ["method"] + keys + [f"mean_last{window}", "se"],
+                 ["method"] + keys + [f"mean_last{window}", "se"]
+                 + HEALTH_COLUMNS * with_health,
                  [(s["method"],) + tuple(s[k] for k in keys) + (f"{s['mean']:.4f}", f"{s['se']:.4f}")
+                  + (tuple(_health_cells(s.get("health") or {"capped_share": 0.0}))
+                     if with_health else ())
                   for s in summaries])
         save_figure(os.path.join(run_dir, "figure.png"), panel_figure([run_dir]))
     if extra_figures is not None:
         extra_figures(run_dir)
-    print(f"\n{'method':>12}  best grid point                 mean(last {window})      se")
+    print(f"\n{'method':>12}  best grid point                 mean(last {window})      se"
+          "  solver health")
     for s in summaries:
-        hp = " ".join(f"{k}={v:g}" for k, v in s.items()
-                      if k not in ("method", "mean", "se", "wall_s"))
-        print(f"{s['method']:>12}  {hp:30s}  {s['mean']:+.4f}  {s['se']:.4f}")
+        hp = " ".join(f"{k}={v:g}" for k, v in s.items() if k not in NOT_HPARAMS)
+        print(f"{s['method']:>12}  {hp:30s}  {s['mean']:+.4f}  {s['se']:.4f}  "
+              f"{health_text(s.get('health') or {})}")
+    unhealthy = [s["method"] for s in summaries if health_warning(s.get("health") or {})]
+    if unhealthy:
+        print(f"WARNING: solves hit their cap or updates were skipped in more than "
+              f"{100 * WARN_SHARE:g}% of the run-iterations of: {', '.join(unhealthy)} "
+              "(see the warnings above)", file=sys.stderr, flush=True)
     print(f"\nresults in {run_dir}")
 
 

@@ -37,9 +37,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.core.precision import full_precision
+
 Array = jax.Array
 
 
+@full_precision
 def riccati_map(P: Array, A: Array, B: Array, Qbar: Array, Rbar: Array, gamma) -> Array:
     """One Riccati iteration step (the right-hand side of Eq. (riccati_equation)).
 
@@ -86,6 +89,7 @@ def _iterate(A, B, Qbar, Rbar, gamma, P0, tol, max_iters):
     return P, RiccatiInfo(it, res, ok)
 
 
+@full_precision
 def riccati(A: Array, B: Array, Qbar: Array, Rbar: Array, gamma, P0=None, tol: float = 1e-6,
             max_iters: int = 50_000):
     """Solution ``P`` of the discounted Riccati equation and a :class:`RiccatiInfo`.
@@ -151,20 +155,24 @@ class GaussianBestResponse(NamedTuple):
         """Bool (or [...] under vmap): the Riccati iteration converged (``info.converged``)."""
         return self.info.converged
 
+    @full_precision
     def mean(self, s: Array, w: Array | None = None) -> Array:
         """Mean action -K s [- K_w w] for ``s`` [..., n] and optional ``w`` [..., n] -> [..., m]."""
         out = -s @ self.K.T
         return out if w is None else out - w @ self.K_w.T
 
+    @full_precision
     def sample(self, key: Array, s: Array, w: Array | None = None) -> Array:
         """b ~ N(mean(s, w), cov) for ``s`` [..., n] (``w`` [..., n] or None) -> [..., m]."""
         eps = jax.random.normal(key, s.shape[:-1] + (self.K.shape[0],), s.dtype)
         return self.mean(s, w) + eps @ self.chol.T
 
+    @full_precision
     def value(self, s: Array) -> Array:
         """V_F(s) = -(s^T P s + v) (Proposition 1; see :func:`soft_value`)."""
         return soft_value(self, s)
 
+    @full_precision
     def log_prob(self, s: Array, b: Array, w: Array | None = None) -> Array:
         """log g(b|s[, w]) for ``s`` [..., n], ``b`` [..., m] (``w`` [..., n] or None) -> [...]."""
         d = b - self.mean(s, w)
@@ -194,6 +202,7 @@ def _response(P, A, B, Rbar, U, gamma, beta, info, observable: bool):
     return GaussianBestResponse(P, S, K, K_w, cov, jnp.linalg.cholesky(cov), M, v, info)
 
 
+@full_precision
 def maxent_lqr(A, B, Qbar, Rbar, U, gamma, beta, P0=None, tol: float = 1e-6,
                max_iters: int = 50_000) -> GaussianBestResponse:
     """Proposition 1: best response with an unobservable disturbance.
@@ -217,6 +226,7 @@ def maxent_lqr(A, B, Qbar, Rbar, U, gamma, beta, P0=None, tol: float = 1e-6,
                      beta, info, observable=False)
 
 
+@full_precision
 def maxent_lqr_observable(A, B, Qbar, Rbar, U, gamma, beta, P0=None, tol: float = 1e-6,
                           max_iters: int = 50_000) -> GaussianBestResponse:
     """Proposition 2: best response when the disturbance ``w`` is observed before acting.
@@ -235,6 +245,7 @@ def maxent_lqr_observable(A, B, Qbar, Rbar, U, gamma, beta, P0=None, tol: float 
                      beta, info, observable=True)
 
 
+@full_precision
 def soft_value(br: GaussianBestResponse, s: Array) -> Array:
     """V_F(s) = -(s^T P s + v) (Proposition 1), for any batch shape of ``s``.
 
@@ -247,6 +258,7 @@ def soft_value(br: GaussianBestResponse, s: Array) -> Array:
     return -(jnp.einsum("...i,ij,...j->...", s, br.P, s) + br.v)
 
 
+@full_precision
 def soft_value_observable(br: GaussianBestResponse, Qbar: Array, A: Array, s: Array,
                           w: Array) -> Array:
     """V_F(s, w) = -(s^T Qbar s + (A s + w)^T M (A s + w) + v_w) (Proposition 2).
@@ -265,6 +277,7 @@ def soft_value_observable(br: GaussianBestResponse, Qbar: Array, A: Array, s: Ar
              + jnp.einsum("...i,ij,...j->...", x, br.M, x) + br.v)
 
 
+@full_precision
 def soft_q(br: GaussianBestResponse, A, B, Qbar, Rbar, U, gamma, s: Array, b: Array) -> Array:
     """Q_F(s, b) = r_F(s, b) + gamma E_w V_F(A s + B b + w) (Proposition 1).
 
@@ -331,6 +344,7 @@ def check_solution(br: GaussianBestResponse, what: str = "Riccati iteration") ->
     return br
 
 
+@full_precision
 def quad_form(M: Array, z: Array) -> Array:
     """z^T M z over the last axis of ``z`` [..., d] (``M`` [d, d]) -> [...].
 

@@ -13,6 +13,7 @@ share its device). Multi-host: call ``jax.distributed.initialize()`` in every pr
 from __future__ import annotations
 
 import itertools
+import sys
 import time
 from typing import Callable, Dict, Optional, Sequence
 
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bchg_jax.core.health import health_text, health_warning, solver_health
 from bchg_jax.core.loop import Trainer
 
 Array = jax.Array
@@ -161,6 +163,21 @@ def to_host(tree):
     return jax.tree.map(get, tree)
 
 
+def join_chunks(chunks):
+    """Joins per-chunk metrics along the iteration axis. A metric missing from an earlier chunk
+    (a run resumed from files saved before the trainer recorded it) is 0 there."""
+    out = {}
+    for name in dict.fromkeys(k for c in chunks for k in c):
+        like = next(c[name] for c in chunks if name in c)
+        parts = []
+        for c in chunks:
+            length = next(iter(c.values())).shape[-1]
+            parts.append(c[name] if name in c else np.zeros(like.shape[:-1] + (length,),
+                                                             like.dtype))
+        out[name] = np.concatenate(parts, axis=-1)
+    return out
+
+
 def run_grid(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, iterations: int,
              chunk: int = 500, base_seed: int = 0, state=None, start: int = 0,
              metrics: Optional[Dict[str, np.ndarray]] = None,
@@ -223,7 +240,7 @@ def run_grid(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, iteratio
             trim = lambda t: _unflat(jax.tree.map(lambda x: x[:R], t), G, N)  # noqa: E731
             return trim(s), trim(m)
     chunks = [] if metrics is None else [metrics]
-    done, t0 = start, time.perf_counter()
+    done, t0, warned = start, time.perf_counter(), False
     while done < iterations:
         n = min(chunk, iterations - done)
         tc = time.perf_counter()
@@ -232,18 +249,24 @@ def run_grid(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, iteratio
         dt = time.perf_counter() - tc
         first = done == start
         done += n
-        metrics = {k: np.concatenate([c[k] for c in chunks], axis=-1) for k in chunks[0]}
+        metrics = join_chunks(chunks)
         chunks = [metrics]
+        health = solver_health(metrics)
         if verbose:
             print(progress_line(metrics["J"], done, iterations, n, dt, first,
-                                time.perf_counter() - t0, window), flush=True)
+                                time.perf_counter() - t0, window, health), flush=True)
+            warning = health_warning(health)
+            if warning and not warned:      # once per call, on stderr: loud, not repeated
+                print(warning, file=sys.stderr, flush=True)
+                warned = True
         if on_chunk is not None:
             on_chunk(state, metrics, done)
     return state, metrics
 
 
 def progress_line(J: np.ndarray, done: int, iterations: int, n: int, seconds: float,
-                  includes_compile: bool, elapsed: float, window: int = 1000) -> str:
+                  includes_compile: bool, elapsed: float, window: int = 1000,
+                  health: Optional[Dict[str, float]] = None) -> str:
     """One line per chunk: iterations/s (and run-iterations/s over the G x N vmapped runs) and
     the objective of the best grid point: ``J`` at the last iteration and its mean over the last
     ``window`` iterations (fewer while the run is shorter), both averaged over the N seeds; the
@@ -259,6 +282,8 @@ def progress_line(J: np.ndarray, done: int, iterations: int, n: int, seconds: fl
       includes_compile: the chunk's time includes compilation.
       elapsed: wall time since the start.
       window: iterations of the running mean (the experiment's summary window).
+      health: :func:`~bchg_jax.core.health.solver_health` of the metrics so far, or None; its
+        share of capped solves and count of skipped updates end the line.
     Returns:
       the progress line (str).
     """
@@ -271,4 +296,5 @@ def progress_line(J: np.ndarray, done: int, iterations: int, n: int, seconds: fl
     where = f"grid point {best}, " if G > 1 else ""
     return (f"  iter {done:6d}/{iterations}  {rate:8.1f} it/s ({rate * G * N:9.0f} run-it/s"
             f"{note})  J ({where}mean of {N} seed{'s' * (N > 1)}): now {J[best, :, -1].mean():+.4f}"
-            f", last {w} it {recent[best]:+.4f}  elapsed {elapsed:7.1f}s")
+            f", last {w} it {recent[best]:+.4f}  elapsed {elapsed:7.1f}s"
+            + (f"  {health_text(health)}" if health else ""))

@@ -18,6 +18,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.precision import full_precision
+
 Array = jax.Array
 
 
@@ -29,6 +31,7 @@ def quadratic_features(x: Array) -> Array:
                             x[..., i] * x[..., j]], -1)
 
 
+@full_precision
 def crossfit_baseline(features: Array, targets: Array, groups: Array, num_groups: int,
                       ridge: float = 1e-3) -> Array:
     """Cross-fitted least-squares predictions of ``targets`` from ``features``.

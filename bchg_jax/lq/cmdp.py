@@ -25,6 +25,7 @@ import numpy as np
 from bchg_jax.core.maxent_lqr import GaussianBestResponse, is_stabilizable
 from bchg_jax.core.maxent_lqr import quad_form as _quad
 from bchg_jax.core.validate import check_costs, check_discounts, check_shape, shape_property
+from bchg_jax.core.precision import full_precision
 
 Array = jax.Array
 
@@ -90,6 +91,7 @@ class LQConfigurableMDP:
         L = jnp.linalg.cholesky(jnp.asarray(self.init_cov, theta.dtype))
         return jax.random.normal(key, (num, self.state_dim), theta.dtype) @ L.T
 
+    @full_precision
     def mean_next(self, theta: Array, s: Array, b: Array) -> Array:
         """The noise-free next state A(theta) s + B(theta) b.
 
@@ -137,6 +139,7 @@ class LQConfigurableMDP:
         logdet = jnp.sum(jnp.log(jnp.abs(jnp.diagonal(U))))
         return -0.5 * jnp.sum(z ** 2, -1) - logdet - 0.5 * n * jnp.log(2 * jnp.pi)
 
+    @full_precision
     def follower_reward(self, theta: Array, s: Array, b: Array) -> Array:
         """r_F(s, b) = -(s^T Qbar s + b^T Rbar b) (does not depend on theta here).
 
@@ -149,6 +152,7 @@ class LQConfigurableMDP:
         """
         return -(_quad(jnp.asarray(self.Qbar, s.dtype), s) + _quad(jnp.asarray(self.Rbar, s.dtype), b))
 
+    @full_precision
     def leader_reward(self, theta: Array, s: Array, b: Array) -> Array:
         """r_L^theta(s, b) = -s^T Ms(theta) s - b^T Mb(theta) b + c(theta) (``leader_quadratic``).
 

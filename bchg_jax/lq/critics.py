@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import optax
 
 from bchg_jax.core.networks import MLP
+from bchg_jax.core.precision import full_precision
 
 Array = jax.Array
 
@@ -53,6 +54,7 @@ def quadratic_features(z: Array) -> Array:
     return jnp.concatenate([quad, jnp.ones(z.shape[:-1] + (1,), z.dtype)], -1)
 
 
+@full_precision
 def lstd(phi: Array, phi_next: Array, rewards: Array, gamma, ridge: float = 1e-6) -> Array:
     """LSTD(0): W with Phi^T (Phi - gamma Phi') W = Phi^T R (the TD(0) fixed point on the batch).
 
@@ -102,11 +104,13 @@ class QuadraticQ(NamedTuple):
         """From LSTD weights ``w`` [(n + m)(n + m + 1) / 2 + 1] of :func:`quadratic_features`."""
         return QuadraticQ(_sym_from_triu(w[:-1], n + m), w[-1], n)
 
+    @full_precision
     def q(self, s: Array, b: Array) -> Array:
         """Q(s, b) for ``s`` [..., n], ``b`` [..., m] -> [...]."""
         z = jnp.concatenate([s, b], -1)
         return jnp.einsum("...i,ij,...j->...", z, self.H, z) + self.h0
 
+    @full_precision
     def value(self, s: Array, mean_b: Array, cov_b: Array) -> Array:
         """V(s) = E_{b ~ N(mean_b, cov_b)} Q(s, b) (exact), Algorithm 1 line 10 for a Gaussian g.
 
@@ -121,6 +125,7 @@ class QuadraticQ(NamedTuple):
         return self.q(s, mean_b) + jnp.trace(Hbb @ cov_b)
 
 
+@full_precision
 def fit_quadratic_q(s: Array, b: Array, r: Array, gamma, ridge: float = 1e-6) -> QuadraticQ:
     """Leader critic Q_L(s, b) by SARSA-LSTD on episodes (Algorithms 2/3, in closed form).
 
@@ -145,6 +150,7 @@ def fit_quadratic_q(s: Array, b: Array, r: Array, gamma, ridge: float = 1e-6) ->
     return QuadraticQ.from_weights(w, n, m)
 
 
+@full_precision
 def fit_quadratic_vector_value(s: Array, y: Array, gamma, ridge: float = 1e-6):
     """Vector-valued state value (e.g. grad_theta V_F) by LSTD on quadratic features of s.
 
@@ -167,9 +173,10 @@ def fit_quadratic_vector_value(s: Array, y: Array, gamma, ridge: float = 1e-6):
     phi = phi_all[:, :-1].reshape(-1, F)
     phi_next = phi_all[:, 1:].reshape(-1, F)
     W = lstd(phi, phi_next, y.reshape(-1, y.shape[-1]), gamma, ridge)
-    return lambda x: quadratic_features(x) @ W
+    return full_precision(lambda x: quadratic_features(x) @ W)
 
 
+@full_precision
 def expected_quadratic_features(s: Array, mean_b: Array, cov_b: Array) -> Array:
     """E_{b ~ N(mean_b, cov_b)} quadratic_features((s, b)) (exact: E[z_i z_j] = zbar_i zbar_j +
     Cov_ij, non-zero only inside the action block).
@@ -188,6 +195,7 @@ def expected_quadratic_features(s: Array, mean_b: Array, cov_b: Array) -> Array:
     return quadratic_features(zbar) + jnp.concatenate([cov[i, j], jnp.zeros((1,), s.dtype)])
 
 
+@full_precision
 def fit_quadratic_vector_q(s: Array, b: Array, y: Array, gamma, ridge: float = 1e-6):
     """Vector-valued action value (e.g. grad_theta Q_F) by SARSA-LSTD on quadratic features of
     (s, b): ``s`` [E, T+1, n], ``b`` [E, T+1, m], ``y`` [E, T, D]. Returns the weights W [F, D]

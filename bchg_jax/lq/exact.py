@@ -26,10 +26,12 @@ import jax.numpy as jnp
 from bchg_jax.core.maxent_lqr import GaussianBestResponse
 from bchg_jax.core.validate import check_beta_if_concrete, check_count, check_problem_settings
 from bchg_jax.lq.cmdp import LQConfigurableMDP
+from bchg_jax.core.precision import full_precision
 
 Array = jax.Array
 
 
+@full_precision
 def discounted_lyapunov(F: Array, C: Array, gamma) -> Array:
     """X solving X = C + gamma F X F^T (a Kronecker-form linear solve, n^2 unknowns).
 
@@ -52,6 +54,7 @@ def _closed_loop(problem: LQConfigurableMDP, theta: Array, br: GaussianBestRespo
     return F, W
 
 
+@full_precision
 def discounted_state_covariance(problem: LQConfigurableMDP, theta: Array,
                                 br: GaussianBestResponse, horizon: Optional[int]) -> Array:
     """X = sum_{t<H} gamma_L^t Sigma_t (``horizon=None``: H = infinity).
@@ -94,6 +97,7 @@ def _discount_mass(gamma, horizon, dtype):
     return jnp.asarray((1.0 - gamma ** horizon) / (1.0 - gamma), dtype)
 
 
+@full_precision
 def quadratic_return(Ms, Mb, c, br: GaussianBestResponse, X: Array, mass) -> Array:
     """sum_t gamma^t E[-s^T Ms s - b^T Mb b + c] given X = sum_t gamma^t Sigma_t.
 
@@ -109,6 +113,7 @@ def quadratic_return(Ms, Mb, c, br: GaussianBestResponse, X: Array, mass) -> Arr
     return -jnp.trace(G @ X) + mass * (c - jnp.trace(Mb @ br.cov))
 
 
+@full_precision
 def leader_objective(problem: LQConfigurableMDP, theta: Array, beta, horizon="default",
                      br: Optional[GaussianBestResponse] = None, tol: float = 1e-6,
                      max_iters: int = 50_000) -> Array:
@@ -139,6 +144,7 @@ def leader_objective(problem: LQConfigurableMDP, theta: Array, beta, horizon="de
     return quadratic_return(Ms, Mb, c, br, X, _discount_mass(problem.gamma_L, H, theta.dtype))
 
 
+@full_precision
 def exact_hypergradient(problem: LQConfigurableMDP, theta: Array, beta, horizon="default",
                         tol: float = 1e-6, max_iters: int = 50_000) -> Array:
     """Exact hypergradient grad_theta J_L(theta, g^{theta dagger}) by autodiff.
@@ -162,6 +168,7 @@ def exact_hypergradient(problem: LQConfigurableMDP, theta: Array, beta, horizon=
                                                 max_iters=max_iters))(theta)
 
 
+@full_precision
 def components(problem: LQConfigurableMDP, theta: Array, br: GaussianBestResponse,
                quadratics: Dict[str, tuple], horizon="default") -> Dict[str, Array]:
     """Discounted cumulative value of each named quadratic reward term, reported as the
@@ -206,9 +213,11 @@ class QuadraticValue(NamedTuple):
     c: Array
     gamma: float
 
+    @full_precision
     def value(self, s):
         return -jnp.einsum("...i,ij,...j->...", s, self.Pv, s) + self.v0
 
+    @full_precision
     def q(self, s, b):
         x = s @ self.A.T + b @ self.B.T
         EV = -jnp.einsum("...i,ij,...j->...", x, self.Pv, x) - jnp.trace(self.Pv @ self.UUt) + self.v0
@@ -217,6 +226,7 @@ class QuadraticValue(NamedTuple):
         return r + self.gamma * EV
 
 
+@full_precision
 def leader_value_quadratic(problem: LQConfigurableMDP, theta: Array,
                            br: GaussianBestResponse) -> QuadraticValue:
     """Exact infinite-horizon V_L and Q_L of the leader under the follower ``br``.

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from bchg_jax.core.maxent_lqr import (GaussianBestResponse, check_solution, maxent_lqr, riccati,
                                       soft_q, soft_value)
 from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings
+from bchg_jax.core.precision import full_precision
 
 Array = jax.Array
 
@@ -23,6 +24,7 @@ __all__ = ["GaussianBestResponse", "best_response", "check_solution", "riccati",
            "soft_value"]
 
 
+@full_precision
 def best_response(problem, theta: Array, beta, P0=None, tol: float = 1e-6,
                   max_iters: int = 50_000) -> GaussianBestResponse:
     """Proposition 1 for ``problem`` (an :class:`~bchg_jax.lq.cmdp.LQConfigurableMDP`) at theta.

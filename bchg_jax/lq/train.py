@@ -163,7 +163,8 @@ def make_train(problem: LQConfigurableMDP, method: str = "bchg",
     Returns:
       a :class:`~bchg_jax.core.loop.Trainer`; its ``hparams(grid)`` builds :class:`HParams`
       (``lr``, ``beta``) and ``run`` yields per-iteration metrics (``J``, ``ok``, ``grad_norm``,
-      ``riccati_iters`` and the problem's components).
+      ``riccati_iters``, ``solve_capped`` (1: the Riccati iteration stopped at its cap or
+      diverged), ``update_skipped`` (1: the update was dropped) and the problem's components).
     Raises:
       ValueError: an unknown method, a wrong problem type, or a failed ``validate()``.
     """
@@ -314,6 +315,8 @@ def make_train(problem: LQConfigurableMDP, method: str = "bchg",
         grad = jnp.where(ok, grad, 0.0)        # flagged, skipped: never a silent NaN update
         new_theta = sgd_ascent(theta, grad, hp.lr, config.clip_norm)
         metrics["ok"] = ok.astype(jnp.int32)
+        metrics["solve_capped"] = (~br.converged).astype(jnp.int32)
+        metrics["update_skipped"] = (~ok).astype(jnp.int32)
         metrics["grad_norm"] = jnp.linalg.norm(grad)
         P_next = jnp.where(br.converged, jax.lax.stop_gradient(br.P),
                            jnp.asarray(problem.Qbar, dtype))

@@ -20,10 +20,12 @@ from bchg_jax.core.validate import (check_beta_if_concrete, check_discount, chec
                                     check_problem_settings, check_shape, transition_sizes)
 from bchg_jax.tabular.follower import (BestResponse, boltzmann, continuation, soft_q, soft_v)
 from bchg_jax.tabular.cmdp import TabularCMDP
+from bchg_jax.core.precision import full_precision
 
 Array = jax.Array
 
 
+@full_precision
 def policy_matrix(P: Array, policy: Array) -> Array:
     """P_g(s, s') = sum_b g(b|s) p(s'|s, b).
 
@@ -36,6 +38,7 @@ def policy_matrix(P: Array, policy: Array) -> Array:
     return jnp.einsum("sb,sbt->st", policy, P)
 
 
+@full_precision
 def policy_evaluation(P: Array, r: Array, policy: Array, gamma, cont: Array) -> Array:
     """Exact V^g for reward ``r`` [S,B] by a linear solve (Bellman expectation equation).
 
@@ -63,8 +66,9 @@ def policy_evaluation(P: Array, r: Array, policy: Array, gamma, cont: Array) -> 
     return jnp.linalg.solve(A, jnp.sum(policy * r, axis=-1))
 
 
+@full_precision
 def policy_evaluation_sweeps(P: Array, r: Array, policy: Array, gamma, cont: Array, V0: Array,
-                             tol: float, max_sweeps: int = 2000) -> Array:
+                             tol: float, max_sweeps: int = 2000, return_residual: bool = False):
     """Iterative policy evaluation from a warm start ``V0`` until sup-norm change <= ``tol``.
 
     Args:
@@ -76,8 +80,10 @@ def policy_evaluation_sweeps(P: Array, r: Array, policy: Array, gamma, cont: Arr
       V0: [S] warm start.
       tol: stopping tolerance on max_s |V_{k+1}(s) - V_k(s)|.
       max_sweeps: at most this many Bellman expectation sweeps.
+      return_residual: also return the sup-norm change of the last sweep (above ``tol``: the
+        cap was hit before the tolerance was met).
     Returns:
-      [S] V^g(s) (approximate).
+      [S] V^g(s) (approximate), or (V, residual []) with ``return_residual``.
     """
     def sweep(V):
         return jnp.sum(policy * soft_q(P, r, V, gamma, cont), axis=-1)
@@ -89,10 +95,11 @@ def policy_evaluation_sweeps(P: Array, r: Array, policy: Array, gamma, cont: Arr
         V2 = sweep(c[0])
         return V2, jnp.max(jnp.abs(V2 - c[0])), c[2] + 1
 
-    V, _, _ = jax.lax.while_loop(cond, body, (V0, jnp.asarray(jnp.inf, V0.dtype), 0))
-    return V
+    V, res, _ = jax.lax.while_loop(cond, body, (V0, jnp.asarray(jnp.inf, V0.dtype), 0))
+    return (V, res) if return_residual else V
 
 
+@full_precision
 def soft_newton(P: Array, r: Array, beta, gamma, cont: Array, V0: Array, iters: int = 30) -> Array:
     """Soft policy iteration (Newton's method on the soft Bellman equation) - quadratic convergence.
 
@@ -119,6 +126,7 @@ def soft_newton(P: Array, r: Array, beta, gamma, cont: Array, V0: Array, iters: 
     return V
 
 
+@full_precision
 def best_response(problem: TabularCMDP, theta: Array, beta, V0: Optional[Array] = None,
                   newton_iters: int = 30, polish_sweeps: int = 200) -> BestResponse:
     """The follower's best response g^{theta dagger}, differentiable in theta (implicit diff.).
@@ -174,6 +182,7 @@ def best_response(problem: TabularCMDP, theta: Array, beta, V0: Optional[Array] 
                         sweeps=jnp.asarray(polish_sweeps), residual=jnp.max(jnp.abs(f(V))))
 
 
+@full_precision
 def leader_values(problem: TabularCMDP, theta: Array, policy: Array):
     """Exact (V_L [S], Q_L [S,B]) of the leader under the follower policy ``policy``.
 
@@ -200,6 +209,7 @@ def leader_values(problem: TabularCMDP, theta: Array, policy: Array):
     return V, soft_q(P, rL, V, problem.gamma_L, cont)
 
 
+@full_precision
 def leader_objective(problem: TabularCMDP, theta: Array, beta, V0: Optional[Array] = None,
                      newton_iters: int = 30, polish_sweeps: int = 200) -> Array:
     """Exact J_L(theta, g^{theta dagger}) = rho_0^theta . V_L + Phi_L(theta) (Eq. (leader-utility)).
@@ -223,6 +233,7 @@ def leader_objective(problem: TabularCMDP, theta: Array, beta, V0: Optional[Arra
     return jnp.dot(problem.init_dist(theta), V_L) + problem.regularizer(theta)
 
 
+@full_precision
 def exact_hypergradient(problem: TabularCMDP, theta: Array, beta, V0: Optional[Array] = None,
                         newton_iters: int = 30, polish_sweeps: int = 200) -> Array:
     """grad_theta J_L(theta, g^{theta dagger}) through the follower's fixed point.

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from bchg_jax.core.validate import (check_beta_if_concrete, check_discount, check_if_concrete,
                                     check_shape, transition_sizes)
+from bchg_jax.core.precision import full_precision
 
 Array = jax.Array
 
@@ -105,6 +106,7 @@ def boltzmann(Q: Array, V: Array, beta) -> Array:
     return jnp.exp((Q - V[:, None]) / beta)
 
 
+@full_precision
 def soft_value_iteration(P: Array, r: Array, beta, gamma, terminal: Optional[Array] = None,
                          V0: Optional[Array] = None, num_sweeps: int = 500,
                          tol: Optional[float] = None, max_sweeps: int = 2000) -> BestResponse:

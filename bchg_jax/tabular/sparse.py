@@ -50,6 +50,7 @@ from bchg_jax.core.validate import (check_beta_if_concrete, check_discount, chec
                                     check_shape, transition_sizes)
 from bchg_jax.tabular.cmdp import TabularCMDP
 from bchg_jax.tabular.follower import BestResponse, continuation
+from bchg_jax.core.precision import full_precision
 
 Array = jax.Array
 
@@ -298,7 +299,7 @@ def _soft_impl(order, tol, max_sweeps, linear_sweeps, has_run, probs, r, beta, g
 
 def _evaluation_impl(order, tol, max_sweeps, has_run, probs, r, policy, gc, V0):
     """Warm-started Gauss-Seidel expectation sweeps to tolerance, run-last, on fewer lanes as
-    they converge, the states in sweep order inside. Returns (V, sweeps)."""
+    they converge, the states in sweep order inside. Returns (V, sweeps, residual)."""
     R, lanes, shared = _lanes(has_run, ("probs", "r", "policy", "gc", "V0"),
                               (probs, r, policy, gc, V0))
     t = _in_order(order, {**shared, **lanes}, ("probs", "r", "policy", "gc", "V0"))
@@ -330,7 +331,7 @@ def _evaluation_impl(order, tol, max_sweeps, has_run, probs, r, policy, gc, V0):
     carry = compacting_while_loop(active, body, {
         "V": V0, "res": jnp.full((R,), jnp.inf, r.dtype), "n": jnp.zeros((R,), jnp.int32),
         "reward": reward, "step": step})
-    return carry["V"][order.inv], carry["n"]
+    return carry["V"][order.inv], carry["n"], carry["res"]
 
 
 @functools.lru_cache(maxsize=64)
@@ -350,6 +351,7 @@ def _key(successors: Successors):
     return index.tobytes(), index.shape
 
 
+@full_precision
 def sparse_soft_value_iteration(P: Array, r: Array, beta, gamma, successors: Successors,
                                 terminal: Optional[Array] = None, V0: Optional[Array] = None,
                                 tol: float = 1e-6, max_sweeps: int = 3000,
@@ -397,18 +399,20 @@ def sparse_soft_value_iteration(P: Array, r: Array, beta, gamma, successors: Suc
     return BestResponse(policy=policy, V=V, Q=Q, sweeps=n, residual=res)
 
 
+@full_precision
 def sparse_policy_evaluation(P: Array, r: Array, policy: Array, gamma, cont: Array, V0: Array,
                              successors: Successors, tol: float,
-                             max_sweeps: int = 3000) -> Array:
+                             max_sweeps: int = 3000, return_residual: bool = False):
     """V^g by warm-started expectation sweeps on a successor table until the sup-norm change is
     ``<= tol`` (the sparse form of :func:`~bchg_jax.tabular.exact.policy_evaluation_sweeps`).
 
     Args:
       P: [S, B, S] transition; r: [S, B] reward; policy: [S, B] g(b|s); gamma: discount;
       cont: [S] continuation 1 - term(s); V0: [S] warm start; successors: the table of ``P``'s
-      support; tol, max_sweeps: stopping test and cap.
+      support; tol, max_sweeps: stopping test and cap; return_residual: also return the
+      change of the last sweep (above ``tol``: the cap was hit first).
     Returns:
-      [S] V^g (approximate).
+      [S] V^g (approximate), or (V, residual []) with ``return_residual``.
     Raises:
       ValueError: a concrete ``gamma`` outside [0, 1), or an array not shaped by ``P``'s S, B.
     """
@@ -421,6 +425,6 @@ def sparse_policy_evaluation(P: Array, r: Array, policy: Array, gamma, cont: Arr
         check_shape(name, x, shape, src)
     dtype = r.dtype
     solve = _evaluation_solver(*_key(successors), float(tol), int(max_sweeps))
-    V, _ = solve(successor_probs(P, successors).astype(dtype), r, policy.astype(dtype),
-                 jnp.asarray(gamma, dtype) * cont.astype(dtype), jnp.asarray(V0, dtype))
-    return V
+    V, _, res = solve(successor_probs(P, successors).astype(dtype), r, policy.astype(dtype),
+                      jnp.asarray(gamma, dtype) * cont.astype(dtype), jnp.asarray(V0, dtype))
+    return (V, res) if return_residual else V

@@ -28,6 +28,7 @@ from bchg_jax.core.loop import Trainer, build_trainer, check_setup, sgd_ascent
 from bchg_jax.core.validate import check_beta, check_config, check_positive, check_unit_interval
 from bchg_jax.tabular import critics, estimators
 from bchg_jax.tabular.cmdp import TabularCMDP
+from bchg_jax.core.precision import full_precision
 from bchg_jax.tabular.exact import exact_hypergradient, policy_evaluation_sweeps
 from bchg_jax.tabular.follower import continuation, soft_value_iteration
 from bchg_jax.tabular.rollout import rollout
@@ -173,7 +174,9 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
     Returns:
       a :class:`~bchg_jax.core.loop.Trainer`: ``init(key, hp)``, ``run(state, hp, n)``,
       ``train(key, hp)`` with ``hp`` an :class:`HParams`; ``metrics`` per iteration: ``J`` (exact
-      J_L(theta_i)), ``grad_norm``, ``sweeps`` (soft-VI sweeps of the follower), each [n] per
+      J_L(theta_i)), ``grad_norm``, ``sweeps`` (soft-VI sweeps of the follower),
+      ``solve_capped`` (1: the follower's or the metric's solve hit ``vi_max_sweeps`` before
+      ``vi_tol``), ``update_skipped`` (1: a non-finite estimate was dropped), each [n] per
       run of ``run(state, hp, n)``. The state is a ``TrainState`` (``theta`` shaped like
       ``problem.theta0``, ``critic`` [S, B], ``V_F`` [S], ``V_L`` [S], ``key``, ``step``).
     Raises:
@@ -203,6 +206,7 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
         zeros = jnp.zeros((S,), dtype)
         return TrainState(theta, critic, zeros, zeros, k_run, jnp.zeros((), jnp.int32))
 
+    @full_precision
     def follower(theta, beta, V0):
         """Best response g^{theta dagger}: soft value iteration (dense) or modified soft policy
         iteration (sparse), warm-started from V0, to the soft-sweep tolerance ``vi_tol``."""
@@ -215,8 +219,10 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
                                     beta, problem.gamma_F, terminal, V0=V0, tol=config.vi_tol,
                                     max_sweeps=config.vi_max_sweeps)
 
+    @full_precision
     def evaluate(theta, policy, V0):
-        """(exact J_L(theta) under ``policy``, V_L [S]): warm-started policy-evaluation sweeps.
+        """(exact J_L(theta) under ``policy``, V_L [S], residual []): warm-started
+        policy-evaluation sweeps (``residual`` above ``vi_tol``: the sweep cap was hit).
 
         The rows are renormalised first: in float32 a Boltzmann policy exp((Q - V) / beta) with
         a small beta sums to 1 +- 7e-5 per row, which biased J_L by -2.8e-4 on average on
@@ -226,11 +232,12 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
         evaluation = policy_evaluation_sweeps
         if solver == "sparse":
             evaluation = functools.partial(sparse_policy_evaluation, successors=successors)
-        V_L = evaluation(problem.transition(theta), problem.leader_reward(theta), policy,
-                         problem.gamma_L, continuation(terminal, S, dtype), V0,
-                         tol=config.vi_tol, max_sweeps=config.vi_max_sweeps)
+        V_L, res = evaluation(problem.transition(theta), problem.leader_reward(theta), policy,
+                              problem.gamma_L, continuation(terminal, S, dtype), V0,
+                              tol=config.vi_tol, max_sweeps=config.vi_max_sweeps,
+                              return_residual=True)
         J = jnp.dot(problem.init_dist(theta), V_L) + problem.regularizer(theta)
-        return J.astype(dtype), V_L
+        return J.astype(dtype), V_L, res
 
     def collect(key, theta, policy):
         """(batch, oracle segments or None): num_envs x num_steps transitions from rho_0 and,
@@ -268,7 +275,7 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
         theta, beta = state.theta, hp.beta
         key, k_roll, k_sarsa = jax.random.split(state.key, 3)
         br = follower(theta, beta, state.V_F)
-        J, V_L = evaluate(theta, br.policy, state.V_L)
+        J, V_L, metric_res = evaluate(theta, br.policy, state.V_L)
         critic = state.critic
         if method == "exact":
             grad = exact_hypergradient(problem, theta, beta, V0=br.V, newton_iters=0,
@@ -278,9 +285,16 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
             critic, Q_L, V_L_hat = leader_critic(k_sarsa, critic, theta, batch, segments,
                                                  hp.sarsa_alpha)
             grad = estimate(theta, beta, batch, segments, br, Q_L, V_L_hat)
-        new_theta = sgd_ascent(theta, grad, hp.lr, config.clip_norm)
         grad_norm = jnp.sqrt(sum(jnp.sum(x ** 2) for x in jax.tree.leaves(grad)))
-        metrics = {"J": J, "grad_norm": grad_norm, "sweeps": br.sweeps}
+        # a non-finite estimate is dropped (flagged), never spread into theta; a follower or
+        # metric solve that hit its sweep cap is flagged (its approximate answer is still used)
+        skipped = ~jnp.isfinite(grad_norm)
+        new_theta = jax.tree.map(lambda new, old: jnp.where(skipped, old, new),
+                                 sgd_ascent(theta, grad, hp.lr, config.clip_norm), theta)
+        capped = ~((br.residual <= config.vi_tol) & (metric_res <= config.vi_tol))
+        metrics = {"J": J, "grad_norm": grad_norm, "sweeps": br.sweeps,
+                   "solve_capped": capped.astype(jnp.int32),
+                   "update_skipped": skipped.astype(jnp.int32)}
         return TrainState(new_theta, critic, br.V, V_L, key, state.step + 1), metrics
 
     steps = {"follower": follower, "evaluate": evaluate, "collect": collect,

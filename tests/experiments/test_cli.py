@@ -133,7 +133,7 @@ def test_other_experiments_smoke_and_resume_skip(module, extra, metrics, tmp_pat
     assert cfg["experiment"] == module and "jax_version" in cfg
     capsys.readouterr()
     mod.main(["--resume", run])                    # complete: every method is skipped
-    assert capsys.readouterr().out.count("skipped") == 2
+    assert capsys.readouterr().out.count("; skipped") == 2
 
 
 @pytest.mark.parametrize("module, argv", [

@@ -59,7 +59,7 @@ def test_resume_refuses_a_method_folder_and_changed_settings(finished_run, capsy
     assert "holds a fourrooms run" in err and "experiments.fourrooms --resume" in err
     # the same value as saved is not a change; a complete run is skipped
     fourrooms.main(["--resume", finished_run, "--beta", "0.001"])
-    assert "skipped" in capsys.readouterr().out
+    assert "; skipped" in capsys.readouterr().out
     after = digest(finished_run)
     assert {k: v for k, v in after.items() if k != "config.json"} == \
         {k: v for k, v in before.items() if k != "config.json"}

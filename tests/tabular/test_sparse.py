@@ -190,8 +190,8 @@ def test_gauss_seidel_colouring_accuracy_and_sweeps(x64):
         policy = jax.nn.softmax(jnp.asarray(scale * rng.normal(size=(S, 4))), -1)
         want = np.asarray(policy_evaluation(P, r, policy, gamma, cont))
         solve = sparse._evaluation_solver(*sparse._key(succ), tol, 3000)
-        V, n = jax.jit(solve)(sparse.successor_probs(P, succ), r, policy, gamma * cont,
-                              jnp.zeros(S))
+        V, n, _ = jax.jit(solve)(sparse.successor_probs(P, succ), r, policy, gamma * cont,
+                                 jnp.zeros(S))
         assert np.abs(np.asarray(V) - want).max() <= gamma / (1 - gamma) * tol
         A = gamma * np.asarray(cont)[:, None] * np.einsum("sb,sbt->st", policy, P)
         c, x, jacobi = np.sum(np.asarray(policy * r), 1), np.zeros(S), 0

@@ -30,6 +30,7 @@ from bchg_jax.games.lqr.follower import (GameResponse, best_response, follower_q
 from bchg_jax.games.lqr.game import (LQRGame, leader_gain, leader_log_prob, leader_reward,
                                      transition)
 from bchg_jax.games.lqr.rollout import rollout
+from bchg_jax.core.precision import full_precision
 
 Array = jax.Array
 
@@ -47,6 +48,7 @@ def _check_args(game: LQRGame, beta=None, horizon=None, gamma=None) -> None:
         check_if_concrete(check_discount, "gamma (the leader return's discount)", gamma, True)
 
 
+@full_precision
 def closed_loop(game: LQRGame, theta: Array, resp: GameResponse, stochastic: bool = True):
     """(F, N): the closed-loop matrix and the per-step noise covariance.
 
@@ -66,6 +68,7 @@ def closed_loop(game: LQRGame, theta: Array, resp: GameResponse, stochastic: boo
     return F, 0.5 * (N + N.T)
 
 
+@full_precision
 def state_moments(F: Array, N: Array, s0: Array, horizon: int):
     """Means [T, n] and covariances [T, n, n] of s_0..s_{T-1} from the fixed state ``s0``.
 
@@ -84,6 +87,7 @@ def state_moments(F: Array, N: Array, s0: Array, horizon: int):
     return mu, S
 
 
+@full_precision
 def expected_bump(game: LQRGame, mu: Array, cov: Array) -> Array:
     """E[r_L(s)] for s ~ N(mu, cov) (any batch shape; ``cov`` broadcasts against ``mu``).
 
@@ -104,6 +108,7 @@ def expected_bump(game: LQRGame, mu: Array, cov: Array) -> Array:
     return jnp.exp(-0.5 * jnp.sum(d * z, -1)) / jnp.sqrt(jnp.linalg.det(Mx))
 
 
+@full_precision
 def leader_objective(game: LQRGame, theta: Array, beta, *, horizon: int | None = None,
                   gamma=1.0, stochastic: bool = True, resp: GameResponse | None = None,
                   s0: Array | None = None) -> Array:
@@ -140,6 +145,7 @@ def leader_objective(game: LQRGame, theta: Array, beta, *, horizon: int | None =
     return jnp.sum(r * jnp.asarray(gamma, theta.dtype) ** jnp.arange(T, dtype=theta.dtype))
 
 
+@full_precision
 def exact_hypergradient(game: LQRGame, theta: Array, beta, *, horizon: int | None = None,
                         gamma=None, stochastic: bool = True) -> Array:
     """grad_theta of the discounted ``horizon``-step leader return (default gamma = gamma_L).
@@ -164,6 +170,7 @@ def exact_hypergradient(game: LQRGame, theta: Array, beta, *, horizon: int | Non
                                              stochastic=stochastic))(theta)
 
 
+@full_precision
 def leader_state_values(game: LQRGame, theta: Array, resp: GameResponse, x: Array,
                         remaining: Array, gamma, horizon: int, stochastic: bool = True) -> Array:
     """V_L^(h)(x) = sum_{t < h} gamma^t E[r_L(s_t) | s_0 = x] for ``x`` [..., n] and ``h =
@@ -196,6 +203,7 @@ def leader_state_values(game: LQRGame, theta: Array, resp: GameResponse, x: Arra
     return jnp.sum(rs, 0)
 
 
+@full_precision
 def leader_q(game: LQRGame, theta: Array, resp: GameResponse, s: Array, a: Array, b: Array,
              remaining: Array, gamma, horizon: int, stochastic: bool = True) -> Array:
     """Exact Q_L^(h)(s, a, b) = r_L(s) + gamma V_L^(h-1)(A s + B b + C a), h = ``remaining``.
@@ -218,6 +226,7 @@ def leader_q(game: LQRGame, theta: Array, resp: GameResponse, s: Array, a: Array
         game, theta, resp, s2, remaining - 1, gamma, horizon, stochastic)
 
 
+@full_precision
 def exact_critic_estimate(game: LQRGame, theta: Array, beta, key: Array, *, episodes: int,
                           leader_steps: int, extra_steps: int, gamma=None,
                           stochastic: bool = True, guide: str = "benefit",
@@ -307,6 +316,7 @@ def exact_critic_estimate(game: LQRGame, theta: Array, beta, key: Array, *, epis
         lambda t_, s_, a_: leader_log_prob(game, t_, s_, a_), theta, s, a, w)
 
 
+@full_precision
 def hypergradient_split(game: LQRGame, theta: Array, beta, *, horizon: int | None = None,
                         gamma=None, stochastic: bool = True):
     """(full, direct): the exact hypergradient and its part with the follower's policy held

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from bchg_jax.core.maxent_lqr import GaussianBestResponse, RiccatiInfo, maxent_lqr_observable
 from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings
 from bchg_jax.games.lqr.game import (LQRGame, _quad, follower_reward, leader_gain, transition)
+from bchg_jax.core.precision import full_precision
 
 Array = jax.Array
 
@@ -56,15 +57,18 @@ class GameResponse(NamedTuple):
         """[] bool: whether the Riccati iteration converged."""
         return self.info.converged
 
+    @full_precision
     def mean(self, s: Array, a: Array) -> Array:
         """-K_s s - K_a a for ``s`` [..., n], ``a`` [..., k] -> [..., m]."""
         return -(s @ self.K_s.T + a @ self.K_a.T)
 
+    @full_precision
     def sample(self, key: Array, s: Array, a: Array) -> Array:
         """b ~ g(.|s, a) for ``s`` [..., n], ``a`` [..., k] -> [..., m]."""
         eps = jax.random.normal(key, s.shape[:-1] + (self.K_s.shape[0],), s.dtype)
         return self.mean(s, a) + eps @ self.chol.T
 
+    @full_precision
     def log_prob(self, s: Array, a: Array, b: Array) -> Array:
         """log g(b|s, a) for ``s`` [..., n], ``a`` [..., k], ``b`` [..., m] -> [...]."""
         d = b - self.mean(s, a)
@@ -74,6 +78,7 @@ class GameResponse(NamedTuple):
         return -0.5 * (jnp.sum(z ** 2, -1) + m * jnp.log(2 * jnp.pi) + logdet)
 
 
+@full_precision
 def best_response(game: LQRGame, theta: Array, beta, *, stochastic: bool = True, P0=None,
                   tol: float = 1e-6, max_iters: int = 1000) -> GameResponse:
     """Proposition 2 on ``(A + C K_theta, B)`` with the observable disturbance ``C (a - K s)``.
@@ -110,6 +115,7 @@ def best_response(game: LQRGame, theta: Array, beta, *, stochastic: bool = True,
                         jnp.trace(CU.T @ br.M @ CU), br.info)
 
 
+@full_precision
 def follower_value(game: LQRGame, resp: GameResponse, s: Array, a: Array) -> Array:
     """V_F(s, a) = -(s^T Qbar s + (A s + C a)^T M (A s + C a) + v_w) (Proposition 2).
 
@@ -129,6 +135,7 @@ def follower_value(game: LQRGame, resp: GameResponse, s: Array, a: Array) -> Arr
     return -(_quad(Q, s) + _quad(resp.M, x) + resp.v)
 
 
+@full_precision
 def follower_state_value(game: LQRGame, resp: GameResponse, theta: Array, s: Array) -> Array:
     """E_{a ~ f_theta(.|s)} V_F(s, a) = -(s^T P s + tr((CU)^T M CU) + v_w) (closed form).
 
@@ -145,6 +152,7 @@ def follower_state_value(game: LQRGame, resp: GameResponse, theta: Array, s: Arr
     return -(_quad(resp.P, s) + resp.c_next + resp.v)
 
 
+@full_precision
 def follower_q(game: LQRGame, resp: GameResponse, theta: Array, s: Array, a: Array,
                b: Array) -> Array:
     """Q_F(s, a, b) = r_F(s, b) + gamma_F E_{a' ~ f} V_F(s', a'), s' = A s + B b + C a.

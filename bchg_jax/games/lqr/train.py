@@ -261,7 +261,9 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
     Returns:
       a :class:`~bchg_jax.core.loop.Trainer`; its ``hparams(grid)`` builds :class:`HParams`
       and ``run`` yields per-iteration metrics (``J``, ``J_discounted``, ``batch_return``,
-      ``K1``, ``K2``, ``grad_norm``, ``update_skipped``, ``riccati_iterations``).
+      ``K1``, ``K2``, ``grad_norm``, ``update_skipped``, ``solve_capped`` (both 1 when the
+      follower's Riccati iteration at the new theta hit its cap and the update was undone),
+      ``riccati_iterations``).
     Raises:
       ValueError: an unknown method or a failed ``validate()`` of the game or the config.
     """
@@ -499,7 +501,8 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
             "batch_return": jnp.mean(jnp.sum(leader_reward(game, tr.s[:, :T]), -1)),
             "K1": theta[0], "K2": theta[1] if theta.shape[0] > 1 else theta[0],
             "grad_norm": gnorm,
-            "update_skipped": (~ok).astype(dtype),
+            "update_skipped": (~ok).astype(jnp.int32),
+            "solve_capped": (~ok).astype(jnp.int32),
             "riccati_iterations": resp_new.info.iterations,
         }
         new_state = TrainState(theta, polyak(theta, state.theta_targ, config.tau), critic,

@@ -19,10 +19,12 @@ from bchg_jax.core.validate import (check_beta_if_concrete, check_count, check_d
 from bchg_jax.games.tabular.follower import (GameBestResponse, response_from_q, soft_q_backup,
                                             soft_q_iteration)
 from bchg_jax.games.tabular.game import check_policy_shapes
+from bchg_jax.core.precision import full_precision
 
 Array = jax.Array
 
 
+@full_precision
 def best_response(game, f: Array, beta, backup: str = "reference", tol: float = 1e-12,
                         max_sweeps: int = 100_000) -> GameBestResponse:
     """The follower's best response g^{theta dagger} to ``f``, differentiable in ``f`` and beta.
@@ -68,6 +70,7 @@ def best_response(game, f: Array, beta, backup: str = "reference", tol: float = 
     return response_from_q(Q, beta, jnp.asarray(0), jnp.max(jnp.abs(F(Q))))
 
 
+@full_precision
 def joint_chain(game, f: Array, g: Array):
     """(P_pi [S, S], r_pi [S]): state chain and expected leader reward under (f, g).
 
@@ -82,6 +85,7 @@ def joint_chain(game, f: Array, g: Array):
     return jnp.einsum("sab,sabt->st", pi, P), jnp.sum(pi * rL, axis=(1, 2))
 
 
+@full_precision
 def leader_return(game, f: Array, g: Array, horizon: Optional[int] = None,
                   gamma: float = 1.0) -> Array:
     """sum_{t < horizon} gamma^t E[r_L(s_t, a_t, b_t)] from ``init_dist`` (exact).
@@ -117,6 +121,7 @@ def leader_return(game, f: Array, g: Array, horizon: Optional[int] = None,
     return total
 
 
+@full_precision
 def leader_values(game, f: Array, g: Array):
     """Infinite-horizon discounted V_L [S] and Q_L [S, A, B] under (f, g) (linear solve).
 
@@ -139,6 +144,7 @@ def leader_values(game, f: Array, g: Array):
     return V, Q
 
 
+@full_precision
 def leader_objective(game, f: Array, beta, backup: str = "reference") -> Array:
     """J_L(f) = sum_s rho_0(s) V_L(s) under (f, g*(f)), the follower's exact best response:
     infinite-horizon, discounted by gamma_L, differentiable in ``f`` [S, A] (implicit function
@@ -163,6 +169,7 @@ def leader_objective(game, f: Array, beta, backup: str = "reference") -> Array:
     return jnp.dot(jnp.asarray(game.init_dist, f.dtype), V)
 
 
+@full_precision
 def exact_hypergradient(policy_fn, theta, game, beta, backup: str = "reference"):
     """d J_L(policy_fn(theta)) / d theta exactly (autodiff through :func:`leader_objective`).
 

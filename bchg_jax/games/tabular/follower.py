@@ -20,6 +20,7 @@ import numpy as np
 
 from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings, check_shape
 from bchg_jax.games.tabular.game import check_policy_shapes
+from bchg_jax.core.precision import full_precision
 
 Array = jax.Array
 BACKUPS = ("reference", "paper")
@@ -63,6 +64,7 @@ class GameBestResponse(NamedTuple):
         return self.Q[s, a, b]
 
 
+@full_precision
 def next_value(Q: Array, f: Array, beta, backup: str) -> Array:
     """V(s') [S] from Q [S, A, B] and the leader policy f [S, A] (module docstring's two forms).
 
@@ -83,6 +85,7 @@ def next_value(Q: Array, f: Array, beta, backup: str) -> Array:
     raise ValueError(f"backup must be one of {BACKUPS}, got {backup!r}")
 
 
+@full_precision
 def soft_q_backup(P: Array, r: Array, Q: Array, f: Array, beta, gamma, backup: str) -> Array:
     """One soft Bellman backup r + gamma sum_{s'} P(s'|s, a, b) V(s'), [S, A, B].
 
@@ -103,6 +106,7 @@ def response_from_q(Q: Array, beta, sweeps, residual) -> GameBestResponse:
     return GameBestResponse(jax.nn.softmax(Q / beta, axis=-1), Q, V, sweeps, residual)
 
 
+@full_precision
 def soft_q_iteration(game, f: Array, beta, backup: str = "reference", Q0: Optional[Array] = None,
                      tol: float = 1e-6, max_sweeps: int = 1000) -> GameBestResponse:
     """The follower's best response to the leader policy ``f`` [S, A] (not differentiated).

@@ -144,7 +144,9 @@ def make_train(game: TabularGame, method: str = "bchg",
     Returns:
       a :class:`~bchg_jax.core.loop.Trainer`; its ``hparams(grid)`` builds :class:`HParams`
       and ``run`` yields per-iteration metrics (``J``, ``J_target_actor``, ``J_discounted``,
-      ``batch_return``, ``p``, ``g_S``, ``follower_sweeps``).
+      ``batch_return``, ``p``, ``g_S``, ``follower_sweeps``, ``solve_capped`` (1: the
+      follower's soft Q-iteration hit ``follower_max_sweeps`` before ``follower_tol``),
+      ``update_skipped`` (always 0: no update is dropped)).
     Raises:
       ValueError: an unknown method or a failed ``validate()`` of the game or the config.
     """
@@ -286,6 +288,9 @@ def make_train(game: TabularGame, method: str = "bchg",
             "p": f_new[1, 0] if S > 1 else f_new[0, 0],
             "g_S": br.policy[0, 0],
             "follower_sweeps": br.sweeps,
+            # the follower's soft Q-iteration stopped at its sweep cap (its answer still used)
+            "solve_capped": (~(br.residual <= config.follower_tol)).astype(jnp.int32),
+            "update_skipped": jnp.zeros((), jnp.int32),      # this trainer never drops one
         }
         new_state = GameTrainState(actor, actor_targ, critic,
                                    polyak(critic, state.critic_targ, config.tau), a_state,

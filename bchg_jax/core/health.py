@@ -1,0 +1,80 @@
+"""Solver health of a run: how often a follower (or metric) solve hit its cap, how many updates
+were dropped. Never silent: the progress line, the CLIs' summaries and a loud warning read it.
+
+Every trainer records two per-iteration flags in its metrics (int32, 0 or 1 per run):
+
+* ``solve_capped``: the follower's best response, or the exact metric's solve, stopped at its
+  iteration cap (or diverged) before meeting its tolerance. The answer used that iteration is
+  then approximate (tabular families), or the update is undone (LQ families).
+* ``update_skipped``: the iteration's update was dropped (a non-converged Riccati solve, a
+  non-finite estimate).
+
+A share above :data:`WARN_SHARE` (1%) of all run-iterations is a sign that the run is not what it
+claims to be (e.g. float32 matmuls at reduced precision on an accelerator, a tolerance below what
+the dtype can reach, a cap too small for the problem): :func:`health_warning` says so.
+"""
+from __future__ import annotations
+
+from typing import Dict, Mapping, Optional
+
+import numpy as np
+
+FLAGS = ("solve_capped", "update_skipped")
+WARN_SHARE = 0.01
+
+
+def solver_health(metrics: Mapping[str, np.ndarray]) -> Dict[str, float]:
+    """Counts of the two flags over every run and iteration recorded so far.
+
+    Args:
+      metrics: name -> array (e.g. [G, N, t] from ``run_grid``); the flags may be missing (a
+        trainer of a user's own that does not record them).
+    Returns:
+      ``{"run_iterations": n, "solve_capped": count, "capped_share": share,
+      "update_skipped": count, "skipped_share": share}`` for the flags present
+      (an empty dict when neither is).
+    """
+    out: Dict[str, float] = {}
+    for flag, share in (("solve_capped", "capped_share"), ("update_skipped", "skipped_share")):
+        if flag in metrics:
+            x = np.asarray(metrics[flag])
+            out["run_iterations"] = int(x.size)
+            out[flag] = int(np.count_nonzero(x > 0))
+            out[share] = out[flag] / max(x.size, 1)
+    return out
+
+
+def health_text(health: Mapping[str, float]) -> str:
+    """``"capped 0.00% skipped 0"`` (the progress line's and summary's short form)."""
+    parts = []
+    if "capped_share" in health:
+        parts.append(f"capped {100 * health['capped_share']:.2f}%")
+    if "update_skipped" in health:
+        parts.append(f"skipped {health['update_skipped']}")
+    return " ".join(parts)
+
+
+def health_warning(health: Mapping[str, float], share: float = WARN_SHARE) -> Optional[str]:
+    """A loud multi-line warning when either flag is set in more than ``share`` of the
+    run-iterations, else None.
+
+    Args:
+      health: from :func:`solver_health`.
+      share: the threshold (default 1%).
+    Returns:
+      the warning text, or None.
+    """
+    bad = [(name, health[key], health[flag]) for name, key, flag in (
+        ("follower / metric solves hit their cap", "capped_share", "solve_capped"),
+        ("updates were skipped", "skipped_share", "update_skipped"))
+        if health.get(key, 0.0) > share]
+    if not bad:
+        return None
+    lines = [f"WARNING: in {100 * v:.1f}% of {health['run_iterations']} run-iterations "
+             f"{what} ({n} times)" for what, v, n in bad]
+    lines.append("WARNING: the results of this run are not converged solves. Likely causes: "
+                 "float32 matmuls at reduced precision on a GPU/TPU (a solver of your own should "
+                 "use bchg_jax.core.precision.full_precision), a tolerance below what the dtype "
+                 "reaches, or an iteration cap too small for the problem. The per-iteration "
+                 "flags are in metrics.npz (solve_capped, update_skipped).")
+    return "\n".join(lines)

@@ -1,0 +1,174 @@
+"""Every solver and exact reference computes its products at full precision (issue: TF32 / bf16
+passes on accelerators kept the 1e-6 solvers from ever converging).
+
+A CPU cannot show the difference numerically, so these tests are structural: each function (and
+its derivative, where the library differentiates it) is traced and every ``dot_general`` in the
+jaxpr, sub-jaxprs included, must carry ``Precision.HIGHEST``. Tracing only: nothing compiles.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from bchg_jax import games, lq, problems, tabular
+from bchg_jax.core import maxent_lqr
+from bchg_jax.core.precision import full_precision, jaxpr_dot_precisions, low_precision_dots
+from bchg_jax.games.lqr import exact as lqr_exact
+from bchg_jax.games.tabular import exact as game_exact
+from bchg_jax.lq import critics as lq_critics
+from bchg_jax.lq import exact as lq_exact
+from bchg_jax.tabular import exact as tab_exact
+from bchg_jax.tabular import sparse
+from bchg_jax.tabular.follower import continuation, soft_value_iteration
+
+
+def _full(fn, *args, **kwargs):
+    bad = low_precision_dots(fn, *args, **kwargs)
+    assert not bad, f"{len(bad)} matmuls below full precision in {getattr(fn, '__name__', fn)}"
+
+
+def test_the_check_can_fail():
+    x = jnp.ones((3, 3))
+    assert len(low_precision_dots(lambda a: a @ a, x)) == 1
+    assert low_precision_dots(full_precision(lambda a: a @ a), x) == []
+    # a user's global setting does not hide a product left at the default
+    with jax.default_matmul_precision("highest"):
+        assert len(low_precision_dots(lambda a: jnp.linalg.solve(a, a @ a), x)) >= 1
+    # sub-jaxprs are searched (a product inside a while loop inside a jit)
+    loop = jax.jit(lambda a: jax.lax.fori_loop(0, 3, lambda i, m: m @ a, a))
+    assert len(jaxpr_dot_precisions(jax.make_jaxpr(loop)(x))) == 1
+
+
+@pytest.fixture(scope="module")
+def cmdp():
+    return problems.random_tabular_cmdp(jax.random.key(0), num_states=6, num_actions=3, dim=4)
+
+
+def test_tabular_solvers_and_exact_references(cmdp):
+    theta, beta = jnp.asarray(cmdp.theta0), 0.1
+    P, rF, rL = cmdp.transition(theta), cmdp.follower_reward(theta), cmdp.leader_reward(theta)
+    S = cmdp.num_states
+    cont = continuation(None, S, jnp.float32)
+    pol = jnp.full((S, cmdp.num_actions), 1.0 / cmdp.num_actions)
+    _full(soft_value_iteration, P, rF, beta, cmdp.gamma_F, tol=1e-6, max_sweeps=50)
+    _full(tab_exact.policy_evaluation, P, rL, pol, cmdp.gamma_L, cont)
+    _full(tab_exact.policy_evaluation_sweeps, P, rL, pol, cmdp.gamma_L, cont, jnp.zeros(S),
+          tol=1e-6, max_sweeps=50)
+    _full(tab_exact.soft_newton, P, rF, beta, cmdp.gamma_F, cont, jnp.zeros(S), iters=3)
+    _full(lambda th: tab_exact.best_response(cmdp, th, beta).V, theta)
+    _full(functools.partial(tab_exact.leader_objective, cmdp), theta, beta)
+    _full(functools.partial(tab_exact.exact_hypergradient, cmdp), theta, beta)
+    # the implicit derivative's linear solves, forward and reverse
+    _full(jax.grad(lambda th: tab_exact.best_response(cmdp, th, beta).V.sum()), theta)
+
+
+def test_tabular_sparse_solvers_one_run_and_vmapped():
+    fr = problems.fourrooms()
+    theta = jnp.asarray(fr.theta0)
+    succ = sparse.problem_successors(fr)
+    P, rF, rL = fr.transition(theta), fr.follower_reward(theta), fr.leader_reward(theta)
+    S = fr.num_states
+    cont = continuation(fr.terminal_mask, S, jnp.float32)
+    pol = jnp.full((S, 4), 0.25)
+
+    def soft(r):
+        return sparse.sparse_soft_value_iteration(P, r, 1e-3, fr.gamma_F, succ,
+                                                  fr.terminal_mask).V
+
+    def evaluation(r):
+        return sparse.sparse_policy_evaluation(P, r, pol, fr.gamma_L, cont, jnp.zeros(S), succ,
+                                               tol=1e-6)
+    for fn in (soft, evaluation):
+        _full(fn, rF if fn is soft else rL)
+        _full(jax.vmap(fn), jnp.stack([rF if fn is soft else rL] * 3))   # the run-last rule
+
+
+@pytest.mark.parametrize("solver", ["dense", "sparse"])
+def test_tabular_trainer_follower_and_metric_steps(solver):
+    fr = problems.fourrooms()
+    trainer = tabular.make_train(fr, "bchg", tabular.TrainConfig(solver=solver, iterations=2))
+    theta = jnp.asarray(fr.theta0)
+    S = fr.num_states
+    _full(trainer.steps["follower"], theta, 1e-3, jnp.zeros(S))
+    _full(trainer.steps["evaluate"], theta, jnp.full((S, 4), 0.25), jnp.zeros(S))
+
+
+def test_lq_riccati_propositions_exact_and_lstd():
+    th = problems.thermal()
+    theta, beta = jnp.asarray(th.theta0), 0.1
+    A, B = th.A_fn(theta), th.B_fn(theta)
+    Q, R, U = (jnp.asarray(x, jnp.float32) for x in (th.Qbar, th.Rbar, th.U))
+    g = th.gamma_F
+    _full(lambda a: maxent_lqr.riccati(a, B, Q, R, g)[0], A)
+    _full(jax.grad(lambda a: maxent_lqr.riccati(a, B, Q, R, g)[0].sum()), A)
+    _full(lambda a: maxent_lqr.maxent_lqr(a, B, Q, R, U, g, beta).K, A)
+    _full(lambda a: maxent_lqr.maxent_lqr_observable(a, B, Q, R, U, g, beta).K_w, A)
+    _full(lambda t: th.best_response(t, beta).P, theta)
+    _full(functools.partial(lq_exact.leader_objective, th), theta, beta)
+    _full(functools.partial(lq_exact.exact_hypergradient, th), theta, beta)
+    F = 0.5 * jnp.eye(3)
+    _full(lq_exact.discounted_lyapunov, F, jnp.eye(3), 0.9)
+    n, m = th.state_dim, B.shape[1]
+    s, b = jnp.ones((4, 6, n)), jnp.ones((4, 6, m))
+    _full(lambda s_, b_: jax.tree.leaves(lq_critics.fit_quadratic_q(s_, b_, jnp.ones((4, 5)),
+                                                                    0.9)), s, b)
+    _full(lambda s_: lq_critics.fit_quadratic_vector_value(s_, jnp.ones((4, 5, 2)), 0.9)(s_),
+          s)
+    br = th.best_response(theta, beta)
+    # the follower's values whose difference is the Benefit (a cancellation: values ~1e2)
+    _full(lambda x: maxent_lqr.soft_q(br, A, B, Q, R, U, g, x, b[:, :, :]), s)
+    _full(lambda x: maxent_lqr.soft_value(br, x), s)
+
+
+def test_lq_trainer_follower_and_metric_steps():
+    th = problems.thermal()
+    trainer = lq.make_train(th, "bchg", lq.TrainConfig(iterations=2))
+    theta = jnp.asarray(th.theta0)
+    _full(lambda t: trainer.steps["follower"](t, 0.1, None).P, theta)
+    br = th.best_response(theta, 0.1)
+    _full(lambda t: trainer.steps["evaluate"](t, 0.1, br)["J"], theta)
+
+
+def test_tabular_game_follower_and_exact():
+    game = problems.toy_game()
+    f = jnp.full((game.num_states, game.num_leader_actions), 1.0 / game.num_leader_actions)
+    _full(lambda f_: games.tabular.soft_q_iteration(game, f_, 0.05, tol=1e-6,
+                                                    max_sweeps=50).Q, f)
+    _full(lambda f_: game_exact.best_response(game, f_, 0.05).Q, f)
+    _full(lambda f_: game_exact.leader_objective(game, f_, 0.05), f)
+    _full(lambda f_: game_exact.leader_return(game, f_, game_exact.best_response(
+        game, f_, 0.05).policy), f)
+    _full(jax.grad(lambda f_: game_exact.leader_objective(game, f_, 0.05)), f)
+
+
+def test_lqr_game_follower_and_exact():
+    game = problems.lqr_game()
+    theta = jnp.asarray([-4.0, 0.5])
+    resp = games.lqr.best_response(game, theta, 0.1)
+    n = game.state_dim
+    s = jnp.ones((3, n))
+    a = jnp.ones((3, game.leader_dim))
+    b = jnp.ones((3, game.follower_dim))
+    _full(lambda t: games.lqr.best_response(game, t, 0.1).P, theta)
+    _full(lambda t: lqr_exact.leader_objective(game, t, 0.1), theta)
+    _full(lambda t: lqr_exact.exact_hypergradient(game, t, 0.1), theta)
+    _full(lambda t: lqr_exact.hypergradient_split(game, t, 0.1), theta)
+    _full(lambda x: games.lqr.follower_value(game, resp, x, a), s)
+    _full(lambda x: games.lqr.follower_q(game, resp, theta, x, a, b), s)
+    _full(lambda x: resp.log_prob(x, a, b), s)
+
+
+def test_neural_critics_keep_the_users_default():
+    """The MLP critics are not forced to full precision (TF32 is what makes them fast)."""
+    from bchg_jax.core.networks import MLP
+    net = MLP((8,), 1)
+    params = net.init(jax.random.key(0), jnp.ones((1, 3)))
+    assert low_precision_dots(net.apply, params, jnp.ones((5, 3)))
+
+
+def test_control_variate_ridge_fit():
+    from bchg_jax.games.control_variate import crossfit_baseline, quadratic_features
+    x = jax.random.normal(jax.random.key(1), (40, 3))
+    _full(lambda x_: crossfit_baseline(quadratic_features(x_), jnp.ones((40, 2)),
+                                       jnp.arange(40) % 4, 4), x)
