@@ -21,6 +21,16 @@ more than it gives at these sizes; docs/performance.md).
 ``figure`` draws the panels found under ``--compact`` (rows: batch, columns: beta) into
 ``figure.png`` and writes ``table.md``: mean +- SE over 10 seeds of the last 1000 iterations at
 each method's best grid point, and the wall time of every panel.
+
+``compare --reference DIR`` checks the panels under ``--compact`` against another set of compact
+copies (e.g. a GPU run against the committed CPU figure): per panel and method, both means, their
+difference in units of the combined standard error, and the wall times; it exits with status 3 if
+any difference exceeds ``--max-se`` (default 2) combined SEs and ``--abs-tol`` (default 1e-4, the
+table's precision: methods whose 10 seeds end at the same J have an SE near 0).
+
+On a GPU one panel (every method + exact, 10 seeds x 10,000 iterations) is
+``python -m benchmarks.fourrooms_figure run --panels 100:1e-3 --out OUT --compact OUT/compact``
+then ``python -m benchmarks.fourrooms_figure compare --compact OUT/compact``.
 """
 from __future__ import annotations
 
@@ -142,10 +152,45 @@ def write_figure(compact: str) -> None:
     print(text)
 
 
+def compare(compact: str, reference: str, max_se: float, abs_tol: float = 1e-4) -> bool:
+    """Prints, per panel found in both folders and per method, the two means +- SE and their
+    difference over the combined SE; returns True when every difference is within ``max_se``
+    combined SEs or within ``abs_tol``."""
+    import math
+
+    from experiments.plot import load_run
+    found = [pe for pe in panels_found(compact) if pe in panels_found(reference)]
+    if not found:
+        raise SystemExit(f"error: no panel is in both {compact} and {reference}")
+    ok = True
+    print("| panel | method | this run | reference | difference / SE | within |")
+    print("|---|---|---:|---:|---:|---|")
+    for b, e in found:
+        mine = load_run(os.path.join(compact, panel_name(b, e)))
+        ref = load_run(os.path.join(reference, panel_name(b, e)))
+        for m in METHODS:
+            if m not in mine or m not in ref:
+                continue
+            a, r = mine[m][1], ref[m][1]
+            se = math.hypot(a["se"], r["se"])
+            z = abs(a["mean"] - r["mean"]) / se if se > 0 else (
+                0.0 if a["mean"] == r["mean"] else math.inf)
+            within = z <= max_se or abs(a["mean"] - r["mean"]) <= abs_tol
+            ok &= within
+            print(f"| {panel_name(b, e)} | {m} | {a['mean']:.4f} +- {a['se']:.4f} | "
+                  f"{r['mean']:.4f} +- {r['se']:.4f} | {z:.2f} | {'yes' if within else 'NO'} |")
+        for label, d in (("this run", compact), ("reference", reference)):
+            wall = os.path.join(d, panel_name(b, e), "wall.json")
+            if os.path.exists(wall):
+                with open(wall) as f:
+                    print(f"wall time {panel_name(b, e)} ({label}): {json.load(f)['total']:.0f} s")
+    return ok
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m benchmarks.fourrooms_figure", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("action", choices=("run", "figure"))
+    p.add_argument("action", choices=("run", "figure", "compare"))
     p.add_argument("--out", default="results/fourrooms_figure",
                    help="full run folders, one per panel (default results/fourrooms_figure)")
     p.add_argument("--compact", default="benchmarks/results/fourrooms_figure",
@@ -160,9 +205,20 @@ def main(argv=None):
                         "throughput of one unpinned job (docs/performance.md)")
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--iterations", type=int, default=10000)
+    p.add_argument("--reference", default="benchmarks/results/fourrooms_figure",
+                   help="compare: the compact copies to compare with (default: the committed "
+                        "CPU figure)")
+    p.add_argument("--max-se", type=float, default=2.0,
+                   help="compare: the largest difference allowed, in combined SEs (default 2)")
+    p.add_argument("--abs-tol", type=float, default=1e-4,
+                   help="compare: a difference this small always passes (default 1e-4)")
     a = p.parse_args(argv)
     if a.action == "figure":
         write_figure(a.compact)
+        return
+    if a.action == "compare":
+        if not compare(a.compact, a.reference, a.max_se, a.abs_tol):
+            raise SystemExit(3)
         return
     panels = ([parse_panel(s) for s in a.panels] if a.panels
               else [(b, e) for b in BATCHES for e in BETAS])

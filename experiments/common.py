@@ -17,6 +17,7 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -59,7 +60,7 @@ def run_method_folder(out: str, method: str, trainer, grid: Dict[str, np.ndarray
     """
     from bchg_jax.core import io as bio
     from bchg_jax.core.io import checkpoint_exists, load_state, save_json, save_npz
-    from bchg_jax.core.sweep import grid_functions, run_grid, seed_keys
+    from bchg_jax.core.sweep import run_grid, state_template
 
     metrics_path, ckpt_path = os.path.join(out, "metrics.npz"), os.path.join(out, "checkpoint")
     jsonl_path = os.path.join(out, "metrics.jsonl")
@@ -72,8 +73,7 @@ def run_method_folder(out: str, method: str, trainer, grid: Dict[str, np.ndarray
             print(f"[{method}] complete in {out}; skipped")
             return finish_method(out, method, grid, data, window, title, ylabel, write=False)
         if checkpoint_exists(ckpt_path):
-            init, _ = grid_functions(trainer)
-            like = init(seed_keys(a.seeds, a.seed), _hparams(trainer, grid))
+            like = state_template(trainer, grid, a.seeds, a.seed)
             # grow=True: an off-policy episode buffer is sized by --iterations; extending a run
             # gives it empty slots at the end
             state = load_state(ckpt_path, like, grow=True)
@@ -101,7 +101,8 @@ def run_method_folder(out: str, method: str, trainer, grid: Dict[str, np.ndarray
             save_npz(metrics_path, {**m, **{f"grid_{k}": v for k, v in grid.items()},
                                     "completed": np.asarray(done)})
             now = time.perf_counter()
-            _append_jsonl(jsonl_path, method, m, clock["done"], done, now - clock["t"], window)
+            _append_jsonl(jsonl_path, method, m, clock["done"], done, now - clock["t"], window,
+                          grid)
             clock.update(t=now, done=done)
             bio.save_state(ckpt_path, st, done)
 
@@ -136,13 +137,15 @@ def deferred_interrupt():
 
 
 def _append_jsonl(path: str, method: str, m: Dict[str, np.ndarray], begin: int, done: int,
-                  seconds: float, window: int) -> None:
-    """One JSON line per chunk: for every scalar metric, the mean over seeds per grid point at
-    the chunk's last iteration (``last``), over the chunk (``chunk_mean``) and over the summary
-    window (``window_mean``). Appended and flushed, so ``tail -f`` shows a running job."""
+                  seconds: float, window: int, grid: Dict[str, np.ndarray]) -> None:
+    """One JSON line per chunk: the grid's hyperparameters (``grid``: name -> one value per grid
+    point, the order of every per-point list) and, for every scalar metric, the mean over seeds
+    per grid point at the chunk's last iteration (``last``), over the chunk (``chunk_mean``) and
+    over the summary window (``window_mean``). Appended and flushed, so ``tail -f`` shows a
+    running job."""
     line = {"method": method, "iteration": int(done), "chunk_iterations": int(done - begin),
             "chunk_seconds": round(float(seconds), 4), "window": int(min(window, done)),
-            "metrics": {}}
+            "grid": {k: np.atleast_1d(v).tolist() for k, v in grid.items()}, "metrics": {}}
     for k, v in m.items():
         if isinstance(v, np.ndarray) and v.ndim == 3:
             seed_mean = v.astype(np.float64).mean(axis=1)          # [G, t]
@@ -176,11 +179,6 @@ def _num_points(grid) -> int:
     return len(np.atleast_1d(next(iter(grid.values()))))
 
 
-def _hparams(trainer, grid):
-    from bchg_jax.core.sweep import grid_hparams
-    return grid_hparams(trainer, grid)
-
-
 def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict:
     from bchg_jax.core.io import save_csv, save_figure, save_npz
     from experiments.plot import learning_curve_figure
@@ -203,11 +201,16 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
         save_csv(os.path.join(out, "summary.csv"),
                  keys + [f"mean_last{window}", "se", "best"] + HEALTH_COLUMNS * bool(health),
                  rows)
+        # every grid point, the best first (its label says so)
+        order = [best] + [g for g in range(len(mean)) if g != best]
+        curves = {grid_label(method, grid, g) + (" best" if g == best and len(mean) > 1
+                                                  else ""): J[g] for g in order}
         save_figure(os.path.join(out, "curve.png"), learning_curve_figure(
-            {grid_label(method, grid, best): J[best]}, title, ylabel=ylabel))
+            curves, title, ylabel=ylabel, color_by_method=len(mean) == 1))
+        # the same rows in the same order as summary.csv (the grid's order)
         print(f"\n{'  '.join(f'{k:>11}' for k in keys)}  mean(last {min(window, J.shape[-1])})"
               "      se")
-        for g in np.argsort(-mean):
+        for g in range(len(mean)):
             mark = "  <- best" if g == best else ""
             print("  ".join(f"{grid[k][g]:11g}" for k in keys)
                   + f"  {mean[g]:+.4f}  {se[g]:.4f}{mark}")
@@ -362,11 +365,32 @@ def environment_record() -> dict:
             "date": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
+def _saved_summaries(run_dir: str, done: set, window: int) -> list:
+    """The summaries of the method folders in ``run_dir`` that are not in ``done``, computed
+    from their ``metrics.npz`` (nothing is rewritten)."""
+    out = []
+    for name in sorted(os.listdir(run_dir)):
+        path = os.path.join(run_dir, name, "metrics.npz")
+        if name in done or not os.path.isfile(path):
+            continue
+        data = dict(np.load(path))
+        grid = {k[5:]: v for k, v in data.items() if k.startswith("grid_")}
+        if "J" in data and grid:
+            out.append(finish_method(os.path.join(run_dir, name), name, grid, data, window,
+                                     "", "", write=False))
+    return out
+
+
 def finish_run(run_dir: str, summaries: Sequence[dict], window: int, extra_figures:
                Optional[Callable[[str], None]] = None) -> None:
     from bchg_jax.core.health import WARN_SHARE, health_text, health_warning
     from bchg_jax.core.io import save_csv, save_figure
-    from experiments.plot import panel_figure
+    from experiments.plot import METHOD_ORDER, panel_figure
+    # the run's other method folders (trained by an earlier command into the same --out)
+    summaries = list(summaries) + _saved_summaries(run_dir, {s["method"] for s in summaries},
+                                                   window)
+    rank = {m: i for i, m in enumerate(METHOD_ORDER)}
+    summaries.sort(key=lambda s: rank.get(s["method"], len(rank)))
     if len(summaries) > 1:
         keys = [k for k in summaries[0] if k not in NOT_HPARAMS]
         with_health = any(s.get("health") for s in summaries)
@@ -548,6 +572,27 @@ def _start_distributed(a) -> None:
         a.out, a.exact_out = tempfile.mkdtemp(prefix=f"bchg-p{jax.process_index()}-"), True
 
 
+def check_counts(a, *flags: str) -> None:
+    """Each named flag (attribute names of ``a``) is an integer >= 1; the error names the flag
+    and the value given."""
+    for flag in flags:
+        value = getattr(a, flag)
+        if value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+
+
+def flag_names(message: str, a) -> str:
+    """An error message from a library config check, with each ``TrainConfig.<field>`` that is
+    also a command-line flag named as the flag (``--tau (TrainConfig.tau)``), so the user sees
+    what to change."""
+    def named(m):
+        field = m.group(1)
+        if field in vars(a):
+            return f"--{field.replace('_', '-')} ({m.group(0)})"
+        return m.group(0)
+    return re.sub(r"\bTrainConfig\.(\w+)", named, message)
+
+
 def run_experiment(experiment: str, argv, parse_args: Callable, validate: Callable,
                    run_method: Callable, setting_keys: Sequence[str], window: int,
                    extra_figures: Optional[Callable[[str], None]] = None) -> str:
@@ -563,20 +608,28 @@ def run_experiment(experiment: str, argv, parse_args: Callable, validate: Callab
     try:
         methods = validate(a)
     except ValueError as err:
-        fail(str(err))
+        fail(flag_names(str(err), a))
     run_dir = prepare_run_dir(a, experiment, methods, setting_keys, argv)
     try:
         summaries = [run_method(m, a, run_dir) for m in methods]
         finish_run(run_dir, summaries, window, extra_figures)
     except KeyboardInterrupt:
-        from bchg_jax.core.io import checkpoint_step
-        if PROGRESS["method"]:
-            step = checkpoint_step(os.path.join(run_dir, PROGRESS["method"], "checkpoint"))
-            where = (f"in method {PROGRESS['method']} at iteration {step or 0} (its last "
-                     "checkpoint)")
-        else:
-            where = "before the first method started"
-        print(f"\ninterrupted {where}; nothing saved is lost. Resume with:\n"
+        print(f"\ninterrupted {_where(run_dir)}; nothing saved is lost. Resume with:\n"
               f"  python -m experiments.{experiment} --resume {run_dir}", file=sys.stderr)
         raise SystemExit(130)
+    except OSError as err:     # a full disk, a folder made read-only: stop, say how to go on
+        print(f"\nerror: could not write the results {_where(run_dir)}: {err}\n"
+              "Every file written before is complete (atomic writes). Fix the cause, then "
+              f"resume with:\n  python -m experiments.{experiment} --resume {run_dir}",
+              file=sys.stderr)
+        raise SystemExit(1)
     return run_dir
+
+
+def _where(run_dir: str) -> str:
+    """Where a stopped run stands: the method and the iteration of its last checkpoint."""
+    from bchg_jax.core.io import checkpoint_step
+    if not PROGRESS["method"]:
+        return "before the first method started"
+    step = checkpoint_step(os.path.join(run_dir, PROGRESS["method"], "checkpoint"))
+    return f"in method {PROGRESS['method']} at iteration {step or 0} (its last checkpoint)"

@@ -72,11 +72,9 @@ def methods_of(spec: str):
 
 
 def validate_args(a):
+    from experiments.common import check_counts
     methods_of(a.method)
-    if a.seeds < 1:
-        raise ValueError(f"--seeds must be >= 1, got {a.seeds}")
-    if a.iterations < 1 or a.chunk < 1:
-        raise ValueError("--iterations and --chunk must be >= 1")
+    check_counts(a, "seeds", "iterations", "chunk")
     if a.beta <= 0:
         raise ValueError(f"--beta must be > 0, got {a.beta}")
     batch_shape(a.batch)

@@ -25,11 +25,14 @@ direct part only: the follower's policy held fixed, what Naive-PGD estimates).
 ``--grid paper`` runs actor_steps in {1, 2, 5, 10} per variant as one vmapped program. The metric of every iteration is the *exact* undiscounted
 100-step leader return of the current leader against its best response (``J``), with the
 discounted one, the batch's sampled return, K_theta (``K1``, ``K2``) and skipped updates.
-``--estimator reference`` (default) is the reference implementation's estimator
-(``docs/experiments.md``); ``--estimator unbiased`` subtracts only baselines that keep the estimate
-unbiased; ``--estimator shuffled`` is a control (the reference estimator whose guiding term keeps
-its noise but loses its mean; see README, "Bi-level LQR Markov game"). Outputs as for the other
-experiments.
+``--estimator unbiased`` (the default, set by the explore preset) subtracts only baselines that
+keep the estimate unbiased; ``--estimator reference`` (the reference preset's default) is the
+reference implementation's estimator (``docs/experiments.md``); ``--estimator shuffled`` is a
+control (the reference estimator whose guiding term keeps its noise but loses its mean). Every
+method's gradient is clipped (``--clip-scope all``, the explore preset's default); the
+reference preset clips only BC-HG's (``--clip-scope reference``). A run whose ``--iterations``
+end inside the critic-only warm-up (``--warmup-steps``) never updates the leader: the CLI warns.
+Outputs as for the other experiments.
 """
 from __future__ import annotations
 
@@ -118,13 +121,16 @@ def parse_args(argv=None):
     g.add_argument("--estimator", choices=tuple(ESTIMATORS), default="reference",
                    help="'reference': the reference code's estimator; 'unbiased': only "
                         "baselines that keep it unbiased; 'shuffled': a control (the guiding "
-                        "term keeps its noise, loses its mean)")
+                        "term keeps its noise, loses its mean) (default: the preset's, "
+                        "%(default)s)")
     g.add_argument("--warmup-steps", type=int, default=4000,
-                   help="env steps with random leader actions N(0, 1) at the start")
+                   help="env steps with random leader actions N(0, 1) at the start (critic "
+                        "only: the leader is not updated) (default: the preset's, %(default)s)")
     g.add_argument("--clip", type=float, default=1.0, help="actor gradient norm clip (0: off)")
     g.add_argument("--clip-scope", choices=["reference", "all"], default="reference",
                    help="'reference': only BC-HG's gradients are clipped (the reference code); "
-                        "'all': every method's (the paper's text)")
+                        "'all': every method's (the paper's text) (default: the preset's, "
+                        "%(default)s)")
     g.add_argument("--init", choices=["torch", "flax"], default="torch",
                    help="network initialisation: PyTorch's nn.Linear default (the reference) or "
                         "flax's lecun_normal")
@@ -162,16 +168,33 @@ def train_config(a, name: str):
 
 
 def validate_args(a):
+    from experiments.common import check_counts
     from bchg_jax.problems.lqr_game import lqr_game
     from bchg_jax.games.lqr.train import HParams
     methods = methods_of(a.method, a.preset)
-    if a.seeds < 1 or a.iterations < 1 or a.chunk < 1:
-        raise ValueError("--seeds, --iterations and --chunk must be >= 1")
+    check_counts(a, "seeds", "iterations", "chunk")
     for m in methods:
         config = train_config(a, m)
     HParams.from_grid(method_grid(a), max_steps=config.max_steps)
     lqr_game()
+    warmup = warmup_iterations(config)
+    if warmup >= a.iterations and any(VARIANTS[m][0] not in ("exact", "exact_direct")
+                                      for m in methods):
+        import sys
+        print(f"WARNING: the critic-only warm-up (--warmup-steps {a.warmup_steps}) lasts "
+              f"{warmup} iterations and this run has --iterations {a.iterations}: the learned-"
+              "critic methods never update the leader, so J stays at its start. Use more "
+              "iterations or fewer --warmup-steps.", file=sys.stderr, flush=True)
     return methods
+
+
+def warmup_iterations(config) -> int:
+    """Outer iterations of the critic-only warm-up of a learned-critic trainer: the
+    ``warmup_steps`` environment steps over the steps collected per iteration (actor and
+    behaviour episodes), rounded up (as ``games.lqr.make_train`` counts them)."""
+    from bchg_jax.problems.lqr_game import lqr_game
+    per_iteration = (config.episodes + config.explore_episodes) * lqr_game().horizon
+    return -(-config.warmup_steps // per_iteration)
 
 
 def run_method(name: str, a, run_dir: str):

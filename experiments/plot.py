@@ -96,6 +96,16 @@ def mean_se(curves: np.ndarray):
     return curves.mean(axis=0), se
 
 
+def smoothing_window(lengths, cap: int = 100) -> int:
+    """The figures' trailing-mean window for runs of ``lengths`` iterations: 1/20 of the longest
+    run, at least 1 and at most ``cap`` (100: the paper's figures, 10,000-iteration runs). A
+    fixed window on a short run draws a kink where the running mean of the first iterations
+    turns into the trailing one (at iteration 100 of a 200-iteration run); one rule for every
+    figure also keeps their last points, hence the final J they show, the same."""
+    longest = max([int(n) for n in lengths] or [1])
+    return int(max(1, min(cap, longest // 20)))
+
+
 def _plt():
     import matplotlib
     matplotlib.use("Agg")
@@ -190,18 +200,22 @@ def _legend_below(fig, ax_or_axes, caption: str, ncol: int | None = None):
                       title_fontsize=8, frameon=False)
 
 
-def learning_curve_figure(curves: dict, title: str = "", window: int = 100, ylabel: str = YLABEL):
+def learning_curve_figure(curves: dict, title: str = "", window: int | None = None,
+                          ylabel: str = YLABEL, color_by_method: bool = True):
     """``curves``: label -> [seeds, iterations] array (a label starting with a method name, as
     ``experiments.common.grid_label`` writes it, is shown as the method's name and its grid
     point). Returns a matplotlib figure; the legend, under the axes, says what the line and band
-    are (mean +- SE over the seeds) and the smoothing window."""
+    are (mean +- SE over the seeds) and the smoothing window (None: :func:`smoothing_window`).
+    ``color_by_method=False``: one colour per curve (the grid points of one method)."""
     plt = _plt()
+    if window is None:
+        window = smoothing_window([np.shape(c)[-1] for c in curves.values()])
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     pretty = {pretty_label(k): v for k, v in curves.items()}
     by_method, by_style = method_colors(), method_linestyles()
     method = {pretty_label(k): METHOD_LABELS.get(k.split()[0] if k.split() else k, k)
               for k in curves}
-    colors = {k: by_method.get(method[k]) for k in pretty}
+    colors = {k: by_method.get(method[k]) for k in pretty} if color_by_method else None
     styles = {k: by_style.get(method[k], "-") for k in pretty}
     draw_curves(ax, pretty, window, colors, styles)
     ax.set_ylabel(ylabel)
@@ -315,11 +329,15 @@ def _best_caption(windows) -> str:
     return f"each method at its best grid point (highest mean of the last {last} iterations)"
 
 
-def panel_figure(run_dirs, window: int = 100):
+def panel_figure(run_dirs, window: int | None = None):
     """One panel per run folder, methods as curves (the paper's Four-Rooms figure layout): panel
     titles from :func:`panel_titles`, one legend under the panels that says what the lines and
-    bands are. Up to 3 panels a row."""
+    bands are. Up to 3 panels a row. ``window``: the trailing mean (None:
+    :func:`smoothing_window` of the longest run)."""
     plt = _plt()
+    loaded = [load_run(d) for d in run_dirs]
+    if window is None:
+        window = smoothing_window([c.shape[-1] for r in loaded for c, _ in r.values()])
     n = len(run_dirs)
     ncols = min(n, 3)
     nrows = math.ceil(n / ncols)
@@ -328,8 +346,7 @@ def panel_figure(run_dirs, window: int = 100):
     titles, sup = panel_titles(run_dirs)
     mixed = len({_experiment(d) for d in run_dirs}) > 1
     seeds, lengths, windows = [], [], []
-    for i, (ax, run_dir, title) in enumerate(zip(axes.ravel(), run_dirs, titles)):
-        runs = load_run(run_dir)
+    for i, (ax, run_dir, title, runs) in enumerate(zip(axes.ravel(), run_dirs, titles, loaded)):
         draw_curves(ax, {METHOD_LABELS[m]: c for m, (c, _) in runs.items()}, window, colors,
                     styles)
         seeds += [c.shape[0] for c, _ in runs.values()]
@@ -354,7 +371,7 @@ def _is_thermal_components(metrics) -> bool:
     return set(THERMAL_WEIGHTS) <= set(metrics)
 
 
-def components_figure(run_dir: str, metrics: Sequence[str], window: int = 20):
+def components_figure(run_dir: str, metrics: Sequence[str], window: int | None = None):
     """One panel per metric (e.g. the objective and its components), methods as curves, each at
     its best grid point on J (the paper's thermal-control appendix figure).
 
@@ -362,9 +379,12 @@ def components_figure(run_dir: str, metrics: Sequence[str], window: int = 20):
     components form a 2 x 2 grid beside it; otherwise up to 3 panels a row. Panels are titled and
     y-labelled from :data:`COMPONENT_TITLES` / :data:`COMPONENT_YLABELS` (the metric's name for
     others). For the thermal components the figure title states how J is made of them
-    (:data:`THERMAL_IDENTITY`).
+    (:data:`THERMAL_IDENTITY`). ``window``: the trailing mean (None: :func:`smoothing_window`,
+    the same rule as the run's ``figure.png``, so both show the same final J).
     """
     plt = _plt()
+    if window is None:
+        window = smoothing_window([c.shape[-1] for c, _ in load_run(run_dir).values()])
     metrics = list(metrics)
     big_j = len(metrics) == 5 and metrics[0] == "J"
     if big_j:
@@ -480,7 +500,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m experiments.plot", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="run folders (each with <method>/metrics.npz)")
-    p.add_argument("--window", type=int, default=100, help="rolling-mean window (default 100)")
+    p.add_argument("--window", type=int, default=None,
+                   help="rolling-mean window (default: 1/20 of the longest run, at most 100)")
     p.add_argument("--out", default=None, help="figure path (default <first run>/figure.png)")
     p.add_argument("--export", metavar="DEST", default=None,
                    help="with one run folder: write its compact copy (best grid points) to DEST")

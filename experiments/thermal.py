@@ -95,12 +95,10 @@ def method_grid(a):
 
 
 def validate_args(a):
+    from experiments.common import check_counts
     from bchg_jax.lq.train import HParams
     methods = methods_of(a.method)
-    if a.seeds < 1:
-        raise ValueError(f"--seeds must be >= 1, got {a.seeds}")
-    if a.iterations < 1 or a.chunk < 1 or a.episodes < 1:
-        raise ValueError("--iterations, --chunk and --episodes must be >= 1")
+    check_counts(a, "seeds", "iterations", "chunk", "episodes")
     if a.init_std < 0:
         raise ValueError(f"--init-std must be >= 0, got {a.init_std}")
     train_config(a)

@@ -77,10 +77,14 @@ def train_config(a, buffer: str):
 
 
 def validate_args(a):
+    from experiments.common import check_counts
+    from bchg_jax.problems.toy_game import toy_game
     from bchg_jax.games.tabular.train import HParams
     methods = methods_of(a.method)
-    if a.seeds < 1 or a.iterations < 1 or a.chunk < 1:
-        raise ValueError("--seeds, --iterations and --chunk must be >= 1")
+    check_counts(a, "seeds", "iterations", "chunk")
+    if not np.isfinite(a.R):
+        raise ValueError(f"--R must be finite, got {a.R}")
+    toy_game(a.R).validate()
     HParams.from_grid(method_grid(a), max_steps=train_config(a, "on").max_steps)
     for m in methods:
         train_config(a, VARIANTS[m][1])

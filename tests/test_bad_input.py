@@ -433,3 +433,77 @@ def test_traced_values_are_not_checked():
     assert np.all(np.isfinite(np.asarray(grid)))
     # a traced discount is skipped too (the problem's own settings stay concrete)
     jax.jit(lambda g: tabular.policy_evaluation(P_TAB, R_TAB, POL, g, CONT))(0.9)
+
+
+# ---- issue 27: the gaps a new user found ------------------------------------------------------
+@pytest.mark.parametrize("module, argv, shown", [
+    ("fourrooms", ["--iterations", "0"], "--iterations must be >= 1, got 0"),
+    ("thermal", ["--episodes", "0"], "--episodes must be >= 1, got 0"),
+    ("toy_game", ["--seeds", "0"], "--seeds must be >= 1, got 0"),
+    ("toy_game", ["--R", "nan"], "--R must be finite, got nan"),
+    ("lqr_game", ["--tau", "2"], "--tau (TrainConfig.tau) must be in (0, 1], got 2.0"),
+])
+def test_cli_errors_name_the_flag_and_value(module, argv, shown, tmp_path, capsys):
+    err = _cli_error(module, ["--smoke", *argv, "--out", str(tmp_path / "r")], capsys)
+    assert shown in err and "Traceback" not in err
+    assert not os.path.exists(tmp_path / "r")
+
+
+def test_non_finite_or_misshaped_theta_is_refused():
+    import jax
+    from bchg_jax import games, lq, problems, tabular
+    cmdp = problems.random_tabular_cmdp(jax.random.key(0))
+    for fn in (tabular.exact_hypergradient, tabular.leader_objective, tabular.best_response):
+        with pytest.raises(ValueError, match=r"theta must be finite, got \[nan"):
+            fn(cmdp, jnp.array([jnp.nan, 0.0, 0.0, 0.0]), 0.1)
+        with pytest.raises(ValueError, match=r"shaped like theta0 \(4,\), got \(9,\)"):
+            fn(cmdp, jnp.zeros(9), 0.1)
+    th = problems.thermal()
+    for fn in (lq.exact_hypergradient, lq.leader_objective, lq.best_response):
+        with pytest.raises(ValueError, match="theta must be finite"):
+            fn(th, jnp.full(8, jnp.inf), 0.1)
+    game = problems.lqr_game()
+    for fn in (games.lqr.exact_hypergradient, games.lqr.leader_objective,
+               games.lqr.best_response):
+        with pytest.raises(ValueError, match="theta must be finite"):
+            fn(game, jnp.array([jnp.inf, 0.0]), 0.1)
+        with pytest.raises(ValueError, match=r"shape \[\.\.\., 2\], got \(3,\)"):
+            fn(game, jnp.zeros(3), 0.1)
+
+
+def test_a_wider_table_than_theta_is_refused_by_validate(x64):
+    cmdp = _cmdp(theta0=jnp.zeros(1, jnp.float32),
+                 transition=lambda th: np.full((S, B, S), 1.0 / S))   # float64 under x64
+    with pytest.raises(ValueError, match="transition.*float64, wider than theta's float32"):
+        cmdp.validate()
+    _cmdp(theta0=jnp.zeros(1, jnp.float64),
+          transition=lambda th: np.full((S, B, S), 1.0 / S)).validate()   # same dtype: fine
+
+
+def test_train_key_and_dict_hparams():
+    import jax
+    from bchg_jax import problems, tabular
+    cmdp = problems.random_tabular_cmdp(jax.random.key(0))
+    trainer = tabular.make_train(cmdp, "bchg", tabular.TrainConfig(num_envs=2, num_steps=4,
+                                                                   iterations=2))
+    hp = tabular.HParams(lr=0.1, sarsa_alpha=0.5, beta=0.1)
+    with pytest.raises(ValueError, match=r"key must be a PRNG key such as jax.random.key\(0\)"):
+        trainer.train(0, hp)
+    _, m = trainer.train(jax.random.key(0), hp)
+    _, m_dict = trainer.train(jax.random.key(0), {"lr": 0.1, "sarsa_alpha": 0.5, "beta": 0.1})
+    np.testing.assert_array_equal(m["J"], m_dict["J"])
+    _, m_raw = trainer.train(jax.random.PRNGKey(0), hp)        # a raw uint32 key works too
+    assert np.all(np.isfinite(m_raw["J"]))
+    with pytest.raises(ValueError, match="unknown hyperparameter"):
+        trainer.train(jax.random.key(0), {"lr": 0.1, "alpha": 0.5, "beta": 0.1})
+
+
+def test_lqr_game_run_inside_the_warmup_warns(capsys):
+    from experiments import lqr_game
+    a = lqr_game.parse_args(["--iterations", "100", "--seeds", "2", "--method", "bchg_det"])
+    lqr_game.validate_args(a)
+    err = capsys.readouterr().err
+    assert "lasts 200 iterations" in err and "never update the leader" in err
+    lqr_game.validate_args(lqr_game.parse_args(["--iterations", "201", "--method", "bchg_det"]))
+    lqr_game.validate_args(lqr_game.parse_args(["--iterations", "10", "--method", "exact"]))
+    assert capsys.readouterr().err == ""       # long enough, or no learned critic: no warning

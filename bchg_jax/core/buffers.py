@@ -124,5 +124,7 @@ def sample_discounted(key: Array, buf: EpisodeBuffer, num: int, gamma):
     cdf = cdf / cdf[-1]
     ke, kt = jax.random.split(key)
     e = jax.random.randint(ke, (num,), 0, stored(buf))
-    t = jnp.minimum(jnp.searchsorted(cdf, jax.random.uniform(kt, (num,))), T - 1)
+    # drawn in the cdf's dtype (float32), not JAX's default float: the same indices with
+    # jax_enable_x64 on or off
+    t = jnp.minimum(jnp.searchsorted(cdf, jax.random.uniform(kt, (num,), cdf.dtype)), T - 1)
     return e, t

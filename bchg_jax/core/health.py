@@ -8,6 +8,8 @@ Every trainer records two per-iteration flags in its metrics (int32, 0 or 1 per 
   then approximate (tabular families), or the update is undone (LQ families).
 * ``update_skipped``: the iteration's update was dropped (a non-converged Riccati solve, a
   non-finite estimate).
+* ``support_lost`` (tabular trainers with the sparse solvers): ``transition(theta)`` put mass
+  outside the successor table; that iteration was solved and sampled on the whole table.
 
 A share above :data:`WARN_SHARE` (1%) of all run-iterations is a sign that the run is not what it
 claims to be (e.g. float32 matmuls at reduced precision on an accelerator, a tolerance below what
@@ -19,7 +21,7 @@ from typing import Dict, Mapping, Optional
 
 import numpy as np
 
-FLAGS = ("solve_capped", "update_skipped")
+FLAGS = ("solve_capped", "update_skipped", "support_lost")
 WARN_SHARE = 0.01
 
 
@@ -31,11 +33,12 @@ def solver_health(metrics: Mapping[str, np.ndarray]) -> Dict[str, float]:
         trainer of a user's own that does not record them).
     Returns:
       ``{"run_iterations": n, "solve_capped": count, "capped_share": share,
-      "update_skipped": count, "skipped_share": share}`` for the flags present
-      (an empty dict when neither is).
+      "update_skipped": count, "skipped_share": share, "support_lost": count,
+      "lost_share": share}`` for the flags present (an empty dict when none is).
     """
     out: Dict[str, float] = {}
-    for flag, share in (("solve_capped", "capped_share"), ("update_skipped", "skipped_share")):
+    for flag, share in (("solve_capped", "capped_share"), ("update_skipped", "skipped_share"),
+                        ("support_lost", "lost_share")):
         if flag in metrics:
             x = np.asarray(metrics[flag])
             out["run_iterations"] = int(x.size)
@@ -51,6 +54,8 @@ def health_text(health: Mapping[str, float]) -> str:
         parts.append(f"capped {100 * health['capped_share']:.2f}%")
     if "update_skipped" in health:
         parts.append(f"skipped {health['update_skipped']}")
+    if health.get("support_lost"):        # shown only when it happened
+        parts.append(f"support lost {health['support_lost']}")
     return " ".join(parts)
 
 
@@ -66,7 +71,10 @@ def health_warning(health: Mapping[str, float], share: float = WARN_SHARE) -> Op
     """
     bad = [(name, health[key], health[flag]) for name, key, flag in (
         ("follower / metric solves hit their cap", "capped_share", "solve_capped"),
-        ("updates were skipped", "skipped_share", "update_skipped"))
+        ("updates were skipped", "skipped_share", "update_skipped"),
+        ("the model put mass outside the sparse solvers' successor table (those iterations "
+         "were solved on the whole table; solver='dense' avoids the check)", "lost_share",
+         "support_lost"))
         if health.get(key, 0.0) > share]
     if not bad:
         return None

@@ -185,7 +185,8 @@ def load_state(directory: str, like, grow: bool = False):
     Args:
       directory: the checkpoint folder.
       like: a pytree with the expected structure, leaf shapes and dtypes (typed PRNG keys are
-        restored with ``like``'s key implementation).
+        restored with ``like``'s key implementation); for a grid run,
+        ``bchg_jax.core.sweep.state_template(trainer, grid, seeds)``.
       grow: accept a saved leaf that is shorter than ``like``'s along exactly one axis and
         complete it with ``like``'s values there (an off-policy episode buffer, sized by the
         number of iterations, when a run is extended; its ``count`` keeps the saved episodes).

@@ -10,10 +10,11 @@ retraces.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from bchg_jax.core.validate import is_concrete
@@ -91,16 +92,38 @@ def build_trainer(problem, method: str, config, init: Callable, step: Callable,
     run, train = scan_loop(init, step, config.iterations)
     train = jax.jit(train)
 
-    def checked(fn):
+    def checked(fn, takes_key):
         def wrapped(x, hp, *rest):
+            if isinstance(hp, Mapping):       # {"lr": 0.1, ...}: one point, as HParams
+                hp = jax.tree.map(lambda v: v[0], hparams({k: [v] for k, v in hp.items()}))
+            if takes_key:
+                check_key(x)
             if is_concrete(hp):
                 validate(hp)
             return fn(x, hp, *rest)
         wrapped.__name__, wrapped.__doc__ = fn.__name__, fn.__doc__
         return wrapped
 
-    return Trainer(problem, method, config, checked(init), checked(run), checked(train),
-                   hparams, steps)
+    return Trainer(problem, method, config, checked(init, True), checked(run, False),
+                   checked(train, True), hparams, steps)
+
+
+def check_key(key) -> None:
+    """A PRNG key: a typed key (``jax.random.key(0)``) or a raw ``uint32[..., 2]`` key
+    (``jax.random.PRNGKey(0)``); traced keys are not checked.
+
+    Raises:
+      ValueError: anything else (e.g. the int 0), with the fix.
+    """
+    if isinstance(key, jax.core.Tracer):
+        return
+    dtype = getattr(key, "dtype", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return
+    if dtype == jnp.uint32 and np.shape(key)[-1:] == (2,):
+        return
+    shown = repr(key) if np.size(key) < 5 else f"an array of shape {np.shape(key)}"
+    raise ValueError(f"key must be a PRNG key such as jax.random.key(0), got {shown}")
 
 
 def sgd_ascent(theta, grad, lr, clip_norm: float):

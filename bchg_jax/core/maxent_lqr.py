@@ -116,8 +116,9 @@ def riccati(A: Array, B: Array, Qbar: Array, Rbar: Array, gamma, P0=None, tol: f
     P0 = Qbar if P0 is None else jnp.asarray(P0, Qbar.dtype)
     n = A.shape[0]
     sg = jax.lax.stop_gradient
-    P_star, info = _iterate(sg(A), sg(B), sg(Qbar), sg(Rbar), sg(jnp.asarray(gamma)), sg(P0), tol,
-                            max_iters)
+    # gamma in the matrices' dtype (a Python float would be float64 under jax_enable_x64)
+    P_star, info = _iterate(sg(A), sg(B), sg(Qbar), sg(Rbar), sg(jnp.asarray(gamma, A.dtype)),
+                            sg(P0), tol, max_iters)
 
     def f(P):
         return riccati_map(P, A, B, Qbar, Rbar, gamma) - P
@@ -179,7 +180,7 @@ class GaussianBestResponse(NamedTuple):
         z = jax.scipy.linalg.solve_triangular(self.chol, d[..., None], lower=True)[..., 0]
         m = self.K.shape[0]
         logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(self.chol)))
-        return -0.5 * (jnp.sum(z ** 2, -1) + m * jnp.log(2 * jnp.pi) + logdet)
+        return -0.5 * (jnp.sum(z ** 2, -1) + m * np.log(2 * np.pi) + logdet)
 
 
 def _response(P, A, B, Rbar, U, gamma, beta, info, observable: bool):

@@ -163,6 +163,28 @@ def to_host(tree):
     return jax.tree.map(get, tree)
 
 
+def state_template(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int,
+                   base_seed: int = 0):
+    """A grid's initial training state, the template that :func:`bchg_jax.core.io.load_state`
+    needs as ``like`` (structure, shapes, dtypes and key implementation of every leaf; with
+    ``grow=True`` also the values that complete a grown buffer).
+
+    Restoring a run saved by ``run_grid(..., on_chunk=...)`` with ``io.save_state``::
+
+        like = state_template(trainer, grid, seeds=10)
+        state = io.load_state("run/checkpoint", like)
+        done = int(np.asarray(state.step).reshape(-1)[0])
+        run_grid(trainer, grid, 10, iterations, state=state, start=done, metrics=saved)
+
+    Args:
+      trainer, grid, seeds, base_seed: as :func:`run_grid`.
+    Returns:
+      the state of ``init`` (leaves [G, N, ...]), as ``run_grid`` starts from it.
+    """
+    init, _ = grid_functions(trainer)
+    return init(seed_keys(seeds, base_seed), grid_hparams(trainer, grid))
+
+
 def join_chunks(chunks):
     """Joins per-chunk metrics along the iteration axis. A metric missing from an earlier chunk
     (a run resumed from files saved before the trainer recorded it) is 0 there."""

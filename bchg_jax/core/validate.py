@@ -8,7 +8,7 @@ The public pure functions check their concrete arguments with :func:`check_if_co
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import jax
 import numpy as np
@@ -119,6 +119,42 @@ def check_problem_settings(problem) -> None:
         check_if_concrete(check_count, f"{name}: horizon", problem.horizon)
     if hasattr(problem, "time_limit"):
         check_if_concrete(check_count, f"{name}: time_limit", problem.time_limit, True)
+
+
+def check_theta(problem, theta, name: str = "theta", last_axis: Optional[int] = None) -> None:
+    """The leader's parameters: shaped like ``problem.theta0`` (static shapes, so this holds for
+    traced values too) and, when concrete, finite.
+
+    Args:
+      problem: a problem with a ``theta0`` (pytree of arrays), or None when ``last_axis`` is given.
+      theta: the parameters given (array or pytree).
+      name: the argument named in the error.
+      last_axis: instead of ``theta0``: the size of theta's last axis (leading batch axes allowed;
+        the LQR game's flattened gain).
+    Returns:
+      None.
+    Raises:
+      ValueError: another tree structure or shape, or a NaN / inf entry.
+    """
+    pname = getattr(problem, "name", type(problem).__name__)
+    if last_axis is not None:
+        got = tuple(np.shape(theta))
+        if not got or got[-1] != last_axis:
+            raise ValueError(f"{pname}: {name} must have shape [..., {last_axis}], got {got}")
+    elif getattr(problem, "theta0", None) is not None:
+        ref = problem.theta0
+        want = [tuple(np.shape(x)) for x in jax.tree_util.tree_leaves(ref)]
+        got = [tuple(np.shape(x)) for x in jax.tree_util.tree_leaves(theta)]
+        same_tree = jax.tree_util.tree_structure(ref) == jax.tree_util.tree_structure(theta)
+        if not same_tree or want != got:
+            shown = lambda s: s[0] if len(s) == 1 else s  # noqa: E731
+            raise ValueError(f"{pname}: {name} must be shaped like theta0 {shown(want)}, "
+                             f"got {shown(got)}")
+    if is_concrete(theta):
+        for leaf in jax.tree_util.tree_leaves(theta):
+            arr = np.asarray(leaf)
+            if np.issubdtype(arr.dtype, np.number) and not np.all(np.isfinite(arr)):
+                raise ValueError(f"{pname}: {name} must be finite, got {_show(arr)}")
 
 
 def check_shape(name: str, value, shape: tuple, source: str = "") -> None:

@@ -137,7 +137,7 @@ class LQConfigurableMDP:
         z = jax.scipy.linalg.solve_triangular(U, d[..., None], lower=True)[..., 0]
         n = self.state_dim
         logdet = jnp.sum(jnp.log(jnp.abs(jnp.diagonal(U))))
-        return -0.5 * jnp.sum(z ** 2, -1) - logdet - 0.5 * n * jnp.log(2 * jnp.pi)
+        return -0.5 * jnp.sum(z ** 2, -1) - logdet - 0.5 * n * np.log(2 * np.pi)
 
     @full_precision
     def follower_reward(self, theta: Array, s: Array, b: Array) -> Array:

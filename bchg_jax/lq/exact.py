@@ -24,7 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core.maxent_lqr import GaussianBestResponse
-from bchg_jax.core.validate import check_beta_if_concrete, check_count, check_problem_settings
+from bchg_jax.core.validate import (check_beta_if_concrete, check_count, check_problem_settings,
+                                    check_theta)
 from bchg_jax.lq.cmdp import LQConfigurableMDP
 from bchg_jax.core.precision import full_precision
 
@@ -81,10 +82,12 @@ def discounted_state_covariance(problem: LQConfigurableMDP, theta: Array,
     return X
 
 
-def _check_args(problem: LQConfigurableMDP, beta=None, horizon="default") -> None:
-    """The problem's scalar settings, a concrete beta (> 0; None: not checked) and ``horizon``
-    (``"default"``, None or a positive integer)."""
+def _check_args(problem: LQConfigurableMDP, beta=None, horizon="default", theta=None) -> None:
+    """The problem's scalar settings, a concrete beta (> 0; None: not checked), ``horizon``
+    (``"default"``, None or a positive integer) and ``theta`` (shaped like theta0, finite)."""
     check_problem_settings(problem)
+    if theta is not None:
+        check_theta(problem, theta)
     if beta is not None:
         check_beta_if_concrete(beta)
     if not (horizon is None or (isinstance(horizon, str) and horizon == "default")):
@@ -136,7 +139,7 @@ def leader_objective(problem: LQConfigurableMDP, theta: Array, beta, horizon="de
       ValueError: a concrete ``beta`` not finite and > 0, a bad ``horizon``, or a bad scalar
         setting of ``problem`` (a discount outside [0, 1), ...).
     """
-    _check_args(problem, beta, horizon)
+    _check_args(problem, beta, horizon, theta)
     H = problem.horizon if horizon == "default" else horizon
     br = problem.best_response(theta, beta, tol=tol, max_iters=max_iters) if br is None else br
     X = discounted_state_covariance(problem, theta, br, H)
@@ -163,7 +166,7 @@ def exact_hypergradient(problem: LQConfigurableMDP, theta: Array, beta, horizon=
     Raises:
       ValueError: as :func:`leader_objective`.
     """
-    _check_args(problem, beta, horizon)
+    _check_args(problem, beta, horizon, theta)
     return jax.grad(lambda th: leader_objective(problem, th, beta, horizon, tol=tol,
                                                 max_iters=max_iters))(theta)
 
@@ -185,7 +188,7 @@ def components(problem: LQConfigurableMDP, theta: Array, br: GaussianBestRespons
     Raises:
       ValueError: a bad ``horizon`` or a bad scalar setting of ``problem``.
     """
-    _check_args(problem, None, horizon)
+    _check_args(problem, None, horizon, theta)
     H = problem.horizon if horizon == "default" else horizon
     X = discounted_state_covariance(problem, theta, br, H)
     mass = _discount_mass(problem.gamma_L, H, theta.dtype)

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from bchg_jax.core.maxent_lqr import (GaussianBestResponse, check_solution, maxent_lqr, riccati,
                                       soft_q, soft_value)
-from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings
+from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings, check_theta
 from bchg_jax.core.precision import full_precision
 
 Array = jax.Array
@@ -50,6 +50,7 @@ def best_response(problem, theta: Array, beta, P0=None, tol: float = 1e-6,
     """
     check_problem_settings(problem)
     check_beta_if_concrete(beta)
+    check_theta(problem, theta)
     dt = theta.dtype
     return maxent_lqr(problem.A_fn(theta), problem.B_fn(theta), jnp.asarray(problem.Qbar, dt),
                       jnp.asarray(problem.Rbar, dt), jnp.asarray(problem.U, dt), problem.gamma_F,

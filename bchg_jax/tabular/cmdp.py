@@ -119,7 +119,7 @@ class TabularCMDP:
           ``self`` (the same :class:`TabularCMDP`).
         Raises:
           ValueError: a discount outside [0, 1), non-floating theta, a bad ``time_limit``, a
-            failing problem function, wrong table shapes, non-probability rows, a non-scalar
+            failing problem function, a table of a wider dtype than theta's, wrong table shapes, non-probability rows, a non-scalar
             Phi_L, non-finite entries, or a ``terminal`` mask not of shape [S].
         """
         check_problem_settings(self)
@@ -128,15 +128,25 @@ class TabularCMDP:
         if not jnp.issubdtype(theta.dtype, jnp.floating):
             raise ValueError(f"{self.name}: theta must be a floating array, got dtype {theta.dtype}")
         try:
-            p = np.asarray(self.transition(theta), dtype=np.float64)
-            rho = np.asarray(self.init_dist(theta), dtype=np.float64)
-            rf = np.asarray(self.follower_reward(theta), dtype=np.float64)
-            rl = np.asarray(self.leader_reward(theta), dtype=np.float64)
-            ps = np.asarray(self.sampler_transition(theta), dtype=np.float64)
+            raw = {"transition": self.transition(theta), "init_dist": self.init_dist(theta),
+                   "follower_reward": self.follower_reward(theta),
+                   "leader_reward": self.leader_reward(theta),
+                   "sample_transition": self.sampler_transition(theta)}
             reg = np.asarray(self.regularizer(theta))
         except Exception as err:  # noqa: BLE001 - re-raised with context
             raise ValueError(f"{self.name}: a problem function failed on theta of shape "
                              f"{theta.shape}: {err}") from err
+        # the solvers' loops carry theta's dtype: a table of a wider dtype (e.g. a float64
+        # numpy constant under jax_enable_x64 with a float32 theta) would change the carry's
+        # dtype and fail deep inside a while_loop; narrower tables are promoted and are fine
+        for label, table in raw.items():
+            dtype = jnp.asarray(table).dtype
+            if jnp.promote_types(dtype, theta.dtype) != theta.dtype:
+                raise ValueError(f"{self.name}: {label}(theta) has dtype {dtype}, wider than "
+                                 f"theta's {theta.dtype}; return it in theta's dtype (e.g. "
+                                 f"jnp.asarray(table, theta.dtype)) or use a {dtype} theta")
+        p, rho, rf, rl, ps = (np.asarray(raw[k], dtype=np.float64) for k in (
+            "transition", "init_dist", "follower_reward", "leader_reward", "sample_transition"))
         if p.ndim != 3 or p.shape[0] != p.shape[2] or p.size == 0:
             raise ValueError(f"{self.name}: transition(theta) must have shape [S, B, S], "
                              f"got {p.shape}")

@@ -20,6 +20,30 @@ so each estimator is computed in two stages:
    log rho_0, and a single ``jax.vjp`` of the problem's functions of theta turns them into the
    gradient. The result equals summing explicit per-step gradient vectors (tested), at the cost of
    O(T) scalars plus one backward pass instead of O(T |theta|).
+
+*Cut-off episodes and the unbiased forms.* A batch's streams restart from rho_0 after every
+episode end, so each stream is a renewal sequence of i.i.d. episodes cut at its last step T - 1.
+In the forward form every term of Theorem 1 is ``sum_j c_j`` over steps, with ``c_j`` a function
+of its own episode's history up to step j only (``Omega_j`` looks back, never ahead). For one
+complete episode of length L, ``E[sum_{t<L} c_t] = sum_t a_t`` with ``a_t = E[c_t 1{L > t}]`` is
+the term of Theorem 1. Summed over *all* steps of a stream, in-episode time t appears
+``U(T-1-t)`` times on average (U(m): expected number of episode starts in steps 0..m, the renewal
+function), so late in-episode times are under-represented; dividing by the number of completed
+episodes (random, and correlated with the lengths) does not repair this, and the cut-off episode
+adds truncated segments (its suffix sums of Eq. (nablaQF) stop at the cut) to the sums but not
+to the count. The bias of these ratio forms (``"per_visit"``, ``"trajectory"``) is
+O(1 / episodes per stream). Keeping only the completed episodes is no cure either: an episode
+completes within the batch more often when it is short (length-biased sampling).
+The ``"first_episode"`` forms use only each stream's first episode, which starts at step 0
+whatever the lengths, and divide by the number of streams E (not random): the sum over it has
+expectation ``sum_{t<T} a_t``, i.e. exactly the term of Theorem 1 whenever that episode ends
+within the batch (always when ``time_limit <= num_steps``); otherwise it is the term truncated at
+T, the bias of a time limit T (at most the discounted tail beyond T of one episode, for any
+number of streams). Nothing better is possible without a bound on the lengths: a later episode
+is seen at in-episode time t only with a probability set by the unknown length distribution,
+and reweighting it needs an unbiased estimate of 1 / that probability, which a fixed number of
+streams does not give. Many streams about one episode long (``num_steps`` ~ ``time_limit``)
+waste little.
 """
 from __future__ import annotations
 
@@ -39,8 +63,8 @@ from bchg_jax.core.segments import forward_discounted_sum, regroup
 
 Array = jax.Array
 
-GROUPINGS = ("every_visit", "per_visit")
-PARTIALS = ("every_visit", "trajectory")
+GROUPINGS = ("every_visit", "per_visit", "first_episode")
+PARTIALS = ("every_visit", "trajectory", "first_episode")
 GUIDES = ("benefit", "hpgd", "sobirl", "none")
 
 
@@ -71,9 +95,12 @@ def follower_q_grad_cotangents(weights: Array, batch: Batch, V_F: Array, gamma_F
 
     guide_k = dQF_hat(s_k, b_k), or dQF_hat(s_k, b_k) - dVF_hat(s_k) with ``subtract_value``
     (HPGD's advantage gradient, Eq. (hpgd_guidance)). ``weights`` live on ``batch`` [E, T].
-    ``grouping="per_visit"``: each visit's own segment (unbiased; no ``subtract_value``, no
-    ``segments``). ``"every_visit"``: dQF_hat(s, b) (dVF_hat(s)) is the mean over all segments of
-    ``segments`` (default: ``batch``; HPGD (oracle): the oracle batch) starting at (s, b) (at s).
+    ``grouping="per_visit"``: each visit's own segment (no ``subtract_value``, no
+    ``segments``). ``"first_episode"``: the same, for the visits of each stream's first episode
+    only (the weights of later steps are dropped; the caller divides by the number of streams:
+    unbiased, module docstring). ``"every_visit"``: dQF_hat(s, b) (dVF_hat(s)) is the mean over
+    all segments of ``segments`` (default: ``batch``; HPGD (oracle): the oracle batch) starting
+    at (s, b) (at s).
     dQF_hat is Algorithm 6 (FollowerQGrad, configurable MDP) on the segment set B_sb of
     Algorithm 1 line 12; dVF_hat is Algorithm 8 line 22 (HPGD), extended with the
     gamma_F V_F(s') grad log p term. Steps at terminal states contribute no transition term.
@@ -86,7 +113,7 @@ def follower_q_grad_cotangents(weights: Array, batch: Batch, V_F: Array, gamma_F
       gamma_F: follower discount (scalar).
       S: number of states.
       B: number of follower actions.
-      grouping: ``"every_visit"`` or ``"per_visit"`` (see above).
+      grouping: one of ``GROUPINGS`` (see above).
       subtract_value: if True, use dQF_hat - dVF_hat (HPGD; ``every_visit`` only).
       segments: :class:`~bchg_jax.tabular.rollout.Batch`, fields [E', T'], whose segments
         estimate dQF_hat / dVF_hat (``every_visit`` only); None: ``batch``.
@@ -94,16 +121,18 @@ def follower_q_grad_cotangents(weights: Array, batch: Batch, V_F: Array, gamma_F
       (cot_r_F, cot_log_p): [S, B] cotangent of r_F^theta and [S, B, S] cotangent of
       log p^theta, for :func:`apply_cotangents`.
     Raises:
-      ValueError: an unknown ``grouping``, ``per_visit`` with ``subtract_value`` or
-        ``segments``, or a concrete ``gamma_F`` outside [0, 1].
+      ValueError: an unknown ``grouping``, ``per_visit`` / ``first_episode`` with
+        ``subtract_value`` or ``segments``, or a concrete ``gamma_F`` outside [0, 1].
     """
     check_if_concrete(check_discount, "gamma_F", gamma_F, True)
     seg = batch if segments is None else segments
-    if grouping == "per_visit":
+    if grouping in ("per_visit", "first_episode"):
         if subtract_value or segments is not None:
-            raise ValueError("per_visit grouping uses each visit's own segment: it cannot "
+            raise ValueError(f"{grouping} grouping uses each visit's own segment: it cannot "
                              "subtract dV_F or read another batch's segments")
         omega = weights
+        if grouping == "first_episode":
+            omega = jnp.where(first_episode_mask(batch), weights, 0.0)
     elif grouping == "every_visit":
         omega = regroup(weights, batch.s * B + batch.b, seg.s * B + seg.b, S * B)
         if subtract_value:
@@ -149,13 +178,44 @@ def episode_start_index(batch: Batch) -> Array:
     return jax.lax.cummax(jnp.where(batch.t == 0, idx, 0), axis=batch.t.ndim - 1)
 
 
+def first_episode_mask(batch: Batch) -> Array:
+    """For every step, whether it belongs to its stream's first episode (the ``first_episode``
+    forms; module docstring).
+
+    The first episode of a stream of :func:`~bchg_jax.tabular.rollout.rollout` starts at step 0
+    and runs to the stream's first ``done`` (or to the end of the batch if it is cut off).
+
+    Args:
+      batch: :class:`~bchg_jax.tabular.rollout.Batch`, fields [E, T] (uses ``done``).
+    Returns:
+      [E, T] bool.
+    """
+    done = batch.done.astype(jnp.int32)
+    return jnp.cumsum(done, axis=-1) - done == 0
+
+
+def num_streams(batch: Batch, dtype=jnp.float32) -> Array:
+    """E, the number of streams of ``batch`` (the normaliser of the ``first_episode`` forms).
+
+    Args:
+      batch: :class:`~bchg_jax.tabular.rollout.Batch`, fields [E, T].
+      dtype: dtype of the result.
+    Returns:
+      [] E as ``dtype``.
+    """
+    return jnp.asarray(batch.t.shape[0], dtype)
+
+
 def partial_cotangents(batch: Batch, V_L: Array, rho: Array, gamma_L, n_episodes, S: int, B: int,
                        partial: str = "every_visit"):
     """Cotangents of the partial derivative d_theta J_L (first two terms of Theorem 1).
 
     ``"trajectory"``: (1/n_ep) sum_t gamma_L^t [grad r_L + V_L(s_t) grad log
     p(s_t|s_{t-1},b_{t-1})], with grad log rho_0(s_0) at t = 0 (Algorithm 4 (PartialDerivative,
-    configurable MDP)).
+    configurable MDP)), summed over every step of the batch (biased by the cut-off episodes,
+    O(1 / episodes per stream); module docstring).
+    ``"first_episode"``: the same sum over the first episode of each stream only, divided by the
+    number of streams E instead of ``n_episodes`` (unbiased; module docstring).
     The transition term is attached to the step it leaves (gamma_L^{t+1} V_L(s_{t+1}) grad log
     p(s_{t+1}|s_t,b_t)), so the transition out of a batch's last step is included too.
     ``"every_visit"``: sum_s rho_0(s) dV_L(s) + sum_s V_L(s) grad rho_0(s), where dV_L(s) is the
@@ -170,7 +230,7 @@ def partial_cotangents(batch: Batch, V_L: Array, rho: Array, gamma_L, n_episodes
       n_episodes: scalar normaliser of ``"trajectory"`` (``batch.num_episodes``).
       S: number of states.
       B: number of follower actions.
-      partial: ``"every_visit"`` or ``"trajectory"``.
+      partial: one of ``PARTIALS``.
     Returns:
       (cot_r_L, cot_log_p, cot_log_rho, cot_rho): [S, B], [S, B, S], [S], [S] cotangents of
       r_L^theta, log p^theta, log rho_0^theta and rho_0^theta.
@@ -179,8 +239,12 @@ def partial_cotangents(batch: Batch, V_L: Array, rho: Array, gamma_L, n_episodes
     """
     check_if_concrete(check_discount, "gamma_L", gamma_L, True)
     dtype = V_L.dtype
-    if partial == "trajectory":
-        w = (batch.t == 0).astype(dtype) / n_episodes
+    if partial in ("trajectory", "first_episode"):
+        if partial == "trajectory":
+            w = (batch.t == 0).astype(dtype) / n_episodes
+        else:
+            w = ((batch.t == 0) & first_episode_mask(batch)).astype(dtype) / num_streams(
+                batch, dtype)
         cot_log_rho = jax.ops.segment_sum(w.reshape(-1) * V_L[batch.s].reshape(-1),
                                           batch.s.reshape(-1), S)
         cot_rho = jnp.zeros((S,), dtype)
@@ -231,6 +295,13 @@ def hypergradient(problem: TabularCMDP, theta: Array, batch: Batch, follower: Be
     Estimates Eq. (hg_configurable) (+ grad Phi_L): Algorithm 1 lines 10-16 for BC-HG and the
     baselines of Algorithm 8.
 
+    ``grouping="first_episode", partial="first_episode"`` is the unbiased literal form of
+    Theorem 1 for any number of episodes per stream (each stream's first episode over the number
+    of streams; exact when that episode ends within the batch, module docstring).
+    ``"per_visit"`` / ``"trajectory"`` divide sums over every step by the number of completed
+    episodes: consistent, but biased by the cut-off episodes (O(1 / episodes per stream)). The
+    defaults (``"every_visit"``) are the reference convention of the paper's runs.
+
     ``Q_L`` [S,B] (and optionally ``V_L`` [S], default sum_b g Q_L) is the leader critic: SARSA,
     Monte Carlo, or exact (tests). The Benefit is B_L(s,b) = Q_L(s,b) - V_L(s). ``guide``:
 
@@ -250,9 +321,10 @@ def hypergradient(problem: TabularCMDP, theta: Array, batch: Batch, follower: Be
       Q_L: [S, B] leader critic.
       beta: the follower's entropy weight, > 0 (scalar; may be traced).
       guide: one of ``GUIDES`` (see above).
-      grouping: ``"every_visit"`` or ``"per_visit"`` segment grouping of dQF (see
-        :func:`follower_q_grad_cotangents`).
-      partial: ``"every_visit"`` or ``"trajectory"`` (see :func:`partial_cotangents`).
+      grouping: one of ``GROUPINGS``, the segment grouping of dQF (see
+        :func:`follower_q_grad_cotangents`); ``"first_episode"`` weights the visits of each
+        stream's first episode by 1 / (beta E) instead of every visit by 1 / (beta n_ep).
+      partial: one of ``PARTIALS`` (see :func:`partial_cotangents`).
       V_L: [S] leader value, or None for sum_b g(b|s) Q_L(s, b); also used by the partial term.
       guide_batch: the oracle's :class:`Batch`, fields [E', T'] (``hpgd`` only) or None.
     Returns:
@@ -278,7 +350,8 @@ def hypergradient(problem: TabularCMDP, theta: Array, batch: Batch, follower: Be
     c_rF, c_logp_F = jnp.zeros((S, B), dtype), jnp.zeros((S, B, S), dtype)
     if guide in ("benefit", "hpgd"):
         ben = (Q_L - V_L[:, None])[batch.s, batch.b]
-        w = (problem.gamma_L ** batch.t.astype(dtype)) * ben / (beta * n_ep)
+        n_guide = num_streams(batch, dtype) if grouping == "first_episode" else n_ep
+        w = (problem.gamma_L ** batch.t.astype(dtype)) * ben / (beta * n_guide)
         c_rF, c_logp_F = follower_q_grad_cotangents(
             w, batch, follower.V, problem.gamma_F, S, B, grouping,
             subtract_value=(guide == "hpgd"), segments=guide_batch)

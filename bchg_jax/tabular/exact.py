@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core.validate import (check_beta_if_concrete, check_discount, check_if_concrete,
-                                    check_problem_settings, check_shape, transition_sizes)
+                                    check_problem_settings, check_shape, check_theta,
+                                    transition_sizes)
 from bchg_jax.tabular.follower import (BestResponse, boltzmann, continuation, soft_q, soft_v)
 from bchg_jax.tabular.cmdp import TabularCMDP
 from bchg_jax.core.precision import full_precision
@@ -147,11 +148,13 @@ def best_response(problem: TabularCMDP, theta: Array, beta, V0: Optional[Array] 
       :class:`BestResponse`: ``policy`` [S, B], ``V`` [S], ``Q`` [S, B], ``sweeps`` []
       (= ``polish_sweeps``), ``residual`` [] (sup-norm of T(V) - V).
     Raises:
-      ValueError: a concrete ``beta`` not finite and > 0, or a bad scalar setting of
-        ``problem`` (a discount outside [0, 1), a bad ``time_limit``).
+      ValueError: a concrete ``beta`` not finite and > 0, a bad scalar setting of
+        ``problem`` (a discount outside [0, 1), a bad ``time_limit``), or ``theta`` not shaped
+        like ``problem.theta0`` or not finite.
     """
     check_problem_settings(problem)
     check_beta_if_concrete(beta)
+    check_theta(problem, theta)
     P = problem.transition(theta)
     r = problem.follower_reward(theta)
     cont = continuation(problem.terminal, r.shape[0], r.dtype)
@@ -200,6 +203,7 @@ def leader_values(problem: TabularCMDP, theta: Array, policy: Array):
         ``policy`` not of shape [S, B] (S, B from ``problem.transition``).
     """
     check_problem_settings(problem)
+    check_theta(problem, theta)
     P = problem.transition(theta)
     S, B = transition_sizes("problem.transition(theta)", P)
     check_shape("policy", policy, (S, B), f"S={S}, B={B} from problem.transition(theta)")
@@ -223,11 +227,13 @@ def leader_objective(problem: TabularCMDP, theta: Array, beta, V0: Optional[Arra
     Returns:
       [] scalar J_L, differentiable in ``theta`` through the follower's fixed point.
     Raises:
-      ValueError: a concrete ``beta`` not finite and > 0, or a bad scalar setting of
-        ``problem`` (a discount outside [0, 1), a bad ``time_limit``).
+      ValueError: a concrete ``beta`` not finite and > 0, a bad scalar setting of
+        ``problem`` (a discount outside [0, 1), a bad ``time_limit``), or ``theta`` not shaped
+        like ``problem.theta0`` or not finite.
     """
     check_problem_settings(problem)
     check_beta_if_concrete(beta)
+    check_theta(problem, theta)
     br = best_response(problem, theta, beta, V0, newton_iters, polish_sweeps)
     V_L, _ = leader_values(problem, theta, br.policy)
     return jnp.dot(problem.init_dist(theta), V_L) + problem.regularizer(theta)
@@ -250,5 +256,6 @@ def exact_hypergradient(problem: TabularCMDP, theta: Array, beta, V0: Optional[A
     """
     check_problem_settings(problem)
     check_beta_if_concrete(beta)
+    check_theta(problem, theta)
     return jax.grad(leader_objective, argnums=1)(problem, theta, beta, V0, newton_iters,
                                                  polish_sweeps)

@@ -107,8 +107,10 @@ def rollout(key: Array, policy: Array, transition: Array, init_dist: Array,
         nxt = jnp.asarray(successors.index)
     rho_cdf = jnp.cumsum(init_dist)
     k0, k1 = jax.random.split(key)
-    s0 = _sample_cdf(rho_cdf, jax.random.uniform(k0, (num_envs, 1)))
-    u = jax.random.uniform(k1, (num_steps, num_envs, 3))
+    # uniforms in the run's dtype (the policy's), not JAX's default float: a float32 run draws
+    # the same numbers with jax_enable_x64 on or off
+    s0 = _sample_cdf(rho_cdf, jax.random.uniform(k0, (num_envs, 1), policy.dtype))
+    u = jax.random.uniform(k1, (num_steps, num_envs, 3), policy.dtype)
 
     # every step's reset state, drawn up front by binary search (the same draws as the full
     # comparison: the first CDF entry above u); used where an episode ends

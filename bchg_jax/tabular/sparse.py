@@ -5,8 +5,18 @@ a dense Bellman sweep, a [S*B, S] x [S] product, does ~S/J times the work the ma
 the support is a fixed integer table ``index`` [S, J] (the states reachable from s under any
 action, padded with a valid state of probability 0); the probabilities are still read from
 ``transition(theta)`` at every call, so a theta-dependent model keeps working as long as its
-support stays inside the table (:func:`problem_successors` checks it at theta0 and at random
-thetas).
+support stays inside the table.
+
+The rule (support): the table is built once, as the union of the supports seen at a finite set
+of probe thetas (:func:`probe_support`: theta0 and 12 random thetas), so it cannot know where
+the support goes elsewhere. :func:`lost_mass` measures the probability mass of a table P that
+falls outside it (per (s, b) row: the row sum of P minus the sum over the table's entries; the
+largest over rows), to be compared with :func:`lost_mass_tolerance` (rounding level). Both
+solvers return it with ``return_lost_mass=True``. The tabular trainer checks it at every
+iteration (unless ``transition`` does not depend on theta at all), flags it (metric
+``support_lost``) and takes that iteration's follower and metric from the dense solvers
+(:func:`cond_on_any_lane`), so its J is never that of a truncated model (the rollouts of such
+an iteration still draw from the table: flagged, not corrected).
 
 Two solvers, both run-last batched (:mod:`bchg_jax.core.run_last`: under ``vmap`` the run axis is
 the minor, contiguous one):
@@ -39,11 +49,13 @@ derivatives in theta.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_batching import custom_vmap
+from jax.extend import core as jax_core
 
 from bchg_jax.core.run_last import add_run_axis, compacting_while_loop, run_last
 from bchg_jax.core.validate import (check_beta_if_concrete, check_discount, check_if_concrete,
@@ -59,6 +71,13 @@ SPARSE_MAX_FRACTION = 0.25
 # sweeps per stopping test of the unbatched policy evaluation (one run: 4 sweeps per loop trip
 # cut one Four-Rooms iteration at beta 5e-3 from 0.26 to 0.20 ms; 6 no better, 1 per trip under vmap)
 ONE_RUN_SWEEPS_PER_TEST = 4
+# the probes of the support (:func:`probe_support`): theta0, then PROBE_DRAWS random thetas
+# theta0 + scale N(0, I) at each of PROBE_SCALES
+PROBE_SCALES = (1.0, 3.0, 10.0)
+PROBE_DRAWS = 4
+# mass outside the table above max(LOST_MASS_ULPS, J) * eps(dtype) per row is lost mass
+# (:func:`lost_mass_tolerance`): float32 7.6e-6 for J <= 64, float64 1.4e-14
+LOST_MASS_ULPS = 64
 
 
 class Successors(NamedTuple):
@@ -102,26 +121,74 @@ def successors_from_transition(P) -> Successors:
     return successors_from_support(np.any(P != 0, axis=1))
 
 
-def problem_successors(problem: TabularCMDP, draws: int = 3, scale: float = 1.0,
-                       seed: int = 0, sampler: bool = False) -> Successors:
-    """The successor table of ``problem.transition`` (of ``problem.sampler_transition`` with
-    ``sampler=True``): the union of the supports at ``theta0`` and at ``draws`` random thetas
-    ``theta0 + scale N(0, I)`` (evaluated eagerly, before any jit).
+class SupportProbe(NamedTuple):
+    """What :func:`probe_support` saw: ``successors`` (the union table), ``fixed`` (every probe
+    had the same support), ``probes`` (thetas used), ``skipped`` (probes with a non-finite
+    table, left out)."""
 
-    A model whose support changes elsewhere in theta must use the dense solvers
-    (``TrainConfig(solver="dense")``); the sparse solvers would drop the probability mass
-    outside the table.
+    successors: Successors
+    fixed: bool
+    probes: int
+    skipped: int
+
+
+def probe_support(problem: TabularCMDP, draws: int = PROBE_DRAWS,
+                  scales: Sequence[float] = PROBE_SCALES, seed: int = 0,
+                  sampler: bool = False) -> SupportProbe:
+    """The supports of ``problem.transition`` (``problem.sampler_transition`` with
+    ``sampler=True``) at ``theta0`` and at ``draws`` random thetas ``theta0 + scale N(0, I)``
+    for each scale of ``scales`` (evaluated eagerly, before any jit; 13 thetas by default).
+
+    A probe whose table has a non-finite entry (outside the model's domain) is skipped.
+
+    Args:
+      problem: the tabular CMDP.
+      draws: random thetas per scale.
+      scales: the noise scales.
+      seed: seed of the numpy generator of the draws.
+      sampler: probe the sampler's table instead of the follower's model.
+    Returns:
+      :class:`SupportProbe`: the union's :class:`Successors` table and whether every probe
+      had the same support (``fixed``); a support that differs between probes depends on theta,
+      so the union of finitely many probes need not hold it everywhere.
     """
     theta0 = np.asarray(problem.theta0)
     rng = np.random.default_rng(seed)
-    support = None
-    for k in range(draws + 1):
-        theta = theta0 if k == 0 else theta0 + scale * rng.standard_normal(theta0.shape)
-        table = problem.sampler_transition if sampler else problem.transition
+    table = problem.sampler_transition if sampler else problem.transition
+    thetas = [theta0] + [theta0 + scale * rng.standard_normal(theta0.shape)
+                         for scale in scales for _ in range(draws)]
+    union, first, fixed, skipped = None, None, True, 0
+    for theta in thetas:
         P = np.asarray(table(jnp.asarray(theta, theta0.dtype)))
-        s = np.any(P != 0, axis=1)
-        support = s if support is None else support | s
-    return successors_from_support(support)
+        if not np.all(np.isfinite(P)):
+            skipped += 1
+            continue
+        support = np.any(P != 0, axis=1)
+        if union is None:
+            union, first = support, support
+        else:
+            union = union | support
+            fixed = fixed and bool(np.array_equal(support, first))
+    if union is None:
+        raise ValueError(f"{problem.name}: the transition table is non-finite at theta0 and at "
+                         f"every probed theta")
+    return SupportProbe(successors_from_support(union), fixed, len(thetas) - skipped, skipped)
+
+
+def problem_successors(problem: TabularCMDP, draws: int = PROBE_DRAWS,
+                       scales: Sequence[float] = PROBE_SCALES, seed: int = 0,
+                       sampler: bool = False) -> Successors:
+    """The successor table of ``problem.transition`` (of ``problem.sampler_transition`` with
+    ``sampler=True``): the union of the supports at ``theta0`` and at ``draws`` random thetas
+    ``theta0 + scale N(0, I)`` per scale of ``scales`` (:func:`probe_support`).
+
+    The rule: the table holds every state reachable at a probed theta, nothing more. A model
+    whose support moves with theta may put mass outside it at other thetas; the solvers measure
+    that mass at every call (:func:`lost_mass`), and the tabular trainer flags it
+    (``support_lost``) and solves that iteration densely. ``TrainConfig(solver="auto")`` takes
+    the sparse form only when every probe had the same support (and J <= S/4).
+    """
+    return probe_support(problem, draws, scales, seed, sampler).successors
 
 
 def prefers_sparse(successors: Successors, num_states: int) -> bool:
@@ -182,6 +249,148 @@ def successor_probs(P: Array, successors: Successors) -> Array:
     probs = jnp.take_along_axis(P, jnp.broadcast_to(index[:, None, :], (S, B, index.shape[1])),
                                 axis=2)
     return jnp.where(jnp.asarray(successors.valid)[:, None, :], probs, 0.0)
+
+
+def lost_mass(P: Array, successors: Successors, probs: Optional[Array] = None) -> Array:
+    """The probability mass of ``P`` outside the successor table: the largest over (s, b) rows
+    of ``sum_s' P[s, b, s'] - sum_j probs[s, b, j]`` (the row sum from ``P`` itself, not 1).
+
+    Cheap next to a solve: one pass over ``P``, which the caller's model has just built.
+
+    Args:
+      P: [S, B, S] transition table.
+      successors: the :class:`Successors` table.
+      probs: ``successor_probs(P, successors)`` if already gathered, or None.
+    Returns:
+      [] in ``P``'s dtype; compare with :func:`lost_mass_tolerance`.
+    """
+    if probs is None:
+        probs = successor_probs(P, successors)
+    return jnp.max(jnp.sum(P, axis=-1) - jnp.sum(probs, axis=-1))
+
+
+def depends_on_input(fn: Callable, x) -> bool:
+    """Whether ``fn(x)`` may depend on ``x``: the data flow of its jaxpr, conservatively (an
+    equation with any input that depends on ``x`` makes all its outputs depend on it).
+
+    The trainer skips the per-iteration :func:`lost_mass` check of a transition table that does
+    not depend on theta (Four-Rooms): its support is then the one at theta0, which the table
+    holds by construction.
+    """
+    jaxpr = jax.make_jaxpr(fn)(x).jaxpr
+    dependent = set(jaxpr.invars)
+    for eqn in jaxpr.eqns:
+        if any(v in dependent for v in eqn.invars if not isinstance(v, jax_core.Literal)):
+            dependent.update(eqn.outvars)
+    return any(v in dependent for v in jaxpr.outvars if not isinstance(v, jax_core.Literal))
+
+
+def lost_mass_tolerance(dtype, successors: Successors) -> float:
+    """The largest :func:`lost_mass` that is rounding, not a truncated model:
+    ``max(LOST_MASS_ULPS, J) * eps(dtype)`` (float32: 7.6e-6 for J <= 64; float64: 1.4e-14).
+
+    When the table holds a row's support, both sums add the same J non-zero entries (the other
+    S - J entries are exact zeros, and adding a zero is exact), only in another order; each
+    float sum of n non-negative terms is within (n - 1) eps / 2 of its exact value times the
+    sum, so the two differ by at most (J - 1) eps for a row summing to 1. The floor of 64 eps
+    leaves room for rows that sum to slightly more than 1 and is still below the rounding of
+    the model's own row sums (a float32 row of S = 100 entries carries ~S eps / 2 = 6e-6, the
+    same order, and the dense solvers live with that).
+    """
+    return float(max(LOST_MASS_ULPS, successors.width) * jnp.finfo(dtype).eps)
+
+
+def cond_on_any_lane(pred, true_fn: Callable, false_fn: Callable, *operands):
+    """``true_fn(*operands)`` if ``pred`` else ``false_fn(*operands)``, per run, where under
+    ``vmap`` ``true_fn`` runs only in the calls in which some run's ``pred`` holds.
+
+    ``jax.lax.cond`` under ``vmap`` with a batched predicate becomes a ``select``: both branches
+    run for every run at every call. Here the batching rule (``custom_vmap``; nested ``vmap``s
+    merge into one lane axis, as in :func:`~bchg_jax.core.run_last.run_last`) runs ``false_fn``
+    on every lane and, only when ``any(pred)``, ``true_fn`` on every lane too, then selects per
+    lane; with a predicate shared by all lanes it is a plain ``lax.cond``. Meant for a rare
+    fallback (the dense solves of an iteration that lost mass, :func:`lost_mass`).
+
+    Forward-only (no derivative rule). ``true_fn`` and ``false_fn`` must not close over traced
+    values (pass them in ``operands``) and must return the same pytree of shapes and dtypes.
+
+    Args:
+      pred: [] bool.
+      true_fn, false_fn: ``fn(*operands) -> pytree``.
+      operands: arrays or pytrees of arrays.
+    Returns:
+      the chosen branch's output.
+    """
+    leaves, in_tree = jax.tree.flatten(operands)
+    leaves = [jnp.asarray(x) for x in leaves]
+    out_tree = []
+
+    def flat(fn):
+        def g(*xs):
+            out = fn(*jax.tree.unflatten(in_tree, xs))
+            out_tree[:] = [jax.tree.structure(out)]
+            return tuple(jax.tree.leaves(out))
+        return g
+
+    level = _lane_cond_levels(flat(true_fn), flat(false_fn))
+    outs = level((False,) * (len(leaves) + 1))(jnp.asarray(pred, bool), *leaves)
+    return jax.tree.unflatten(out_tree[0], outs)
+
+
+def _lane_cond_levels(true_fn, false_fn):
+    """``level(batched) -> f(pred, *xs)``: :func:`cond_on_any_lane` on arguments of which those
+    marked in ``batched`` carry a leading lane axis (the lanes of the enclosing vmaps)."""
+
+    def impl(batched, pred, xs):
+        if not any(batched):
+            return jax.lax.cond(pred, true_fn, false_fn, *xs)
+        R = [x.shape[0] for x, b in zip((pred,) + xs, batched) if b][0]
+        axes = tuple(0 if b else None for b in batched[1:])
+
+        def run(fn):
+            return jax.vmap(fn, in_axes=axes, axis_size=R)(*xs)
+
+        if not batched[0]:                     # one predicate for all lanes: a real cond
+            return jax.lax.cond(pred, lambda: run(true_fn), lambda: run(false_fn))
+        base = run(false_fn)
+
+        def both():
+            return tuple(jnp.where(pred.reshape((R,) + (1,) * (b.ndim - 1)), t, b)
+                         for t, b in zip(run(true_fn), base))
+
+        return jax.lax.cond(jnp.any(pred), both, lambda: base)
+
+    @functools.lru_cache(maxsize=None)
+    def level(batched):
+        @custom_vmap
+        def f(pred, *xs):
+            return impl(batched, pred, xs)
+
+        @f.def_vmap
+        def rule(axis_size, in_batched, pred, *xs):
+            args = (pred,) + xs
+            inner = [a.shape[1] if b else a.shape[0]
+                     for a, b, h in zip(args, in_batched, batched) if h]
+            r_in = inner[0] if inner else 1
+
+            def merge(x, b, h):
+                if b and h:                    # [outer, inner, ...] -> [outer * inner, ...]
+                    return x.reshape((axis_size * r_in,) + x.shape[2:])
+                if b:                          # [outer, ...]: each lane repeated r_in times
+                    return jnp.repeat(x, r_in, axis=0) if inner else x
+                if h:                          # [inner, ...]: tiled over the outer lanes
+                    return jnp.tile(x, (axis_size,) + (1,) * (x.ndim - 1))
+                return x
+
+            new = tuple(merge(a, b, h) for a, b, h in zip(args, in_batched, batched))
+            outs = level(tuple(b or h for b, h in zip(in_batched, batched)))(*new)
+            if inner:
+                outs = tuple(o.reshape((axis_size, r_in) + o.shape[1:]) for o in outs)
+            return outs, tuple(True for _ in outs)
+
+        return f
+
+    return level
 
 
 # --- run-last implementations (arrays end in the run axis R) -----------------------------------
@@ -355,7 +564,7 @@ def _key(successors: Successors):
 def sparse_soft_value_iteration(P: Array, r: Array, beta, gamma, successors: Successors,
                                 terminal: Optional[Array] = None, V0: Optional[Array] = None,
                                 tol: float = 1e-6, max_sweeps: int = 3000,
-                                linear_sweeps: int = 16) -> BestResponse:
+                                linear_sweeps: int = 16, return_lost_mass: bool = False):
     """The follower's best response (Eq. (lower)) by modified soft policy iteration on a
     successor table (module docstring); same inputs, stopping test and result as
     :func:`~bchg_jax.tabular.follower.soft_value_iteration` with ``tol`` set.
@@ -371,9 +580,13 @@ def sparse_soft_value_iteration(P: Array, r: Array, beta, gamma, successors: Suc
       tol: stop when a soft sweep changes V by at most ``tol`` (sup norm).
       max_sweeps: cap on the sweeps (soft and linear together).
       linear_sweeps: expectation sweeps after each soft sweep (0: soft value iteration).
+      return_lost_mass: also return :func:`lost_mass` of ``P`` (above
+        :func:`lost_mass_tolerance`: ``P`` put mass outside ``successors``, and the result is
+        that of a truncated model, not of ``P``).
     Returns:
       :class:`~bchg_jax.tabular.follower.BestResponse`; ``sweeps`` counts soft and linear
-      sweeps, ``residual`` is the change of the last soft sweep.
+      sweeps, ``residual`` is the change of the last soft sweep. With ``return_lost_mass``:
+      (that, lost mass []).
     Raises:
       ValueError: as ``soft_value_iteration``, a negative ``linear_sweeps`` or a successor table
         not of S rows.
@@ -394,15 +607,17 @@ def sparse_soft_value_iteration(P: Array, r: Array, beta, gamma, successors: Suc
     gc = jnp.asarray(gamma, dtype) * continuation(terminal, S, dtype)
     V0 = jnp.zeros((S,), dtype) if V0 is None else jnp.asarray(V0, dtype)
     solve = _soft_solver(*_key(successors), float(tol), int(max_sweeps), int(linear_sweeps))
-    V, Q, policy, n, res = solve(successor_probs(P, successors).astype(dtype), r,
-                                 jnp.asarray(beta, dtype), gc, V0)
-    return BestResponse(policy=policy, V=V, Q=Q, sweeps=n, residual=res)
+    probs = successor_probs(P, successors)
+    V, Q, policy, n, res = solve(probs.astype(dtype), r, jnp.asarray(beta, dtype), gc, V0)
+    br = BestResponse(policy=policy, V=V, Q=Q, sweeps=n, residual=res)
+    return (br, lost_mass(P, successors, probs)) if return_lost_mass else br
 
 
 @full_precision
 def sparse_policy_evaluation(P: Array, r: Array, policy: Array, gamma, cont: Array, V0: Array,
                              successors: Successors, tol: float,
-                             max_sweeps: int = 3000, return_residual: bool = False):
+                             max_sweeps: int = 3000, return_residual: bool = False,
+                             return_lost_mass: bool = False):
     """V^g by warm-started expectation sweeps on a successor table until the sup-norm change is
     ``<= tol`` (the sparse form of :func:`~bchg_jax.tabular.exact.policy_evaluation_sweeps`).
 
@@ -410,9 +625,12 @@ def sparse_policy_evaluation(P: Array, r: Array, policy: Array, gamma, cont: Arr
       P: [S, B, S] transition; r: [S, B] reward; policy: [S, B] g(b|s); gamma: discount;
       cont: [S] continuation 1 - term(s); V0: [S] warm start; successors: the table of ``P``'s
       support; tol, max_sweeps: stopping test and cap; return_residual: also return the
-      change of the last sweep (above ``tol``: the cap was hit first).
+      change of the last sweep (above ``tol``: the cap was hit first); return_lost_mass: also
+      return :func:`lost_mass` of ``P`` (above :func:`lost_mass_tolerance`: V is that of a
+      truncated model).
     Returns:
-      [S] V^g (approximate), or (V, residual []) with ``return_residual``.
+      [S] V^g (approximate), or a tuple (V, then residual [] with ``return_residual``, then
+      lost mass [] with ``return_lost_mass``).
     Raises:
       ValueError: a concrete ``gamma`` outside [0, 1), or an array not shaped by ``P``'s S, B.
     """
@@ -425,6 +643,9 @@ def sparse_policy_evaluation(P: Array, r: Array, policy: Array, gamma, cont: Arr
         check_shape(name, x, shape, src)
     dtype = r.dtype
     solve = _evaluation_solver(*_key(successors), float(tol), int(max_sweeps))
-    V, _, res = solve(successor_probs(P, successors).astype(dtype), r, policy.astype(dtype),
+    probs = successor_probs(P, successors)
+    V, _, res = solve(probs.astype(dtype), r, policy.astype(dtype),
                       jnp.asarray(gamma, dtype) * cont.astype(dtype), jnp.asarray(V0, dtype))
-    return (V, res) if return_residual else V
+    extra = ((res,) if return_residual else ()) + (
+        (lost_mass(P, successors, probs),) if return_lost_mass else ())
+    return (V,) + extra if extra else V

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -32,8 +33,10 @@ from bchg_jax.core.precision import full_precision
 from bchg_jax.tabular.exact import exact_hypergradient, policy_evaluation_sweeps
 from bchg_jax.tabular.follower import continuation, soft_value_iteration
 from bchg_jax.tabular.rollout import rollout
-from bchg_jax.tabular.sparse import (prefers_sparse, problem_successors,
-                                     sparse_policy_evaluation, sparse_soft_value_iteration)
+from bchg_jax.tabular.sparse import (cond_on_any_lane, depends_on_input, lost_mass,
+                                     lost_mass_tolerance, prefers_sparse, probe_support,
+                                     problem_successors, sparse_policy_evaluation,
+                                     sparse_soft_value_iteration)
 
 Array = jax.Array
 
@@ -74,8 +77,10 @@ class TrainConfig:
       solver: the follower's and the metric's solvers: ``"dense"`` (soft value iteration and
         expectation sweeps on the [S, B, S] table), ``"sparse"`` (modified soft policy iteration
         and expectation sweeps on the successor table, :mod:`bchg_jax.tabular.sparse`) or
-        ``"auto"``: sparse when each state has at most S/4 successors, dense otherwise
-        (:func:`resolve_solver`). Both stop on the same tolerance ``vi_tol``.
+        ``"auto"``: sparse when each state has at most S/4 successors and the support did not
+        change between the probed thetas, dense otherwise (:func:`resolve_solver`). Both stop
+        on the same tolerance ``vi_tol``; an iteration whose model puts mass outside the
+        successor table is solved densely and flagged (metric ``support_lost``).
       linear_sweeps: expectation sweeps after each soft sweep of the sparse follower solver.
     """
 
@@ -141,23 +146,56 @@ class HParams(hparams_lib.HParamsMixin, _Fields):
         return self
 
 
-def resolve_solver(problem: TabularCMDP, solver: str = "auto"):
+def resolve_solver(problem: TabularCMDP, solver: str = "auto", explain: bool = False):
     """(``"dense"`` or ``"sparse"``, the successor table or None) for ``problem``.
 
-    ``"auto"`` takes the sparse form when every state has at most S/4 successors
-    (:func:`~bchg_jax.tabular.sparse.prefers_sparse`), on every backend. Measured for
-    Four-Rooms (J = 4 of S = 104; docs/performance.md): on the 2-core CPU a sparse sweep over
-    240 runs costs 0.14 ms against 0.40 ms dense; on an NVIDIA H200 the whole 240-run
-    iteration is 3.6-4.4x faster and one run 1.6-2.1x faster than dense at beta 1e-3..5e-3.
+    ``"auto"`` takes the sparse form when (a) the support of ``transition(theta)`` (and of the
+    sampler's table, if it has its own) is the same at every probed theta (theta0 and 12 random
+    thetas at scales 1, 3 and 10; :func:`~bchg_jax.tabular.sparse.probe_support`) and (b) every
+    state has at most S/4 successors (:func:`~bchg_jax.tabular.sparse.prefers_sparse`), on
+    every backend. A support that differs between probes depends on theta, and a union of
+    finitely many probes need not hold it elsewhere: ``auto`` then stays dense and warns
+    (``UserWarning``); ``solver="sparse"`` still takes the union table. Either way the trainer
+    checks the table at every iteration (metric ``support_lost``, dense solves for that
+    iteration). Measured for Four-Rooms (J = 4 of S = 104; docs/performance.md): on the
+    2-core CPU a sparse sweep over 240 runs costs 0.14 ms against 0.40 ms dense; on an NVIDIA
+    H200 the whole 240-run iteration is 3.6-4.4x faster and one run 1.6-2.1x faster than dense
+    at beta 1e-3..5e-3.
+
+    Args:
+      problem: the tabular CMDP.
+      solver: ``"auto"``, ``"dense"`` or ``"sparse"``.
+      explain: also return the reason of the choice (a sentence).
+    Returns:
+      (solver, successors or None), or (solver, successors or None, reason) with ``explain``.
+    Raises:
+      ValueError: an unknown ``solver``.
     """
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+    S = problem.num_states
     if solver == "dense":
-        return "dense", None
-    successors = problem_successors(problem)
-    if solver == "sparse" or prefers_sparse(successors, problem.num_states):
-        return "sparse", successors
-    return "dense", None
+        out = ("dense", None, "dense requested")
+    else:
+        probe = probe_support(problem)
+        J = probe.successors.width
+        if solver == "sparse":
+            out = ("sparse", probe.successors, f"sparse requested (J = {J} of S = {S})")
+        elif not prefers_sparse(probe.successors, S):
+            out = ("dense", None, f"J = {J} successors of S = {S} states is above S/4")
+        elif not (probe.fixed and (problem.sample_transition is None
+                                   or probe_support(problem, sampler=True).fixed)):
+            out = ("dense", None,
+                   f"the support of {problem.name}'s transition table differs between the "
+                   f"{probe.probes} probed thetas (it depends on theta; their union has J = "
+                   f"{J} of S = {S}), so solver='auto' uses the dense solvers; "
+                   f"solver='sparse' would use the union, checked at every iteration")
+            warnings.warn(out[2], stacklevel=2)
+        else:
+            out = ("sparse", probe.successors,
+                   f"J = {J} successors of S = {S} states, the same support at all "
+                   f"{probe.probes} probed thetas")
+    return out if explain else out[:2]
 
 
 def make_train(problem: TabularCMDP, method: str = "bchg",
@@ -176,8 +214,12 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
       ``train(key, hp)`` with ``hp`` an :class:`HParams`; ``metrics`` per iteration: ``J`` (exact
       J_L(theta_i)), ``grad_norm``, ``sweeps`` (soft-VI sweeps of the follower),
       ``solve_capped`` (1: the follower's or the metric's solve hit ``vi_max_sweeps`` before
-      ``vi_tol``), ``update_skipped`` (1: a non-finite estimate was dropped), each [n] per
-      run of ``run(state, hp, n)``. The state is a ``TrainState`` (``theta`` shaped like
+      ``vi_tol``), ``update_skipped`` (1: a non-finite estimate was dropped),
+      ``support_lost`` (1: with the sparse solvers, ``transition(theta_i)`` or the sampler's
+      table put more than rounding-level mass outside the successor table; that iteration's
+      follower and metric were then solved densely, so ``J`` and ``sweeps`` are the dense
+      solves', and its rollouts drew from the whole table), each [n] per run of
+      ``run(state, hp, n)``. The state is a ``TrainState`` (``theta`` shaped like
       ``problem.theta0``, ``critic`` [S, B], ``V_F`` [S], ``V_L`` [S], ``key``, ``step``).
     Raises:
       ValueError: an unknown method, an invalid problem or config, or an HPGD method with
@@ -207,10 +249,11 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
         return TrainState(theta, critic, zeros, zeros, k_run, jnp.zeros((), jnp.int32))
 
     @full_precision
-    def follower(theta, beta, V0):
-        """Best response g^{theta dagger}: soft value iteration (dense) or modified soft policy
-        iteration (sparse), warm-started from V0, to the soft-sweep tolerance ``vi_tol``."""
-        if solver == "sparse":
+    def follower(theta, beta, V0, kind=solver):
+        """Best response g^{theta dagger}: soft value iteration (``kind`` dense) or modified
+        soft policy iteration (sparse), warm-started from V0, to the soft-sweep tolerance
+        ``vi_tol``."""
+        if kind == "sparse":
             return sparse_soft_value_iteration(
                 problem.transition(theta), problem.follower_reward(theta), beta,
                 problem.gamma_F, successors, terminal, V0=V0, tol=config.vi_tol,
@@ -220,9 +263,10 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
                                     max_sweeps=config.vi_max_sweeps)
 
     @full_precision
-    def evaluate(theta, policy, V0):
+    def evaluate(theta, policy, V0, kind=solver):
         """(exact J_L(theta) under ``policy``, V_L [S], residual []): warm-started
-        policy-evaluation sweeps (``residual`` above ``vi_tol``: the sweep cap was hit).
+        policy-evaluation sweeps, dense or sparse by ``kind`` (``residual`` above ``vi_tol``:
+        the sweep cap was hit).
 
         The rows are renormalised first: in float32 a Boltzmann policy exp((Q - V) / beta) with
         a small beta sums to 1 +- 7e-5 per row, which biased J_L by -2.8e-4 on average on
@@ -230,7 +274,7 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
         within 5e-7 of the float64 best response's (tests/tabular/test_train.py)."""
         policy = policy / jnp.sum(policy, axis=-1, keepdims=True)
         evaluation = policy_evaluation_sweeps
-        if solver == "sparse":
+        if kind == "sparse":
             evaluation = functools.partial(sparse_policy_evaluation, successors=successors)
         V_L, res = evaluation(problem.transition(theta), problem.leader_reward(theta), policy,
                               problem.gamma_L, continuation(terminal, S, dtype), V0,
@@ -239,19 +283,66 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
         J = jnp.dot(problem.init_dist(theta), V_L) + problem.regularizer(theta)
         return J.astype(dtype), V_L, res
 
-    def collect(key, theta, policy):
+    def solves(theta, beta, V_F, V_L, kind=solver):
+        """(best response, J, V_L, metric residual): the follower and the metric, one kind."""
+        br = follower(theta, beta, V_F, kind)
+        J, V_L, res = evaluate(theta, br.policy, V_L, kind)
+        return br, J, V_L, res
+
+    def support_lost(theta):
+        """([] bool model lost mass, [] bool sampler lost mass): with the sparse solvers, the
+        follower's model / the sampler's table put mass outside its successor table at theta
+        (:func:`~bchg_jax.tabular.sparse.lost_mass` above its rounding tolerance). A table that
+        does not depend on theta (Four-Rooms) has the support of theta0, which its successor
+        table holds: it is not checked (False)."""
+        def lost(table, table_successors):
+            if solver != "sparse" or not depends_on_input(table, problem.theta0):
+                return jnp.zeros((), bool)
+            return lost_mass(table(theta), table_successors) > lost_mass_tolerance(
+                dtype, table_successors)
+
+        model = lost(problem.transition, successors)
+        if problem.sample_transition is None:
+            return model, model
+        return model, lost(problem.sample_transition, sample_successors)
+
+    def checked_solves(theta, beta, V_F, V_L):
+        """:func:`solves` with the trainer's solver; with the sparse one, the dense solves for a
+        run whose model lost mass at theta (:func:`~bchg_jax.tabular.sparse.cond_on_any_lane`:
+        under vmap the dense solves run only in iterations where some run lost mass). Returns
+        (br, J, V_L, residual, (model lost mass [] bool, sampler lost mass [] bool))."""
+        lost = support_lost(theta)
+        if solver == "dense" or not depends_on_input(problem.transition, problem.theta0):
+            return solves(theta, beta, V_F, V_L) + (lost,)
+        out = cond_on_any_lane(lost[0], functools.partial(solves, kind="dense"),
+                               functools.partial(solves, kind="sparse"), theta, beta, V_F, V_L)
+        return tuple(out) + (lost,)
+
+    def collect(key, theta, policy, dense=False):
         """(batch, oracle segments or None): num_envs x num_steps transitions from rho_0 and,
-        for ``hpgd_oracle``, extra rollouts whose every reset starts from a uniform state."""
+        for ``hpgd_oracle``, extra rollouts whose every reset starts from a uniform state.
+        ``dense``: draw next states from the whole [S, B, S] table, not the successor table
+        (an iteration whose sampler lost mass outside it)."""
         P_sample = problem.sampler_transition(theta)
+        table = None if dense else sample_successors
         batch = rollout(key, policy, P_sample, problem.init_dist(theta), terminal,
                         problem.time_limit, config.num_envs, config.num_steps,
-                        successors=sample_successors)
+                        successors=table)
         if not use_oracle:
             return batch, None
         return batch, rollout(jax.random.fold_in(key, 1), policy, P_sample,
                               jnp.full((S,), 1.0 / S, dtype), terminal, problem.time_limit,
-                              config.oracle_envs, config.oracle_steps,
-                              successors=sample_successors)
+                              config.oracle_envs, config.oracle_steps, successors=table)
+
+    sampler_fn = problem.sample_transition or problem.transition
+    check_sampler = solver == "sparse" and depends_on_input(sampler_fn, problem.theta0)
+
+    def checked_collect(key, theta, policy, sampler_lost):
+        """:func:`collect`, from the whole table for a run whose sampler lost mass at theta."""
+        if not check_sampler:
+            return collect(key, theta, policy)
+        return cond_on_any_lane(sampler_lost, functools.partial(collect, dense=True), collect,
+                                key, theta, policy)
 
     def leader_critic(key, critic, theta, batch, segments, alpha):
         """(critic state, Q_L [S, B], V_L or None): a SARSA update (Algorithm 2; V_L = sum_b g
@@ -274,14 +365,14 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
         hp = hp.cast(dtype)
         theta, beta = state.theta, hp.beta
         key, k_roll, k_sarsa = jax.random.split(state.key, 3)
-        br = follower(theta, beta, state.V_F)
-        J, V_L, metric_res = evaluate(theta, br.policy, state.V_L)
+        br, J, V_L, metric_res, (model_lost, sampler_lost) = checked_solves(
+            theta, beta, state.V_F, state.V_L)
         critic = state.critic
         if method == "exact":
             grad = exact_hypergradient(problem, theta, beta, V0=br.V, newton_iters=0,
                                        polish_sweeps=3)
         else:
-            batch, segments = collect(k_roll, theta, br.policy)
+            batch, segments = checked_collect(k_roll, theta, br.policy, sampler_lost)
             critic, Q_L, V_L_hat = leader_critic(k_sarsa, critic, theta, batch, segments,
                                                  hp.sarsa_alpha)
             grad = estimate(theta, beta, batch, segments, br, Q_L, V_L_hat)
@@ -294,10 +385,12 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
         capped = ~((br.residual <= config.vi_tol) & (metric_res <= config.vi_tol))
         metrics = {"J": J, "grad_norm": grad_norm, "sweeps": br.sweeps,
                    "solve_capped": capped.astype(jnp.int32),
-                   "update_skipped": skipped.astype(jnp.int32)}
+                   "update_skipped": skipped.astype(jnp.int32),
+                   "support_lost": (model_lost | sampler_lost).astype(jnp.int32)}
         return TrainState(new_theta, critic, br.V, V_L, key, state.step + 1), metrics
 
-    steps = {"follower": follower, "evaluate": evaluate, "collect": collect,
+    steps = {"follower": follower, "evaluate": evaluate, "support_lost": support_lost,
+             "solves": checked_solves, "collect": collect, "checked_collect": checked_collect,
              "leader_critic": leader_critic, "estimate": estimate}
     return build_trainer(problem, method, config, init, step,
                          lambda grid: HParams.from_grid(grid, dtype),

@@ -66,3 +66,25 @@ def test_run_grid_chunking_is_invisible():
     _, b = run_grid(trainer, grid, seeds=2, iterations=4, chunk=4, verbose=False)
     for k in a:
         assert np.array_equal(a[k], b[k], equal_nan=True), k
+
+
+@pytest.mark.parametrize("family", ["tabular", "lq"])
+def test_float32_run_is_the_same_with_x64_on_or_off(family):
+    """Random draws and constants take the run's dtype, not JAX's default float."""
+    from bchg_jax import lq, problems, tabular
+
+    def run():
+        if family == "tabular":
+            t = tabular.make_train(problems.fourrooms(), "bchg", tabular.TrainConfig(
+                iterations=4))
+            hp = tabular.HParams(0.1, 0.5, 1e-3)
+        else:
+            t = lq.make_train(problems.thermal(), "bchg", lq.TrainConfig(iterations=3,
+                                                                        num_episodes=4))
+            hp = lq.HParams(0.1, 0.1)
+        return np.asarray(t.train(jax.random.key(0), hp)[1]["J"])
+    off = run()
+    with jax.enable_x64(True):
+        on = run()
+    assert on.dtype == np.float32
+    np.testing.assert_array_equal(off, on)

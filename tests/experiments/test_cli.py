@@ -108,6 +108,13 @@ def test_methods_can_be_added_to_a_run_folder_but_settings_cannot_change(tmp_pat
     cli.main(["--smoke", "--method", "sobirl", "--out", run, "--exact-out"])
     cfg = json.load(open(os.path.join(run, "config.json")))
     assert cfg["methods"] == ["naive", "sobirl"]
+    # the run's summary and figure now cover both methods (they were not refreshed before)
+    rows = list(csv.DictReader(open(os.path.join(run, "summary.csv"))))
+    assert [r["method"] for r in rows] == ["sobirl", "naive"]       # the figure's order
+    assert os.path.exists(os.path.join(run, "figure.png"))
+    # metrics.jsonl lines carry their grid's hyperparameters
+    line = json.loads(open(os.path.join(run, "naive", "metrics.jsonl")).readline())
+    assert set(line["grid"]) == {"lr", "sarsa_alpha", "beta"} and "solve_capped" in line["metrics"]
     with pytest.raises(SystemExit) as e:
         cli.main(["--smoke", "--method", "naive", "--beta", "0.005", "--out", run, "--exact-out"])
     assert e.value.code == 2 and "other settings" in capsys.readouterr().err
@@ -229,3 +236,18 @@ def test_lqr_game_run_saved_before_the_replay_and_tau_flags_resumes_with_its_val
     a = cli.parse_args(["--config", str(run / "config.json")])    # --config: the same values
     c = cli.train_config(a, "bchg")
     assert (a.preset, c.replay, c.tau, c.explore_episodes) == (preset, replay, tau, explore)
+
+
+def test_a_failed_write_stops_with_the_resume_command(tmp_path, monkeypatch, capsys):
+    """A folder made read-only (or a full disk) mid-run: exit 1, no traceback, how to go on."""
+    import bchg_jax.core.io as bio
+
+    def refuse(path, state, step=0):
+        raise PermissionError(13, "Permission denied", path)
+    monkeypatch.setattr(bio, "save_state", refuse)
+    run = str(tmp_path / "r")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--smoke", "--method", "naive", "--out", run, "--exact-out"])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and "Permission denied" in err
+    assert f"--resume {run}" in err and "in method naive at iteration 0" in err

@@ -164,7 +164,9 @@ def test_components_figure_has_titled_and_labelled_panels(tmp_path):
     assert "th" in fig.get_suptitle()
     caption, labels = legend_text(fig)
     assert labels == ["BC-HG", "Naive-PGD", "exact hypergradient"]
-    assert "mean over 3 seeds" in caption and "trailing mean over 20 iterations" in caption
+    # the default window follows the run length (40 iterations: 2), as figure.png's does
+    assert "mean over 3 seeds" in caption and "trailing mean over 2 iterations" in caption
+    assert "trailing mean over 2 iterations" in legend_text(plot.panel_figure([run]))[0]
     assert_legend_below_axes(fig)
     # other metric lists: a plain grid, names as titles
     fig = plot.components_figure(run, ("J", "stability"))

@@ -6,8 +6,9 @@ import pytest
 
 from bchg_jax.core.segments import discounted_suffix_sum, forward_discounted_sum
 from bchg_jax.problems import random_tabular_cmdp
-from bchg_jax.tabular import exact, hypergradient, rollout, soft_value_iteration
+from bchg_jax.tabular import Batch, exact, hypergradient, rollout, soft_value_iteration
 from bchg_jax.tabular.critics import benefit, state_value
+from bchg_jax.tabular.estimators import first_episode_mask, follower_q_grad_cotangents
 from bchg_jax.tabular.follower import BestResponse
 
 
@@ -48,6 +49,54 @@ def test_bchg_mean_agrees_with_exact_hypergradient_and_naive_does_not(x64):
     assert np.max(np.abs(zn)) > 10.0, f"naive should be biased, z-scores {zn}"
 
 
+def test_first_episode_forms_unbiased_with_few_episodes_per_stream_ratio_forms_not(x64):
+    """Issue 27: 32 streams x 30 steps, no time limit, ~5 episodes per stream. Each stream's
+    first episode over the number of streams (``first_episode``) is unbiased (4 SE per
+    coordinate); sums over every step over the number of completed episodes (``per_visit`` /
+    ``trajectory``, and the every-visit reference) are biased by the cut-off episodes."""
+    beta, E, T, n = 0.5, 32, 30, 2000
+    terminal = np.zeros(5, bool)
+    terminal[4] = True                       # episodes end at state 4: mean length ~6, no limit
+    prob, th, br, Q_L = _setup(jax.random.key(3), beta, None, terminal)
+    g = np.asarray(exact.exact_hypergradient(prob, th, beta))
+    forms = [("first_episode", "first_episode"), ("per_visit", "trajectory"),
+             ("every_visit", "every_visit")]
+
+    @jax.jit
+    def estimates(keys):
+        def one(key):
+            b = rollout(key, br.policy, prob.transition(th), prob.init_dist(th), prob.terminal,
+                        None, E, T)
+            return (jnp.stack([hypergradient(prob, th, b, br, Q_L, beta, grouping=gr,
+                                             partial=pa) for gr, pa in forms]),
+                    b.done.sum(1).mean(), b.done[:, -1].mean())
+        return jax.vmap(one)(keys)
+
+    est, per_stream, _ = jax.tree.map(np.asarray, estimates(jax.random.split(jax.random.key(1), n)))
+    assert 3.0 < per_stream.mean() < 8.0, "the few-episodes regime"
+    mean, se = est.mean(0), est.std(0, ddof=1) / np.sqrt(n)
+    z = (mean - g) / se
+    assert np.all(np.abs(z[0]) < 4.0), f"first_episode z-scores {z[0]}"
+    assert np.all(se[0] < 0.03 * np.abs(g).max()), "the test must be sharp enough to see a bias"
+    assert np.abs(z[1]).max() > 8.0, f"the ratio forms should be biased here, z-scores {z[1]}"
+    assert np.abs(z[2]).max() > 8.0, f"the reference should be biased here, z-scores {z[2]}"
+
+
+def test_first_episode_mask():
+    done = jnp.array([[0, 0, 1, 0, 1, 0], [0, 0, 0, 0, 0, 0], [1, 0, 0, 1, 0, 0]], bool)
+    z = jnp.zeros(done.shape, jnp.int32)
+    mask = first_episode_mask(Batch(z, z, z, z, jnp.zeros_like(done), done))
+    np.testing.assert_array_equal(mask, [[1, 1, 1, 0, 0, 0], [1] * 6, [1, 0, 0, 0, 0, 0]])
+
+
+def test_first_episode_grouping_refuses_hpgd():
+    """HPGD's dQF - dVF needs other segments (every-visit); first_episode uses its own."""
+    z, f = jnp.zeros((2, 4), jnp.int32), jnp.zeros((2, 4), bool)
+    with pytest.raises(ValueError, match="first_episode"):
+        follower_q_grad_cotangents(jnp.zeros((2, 4)), Batch(z, z, z, z, f, f), jnp.zeros(5), 0.9,
+                                   5, 3, "first_episode", subtract_value=True)
+
+
 def test_forward_sum_is_adjoint_of_suffix_sum():
     key = jax.random.key(0)
     w = jax.random.normal(key, (3, 17))
@@ -59,7 +108,8 @@ def test_forward_sum_is_adjoint_of_suffix_sum():
 
 
 @pytest.mark.parametrize("grouping,partial", [("every_visit", "every_visit"),
-                                              ("per_visit", "trajectory")])
+                                              ("per_visit", "trajectory"),
+                                              ("first_episode", "first_episode")])
 def test_weighted_vjp_equals_explicit_segment_gradients(x64, grouping, partial):
     """The VJP implementation equals summing explicit per-step gradient vectors (Alg. 1, 3, 5)."""
     beta, H = 0.4, 12
@@ -95,6 +145,11 @@ def test_weighted_vjp_equals_explicit_segment_gradients(x64, grouping, partial):
     s = batch.s
     b = batch.b
     n_ep = max(int(batch.done.sum()), 1)
+    keep = np.ones(s.shape)
+    if grouping == "first_episode":          # each stream's first episode, over E streams
+        keep = np.asarray(first_episode_mask(batch), float)
+        n_ep = s.shape[0]
+        assert 0 < keep.sum() < keep.size
     if grouping == "every_visit":
         sb = np.asarray(s * B + b)
         dQF = np.zeros_like(np.asarray(GF))
@@ -102,15 +157,15 @@ def test_weighted_vjp_equals_explicit_segment_gradients(x64, grouping, partial):
             dQF[sb == key] = np.asarray(GF)[sb == key].mean(0)
     else:
         dQF = np.asarray(GF)
-    w = prob.gamma_L ** batch.t * ben[s, b] / (beta * n_ep)
+    w = prob.gamma_L ** batch.t * ben[s, b] / (beta * n_ep) * keep
     guide = np.einsum("et,etd->d", np.asarray(w), dQF)
     if partial == "every_visit":
         part = sum(float(rho[k]) * np.asarray(GL)[np.asarray(s) == k].mean(0)
                    for k in np.unique(np.asarray(s)))
         part = part + np.einsum("s,sd->d", V_L, Jrho)
     else:
-        first = np.asarray(batch.t == 0)
-        part = (np.einsum("et,etd->d", np.asarray(prob.gamma_L ** batch.t), np.asarray(xL))
+        first = np.asarray(batch.t == 0) & (keep > 0)
+        part = (np.einsum("et,etd->d", np.asarray(prob.gamma_L ** batch.t) * keep, np.asarray(xL))
                 + np.asarray(V_L[s][first] @ Jlogrho[s][first])) / n_ep
         # the log-p term at step j is attached to s_{j+1}; its weight gamma^{t_j + 1} V_L(s_{j+1})
         # is already in xL through gamma_L * V_L(s') * gamma_L^{t_j}.

@@ -7,11 +7,11 @@ import pytest
 
 from bchg_jax.core.run_last import add_run_axis, run_last
 from bchg_jax.problems import fourrooms
-from bchg_jax.tabular import TabularCMDP, sparse
+from bchg_jax.tabular import TabularCMDP, leader_objective, sparse
 from bchg_jax.tabular.exact import policy_evaluation
 from bchg_jax.tabular.follower import continuation, soft_value_iteration
 from bchg_jax.tabular.rollout import rollout
-from bchg_jax.tabular.train import TrainConfig, make_train, resolve_solver
+from bchg_jax.tabular.train import HParams, TrainConfig, make_train, resolve_solver
 
 
 def _ring_problem(S=12, B=3, dtype=jnp.float64):
@@ -33,6 +33,164 @@ def _ring_problem(S=12, B=3, dtype=jnp.float64):
                        follower_reward=lambda t: rF + 0.1 * t[:S, None],
                        leader_reward=lambda t: rL, gamma_F=0.9, gamma_L=0.9,
                        theta0=jnp.zeros((S,), dtype), name="ring").validate()
+
+
+def _teleport_chain(threshold=3.0, S=20, dtype=jnp.float32):
+    """The chain of issue 27: actions left / right move one state (clipped at the ends); when
+    theta[0] > threshold, 'right' moves right with probability 0.5 and teleports to the far
+    state S - 1 with probability 0.5. Start at state 0, the leader is paid 1 at S - 1, the
+    follower theta[1] per 'right'. Its support depends on theta."""
+    s = np.arange(S)
+    base = np.zeros((S, 2, S), np.float32)
+    base[s, 0, np.maximum(s - 1, 0)] = 1.0
+    base[s, 1, np.minimum(s + 1, S - 1)] = 1.0
+    tele = base.copy()
+    tele[:, 1] *= 0.5
+    tele[:, 1, S - 1] += 0.5
+    base, tele = jnp.asarray(base, dtype), jnp.asarray(tele, dtype)
+    rL = jnp.zeros((S, 2), dtype).at[S - 1].set(1.0)
+    rho = jnp.zeros((S,), dtype).at[0].set(1.0)
+    return TabularCMDP(
+        transition=lambda th: jnp.where(th[0] > threshold, tele, base),
+        init_dist=lambda th: rho,
+        follower_reward=lambda th: jnp.zeros((S, 2), dtype).at[:, 1].set(th[1]),
+        leader_reward=lambda th: rL, gamma_F=0.9, gamma_L=0.9,
+        theta0=jnp.asarray([0.0, 0.5], dtype), name="teleport_chain").validate()
+
+
+def _trainer_J(problem, solver, thetas, iterations=2, beta=0.1):
+    """(J, support_lost) [runs, iterations] of BC-HG runs started at ``thetas`` [runs, 2]."""
+    trainer = make_train(problem, "bchg", TrainConfig(iterations=iterations, solver=solver,
+                                                      theta_init_std=0.0))
+    hp = HParams(lr=0.1, sarsa_alpha=0.5, beta=beta)
+    keys = jax.random.split(jax.random.key(0), len(thetas))
+    states = jax.vmap(trainer.init, (0, None))(keys, hp)._replace(theta=jnp.asarray(thetas))
+    _, m = jax.jit(jax.vmap(trainer.run, (0, None, None)), static_argnums=2)(
+        states, hp, iterations)
+    return np.asarray(m["J"]), np.asarray(m["support_lost"])
+
+
+def test_auto_uses_dense_for_a_support_that_moves_with_theta():
+    """The user's chain (teleport when theta[0] > 3): the probes see two supports, so ``auto``
+    takes the dense solvers and says so; its J at theta = [5, 0.5] is the dense trainer's and
+    the exact objective's (8.12; before the per-iteration check the auto trainer reported
+    5.1e-8, the value of the truncated model)."""
+    chain = _teleport_chain(3.0)
+    probe = sparse.probe_support(chain)
+    assert not probe.fixed and probe.probes == 13
+    with pytest.warns(UserWarning, match="differs between the 13 probed thetas"):
+        assert resolve_solver(chain, "auto") == ("dense", None)
+    theta = jnp.asarray([5.0, 0.5])
+    want = float(leader_objective(chain, theta, 0.1))
+    assert abs(want - 8.12) < 0.01, want
+    with pytest.warns(UserWarning):
+        J_auto, lost_auto = _trainer_J(chain, "auto", theta[None], iterations=1)
+    J_dense, _ = _trainer_J(chain, "dense", theta[None], iterations=1)
+    np.testing.assert_array_equal(J_auto, J_dense)
+    assert abs(J_auto[0, 0] - want) < 1e-3 and not lost_auto.any()
+
+
+def test_sparse_trainer_checks_the_table_every_iteration():
+    """A support change no probe sees (teleport only when theta[0] > 100): ``auto`` takes the
+    sparse form, and the trainer finds the lost mass itself. Runs at theta[0] = 102 are flagged
+    (``support_lost``) and solved densely: the same J as the dense trainer (8.12, not the
+    truncated model's ~1e-8), alone or vmapped beside runs that stay sparse."""
+    chain = _teleport_chain(100.0)
+    solver, succ, reason = resolve_solver(chain, "auto", explain=True)
+    assert solver == "sparse" and succ.width == 2, reason
+    thetas = np.array([[0.0, 0.5], [102.0, 0.5], [1.0, 0.3], [-1.0, 0.5]], np.float32)
+    J_sparse, lost = _trainer_J(chain, "auto", thetas)
+    J_dense, lost_dense = _trainer_J(chain, "dense", thetas)
+    np.testing.assert_array_equal(lost, [[0, 0], [1, 1], [0, 0], [0, 0]])
+    assert not lost_dense.any()
+    np.testing.assert_array_equal(J_sparse[1], J_dense[1])          # the dense solve itself
+    np.testing.assert_allclose(J_sparse, J_dense, atol=1e-4)         # the others: sparse, to tol
+    assert abs(J_sparse[1, 0] - float(leader_objective(chain, jnp.asarray(thetas[1]), 0.1))) < 1e-3
+    trainer = make_train(chain, "bchg", TrainConfig(solver="sparse", theta_init_std=0.0))
+    hp = HParams(lr=0.1, sarsa_alpha=0.5, beta=0.1)                 # one run, no vmap
+    state = trainer.init(jax.random.key(0), hp)._replace(theta=jnp.asarray(thetas[1]))
+    _, m = jax.jit(trainer.run, static_argnums=2)(state, hp, 1)
+    assert int(m["support_lost"][0]) == 1 and float(m["J"][0]) == J_dense[1, 0]
+    # the flagged iteration's rollouts come from the whole table: the dense trainer's estimate
+    dense = make_train(chain, "bchg", TrainConfig(solver="dense", theta_init_std=0.0))
+    _, m_dense = jax.jit(dense.run, static_argnums=2)(state, hp, 1)
+    assert float(m["grad_norm"][0]) == float(m_dense["grad_norm"][0])
+
+
+def test_lost_mass_is_reported_by_the_solvers():
+    """:func:`lost_mass` is the mass outside the table (0.5 in every 'right' row of the chain
+    with a table built at theta0 alone) and rounding-level for a table that holds the support;
+    both solvers return it on request."""
+    chain = _teleport_chain(3.0)
+    P0, P5 = chain.transition(jnp.asarray([0.0, 0.5])), chain.transition(jnp.asarray([5.0, 0.5]))
+    table = sparse.successors_from_transition(P0)
+    tol = sparse.lost_mass_tolerance(jnp.float32, table)
+    assert tol == pytest.approx(64 * np.finfo(np.float32).eps)
+    assert float(sparse.lost_mass(P0, table)) <= tol
+    assert float(sparse.lost_mass(P5, table)) == pytest.approx(0.5)
+    r = chain.follower_reward(jnp.asarray([5.0, 0.5]))
+    br, lost = sparse.sparse_soft_value_iteration(P5, r, 0.1, 0.9, table, return_lost_mass=True)
+    assert float(lost) == pytest.approx(0.5) and br.V.shape == (20,)
+    cont = continuation(None, 20, jnp.float32)
+    V, res, lost = sparse.sparse_policy_evaluation(P5, r, br.policy, 0.9, cont, jnp.zeros(20),
+                                                   table, tol=1e-6, return_residual=True,
+                                                   return_lost_mass=True)
+    assert float(lost) == pytest.approx(0.5) and float(res) <= 1e-6
+    fr = fourrooms()
+    succ = sparse.problem_successors(fr)
+    assert float(sparse.lost_mass(fr.transition(fr.theta0), succ)) <= (
+        sparse.lost_mass_tolerance(jnp.float32, succ))
+
+
+def test_probe_support_skips_non_finite_tables():
+    """A probe where the model is not finite is left out (not counted as support)."""
+    S = 6
+    nxt = jnp.asarray(np.eye(S)[(np.arange(S) + 1) % S], jnp.float32)
+
+    def transition(theta):
+        P = jnp.broadcast_to(nxt[:, None, :], (S, 2, S))
+        return jnp.where(theta[0] > 2.0, jnp.nan, 1.0) * P
+
+    prob = TabularCMDP(transition=transition, init_dist=lambda t: jnp.full((S,), 1.0 / S),
+                       follower_reward=lambda t: jnp.zeros((S, 2)) + t[0],
+                       leader_reward=lambda t: jnp.zeros((S, 2)), gamma_F=0.9, gamma_L=0.9,
+                       theta0=jnp.zeros(1))
+    probe = sparse.probe_support(prob)
+    assert probe.skipped > 0 and probe.fixed and probe.successors.width == 1
+    assert probe.probes + probe.skipped == 13
+
+
+def test_cond_on_any_lane_matches_lax_cond_and_skips_the_rare_branch():
+    """Per lane the same as ``lax.cond`` under nested vmaps (batched or shared predicate and
+    operands); the true branch runs only in a call where some lane's predicate holds."""
+    calls = []
+
+    def rare(x, y):
+        jax.debug.callback(lambda: calls.append(1))
+        return {"a": 2 * x + y, "b": jnp.sum(x)}
+
+    def common(x, y):
+        return {"a": x - y, "b": jnp.zeros(())}
+
+    x, y = jnp.arange(24.0).reshape(2, 3, 4), jnp.array([1.0, -2.0])
+    none, one = jnp.zeros((2, 3), bool), jnp.zeros((2, 3), bool).at[1, 2].set(True)
+    for p in (none, one):
+        for inner, outer, args in [((0, 0, None), (0, 0, 0), (p, x, y)),
+                                   ((0, 0, None), (None, 0, 0), (p[1], x, y)),
+                                   ((None, 0, None), (None, 0, 0), (p[1, 2], x, y)),
+                                   ((0, None, None), (0, None, None), (p, x[0, 0], y[0]))]:
+            calls.clear()
+            got = jax.jit(jax.vmap(jax.vmap(
+                lambda *a: sparse.cond_on_any_lane(a[0], rare, common, *a[1:]), inner),
+                outer))(*args)
+            jax.effects_barrier()
+            assert bool(calls) == bool(np.any(np.asarray(args[0]))), (inner, outer)
+            want = jax.vmap(jax.vmap(lambda q, u, v: jax.lax.cond(q, rare, common, u, v),
+                                     inner), outer)(*args)
+            for k in want:
+                np.testing.assert_array_equal(got[k], want[k])
+    out = sparse.cond_on_any_lane(True, rare, common, x[0, 0], 1.0)
+    np.testing.assert_array_equal(out["a"], 2 * x[0, 0] + 1.0)
 
 
 def test_fourrooms_successor_table_holds_all_mass():
@@ -136,6 +294,9 @@ def test_solver_choice_and_bad_settings():
     assert resolve_solver(fr, "dense") == ("dense", None)
     assert resolve_solver(fr, "sparse")[0] == "sparse"
     assert resolve_solver(fr, "auto")[0] == "sparse"          # J = 4 of S = 104, any backend
+    assert "same support at all 13 probed thetas" in resolve_solver(fr, "auto", explain=True)[2]
+    assert sparse.probe_support(fr).fixed
+    assert sparse.probe_support(_ring_problem(dtype=jnp.float32)).fixed
     S = 8
     full = TabularCMDP(transition=lambda t: jnp.full((S, 2, S), 1.0 / S),
                        init_dist=lambda t: jnp.full((S,), 1.0 / S),
@@ -168,6 +329,8 @@ def test_sparse_trainer_follows_the_dense_one():
     assert np.abs(J_d - J_s).max() < 2e-3, np.abs(J_d - J_s).max()
     assert np.all(J_s[:, -1] > J_s[:, 0] + 0.002), J_s[:, [0, -1]]     # theta moved J
     assert np.all(np.asarray(out["sparse"]["sweeps"]) >= 1)
+    for solver in ("dense", "sparse"):         # Four-Rooms' table holds its support: no flag
+        assert not np.asarray(out[solver]["support_lost"]).any()
 
 
 def test_gauss_seidel_colouring_accuracy_and_sweeps(x64):
@@ -203,7 +366,7 @@ def test_gauss_seidel_colouring_accuracy_and_sweeps(x64):
         assert int(n) < 0.8 * jacobi, (int(n), jacobi)
         assert int(n) % sparse.ONE_RUN_SWEEPS_PER_TEST == 0       # unbatched: k sweeps a test
         # batched (one sweep per test, run axis last): the same bound
-        Vb, nb = jax.jit(jax.vmap(solve, (None, None, 0, None, None)))(
+        Vb, nb, _ = jax.jit(jax.vmap(solve, (None, None, 0, None, None)))(
             sparse.successor_probs(P, succ), r, jnp.stack([policy, policy]), gamma * cont,
             jnp.zeros(S))
         assert np.abs(np.asarray(Vb) - want).max() <= gamma / (1 - gamma) * tol

@@ -115,9 +115,9 @@ def test_float32_metric_is_unbiased_against_float64(x64):
     def both(th):
         th32, z32 = th.astype(jnp.float32), jnp.zeros(S, jnp.float32)
         br = t32.steps["follower"](th32, jnp.float32(beta), z32)
-        J32, _ = t32.steps["evaluate"](th32, br.policy, z32)
+        J32, _, _ = t32.steps["evaluate"](th32, br.policy, z32)
         br64 = t64.steps["follower"](th, beta, jnp.zeros(S))
-        J64, _ = t64.steps["evaluate"](th, br64.policy, jnp.zeros(S))
+        J64, _, _ = t64.steps["evaluate"](th, br64.policy, jnp.zeros(S))
         return J32, J64, jnp.max(jnp.abs(br.policy.sum(-1) - 1))
 
     thetas = 0.3 * jax.random.normal(jax.random.key(0), (12,) + t64.problem.theta0.shape)

@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core.validate import (check_beta_if_concrete, check_count, check_discount,
-                                    check_if_concrete, check_int_range, check_problem_settings)
+                                    check_if_concrete, check_int_range, check_problem_settings,
+                                    check_theta)
 from bchg_jax.games.estimators import (continuous_hypergradient,
                                       deterministic_hypergradient, game_score_weights)
 from bchg_jax.games.lqr.follower import (GameResponse, best_response, follower_q,
@@ -35,11 +36,13 @@ from bchg_jax.core.precision import full_precision
 Array = jax.Array
 
 
-def _check_args(game: LQRGame, beta=None, horizon=None, gamma=None) -> None:
-    """The game's scalar settings, a concrete beta (> 0), a horizon (a positive integer) and a
-    concrete return discount gamma (in [0, 1]: a finite-horizon sum may be undiscounted); None
-    skips an argument."""
+def _check_args(game: LQRGame, beta=None, horizon=None, gamma=None, theta=None) -> None:
+    """The game's scalar settings, a concrete beta (> 0), a horizon (a positive integer), a
+    concrete return discount gamma (in [0, 1]: a finite-horizon sum may be undiscounted) and
+    theta ([..., k * n], finite); None skips an argument."""
     check_problem_settings(game)
+    if theta is not None:
+        check_theta(game, theta, last_axis=game.num_params)
     if beta is not None:
         check_beta_if_concrete(beta)
     if horizon is not None:
@@ -134,7 +137,7 @@ def leader_objective(game: LQRGame, theta: Array, beta, *, horizon: int | None =
         integer, a concrete ``gamma`` outside [0, 1], a bad scalar setting of ``game`` (a
         discount outside [0, 1), ...), or ``theta`` not [k * n].
     """
-    _check_args(game, beta, horizon, gamma)
+    _check_args(game, beta, horizon, gamma, theta=theta)
     T = int(game.horizon if horizon is None else horizon)
     if resp is None:
         resp = best_response(game, theta, beta, stochastic=stochastic)
@@ -164,7 +167,7 @@ def exact_hypergradient(game: LQRGame, theta: Array, beta, *, horizon: int | Non
     Raises:
       ValueError: as :func:`leader_objective`.
     """
-    _check_args(game, beta, horizon, gamma)
+    _check_args(game, beta, horizon, gamma, theta=theta)
     g = game.gamma_L if gamma is None else gamma
     return jax.grad(lambda th: leader_objective(game, th, beta, horizon=horizon, gamma=g,
                                              stochastic=stochastic))(theta)
@@ -189,7 +192,7 @@ def leader_state_values(game: LQRGame, theta: Array, resp: GameResponse, x: Arra
       ValueError: a bad scalar setting of ``game``, a ``horizon`` that is not a positive
         integer, or a concrete ``gamma`` outside [0, 1].
     """
-    _check_args(game, horizon=horizon, gamma=gamma)
+    _check_args(game, horizon=horizon, gamma=gamma, theta=theta)
     F, N = closed_loop(game, theta, resp, stochastic)
 
     def body(c, t):
@@ -220,7 +223,7 @@ def leader_q(game: LQRGame, theta: Array, resp: GameResponse, s: Array, a: Array
     Raises:
       ValueError: as :func:`leader_state_values`.
     """
-    _check_args(game, horizon=horizon, gamma=gamma)
+    _check_args(game, horizon=horizon, gamma=gamma, theta=theta)
     s2 = transition(game, s, a, b)
     return leader_reward(game, s) + gamma * leader_state_values(
         game, theta, resp, s2, remaining - 1, gamma, horizon, stochastic)
@@ -264,7 +267,7 @@ def exact_critic_estimate(game: LQRGame, theta: Array, beta, key: Array, *, epis
         ``samples`` not positive integers or ``extra_steps`` not an integer >= 0, a bad scalar
         setting of ``game``, or an unknown ``guide``.
     """
-    _check_args(game, beta, gamma=gamma)
+    _check_args(game, beta, gamma=gamma, theta=theta)
     if direct_baseline not in ("value", "same_b", "same_noise", "none"):
         raise ValueError(f"unknown direct_baseline {direct_baseline!r}")
     if influence not in ("raw", "baseline"):
@@ -330,7 +333,7 @@ def hypergradient_split(game: LQRGame, theta: Array, beta, *, horizon: int | Non
     Raises:
       ValueError: as :func:`exact_hypergradient`.
     """
-    _check_args(game, beta, horizon, gamma)
+    _check_args(game, beta, horizon, gamma, theta=theta)
     g = game.gamma_L if gamma is None else gamma
 
     def J(th, th_follower):

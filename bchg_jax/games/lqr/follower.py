@@ -16,9 +16,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bchg_jax.core.maxent_lqr import GaussianBestResponse, RiccatiInfo, maxent_lqr_observable
-from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings
+from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings, check_theta
 from bchg_jax.games.lqr.game import (LQRGame, _quad, follower_reward, leader_gain, transition)
 from bchg_jax.core.precision import full_precision
 
@@ -75,7 +76,7 @@ class GameResponse(NamedTuple):
         z = jax.scipy.linalg.solve_triangular(self.chol, d[..., None], lower=True)[..., 0]
         m = self.K_s.shape[0]
         logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(self.chol)))
-        return -0.5 * (jnp.sum(z ** 2, -1) + m * jnp.log(2 * jnp.pi) + logdet)
+        return -0.5 * (jnp.sum(z ** 2, -1) + m * np.log(2 * np.pi) + logdet)
 
 
 @full_precision
@@ -105,6 +106,7 @@ def best_response(game: LQRGame, theta: Array, beta, *, stochastic: bool = True,
     """
     check_problem_settings(game)
     check_beta_if_concrete(beta)
+    check_theta(game, theta, last_axis=game.num_params)
     dt = theta.dtype
     A, B, C, Q, R = game.arrays(dt)
     K = leader_gain(game, theta)

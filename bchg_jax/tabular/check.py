@@ -1,0 +1,113 @@
+"""Is an estimator unbiased on this problem? Its mean over many batches vs the exact hypergradient.
+
+``check_problem(problem, thetas, beta)`` samples ``batches`` independent batches per theta exactly
+as a training run of ``method`` would (``make_train(problem, method, config).steps``: the same
+sampler, time limit, oracle rollouts and estimator options), estimates the hypergradient of
+Theorem 1 (Eq. (hg_configurable)) on each with exact leader critics (default) so that only the
+estimator is judged, and compares the mean with :func:`~bchg_jax.tabular.exact.exact_hypergradient`
+(implicit differentiation through the follower's fixed point). Per theta it reports
+
+* ``bias_se``: max over components of |mean - exact| / SE (SE: the standard error of the mean
+  over batches); above ~4 the estimator is biased at this resolution;
+* ``rel_error``: ||mean - exact|| / ||exact||, and ``rel_se`` = ||SE|| / ||exact||, the
+  resolution of that number (a relative error well above ``rel_se`` is bias, not noise);
+* ``cosine``: cos(mean, exact).
+
+Only the unbiased forms (``TrainConfig(grouping="first_episode", partial="first_episode")``,
+:mod:`bchg_jax.tabular.estimators`) should pass at every resolution; the reference convention and
+the ratio forms are biased by the episodes the batch cuts off, by O(1 / episodes per stream).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bchg_jax.tabular import critics
+from bchg_jax.tabular.cmdp import TabularCMDP
+from bchg_jax.tabular.exact import best_response, exact_hypergradient, leader_values
+from bchg_jax.tabular.train import METHOD_SPECS, TrainConfig, make_train
+
+Array = jax.Array
+CRITICS = ("exact", "monte_carlo")
+
+
+def check_problem(problem: TabularCMDP, theta_list: Sequence[Array], beta, config=None,
+                  batches: int = 400, method: str = "bchg", critic: str = "exact",
+                  key: Optional[Array] = None, chunk: int = 100,
+                  verbose: bool = True) -> List[dict]:
+    """Mean of ``batches`` hypergradient estimates vs the exact hypergradient, per theta.
+
+    Args:
+      problem: the :class:`TabularCMDP`.
+      theta_list: the thetas to check, each shaped like ``problem.theta0``.
+      beta: the follower's entropy weight (> 0).
+      config: a :class:`~bchg_jax.tabular.train.TrainConfig` (batch size ``num_envs`` x
+        ``num_steps``, ``grouping``, ``partial``, oracle sizes); None: ``TrainConfig()``.
+      batches: number of independent batches per theta (>= 2).
+      method: any estimating method of ``METHOD_SPECS`` (not ``"exact"``); default BC-HG.
+      critic: ``"exact"`` (exact Q_L, V_L under the best response: judges the estimator alone)
+        or ``"monte_carlo"`` (the batch's, or the oracle segments', every-visit Monte Carlo
+        returns, Algorithm 9, as HPGD (MC) and SoBiRL train).
+      key: PRNG key (default ``jax.random.key(0)``); each theta gets ``fold_in(key, i)``.
+      chunk: batches estimated at once (memory); all batches run as one compiled program.
+      verbose: print one line per theta.
+    Returns:
+      one dict per theta: ``exact`` [D] and ``mean``, ``se``, ``z`` (all flattened like theta),
+      ``bias_se`` (max |z|), ``rel_error``, ``rel_se`` and ``cosine`` (module docstring).
+    Raises:
+      ValueError: ``method="exact"`` or unknown, an unknown ``critic``, ``batches`` < 2, or an
+        invalid problem / config (as :func:`~bchg_jax.tabular.train.make_train`).
+    """
+    config = TrainConfig() if config is None else config
+    if method == "exact" or method not in METHOD_SPECS:
+        raise ValueError(f"method must be an estimating method of {tuple(METHOD_SPECS)} "
+                         f"(not 'exact'), got {method!r}")
+    if critic not in CRITICS:
+        raise ValueError(f"critic must be one of {CRITICS}, got {critic!r}")
+    if int(batches) < 2:
+        raise ValueError(f"batches must be >= 2 (a standard error), got {batches}")
+    steps = make_train(problem, method, config).steps
+    key = jax.random.key(0) if key is None else key
+    dtype = jnp.asarray(problem.theta0).dtype
+
+    @jax.jit
+    def exact_and_estimates(theta, keys):
+        """(exact hypergradient [D], estimates [batches, D]): one program for every theta."""
+        br = best_response(problem, theta, beta)
+        V_L, Q_L = leader_values(problem, theta, br.policy)
+
+        def one(k):
+            batch, segments = steps["collect"](k, theta, br.policy)
+            q, v = Q_L, V_L
+            if critic == "monte_carlo":
+                q, v = critics.monte_carlo_critic(batch if segments is None else segments,
+                                                  problem.leader_reward(theta), problem.gamma_L)
+            return jnp.ravel(steps["estimate"](theta, beta, batch, segments, br, q, v))
+        return (jnp.ravel(exact_hypergradient(problem, theta, beta)),
+                jax.lax.map(one, keys, batch_size=min(int(chunk), int(batches))))
+
+    out = []
+    for i, theta in enumerate(theta_list):
+        g, est = exact_and_estimates(jnp.asarray(theta, dtype), jax.random.split(
+            jax.random.fold_in(key, i), batches))
+        g, est = np.asarray(g, np.float64), np.asarray(est, np.float64)
+        mean = est.mean(0)
+        se = est.std(0, ddof=1) / np.sqrt(est.shape[0])
+        z = (mean - g) / np.maximum(se, np.finfo(np.float64).tiny)
+        norm_g = max(np.linalg.norm(g), np.finfo(np.float64).tiny)
+        row = {"exact": g, "mean": mean, "se": se, "z": z, "bias_se": float(np.abs(z).max()),
+               "rel_error": float(np.linalg.norm(mean - g) / norm_g),
+               "rel_se": float(np.linalg.norm(se) / norm_g),
+               "cosine": float(mean @ g / max(np.linalg.norm(mean) * norm_g,
+                                              np.finfo(np.float64).tiny))}
+        out.append(row)
+        if verbose:
+            print(f"theta {i}: bias {row['bias_se']:.1f} SE (max over {g.size} components), "
+                  f"relative error {100 * row['rel_error']:.2f}% "
+                  f"(resolution {100 * row['rel_se']:.2f}%), cosine {row['cosine']:.4f}  "
+                  f"[{method}, {config.num_envs} x {config.num_steps}, "
+                  f"grouping={config.grouping}, partial={config.partial}, {batches} batches]")
+    return out
