@@ -119,7 +119,7 @@ def panels_found(compact: str):
 
 
 def write_figure(compact: str) -> None:
-    from bchg_jax.core.io import _atomic_write_bytes, save_figure
+    from bchg_jax.core.io import atomic_write_bytes, save_figure
     from experiments.plot import final_table, panel_figure
     found = panels_found(compact)
     if not found:
@@ -148,7 +148,7 @@ def write_figure(compact: str) -> None:
     parts.append(f"Total wall time of the {len(found)} panels: {total:.0f} s "
                  f"({total / 3600:.2f} h).")
     text = "\n".join(parts) + "\n"
-    _atomic_write_bytes(os.path.join(compact, "table.md"), text.encode())
+    atomic_write_bytes(os.path.join(compact, "table.md"), text.encode())
     print(text)
 
 

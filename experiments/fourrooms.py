@@ -35,7 +35,7 @@ def batch_shape(batch: int):
 
 
 def parse_args(argv=None):
-    from experiments.common import base_parser
+    from experiments.cli import base_parser
     p = base_parser(
         "fourrooms", __doc__, seeds=10, iterations=10_000, chunk=500, methods=ALL_METHODS,
         also="also 'exact' (ascent on the exact hypergradient)",
@@ -67,12 +67,12 @@ def parse_args(argv=None):
 
 def methods_of(spec: str):
     from bchg_jax.tabular.train import METHODS
-    from experiments.common import parse_methods
+    from experiments.cli import parse_methods
     return parse_methods(spec, ALL_METHODS, METHODS)
 
 
 def validate_args(a):
-    from experiments.common import check_counts
+    from experiments.cli import check_counts
     methods_of(a.method)
     check_counts(a, "seeds", "iterations", "chunk")
     if a.beta <= 0:
@@ -99,7 +99,7 @@ def run_method(method: str, a, run_dir: str):
     """Trains (or resumes, or skips if complete) one method's grid; returns its summary dict."""
     from bchg_jax.problems.fourrooms import fourrooms
     from bchg_jax.tabular.train import TrainConfig, make_train
-    from experiments.common import run_method_folder
+    from experiments.run_folder import run_method_folder
     from experiments.plot import YLABEL, pretty_label
 
     grid = method_grid(method, a)  # validated by main() before any method ran
@@ -127,7 +127,7 @@ def validate_all(a):
 
 
 def main(argv=None) -> str:
-    from experiments.common import run_experiment
+    from experiments.run_folder import run_experiment
     return run_experiment("fourrooms", argv, parse_args, validate_all, run_method, SETTING_KEYS,
                           SUMMARY_WINDOW)
 

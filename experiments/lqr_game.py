@@ -79,7 +79,7 @@ SETTING_KEYS = ("seeds", "seed", "grid", "actor_steps", "critic_steps", "iterati
 def parse_args(argv=None):
     import argparse
     import sys
-    from experiments.common import base_parser
+    from experiments.cli import base_parser
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--preset", choices=tuple(PRESET_FLAGS), default="explore")
     preset = pre.parse_known_args(sys.argv[1:] if argv is None else list(argv))[0].preset
@@ -142,7 +142,7 @@ def parse_args(argv=None):
 
 
 def methods_of(spec: str, preset: str = "explore"):
-    from experiments.common import parse_methods
+    from experiments.cli import parse_methods
     return parse_methods(spec, ALL[preset], tuple(VARIANTS))
 
 
@@ -168,7 +168,7 @@ def train_config(a, name: str):
 
 
 def validate_args(a):
-    from experiments.common import check_counts
+    from experiments.cli import check_counts
     from bchg_jax.problems.lqr_game import lqr_game
     from bchg_jax.games.lqr.train import HParams
     methods = methods_of(a.method, a.preset)
@@ -200,7 +200,7 @@ def warmup_iterations(config) -> int:
 def run_method(name: str, a, run_dir: str):
     from bchg_jax.problems.lqr_game import lqr_game
     from bchg_jax.games import lqr
-    from experiments.common import run_method_folder
+    from experiments.run_folder import run_method_folder
     from experiments.plot import YLABELS, pretty_label
     method, buffer = VARIANTS[name]
     config = train_config(a, name)
@@ -216,7 +216,7 @@ def run_method(name: str, a, run_dir: str):
 
 
 def main(argv=None) -> str:
-    from experiments.common import run_experiment
+    from experiments.run_folder import run_experiment
     return run_experiment("lqr_game", argv, parse_args, validate_args, run_method, SETTING_KEYS,
                           SUMMARY_WINDOW)
 

@@ -16,12 +16,12 @@ import json
 import math
 import os
 import textwrap
-from typing import Sequence
+from typing import Dict, Sequence
 
 import numpy as np
 
 from bchg_jax.problems.thermal import COMPONENT_WEIGHTS as THERMAL_WEIGHTS
-from experiments.common import NOT_SETTINGS as RUN_FLAGS
+from experiments.cli import NOT_SETTINGS as RUN_FLAGS
 from experiments.summary import summarize
 
 METHOD_LABELS = {"bchg": "BC-HG", "hpgd_oracle": "HPGD (oracle)", "hpgd_mc": "HPGD (MC)",
@@ -134,8 +134,15 @@ def method_linestyles() -> dict:
     return {METHOD_LABELS[m]: style(m) for m in METHOD_ORDER}
 
 
+def grid_label(method: str, grid: Dict[str, np.ndarray], g: int) -> str:
+    """The curve label of grid point ``g``: the method and the hyperparameters that vary over
+    ``grid`` (``"bchg lr=0.1 sarsa_alpha=0.5"``; :func:`pretty_label` reads it)."""
+    varying = [k for k, v in grid.items() if len(set(np.atleast_1d(v).tolist())) > 1]
+    return method + "".join(f" {k}={grid[k][g]:g}" for k in varying)
+
+
 def pretty_label(label: str) -> str:
-    """``"bchg lr=0.1 sarsa_alpha=0.5"`` (``experiments.common.grid_label``) ->
+    """``"bchg lr=0.1 sarsa_alpha=0.5"`` (:func:`grid_label`) ->
     ``"BC-HG (lr=0.1, sarsa_alpha=0.5)"``; other labels are returned unchanged."""
     method, *hp = label.split()
     if method not in METHOD_LABELS:
@@ -203,7 +210,7 @@ def _legend_below(fig, ax_or_axes, caption: str, ncol: int | None = None):
 def learning_curve_figure(curves: dict, title: str = "", window: int | None = None,
                           ylabel: str = YLABEL, color_by_method: bool = True):
     """``curves``: label -> [seeds, iterations] array (a label starting with a method name, as
-    ``experiments.common.grid_label`` writes it, is shown as the method's name and its grid
+    :func:`grid_label` writes it, is shown as the method's name and its grid
     point). Returns a matplotlib figure; the legend, under the axes, says what the line and band
     are (mean +- SE over the seeds) and the smoothing window (None: :func:`smoothing_window`).
     ``color_by_method=False``: one colour per curve (the grid points of one method)."""

@@ -1,5 +1,5 @@
-"""Summary statistics of saved learning curves, shared by the experiment driver
-(``experiments.common``) and the figures (``experiments.plot``); depends on numpy only."""
+"""Summary statistics of saved learning curves, shared by the run summaries
+(``experiments.report``) and the figures (``experiments.plot``); depends on numpy only."""
 from __future__ import annotations
 
 import numpy as np

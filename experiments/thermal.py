@@ -4,7 +4,7 @@
 Every (learning rate, seed) of a method trains as one vmapped program, in jitted chunks. The
 metric of every iteration is the exact 100-step leader objective J_L(theta_i) under the
 follower's best response, with its four components (stability, HVAC energy, insulation and
-airflow costs; discounted sums). Outputs as for Four-Rooms (``experiments/common.py``), plus
+airflow costs; discounted sums). Outputs as for Four-Rooms (``experiments/run_folder.py``), plus
 ``components.png`` (objective and components, methods as curves).
 
 Estimator options: ``--follower-grad pathwise`` (default) or ``score`` (the paper's Eq. (nablaQF)),
@@ -25,7 +25,7 @@ SETTING_KEYS = ("seeds", "seed", "grid", "lr", "iterations", "critic", "follower
 
 
 def parse_args(argv=None):
-    from experiments.common import base_parser
+    from experiments.cli import base_parser
     p = base_parser(
         "thermal", __doc__, seeds=10, iterations=2000, chunk=100, methods=ALL_METHODS,
         also="also 'exact' (ascent on the exact hypergradient)", grid_flags="--lr",
@@ -74,7 +74,7 @@ def parse_args(argv=None):
 
 def methods_of(spec: str):
     from bchg_jax import lq
-    from experiments.common import parse_methods
+    from experiments.cli import parse_methods
     return parse_methods(spec, ALL_METHODS, lq.METHODS)
 
 
@@ -95,7 +95,7 @@ def method_grid(a):
 
 
 def validate_args(a):
-    from experiments.common import check_counts
+    from experiments.cli import check_counts
     from bchg_jax.lq.train import HParams
     methods = methods_of(a.method)
     check_counts(a, "seeds", "iterations", "chunk", "episodes")
@@ -109,7 +109,7 @@ def validate_args(a):
 def run_method(method: str, a, run_dir: str):
     from bchg_jax.problems.thermal import thermal
     from bchg_jax import lq
-    from experiments.common import run_method_folder
+    from experiments.run_folder import run_method_folder
     from experiments.plot import YLABELS, pretty_label
 
     config = train_config(a)
@@ -132,7 +132,7 @@ def components_png(run_dir: str) -> None:
 
 
 def main(argv=None) -> str:
-    from experiments.common import run_experiment
+    from experiments.run_folder import run_experiment
     return run_experiment("thermal", argv, parse_args, validate_args, run_method, SETTING_KEYS,
                           SUMMARY_WINDOW, components_png)
 

@@ -6,7 +6,7 @@ naive_off, biac_on, biac_off. ``--grid paper`` runs actor_steps x critic_steps i
 {1, 2, 5, 10, 20}^2 (25 settings) per variant as one vmapped program. The metric of every
 iteration is the *exact* undiscounted 150-step leader return of (f_theta, g) (``J``), with the
 discounted one, the batch's sampled return, p = f(0|A) and g(.|S) (``p``, ``g_S``). Outputs as
-for the other experiments (``experiments/common.py``).
+for the other experiments (``experiments/run_folder.py``).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ SETTING_KEYS = ("seeds", "seed", "grid", "actor_steps", "critic_steps", "iterati
 
 
 def parse_args(argv=None):
-    from experiments.common import base_parser
+    from experiments.cli import base_parser
     p = base_parser(
         "toy_game", __doc__, seeds=10, iterations=500, chunk=50, methods=ALL, noun="variant",
         also="also bchg_off (BC-HG, off-policy buffer)",
@@ -56,7 +56,7 @@ def parse_args(argv=None):
 
 
 def methods_of(spec: str):
-    from experiments.common import parse_methods
+    from experiments.cli import parse_methods
     return parse_methods(spec, ALL, tuple(VARIANTS))
 
 
@@ -77,7 +77,7 @@ def train_config(a, buffer: str):
 
 
 def validate_args(a):
-    from experiments.common import check_counts
+    from experiments.cli import check_counts
     from bchg_jax.problems.toy_game import toy_game
     from bchg_jax.games.tabular.train import HParams
     methods = methods_of(a.method)
@@ -94,7 +94,7 @@ def validate_args(a):
 def run_method(name: str, a, run_dir: str):
     from bchg_jax.problems.toy_game import toy_game
     from bchg_jax.games import tabular as games
-    from experiments.common import run_method_folder
+    from experiments.run_folder import run_method_folder
     from experiments.plot import YLABELS, pretty_label
     method, buffer = VARIANTS[name]
     config = train_config(a, buffer)
@@ -109,7 +109,7 @@ def run_method(name: str, a, run_dir: str):
 
 
 def main(argv=None) -> str:
-    from experiments.common import run_experiment
+    from experiments.run_folder import run_experiment
     return run_experiment("toy_game", argv, parse_args, validate_args, run_method, SETTING_KEYS,
                           SUMMARY_WINDOW)
 

@@ -20,7 +20,17 @@ import jax
 import numpy as np
 
 
-def _atomic_write_bytes(path: str, data: bytes) -> None:
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Writes ``data`` to ``path`` atomically: to a temporary file in the same folder (readable
+    by others as the umask allows), fsynced, then moved into place with ``os.replace``; a
+    failure leaves ``path`` as it was and removes the temporary file.
+
+    Args:
+      path: destination file (parent folders are created).
+      data: the file's bytes.
+    Returns:
+      None.
+    """
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
     try:
@@ -47,7 +57,7 @@ def save_json(path: str, obj) -> None:
     Returns:
       None.
     """
-    _atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
+    atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
 
 
 def save_npz(path: str, arrays: Dict[str, np.ndarray]) -> None:
@@ -61,7 +71,7 @@ def save_npz(path: str, arrays: Dict[str, np.ndarray]) -> None:
     """
     buf = io.BytesIO()
     np.savez_compressed(buf, **{k: np.asarray(v) for k, v in arrays.items()})
-    _atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def save_csv(path: str, header: Sequence[str], rows: Iterable[Sequence]) -> None:
@@ -78,7 +88,7 @@ def save_csv(path: str, header: Sequence[str], rows: Iterable[Sequence]) -> None
     w = csv.writer(buf)
     w.writerow(header)
     w.writerows(rows)
-    _atomic_write_bytes(path, buf.getvalue().encode())
+    atomic_write_bytes(path, buf.getvalue().encode())
 
 
 def save_figure(path: str, fig) -> None:
@@ -93,7 +103,7 @@ def save_figure(path: str, fig) -> None:
     """
     buf = io.BytesIO()
     fig.savefig(buf, format=os.path.splitext(path)[1][1:] or "png", dpi=120, bbox_inches="tight")
-    _atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue())
     import matplotlib.pyplot as plt
     plt.close(fig)          # figures are written once; do not keep them open
 

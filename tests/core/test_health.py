@@ -85,7 +85,7 @@ def test_lqr_game_cap_is_flagged_and_skipped(capsys):
 def test_cli_summary_reports_health(tmp_path, capsys):
     """The CLI's per-method summary prints the health, summary.csv carries it, and the run
     summary warns once more."""
-    from experiments.common import finish_method, finish_run
+    from experiments.report import finish_method, finish_run
     J = np.zeros((1, 2, 50))
     capped = np.zeros((1, 2, 50), np.int32)
     capped[0, 0, :10] = 1

@@ -223,7 +223,7 @@ def test_lqr_game_run_saved_before_the_replay_and_tau_flags_resumes_with_its_val
     its preset's values of the time (LEGACY_SETTINGS); ``--resume`` and ``--config`` restore
     them, not today's defaults."""
     from experiments import lqr_game as cli
-    from experiments.common import resume_args
+    from experiments.cli import resume_args
     saved = vars(cli.parse_args(["--preset", preset]))
     saved = {k: v for k, v in saved.items()
              if k not in ("replay", "tau", "explore_episodes", "_explicit")}

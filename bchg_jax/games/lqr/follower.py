@@ -19,8 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from bchg_jax.core.maxent_lqr import GaussianBestResponse, RiccatiInfo, maxent_lqr_observable
+from bchg_jax.core.maxent_lqr import quad_form as _quad
 from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings, check_theta
-from bchg_jax.games.lqr.game import (LQRGame, _quad, follower_reward, leader_gain, transition)
+from bchg_jax.games.lqr.game import LQRGame, follower_reward, leader_gain, transition
 from bchg_jax.core.precision import full_precision
 
 Array = jax.Array

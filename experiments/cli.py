@@ -1,0 +1,255 @@
+"""The command line shared by the experiment CLIs: the common flags (``base_parser``), ``--smoke``,
+``--config FILE`` (a saved run's settings), the arguments of ``--resume DIR``, settings older
+runs were saved without (``LEGACY_SETTINGS``), and bad-input errors (``fail``: ``error: ...``,
+exit status 2). Imports nothing else of the repository.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from typing import Sequence, Tuple
+
+
+SMOKE_SEEDS = 2  # --smoke runs at most this many seeds
+_UNSET = object()  # marks flags not given on the command line
+# flags that name where and how a run executes, never its settings: --config and --resume do not
+# take them from a saved config.json, and --resume accepts them changed
+NOT_SETTINGS = ("config", "resume", "out", "exact_out", "shard", "distributed", "chunk")
+
+
+# settings added after runs were saved without them: the value those runs were made with, or a
+# function of the saved arguments that gives it (a resumed run keeps it; a new run gets the
+# flag's default)
+LEGACY_SETTINGS = {
+    "solver": "dense",
+    # the LQR game's critic ring and target rate (fixed by the preset before they were flags)
+    "replay": lambda saved: 200 if saved.get("preset") == "explore" else 0,
+    "tau": lambda saved: 0.05 if saved.get("preset") == "explore" else 0.01,
+    "explore_episodes": lambda saved: 2 if saved.get("preset") == "explore" else 0,
+}
+
+
+def fail(message: str) -> None:
+    """Prints ``error: message`` to stderr and exits with status 2 (bad input)."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def saved_args(a) -> dict:
+    """The arguments recorded in config.json (``vars(a)`` without private entries)."""
+    return {k: v for k, v in vars(a).items() if not k.startswith("_")}
+
+
+def jsonable(v):
+    """A parsed argument as config.json stores it (tuples as lists)."""
+    return json.loads(json.dumps(v))
+
+
+def read_run_config(path: str, flag: str) -> dict:
+    """A config.json as a dict; exits 2 with ``error: FLAG PATH: ...`` when unreadable."""
+    try:
+        with open(path) as f:
+            cfg = json.load(f)
+        if not isinstance(cfg, dict) or not isinstance(cfg.get("args"), dict):
+            raise ValueError("it has no 'args' (not a bchg-jax config.json)")
+    except (OSError, ValueError) as err:
+        fail(f"{flag} {path}: cannot read it: {getattr(err, 'strerror', None) or err}")
+    return cfg
+
+
+def apply_config_file(parser: argparse.ArgumentParser, a) -> None:
+    """``--config FILE``: every setting of FILE (a run's or a method's ``config.json``) that was
+    not given on the command line; the flags of :data:`NOT_SETTINGS` are never taken from it,
+    and a setting FILE lacks because it predates the flag gets its :data:`LEGACY_SETTINGS` value."""
+    cfg = read_run_config(a.config, "--config")
+    prog = parser.prog.rsplit(".", 1)[-1]
+    if cfg.get("experiment", prog) != prog:
+        fail(f"--config {a.config} holds a {cfg['experiment']} run, not {prog}")
+    dests = {x.dest for x in parser._actions}
+    foreign = sorted(set(cfg["args"]) - dests)
+    if foreign:
+        fail(f"--config {a.config}: settings {foreign} are not flags of {parser.prog}")
+    for k, v in cfg["args"].items():
+        if k not in a._explicit and k not in NOT_SETTINGS:
+            setattr(a, k, v)
+    for k, v in LEGACY_SETTINGS.items():       # a file saved before the flag existed
+        if k in dests and k not in cfg["args"] and k not in a._explicit:
+            setattr(a, k, v(cfg["args"]) if callable(v) else v)
+    if "method" in cfg and "method" not in a._explicit:   # a method folder's config.json
+        a.method = cfg["method"]
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter,
+                    argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the module docstring's line breaks and appends "(default: ...)" to every flag."""
+
+
+class ExperimentParser(argparse.ArgumentParser):
+    """An experiment CLI's parser. ``parse_args`` applies ``--smoke``: at most
+    :data:`SMOKE_SEEDS` seeds and ``smoke_iterations`` iterations, chunks of ``smoke_chunk``
+    (a CLI shrinks its own flags after that)."""
+
+    def __init__(self, *args, smoke_iterations: int, smoke_chunk: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.smoke_iterations, self.smoke_chunk = smoke_iterations, smoke_chunk
+
+    def parse_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        unset = argparse.Namespace(**{x.dest: _UNSET for x in self._actions})
+        given = super().parse_args(args, unset)
+        explicit = {k for k, v in vars(given).items() if v is not _UNSET}
+        a = super().parse_args(args, namespace)
+        a._explicit = frozenset(explicit)
+        if getattr(a, "config", None):
+            apply_config_file(self, a)
+        if a.smoke and "smoke" in a._explicit:   # (a --config file holds reduced values)
+            a.seeds, a.iterations = min(a.seeds, SMOKE_SEEDS), min(a.iterations,
+                                                                   self.smoke_iterations)
+            a.chunk = self.smoke_chunk
+        return a
+
+
+def base_parser(experiment: str, description: str, *, seeds: int, iterations: int, chunk: int,
+                methods: Sequence[str], also: str = "", noun: str = "method", grid_flags: str,
+                grid_help: str, smoke: Tuple[int, int], smoke_help: str = "") -> ExperimentParser:
+    """The flags every experiment CLI shares, with that experiment's defaults.
+
+    ``methods``: what ``--method all`` runs; ``also``: text on the other accepted names;
+    ``grid_flags``: the flags ``--grid none`` takes the grid from, ``grid_help``: what
+    ``--grid paper`` sweeps; ``smoke``: (iterations, chunk) of ``--smoke``,
+    ``smoke_help``: the CLI's other ``--smoke`` reductions. The CLI adds its own flags (in
+    ``parser.add_argument_group(...)``) and calls ``parse_args``.
+    """
+    p = ExperimentParser(prog=f"python -m experiments.{experiment}", description=description,
+                         formatter_class=HelpFormatter, smoke_iterations=smoke[0],
+                         smoke_chunk=smoke[1])
+    p.add_argument("--seeds", type=int, default=seeds,
+                   help="number of seeds (independent runs of every grid point)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="base seed: seed i runs with the key fold_in(key(SEED), i)")
+    p.add_argument("--method", default="bchg",
+                   help=f"a {noun}, a comma-separated list, or 'all' (= {', '.join(methods)})"
+                        + (f"; {also}" if also else ""))
+    p.add_argument("--grid", choices=["none", "paper"], default="none",
+                   help=f"'none': the values of {grid_flags}; 'paper': {grid_help}")
+    p.add_argument("--iterations", type=int, default=iterations, help="outer iterations per run")
+    p.add_argument("--chunk", type=int, default=chunk,
+                   help="iterations per jitted chunk; after every chunk the progress is printed "
+                        "and <method>/metrics.npz and the orbax checkpoint folder "
+                        "<method>/checkpoint/<iteration>/ are rewritten")
+    p.add_argument("--out", default="results",
+                   help=f"results root: the run folder is <out>/{experiment}/<timestamp>/")
+    p.add_argument("--exact-out", action="store_true",
+                   help=f"use --out itself as the run folder (no {experiment}/<timestamp>/ "
+                        "subfolder); a folder of the same settings gets the new methods added")
+    p.add_argument("--resume", metavar="DIR", default=None,
+                   help="continue the run in the run folder DIR (the folder holding config.json "
+                        "and one folder per method) with its saved settings: every method "
+                        "continues from its orbax checkpoint DIR/<method>/checkpoint/<iteration>/"
+                        "; complete methods are skipped. A larger --iterations extends the run; "
+                        "--chunk, --shard and --distributed may change; any other changed "
+                        "setting is refused")
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="take every setting from FILE, a run's (or one method's) config.json, "
+                        "to repeat that run exactly; flags given on the command line override "
+                        "it (--out, --exact-out, --chunk, --shard are never taken from FILE)")
+    add_scale_args(p)
+    p.add_argument("--smoke", action="store_true",
+                   help=f"tiny run: at most {SMOKE_SEEDS} seeds and {smoke[0]} iterations, "
+                        f"chunks of {smoke[1]}" + (f", {smoke_help}" if smoke_help else ""))
+    return p
+
+
+def add_scale_args(p: argparse.ArgumentParser) -> None:
+    """``--shard`` and ``--distributed``, shared by the experiment CLIs."""
+    p.add_argument("--shard", action="store_true",
+                   help="split the seeds x grid runs over every JAX device (jax.shard_map)")
+    p.add_argument("--distributed", action="store_true",
+                   help="multi-host: call jax.distributed.initialize() (coordinator, process "
+                        "count and id from the cluster environment or JAX_COORDINATOR_ADDRESS, "
+                        "JAX_NUM_PROCESSES, JAX_PROCESS_ID), shard over every host's devices; "
+                        "process 0 writes the results")
+
+
+def parse_methods(spec: str, all_methods: Sequence[str], valid: Sequence[str]):
+    """``--method`` value -> list of names: 'all', one name or a comma-separated list."""
+    names = list(all_methods) if spec == "all" else [m.strip() for m in spec.split(",")
+                                                     if m.strip()]
+    if not names or any(m not in valid for m in names):
+        raise ValueError(f"--method must be 'all' or names from {tuple(valid)}, got {spec!r}")
+    return names
+
+
+def check_counts(a, *flags: str) -> None:
+    """Each named flag (attribute names of ``a``) is an integer >= 1; the error names the flag
+    and the value given."""
+    for flag in flags:
+        value = getattr(a, flag)
+        if value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+
+
+def flag_names(message: str, a) -> str:
+    """An error message from a library config check, with each ``TrainConfig.<field>`` that is
+    also a command-line flag named as the flag (``--tau (TrainConfig.tau)``), so the user sees
+    what to change."""
+    def named(m):
+        field = m.group(1)
+        if field in vars(a):
+            return f"--{field.replace('_', '-')} ({m.group(0)})"
+        return m.group(0)
+    return re.sub(r"\bTrainConfig\.(\w+)", named, message)
+
+
+def resume_args(a, experiment: str):
+    """For ``--resume DIR``: DIR's saved arguments, with ``--iterations`` (extend only) and the
+    flags of :data:`NOT_SETTINGS` taken from the command line. Exits 2 with a message naming the
+    right folder when DIR is a method's folder or no run folder, and refuses every other
+    setting given with a value that differs from the saved one."""
+    run_dir = os.path.normpath(a.resume)
+    for flag in ("out", "exact_out", "config"):
+        if flag in a._explicit:
+            fail(f"--resume continues the run in {a.resume} in place, with its saved settings; "
+                 f"drop --{flag.replace('_', '-')}")
+    cfg_path = os.path.join(run_dir, "config.json")
+    parent = os.path.dirname(os.path.abspath(run_dir))
+    method_folder = os.path.exists(cfg_path) and "experiment" not in read_run_config(
+        cfg_path, "--resume")
+    if method_folder or (not os.path.exists(cfg_path)
+                         and os.path.exists(os.path.join(parent, "config.json"))):
+        fail(f"--resume {a.resume} is a method's folder inside a run; resume the run folder: "
+             f"python -m experiments.{experiment} --resume {parent}")
+    if not os.path.exists(cfg_path):
+        fail(f"--resume {a.resume}: no config.json there (not a run folder)")
+    cfg = read_run_config(cfg_path, "--resume")
+    if cfg["experiment"] != experiment:
+        fail(f"--resume {a.resume} holds a {cfg['experiment']} run; resume it with "
+             f"python -m experiments.{cfg['experiment']} --resume {a.resume}")
+    saved = cfg["args"]
+    changed = [f"--{k.replace('_', '-')} {saved.get(k)!r} there, {jsonable(getattr(a, k))!r} "
+               "given" for k in sorted(a._explicit)
+               if k not in NOT_SETTINGS and k != "iterations" and k in saved
+               and jsonable(getattr(a, k)) != saved[k]]
+    if changed:
+        fail(f"{a.resume} holds a run with other settings ({'; '.join(changed)}); --resume "
+             "continues a run with its saved settings (only --iterations may grow and --chunk, "
+             "--shard, --distributed change); start a new run with another --out")
+    iterations = saved["iterations"]
+    if "iterations" in a._explicit:
+        if a.iterations < saved["iterations"]:
+            fail(f"--resume {a.resume}: the run has --iterations {saved['iterations']}; a run "
+                 f"can be extended, not shortened (got --iterations {a.iterations})")
+        iterations = a.iterations
+    keep = {k: getattr(a, k, False) for k in ("shard", "distributed")}
+    if "chunk" in a._explicit:
+        keep["chunk"] = a.chunk
+    explicit = a._explicit
+    legacy = {k: v(saved) if callable(v) else v for k, v in LEGACY_SETTINGS.items()
+              if hasattr(a, k)}
+    a = argparse.Namespace(**{**vars(a), **legacy, **saved, **keep})
+    a.resume, a.out, a.exact_out, a.config = run_dir, run_dir, True, None
+    a.iterations, a._explicit = iterations, explicit
+    return a
