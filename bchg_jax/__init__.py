@@ -14,9 +14,10 @@ The public API is organised by problem family; every family exposes the same nam
 * :mod:`bchg_jax.problems`: the paper's instances. :mod:`bchg_jax.core`: the shared loop,
   sweeps (``run_grid``, ``product_grid``, ``seed_keys``), I/O, networks, buffers, validation.
 """
+
 from bchg_jax.core.compile_options import configure_xla_cpu
 
-configure_xla_cpu()   # avoids an XLA:CPU deadlock of large vmapped programs (see that module)
+configure_xla_cpu()  # avoids an XLA:CPU deadlock of large vmapped programs (see that module)
 
 from bchg_jax import core, games, lq, problems, tabular  # noqa: E402
 from bchg_jax.core.sweep import product_grid, run_grid, seed_keys  # noqa: E402

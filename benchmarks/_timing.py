@@ -1,4 +1,5 @@
 """Shared timing helper of the benchmark scripts."""
+
 from __future__ import annotations
 
 import time
@@ -27,6 +28,7 @@ def time_chunks(trainer, grid, runs: int, iterations: int, with_metrics: bool = 
     if not with_metrics:
         return first - per_it * iterations, per_it
     import numpy as np
+
     both = {k: np.concatenate([np.asarray(m1[k]), np.asarray(m2[k])], -1) for k in m1}
     return first - per_it * iterations, per_it, both
 
@@ -36,6 +38,7 @@ def time_call(fn, *args, repeats: int = 1, with_output: bool = False):
     ``fn(*args)``: one untimed-as-run first call, then the best of ``repeats`` timed calls.
     ``with_output=True`` adds the last call's output (to check what the timed call computed)."""
     import numpy as np
+
     t0 = time.perf_counter()
     jax.block_until_ready(fn(*args))
     first = time.perf_counter() - t0

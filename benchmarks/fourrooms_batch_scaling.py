@@ -5,6 +5,7 @@ the measured batch-100 grids: ``wall(beta, b) ~ wall(beta, 100) x ms(b) / ms(100
 
     python -m benchmarks.fourrooms_batch_scaling [--iterations 200]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,12 +15,10 @@ import time
 
 import jax
 
-from bchg_jax.tabular import HParams, TrainConfig, make_train
-
-from bchg_jax.problems import fourrooms
-
 from bchg_jax import seed_keys
 from bchg_jax.core.sweep import grid_functions
+from bchg_jax.problems import fourrooms
+from bchg_jax.tabular import HParams, TrainConfig, make_train
 from experiments.fourrooms import ALL_METHODS, batch_shape
 
 BATCHES = (100, 200, 400, 1000)
@@ -27,12 +26,15 @@ BATCHES = (100, 200, 400, 1000)
 
 def ms_per_iteration(method, batch, iterations, seeds, beta):
     envs, steps = batch_shape(batch)
-    trainer = make_train(fourrooms("reference"), method,
-                         TrainConfig(num_envs=envs, num_steps=steps, iterations=iterations))
+    trainer = make_train(
+        fourrooms("reference"),
+        method,
+        TrainConfig(num_envs=envs, num_steps=steps, iterations=iterations),
+    )
     init, run = grid_functions(trainer)
     hp = HParams.from_grid({"lr": [0.1], "sarsa_alpha": [0.5], "beta": [beta]})
     state = init(seed_keys(seeds), hp)
-    jax.block_until_ready(run(state, hp, iterations))          # compile
+    jax.block_until_ready(run(state, hp, iterations))  # compile
     t0 = time.perf_counter()
     jax.block_until_ready(run(state, hp, iterations))
     return 1e3 * (time.perf_counter() - t0) / iterations
@@ -44,15 +46,28 @@ def main(argv=None):
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--beta", type=float, default=1e-3)
     a = p.parse_args(argv)
-    print(f"# {datetime.date.today()} {platform.machine()} jax {jax.__version__}, "
-          f"{a.seeds} seeds, {a.iterations} iterations, beta {a.beta}")
-    print("| method | " + " | ".join(f"batch {b} (ms/it)" for b in BATCHES) + " | "
-          + " | ".join(f"x{b}/100" for b in BATCHES[1:]) + " |")
+    print(
+        f"# {datetime.date.today()} {platform.machine()} jax {jax.__version__}, "
+        f"{a.seeds} seeds, {a.iterations} iterations, beta {a.beta}"
+    )
+    print(
+        "| method | "
+        + " | ".join(f"batch {b} (ms/it)" for b in BATCHES)
+        + " | "
+        + " | ".join(f"x{b}/100" for b in BATCHES[1:])
+        + " |"
+    )
     print("|---|" + "---|" * (2 * len(BATCHES) - 1))
     for method in ALL_METHODS:
         ms = [ms_per_iteration(method, b, a.iterations, a.seeds, a.beta) for b in BATCHES]
-        print(f"| {method} | " + " | ".join(f"{x:.2f}" for x in ms) + " | "
-              + " | ".join(f"{x / ms[0]:.2f}" for x in ms[1:]) + " |", flush=True)
+        print(
+            f"| {method} | "
+            + " | ".join(f"{x:.2f}" for x in ms)
+            + " | "
+            + " | ".join(f"{x / ms[0]:.2f}" for x in ms[1:])
+            + " |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ and the mean cosine between one estimate and g. Methods: BC-HG (Benefit, every-v
 in training), HPGD (its guide from the same batch's segments), HPGD (oracle: 50 x 200 extra steps
 from uniformly random states), SoBiRL and Naive-PGD (partial derivative only).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,19 +25,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.problems.fourrooms import fourrooms
 from bchg_jax.tabular import exact
 from bchg_jax.tabular.critics import monte_carlo_critic
 from bchg_jax.tabular.estimators import hypergradient
-from bchg_jax.problems.fourrooms import fourrooms
 from bchg_jax.tabular.rollout import rollout
 
-METHODS = {"BC-HG": ("benefit", False), "HPGD (MC/SA)": ("hpgd", False),
-           "HPGD (oracle)": ("hpgd", True), "SoBiRL": ("sobirl", False),
-           "Naive-PGD": ("none", False)}
+METHODS = {
+    "BC-HG": ("benefit", False),
+    "HPGD (MC/SA)": ("hpgd", False),
+    "HPGD (oracle)": ("hpgd", True),
+    "SoBiRL": ("sobirl", False),
+    "Naive-PGD": ("none", False),
+}
 
 
-def estimates(problem, theta, beta, batch: int, guide: str, oracle: bool, num: int,
-              critic: str = "exact"):
+def estimates(
+    problem, theta, beta, batch: int, guide: str, oracle: bool, num: int, critic: str = "exact"
+):
     br = exact.best_response(problem, theta, beta)
     _, Q_exact = exact.leader_values(problem, theta, br.policy)
     rL = problem.leader_reward(theta)
@@ -45,17 +51,34 @@ def estimates(problem, theta, beta, batch: int, guide: str, oracle: bool, num: i
 
     def one(key):
         k1, k2 = jax.random.split(key)
-        b = rollout(k1, br.policy, P, problem.init_dist(theta), problem.terminal,
-                    problem.time_limit, 1, batch)
+        b = rollout(
+            k1,
+            br.policy,
+            P,
+            problem.init_dist(theta),
+            problem.terminal,
+            problem.time_limit,
+            1,
+            batch,
+        )
         seg = None
         if oracle:
-            seg = rollout(k2, br.policy, P, jnp.full((S,), 1.0 / S, P.dtype), problem.terminal,
-                          problem.time_limit, 50, 200)
+            seg = rollout(
+                k2,
+                br.policy,
+                P,
+                jnp.full((S,), 1.0 / S, P.dtype),
+                problem.terminal,
+                problem.time_limit,
+                50,
+                200,
+            )
         Q_L, V_L = Q_exact, None
-        if critic == "batch" and guide != "benefit":    # Monte Carlo critic, as in training
+        if critic == "batch" and guide != "benefit":  # Monte Carlo critic, as in training
             Q_L, V_L = monte_carlo_critic(b if seg is None else seg, rL, problem.gamma_L)
-        return hypergradient(problem, theta, b, br, Q_L, beta, guide=guide, guide_batch=seg,
-                             V_L=V_L)
+        return hypergradient(
+            problem, theta, b, br, Q_L, beta, guide=guide, guide_batch=seg, V_L=V_L
+        )
 
     keys = jax.random.split(jax.random.key(0), num)
     return np.asarray(jax.jit(lambda ks: jax.lax.map(one, ks))(keys))
@@ -66,16 +89,22 @@ def main(argv=None):
     p.add_argument("--estimates", type=int, default=100)
     p.add_argument("--batches", type=int, nargs="+", default=[100, 200, 500, 1000])
     p.add_argument("--betas", type=float, nargs="+", default=[1e-3, 3e-3, 5e-3])
-    p.add_argument("--critic", choices=["exact", "batch"], default="exact",
-                   help="'batch': HPGD, SoBiRL and Naive-PGD use the Monte Carlo critic of the "
-                        "batch (oracle: of its segments) as in training; BC-HG keeps the exact "
-                        "critic (its SARSA critic accumulates over iterations)")
+    p.add_argument(
+        "--critic",
+        choices=["exact", "batch"],
+        default="exact",
+        help="'batch': HPGD, SoBiRL and Naive-PGD use the Monte Carlo critic of the "
+        "batch (oracle: of its segments) as in training; BC-HG keeps the exact "
+        "critic (its SARSA critic accumulates over iterations)",
+    )
     a = p.parse_args(argv)
     problem = fourrooms()
     theta = problem.theta0
-    print(f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "
-          f"{datetime.date.today()}, {a.estimates} estimates per cell, critic {a.critic}, "
-          f"theta = theta0")
+    print(
+        f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "
+        f"{datetime.date.today()}, {a.estimates} estimates per cell, critic {a.critic}, "
+        f"theta = theta0"
+    )
     print("| beta | batch | method | bias / norm (SE) | RMSE / norm | mean cosine |")
     print("|---|---|---|---|---|---|")
     for beta in a.betas:
@@ -83,15 +112,17 @@ def main(argv=None):
         norm = np.linalg.norm(g)
         for batch in a.batches:
             for name, (guide, oracle) in METHODS.items():
-                est = estimates(problem, theta, beta, batch, guide, oracle, a.estimates,
-                                a.critic)
+                est = estimates(problem, theta, beta, batch, guide, oracle, a.estimates, a.critic)
                 est = est.reshape(est.shape[0], -1)
                 bias = np.linalg.norm(est.mean(0) - g) / norm
                 se = np.sqrt(np.sum(est.var(0, ddof=1)) / est.shape[0]) / norm
                 rmse = np.sqrt(np.mean(np.sum((est - g) ** 2, -1))) / norm
                 cos = np.mean(est @ g / (np.linalg.norm(est, axis=1) * norm + 1e-30))
-                print(f"| {beta:g} | {batch} | {name} | {bias:.3f} ({se:.3f}) | {rmse:.3f} | "
-                      f"{cos:+.3f} |", flush=True)
+                print(
+                    f"| {beta:g} | {batch} | {name} | {bias:.3f} ({se:.3f}) | {rmse:.3f} | "
+                    f"{cos:+.3f} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ On a GPU one panel (every method + exact, 10 seeds x 10,000 iterations) is
 ``python -m benchmarks.fourrooms_figure run --panels 100:1e-3 --out OUT --compact OUT/compact``
 then ``python -m benchmarks.fourrooms_figure compare --compact OUT/compact``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,10 +59,11 @@ def parse_panel(spec: str):
         batch, beta = spec.split(":")
         batch = int(batch)
     except ValueError:
-        raise SystemExit(f"error: panel {spec!r} is not BATCH:BETA (e.g. 200:3e-3)")
+        raise SystemExit(f"error: panel {spec!r} is not BATCH:BETA (e.g. 200:3e-3)") from None
     if batch not in BATCHES or beta not in BETAS:
-        raise SystemExit(f"error: panel {spec!r}: batch must be one of {BATCHES}, beta one of "
-                         f"{BETAS}")
+        raise SystemExit(
+            f"error: panel {spec!r}: batch must be one of {BATCHES}, beta one of {BETAS}"
+        )
     return batch, beta
 
 
@@ -73,61 +75,96 @@ def method_seconds(run_dir: str) -> dict:
         path = os.path.join(run_dir, m, "metrics.jsonl")
         if os.path.exists(path):
             with open(path) as f:
-                out[m] = round(sum(json.loads(line)["chunk_seconds"] for line in f
-                                   if line.strip()), 1)
+                out[m] = round(
+                    sum(json.loads(line)["chunk_seconds"] for line in f if line.strip()), 1
+                )
     return out
 
 
-def run_panel(out: str, compact: str, batch: int, beta: str, methods, seeds: int,
-              iterations: int, core=None) -> None:
+def run_panel(
+    out: str, compact: str, batch: int, beta: str, methods, seeds: int, iterations: int, core=None
+) -> None:
     from bchg_jax.core.io import save_json
     from experiments.plot import export_best
+
     run_dir = os.path.join(out, panel_name(batch, beta))
     dest = os.path.join(compact, panel_name(batch, beta))
-    if (os.path.exists(os.path.join(dest, "wall.json"))
-            and not os.path.exists(os.path.join(run_dir, "config.json"))):
-        print(f"== {panel_name(batch, beta)}: done, kept in {dest} (delete it to train again)",
-              flush=True)
+    if os.path.exists(os.path.join(dest, "wall.json")) and not os.path.exists(
+        os.path.join(run_dir, "config.json")
+    ):
+        print(
+            f"== {panel_name(batch, beta)}: done, kept in {dest} (delete it to train again)",
+            flush=True,
+        )
         return
     if os.path.exists(os.path.join(run_dir, "config.json")):
         cmd = ["--resume", run_dir]
     else:
-        cmd = ["--method", ",".join(methods), "--grid", "paper", "--batch", str(batch),
-               "--beta", beta, "--seeds", str(seeds), "--iterations", str(iterations),
-               "--exact-out", "--out", run_dir]
+        cmd = [
+            "--method",
+            ",".join(methods),
+            "--grid",
+            "paper",
+            "--batch",
+            str(batch),
+            "--beta",
+            beta,
+            "--seeds",
+            str(seeds),
+            "--iterations",
+            str(iterations),
+            "--exact-out",
+            "--out",
+            run_dir,
+        ]
     cmd = [sys.executable, "-m", "experiments.fourrooms"] + cmd
     pin = None if core is None else (lambda: os.sched_setaffinity(0, {core}))
     os.makedirs(run_dir, exist_ok=True)
     log = os.path.join(run_dir, "log.txt")
-    print(f"== {panel_name(batch, beta)}"
-          + ("" if core is None else f" (core {core})") + f": {' '.join(cmd[1:])} >> {log}",
-          flush=True)
+    print(
+        f"== {panel_name(batch, beta)}"
+        + ("" if core is None else f" (core {core})")
+        + f": {' '.join(cmd[1:])} >> {log}",
+        flush=True,
+    )
     t0 = time.perf_counter()
     with open(log, "a") as f:
         subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT, preexec_fn=pin)
-    print(f"== {panel_name(batch, beta)} done in {time.perf_counter() - t0:.0f} s (this sitting)",
-          flush=True)
+    print(
+        f"== {panel_name(batch, beta)} done in {time.perf_counter() - t0:.0f} s (this sitting)",
+        flush=True,
+    )
     export_best(run_dir, dest)
     seconds = method_seconds(run_dir)
-    save_json(os.path.join(dest, "wall.json"), {"seconds": seconds,
-                                                "total": round(sum(seconds.values()), 1)})
+    save_json(
+        os.path.join(dest, "wall.json"),
+        {"seconds": seconds, "total": round(sum(seconds.values()), 1)},
+    )
 
 
 def panels_found(compact: str):
-    return [(b, e) for b in BATCHES for e in BETAS
-            if os.path.exists(os.path.join(compact, panel_name(b, e), "config.json"))]
+    return [
+        (b, e)
+        for b in BATCHES
+        for e in BETAS
+        if os.path.exists(os.path.join(compact, panel_name(b, e), "config.json"))
+    ]
 
 
 def write_figure(compact: str) -> None:
     from bchg_jax.core.io import atomic_write_bytes, save_figure
     from experiments.plot import final_table, panel_figure
+
     found = panels_found(compact)
     if not found:
         raise SystemExit(f"error: no panel folders under {compact}")
     dirs = [os.path.join(compact, panel_name(b, e)) for b, e in found]
     save_figure(os.path.join(compact, "figure.png"), panel_figure(dirs))
-    parts = ["Mean +- SE over the seeds of the last 1000 iterations, each method at its best "
-             "grid point (chosen on that mean).", ""]
+    parts = [
+        "Mean +- SE over the seeds of the last 1000 iterations, each method at its best "
+        "grid point (chosen on that mean).",
+        "",
+    ]
     total = 0.0
     for b in BATCHES:
         row = [os.path.join(compact, panel_name(b, e)) for e in BETAS if (b, e) in found]
@@ -136,17 +173,20 @@ def write_figure(compact: str) -> None:
         parts += [f"### batch {b}", "", final_table(row)]
         walls = []
         for d in row:
-            if not os.path.exists(os.path.join(d, "wall.json")):   # exported, not finished
+            if not os.path.exists(os.path.join(d, "wall.json")):  # exported, not finished
                 walls.append(f"{os.path.basename(d)} unknown")
                 continue
             with open(os.path.join(d, "wall.json")) as f:
                 w = json.load(f)
             total += w["total"]
-            walls.append(f"{os.path.basename(d)} {w['total']:.0f} s"
-                         + (f" ({w['note']})" if w.get("note") else ""))
+            walls.append(
+                f"{os.path.basename(d)} {w['total']:.0f} s"
+                + (f" ({w['note']})" if w.get("note") else "")
+            )
         parts += ["", "wall time (all methods, compile included): " + ", ".join(walls), ""]
-    parts.append(f"Total wall time of the {len(found)} panels: {total:.0f} s "
-                 f"({total / 3600:.2f} h).")
+    parts.append(
+        f"Total wall time of the {len(found)} panels: {total:.0f} s ({total / 3600:.2f} h)."
+    )
     text = "\n".join(parts) + "\n"
     atomic_write_bytes(os.path.join(compact, "table.md"), text.encode())
     print(text)
@@ -159,6 +199,7 @@ def compare(compact: str, reference: str, max_se: float, abs_tol: float = 1e-4) 
     import math
 
     from experiments.plot import load_run
+
     found = [pe for pe in panels_found(compact) if pe in panels_found(reference)]
     if not found:
         raise SystemExit(f"error: no panel is in both {compact} and {reference}")
@@ -173,12 +214,17 @@ def compare(compact: str, reference: str, max_se: float, abs_tol: float = 1e-4) 
                 continue
             a, r = mine[m][1], ref[m][1]
             se = math.hypot(a["se"], r["se"])
-            z = abs(a["mean"] - r["mean"]) / se if se > 0 else (
-                0.0 if a["mean"] == r["mean"] else math.inf)
+            z = (
+                abs(a["mean"] - r["mean"]) / se
+                if se > 0
+                else (0.0 if a["mean"] == r["mean"] else math.inf)
+            )
             within = z <= max_se or abs(a["mean"] - r["mean"]) <= abs_tol
             ok &= within
-            print(f"| {panel_name(b, e)} | {m} | {a['mean']:.4f} +- {a['se']:.4f} | "
-                  f"{r['mean']:.4f} +- {r['se']:.4f} | {z:.2f} | {'yes' if within else 'NO'} |")
+            print(
+                f"| {panel_name(b, e)} | {m} | {a['mean']:.4f} +- {a['se']:.4f} | "
+                f"{r['mean']:.4f} +- {r['se']:.4f} | {z:.2f} | {'yes' if within else 'NO'} |"
+            )
         for label, d in (("this run", compact), ("reference", reference)):
             wall = os.path.join(d, panel_name(b, e), "wall.json")
             if os.path.exists(wall):
@@ -188,30 +234,61 @@ def compare(compact: str, reference: str, max_se: float, abs_tol: float = 1e-4) 
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m benchmarks.fourrooms_figure", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.fourrooms_figure",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("action", choices=("run", "figure", "compare"))
-    p.add_argument("--out", default="results/fourrooms_figure",
-                   help="full run folders, one per panel (default results/fourrooms_figure)")
-    p.add_argument("--compact", default="benchmarks/results/fourrooms_figure",
-                   help="compact copies, figure.png and table.md")
-    p.add_argument("--panels", nargs="+", default=None, metavar="BATCH:BETA",
-                   help="panels to run, in this order (default: all 12, batch-major)")
-    p.add_argument("--methods", default=",".join(METHODS),
-                   help="comma-separated methods of a new panel (default: the six and exact)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="panels trained at once, each pinned to its own core (default 1: one "
-                        "unpinned job). On the 2-core CPU two pinned jobs give ~2.7x the grid "
-                        "throughput of one unpinned job (docs/performance.md)")
+    p.add_argument(
+        "--out",
+        default="results/fourrooms_figure",
+        help="full run folders, one per panel (default results/fourrooms_figure)",
+    )
+    p.add_argument(
+        "--compact",
+        default="benchmarks/results/fourrooms_figure",
+        help="compact copies, figure.png and table.md",
+    )
+    p.add_argument(
+        "--panels",
+        nargs="+",
+        default=None,
+        metavar="BATCH:BETA",
+        help="panels to run, in this order (default: all 12, batch-major)",
+    )
+    p.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help="comma-separated methods of a new panel (default: the six and exact)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="panels trained at once, each pinned to its own core (default 1: one "
+        "unpinned job). On the 2-core CPU two pinned jobs give ~2.7x the grid "
+        "throughput of one unpinned job (docs/performance.md)",
+    )
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--iterations", type=int, default=10000)
-    p.add_argument("--reference", default="benchmarks/results/fourrooms_figure",
-                   help="compare: the compact copies to compare with (default: the committed "
-                        "CPU figure)")
-    p.add_argument("--max-se", type=float, default=2.0,
-                   help="compare: the largest difference allowed, in combined SEs (default 2)")
-    p.add_argument("--abs-tol", type=float, default=1e-4,
-                   help="compare: a difference this small always passes (default 1e-4)")
+    p.add_argument(
+        "--reference",
+        default="benchmarks/results/fourrooms_figure",
+        help="compare: the compact copies to compare with (default: the committed CPU figure)",
+    )
+    p.add_argument(
+        "--max-se",
+        type=float,
+        default=2.0,
+        help="compare: the largest difference allowed, in combined SEs (default 2)",
+    )
+    p.add_argument(
+        "--abs-tol",
+        type=float,
+        default=1e-4,
+        help="compare: a difference this small always passes (default 1e-4)",
+    )
     a = p.parse_args(argv)
     if a.action == "figure":
         write_figure(a.compact)
@@ -220,14 +297,14 @@ def main(argv=None):
         if not compare(a.compact, a.reference, a.max_se, a.abs_tol):
             raise SystemExit(3)
         return
-    panels = ([parse_panel(s) for s in a.panels] if a.panels
-              else [(b, e) for b in BATCHES for e in BETAS])
+    panels = (
+        [parse_panel(s) for s in a.panels] if a.panels else [(b, e) for b in BATCHES for e in BETAS]
+    )
     if a.workers < 1:
         raise SystemExit("error: --workers must be >= 1")
     if a.workers == 1:
         for batch, beta in panels:
-            run_panel(a.out, a.compact, batch, beta, a.methods.split(","), a.seeds,
-                      a.iterations)
+            run_panel(a.out, a.compact, batch, beta, a.methods.split(","), a.seeds, a.iterations)
     else:
         cores = sorted(os.sched_getaffinity(0))
         todo = queue.Queue()
@@ -242,13 +319,22 @@ def main(argv=None):
                 except queue.Empty:
                     return
                 try:
-                    run_panel(a.out, a.compact, batch, beta, a.methods.split(","), a.seeds,
-                              a.iterations, core)
+                    run_panel(
+                        a.out,
+                        a.compact,
+                        batch,
+                        beta,
+                        a.methods.split(","),
+                        a.seeds,
+                        a.iterations,
+                        core,
+                    )
                 except subprocess.CalledProcessError as e:
                     failed.append(f"{panel_name(batch, beta)}: {e}")
 
-        threads = [threading.Thread(target=worker, args=(cores[i % len(cores)],))
-                   for i in range(a.workers)]
+        threads = [
+            threading.Thread(target=worker, args=(cores[i % len(cores)],)) for i in range(a.workers)
+        ]
         for t in threads:
             t.start()
         for t in threads:

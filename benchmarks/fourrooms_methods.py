@@ -6,6 +6,7 @@ For every method: one grid point x ``--seeds`` seeds vmapped (the unit of the pa
 the initial state; each timed call follows a compiling call of identical shapes. HPGD (oracle)
 is listed separately: its 10,000 extra oracle steps per iteration dominate its cost.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,12 +16,10 @@ import time
 
 import jax
 
-from bchg_jax.tabular import HParams, TrainConfig, make_train
-
-from bchg_jax.problems import fourrooms
-
 from bchg_jax import seed_keys
 from bchg_jax.core.sweep import grid_functions
+from bchg_jax.problems import fourrooms
+from bchg_jax.tabular import HParams, TrainConfig, make_train
 from experiments.fourrooms import batch_shape
 
 ORDER = ("bchg", "hpgd_sa", "hpgd_mc", "sobirl", "naive", "exact", "hpgd_oracle")
@@ -34,14 +33,19 @@ def main(argv=None):
     p.add_argument("--beta", type=float, default=1e-3)
     a = p.parse_args(argv)
     envs, steps = batch_shape(a.batch)
-    print(f"# Four-Rooms per-method throughput  {datetime.date.today()}  "
-          f"{platform.machine()}  jax {jax.__version__}  batch {a.batch}  {a.seeds} seeds vmapped")
+    print(
+        f"# Four-Rooms per-method throughput  {datetime.date.today()}  "
+        f"{platform.machine()}  jax {jax.__version__}  batch {a.batch}  {a.seeds} seeds vmapped"
+    )
     print(f"{'method':>12} {'compile s':>10} {'ms / iteration':>15} {'ms / run-iteration':>19}")
     hp = HParams.from_grid({"lr": [0.1], "sarsa_alpha": [0.5], "beta": [a.beta]})
     keys = seed_keys(a.seeds)
     for method in ORDER:
-        trainer = make_train(fourrooms("reference"), method,
-                             TrainConfig(num_envs=envs, num_steps=steps, iterations=a.iterations))
+        trainer = make_train(
+            fourrooms("reference"),
+            method,
+            TrainConfig(num_envs=envs, num_steps=steps, iterations=a.iterations),
+        )
         init, run = grid_functions(trainer)
         state = init(keys, hp)
         t0 = time.perf_counter()
@@ -52,8 +56,10 @@ def main(argv=None):
         t = time.perf_counter() - t0
         if method == "hpgd_oracle":
             print("  (oracle: + 10,000 extra steps per iteration)")
-        print(f"{method:>12} {first - t:10.2f} {1e3 * t / a.iterations:15.3f} "
-              f"{1e3 * t / a.iterations / a.seeds:19.3f}")
+        print(
+            f"{method:>12} {first - t:10.2f} {1e3 * t / a.iterations:15.3f} "
+            f"{1e3 * t / a.iterations / a.seeds:19.3f}"
+        )
 
 
 if __name__ == "__main__":

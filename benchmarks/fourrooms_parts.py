@@ -23,6 +23,7 @@ picks the phase. The first call of a large vmapped step can take far longer than
 (240 runs: 34 s for the follower, whose compile alone takes 0.2 s; not explained yet), so the
 ``first call extra s`` column is reported apart from the per-iteration times.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,20 +40,29 @@ from benchmarks._timing import time_call
 from experiments.fourrooms import PAPER_ALPHA, PAPER_LR
 
 
-def measure(runs: int, beta: float, method: str, warmup: int, iterations: int, repeats: int,
-            solver: str = "auto"):
+def measure(
+    runs: int,
+    beta: float,
+    method: str,
+    warmup: int,
+    iterations: int,
+    repeats: int,
+    solver: str = "auto",
+):
     """One row per part: (part, first call extra s, ms per iteration) plus the follower's sweep
     counts (mean per run, and the slowest lane's)."""
-    trainer = tabular.make_train(fourrooms(), method, tabular.TrainConfig(num_steps=100,
-                                                                        solver=solver))
+    trainer = tabular.make_train(
+        fourrooms(), method, tabular.TrainConfig(num_steps=100, solver=solver)
+    )
     grid = [(lr, a) for lr in PAPER_LR for a in PAPER_ALPHA]
     pts = [grid[i % len(grid)] for i in range(runs)]
-    hp = trainer.hparams({"lr": [p[0] for p in pts], "sarsa_alpha": [p[1] for p in pts],
-                          "beta": beta})
+    hp = trainer.hparams(
+        {"lr": [p[0] for p in pts], "sarsa_alpha": [p[1] for p in pts], "beta": beta}
+    )
     init, run = grid_functions(trainer)
-    state = init(seed_keys(1), hp)                        # leaves [R, 1, ...]
+    state = init(seed_keys(1), hp)  # leaves [R, 1, ...]
     state, _ = run(state, hp, warmup)
-    flat = jax.tree.map(lambda x: x[:, 0], state)         # [R, ...]
+    flat = jax.tree.map(lambda x: x[:, 0], state)  # [R, ...]
     steps, dt = trainer.steps, flat.theta.dtype
     betas, alphas = hp.beta.astype(dt), hp.sarsa_alpha.astype(dt)
     keys = jax.vmap(jax.random.fold_in, (0, None))(flat.key, 7)
@@ -62,19 +72,21 @@ def measure(runs: int, beta: float, method: str, warmup: int, iterations: int, r
     collect = jax.jit(jax.vmap(steps["collect"]))
     br = follower(flat.theta, betas, flat.V_F)
     batch, segments = collect(keys, flat.theta, br.policy)
-    axis = lambda x: None if x is None else 0              # noqa: E731  (absent terms)
+    axis = lambda x: None if x is None else 0  # noqa: E731  (absent terms)
     critic = jax.jit(jax.vmap(steps["leader_critic"], (0, 0, 0, 0, axis(segments), 0)))
     _, Q_L, V_hat = critic(keys, flat.critic, flat.theta, batch, segments, alphas)
-    estimate = jax.jit(jax.vmap(steps["estimate"],
-                                (0, 0, 0, axis(segments), 0, 0, axis(V_hat))))
-    rows = [("follower",) + time_call(follower, flat.theta, betas, flat.V_F, repeats=repeats),
-            ("evaluate",) + time_call(evaluate, flat.theta, br.policy, flat.V_L,
-                                      repeats=repeats),
-            ("collect",) + time_call(collect, keys, flat.theta, br.policy, repeats=repeats),
-            ("leader_critic",) + time_call(critic, keys, flat.critic, flat.theta, batch, segments,
-                                       alphas, repeats=repeats),
-            ("estimate",) + time_call(estimate, flat.theta, betas, batch, segments, br, Q_L, V_hat,
-                                  repeats=repeats)]
+    estimate = jax.jit(jax.vmap(steps["estimate"], (0, 0, 0, axis(segments), 0, 0, axis(V_hat))))
+    rows = [
+        ("follower",) + time_call(follower, flat.theta, betas, flat.V_F, repeats=repeats),
+        ("evaluate",) + time_call(evaluate, flat.theta, br.policy, flat.V_L, repeats=repeats),
+        ("collect",) + time_call(collect, keys, flat.theta, br.policy, repeats=repeats),
+        ("leader_critic",)
+        + time_call(
+            critic, keys, flat.critic, flat.theta, batch, segments, alphas, repeats=repeats
+        ),
+        ("estimate",)
+        + time_call(estimate, flat.theta, betas, batch, segments, br, Q_L, V_hat, repeats=repeats),
+    ]
     c, t = time_call(lambda s: run(s, hp, iterations), state, repeats=repeats)
     rows.append(("whole", c, t / iterations))
     sweeps = np.asarray(br.sweeps)
@@ -82,32 +94,50 @@ def measure(runs: int, beta: float, method: str, warmup: int, iterations: int, r
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m benchmarks.fourrooms_parts", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", type=int, nargs="+", default=[1, 10, 240, 1000],
-                   help="vmapped run counts (default: 1 10 240 1000)")
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.fourrooms_parts",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--runs",
+        type=int,
+        nargs="+",
+        default=[1, 10, 240, 1000],
+        help="vmapped run counts (default: 1 10 240 1000)",
+    )
     p.add_argument("--beta", type=float, default=1e-3, help="follower entropy weight (1e-3)")
     p.add_argument("--method", default="bchg", help="tabular method (bchg)")
-    p.add_argument("--solver", default="auto", choices=["auto", "dense", "sparse"],
-                   help="TrainConfig.solver (auto)")
+    p.add_argument(
+        "--solver",
+        default="auto",
+        choices=["auto", "dense", "sparse"],
+        help="TrainConfig.solver (auto)",
+    )
     p.add_argument("--warmup", type=int, default=200, help="training iterations first (200)")
-    p.add_argument("--iterations", type=int, default=20,
-                   help="iterations of the timed whole-loop call (20)")
+    p.add_argument(
+        "--iterations", type=int, default=20, help="iterations of the timed whole-loop call (20)"
+    )
     p.add_argument("--repeats", type=int, default=3, help="timed calls, best kept (3)")
     a = p.parse_args(argv)
-    print(f"# Four-Rooms parts, {a.method}, solver {a.solver}, beta {a.beta:g}, batch 100; "
-          f"{platform.machine()} {jax.devices()[0].device_kind}, jax {jax.__version__}, "
-          f"{datetime.date.today()}")
-    print("| runs | " + " | ".join(["follower", "evaluate", "collect", "leader_critic",
-                                    "estimate", "whole"]) + " | soft-VI sweeps mean / loop |")
+    print(
+        f"# Four-Rooms parts, {a.method}, solver {a.solver}, beta {a.beta:g}, batch 100; "
+        f"{platform.machine()} {jax.devices()[0].device_kind}, jax {jax.__version__}, "
+        f"{datetime.date.today()}"
+    )
+    print(
+        "| runs | "
+        + " | ".join(["follower", "evaluate", "collect", "leader_critic", "estimate", "whole"])
+        + " | soft-VI sweeps mean / loop |"
+    )
     print("|---:|" + "---:|" * 7)
     for R in a.runs:
-        rows, mean_sweeps, max_sweeps = measure(R, a.beta, a.method, a.warmup, a.iterations,
-                                                a.repeats, a.solver)
+        rows, mean_sweeps, max_sweeps = measure(
+            R, a.beta, a.method, a.warmup, a.iterations, a.repeats, a.solver
+        )
         cells = " | ".join(f"{ms:.3f}" if ms < 1 else f"{ms:.1f}" for _, _, ms in rows)
         print(f"| {R} | {cells} | {mean_sweeps:.1f} / {max_sweeps} |", flush=True)
-        print("  first call extra s: " + ", ".join(f"{n} {c:.1f}" for n, c, _ in rows),
-              flush=True)
+        print("  first call extra s: " + ", ".join(f"{n} {c:.1f}" for n, c, _ in rows), flush=True)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ column is the share of run-iterations (one run and grid together) whose follower
 solve hit its sweep cap: a speed figure with capped solves is not a valid one, and
 ``--fail-on-cap`` then exits with status 3 after the table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,59 +34,95 @@ from benchmarks._timing import time_call
 from experiments.fourrooms import PAPER_ALPHA, PAPER_LR
 
 
-def measure(method: str, solver: str, beta: float, single_iterations: int, iterations: int,
-            seeds: int):
+def measure(
+    method: str, solver: str, beta: float, single_iterations: int, iterations: int, seeds: int
+):
     """(compile s, ms/it) of one run and of the 240-run grid; the grid's runs count; the solver
     health of both (:func:`~bchg_jax.core.health.solver_health`)."""
     problem = fourrooms("reference")
     one = make_train(problem, method, TrainConfig(iterations=single_iterations, solver=solver))
-    c1, t1, (_, m1) = time_call(jax.jit(one.train), jax.random.key(0), HParams(0.1, 0.5, beta),
-                                repeats=2, with_output=True)
+    c1, t1, (_, m1) = time_call(
+        jax.jit(one.train), jax.random.key(0), HParams(0.1, 0.5, beta), repeats=2, with_output=True
+    )
     trainer = make_train(problem, method, TrainConfig(iterations=iterations, solver=solver))
     hp = HParams.from_grid(product_grid(lr=PAPER_LR, sarsa_alpha=PAPER_ALPHA, beta=[beta]))
     init, run = grid_functions(trainer)
     state = init(seed_keys(seeds), hp)
     c2, t2, (_, m2) = time_call(run, state, hp, iterations, with_output=True)
-    flags = {k: np.concatenate([np.ravel(m1[k]), np.ravel(m2[k])]) for k in
-             ("solve_capped", "update_skipped")}
-    return (c1, 1e3 * t1 / single_iterations, c2, 1e3 * t2 / iterations,
-            len(PAPER_LR) * len(PAPER_ALPHA) * seeds, solver_health(flags))
+    flags = {
+        k: np.concatenate([np.ravel(m1[k]), np.ravel(m2[k])])
+        for k in ("solve_capped", "update_skipped")
+    }
+    return (
+        c1,
+        1e3 * t1 / single_iterations,
+        c2,
+        1e3 * t2 / iterations,
+        len(PAPER_LR) * len(PAPER_ALPHA) * seeds,
+        solver_health(flags),
+    )
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m benchmarks.fourrooms_throughput",
-                                description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--iterations", type=int, default=500,
-                   help="timed iterations of the grid (default: 500)")
-    p.add_argument("--single-iterations", type=int, default=10_000,
-                   help="timed iterations of the single run (default: 10000, a whole run)")
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.fourrooms_throughput",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--iterations", type=int, default=500, help="timed iterations of the grid (default: 500)"
+    )
+    p.add_argument(
+        "--single-iterations",
+        type=int,
+        default=10_000,
+        help="timed iterations of the single run (default: 10000, a whole run)",
+    )
     p.add_argument("--seeds", type=int, default=10, help="seeds per grid point (default: 10)")
-    p.add_argument("--betas", type=float, nargs="+", default=[1e-3],
-                   help="follower entropy weights (default: 1e-3)")
-    p.add_argument("--solvers", nargs="+", default=["dense", "sparse"],
-                   help="TrainConfig.solver values, the first is the ratio's base "
-                        "(default: dense sparse)")
+    p.add_argument(
+        "--betas",
+        type=float,
+        nargs="+",
+        default=[1e-3],
+        help="follower entropy weights (default: 1e-3)",
+    )
+    p.add_argument(
+        "--solvers",
+        nargs="+",
+        default=["dense", "sparse"],
+        help="TrainConfig.solver values, the first is the ratio's base (default: dense sparse)",
+    )
     p.add_argument("--method", default="bchg", help="tabular method (default: bchg)")
-    p.add_argument("--fail-on-cap", action="store_true",
-                   help="exit 3 if any solve hit its sweep cap or an update was skipped")
+    p.add_argument(
+        "--fail-on-cap",
+        action="store_true",
+        help="exit 3 if any solve hit its sweep cap or an update was skipped",
+    )
     a = p.parse_args(argv)
-    print(f"# Four-Rooms {a.method} throughput  {datetime.date.today()}  "
-          f"{platform.processor() or platform.machine()}  jax {jax.__version__}  "
-          f"devices {jax.devices()}")
-    print("| beta | solver | 1 run: compile s | 1 run: ms/it | grid: runs | grid: compile s | "
-          "grid: ms/it | speed-up 1 run | speed-up grid | capped | skipped |")
+    print(
+        f"# Four-Rooms {a.method} throughput  {datetime.date.today()}  "
+        f"{platform.processor() or platform.machine()}  jax {jax.__version__}  "
+        f"devices {jax.devices()}"
+    )
+    print(
+        "| beta | solver | 1 run: compile s | 1 run: ms/it | grid: runs | grid: compile s | "
+        "grid: ms/it | speed-up 1 run | speed-up grid | capped | skipped |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     bad = []
     for beta in a.betas:
         base = None
         for solver in a.solvers:
-            c1, t1, c2, t2, runs, health = measure(a.method, solver, beta, a.single_iterations,
-                                                   a.iterations, a.seeds)
+            c1, t1, c2, t2, runs, health = measure(
+                a.method, solver, beta, a.single_iterations, a.iterations, a.seeds
+            )
             base = base or (t1, t2)
-            print(f"| {beta:g} | {solver} | {c1:.1f} | {t1:.3f} | {runs} | {c2:.1f} | {t2:.1f} | "
-                  f"{base[0] / t1:.2f}x | {base[1] / t2:.2f}x | {health['capped_share']:.2%} | "
-                  f"{health['update_skipped']} |", flush=True)
+            print(
+                f"| {beta:g} | {solver} | {c1:.1f} | {t1:.3f} | {runs} | {c2:.1f} | {t2:.1f} | "
+                f"{base[0] / t1:.2f}x | {base[1] / t2:.2f}x | {health['capped_share']:.2%} | "
+                f"{health['update_skipped']} |",
+                flush=True,
+            )
             if health["solve_capped"] or health["update_skipped"]:
                 bad.append(f"beta {beta:g} {solver}")
     if bad:

@@ -11,6 +11,7 @@ follower's influence sums). Reported per estimator: the exact hypergradient's no
 deviation / |exact| and the mean cosine between a batch's estimate and the exact gradient.
 The learned critic of the training runs can only make these numbers worse.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,12 @@ from bchg_jax.problems.lqr_game import lqr_game  # noqa: E402
 
 VARIANTS = {  # name: (stochastic, guide, direct_baseline, influence)
     "BC-HG, reference estimator (same-b baseline, raw V_F)": (True, "benefit", "same_b", "raw"),
-    "BC-HG, unbiased (same-noise baseline, V_F baseline)": (True, "benefit", "same_noise",
-                                                            "baseline"),
+    "BC-HG, unbiased (same-noise baseline, V_F baseline)": (
+        True,
+        "benefit",
+        "same_noise",
+        "baseline",
+    ),
     "BC-HG, exact V_L baseline": (True, "benefit", "value", "baseline"),
     "Naive-PGD (same-b baseline)": (True, "none", "same_b", "raw"),
     "BC-HG, deterministic leader": (False, "benefit", "value", "baseline"),
@@ -43,8 +48,10 @@ def main(argv=None):
     p.add_argument("--gains", default="-1,0;-4,0;-7,0")
     a = p.parse_args(argv)
     game, beta = lqr_game(), 0.1
-    print(f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "
-          f"{a.batches} batches x {a.episodes} episodes, exact critics")
+    print(
+        f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "
+        f"{a.batches} batches x {a.episodes} episodes, exact critics"
+    )
     print("| K | estimator | exact norm | bias / norm | SE of bias | std / norm | mean cosine |")
     print("|---|---|---|---|---|---|---|")
     for gain in a.gains.split(";"):
@@ -52,17 +59,33 @@ def main(argv=None):
         for name, (stoch, guide, base, infl) in VARIANTS.items():
             exact = np.asarray(exact_hypergradient(game, th, beta, stochastic=stoch))
             one = lambda key: exact_critic_estimate(  # noqa: E731
-                game, th, beta, key, episodes=a.episodes, leader_steps=100, extra_steps=100,
-                stochastic=stoch, guide=guide, direct_baseline=base, influence=infl)
-            est = np.asarray(jax.jit(lambda ks: jax.lax.map(one, ks))(
-                jax.random.split(jax.random.PRNGKey(0), a.batches)))
+                game,
+                th,
+                beta,
+                key,
+                episodes=a.episodes,
+                leader_steps=100,
+                extra_steps=100,
+                stochastic=stoch,
+                guide=guide,
+                direct_baseline=base,
+                influence=infl,
+            )
+            est = np.asarray(
+                jax.jit(lambda ks: jax.lax.map(one, ks))(
+                    jax.random.split(jax.random.PRNGKey(0), a.batches)
+                )
+            )
             norm = np.linalg.norm(exact)
             bias = np.linalg.norm(est.mean(0) - exact) / norm
             se = np.linalg.norm(est.std(0, ddof=1)) / np.sqrt(a.batches) / norm
             std = np.sqrt(np.sum(est.var(0, ddof=1))) / norm
             cos = np.mean(est @ exact / (np.linalg.norm(est, axis=1) * norm + 1e-300))
-            print(f"| ({gain}) | {name} | {norm:.2e} | {bias:.3f} | {se:.3f} | {std:.3g} | "
-                  f"{cos:+.3f} |", flush=True)
+            print(
+                f"| ({gain}) | {name} | {norm:.2e} | {bias:.3f} | {se:.3f} | {std:.3g} | "
+                f"{cos:+.3f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ undiscounted 100-step return per iteration; right, every seed's final value (log
 shows that the means are carried by a few seeds. Prints the markdown table.
 ``--from-npz`` redraws from the stored ``curves.npz`` (no run folders needed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,26 +51,37 @@ def main(argv=None):
     p.add_argument("--from-npz", action="store_true")
     a = p.parse_args(argv)
     from bchg_jax.core.io import save_figure, save_npz
+
     if a.from_npz:
         d = np.load(os.path.join(OUT, "curves.npz"))
         labels = [str(x) for x in d["labels"]]
         curves = {lab: d[f"J_{i}"] for i, lab in enumerate(labels)}
-        steps = dict(zip(labels, d["actor_steps"].tolist()))
+        steps = dict(zip(labels, d["actor_steps"].tolist(), strict=False))
     else:
         curves, steps = collect()
         labels = list(curves)
-        save_npz(os.path.join(OUT, "curves.npz"), {
-            "labels": np.array(labels), "actor_steps": np.array([steps[k] for k in labels]),
-            **{f"J_{i}": curves[k] for i, k in enumerate(labels)}})
+        save_npz(
+            os.path.join(OUT, "curves.npz"),
+            {
+                "labels": np.array(labels),
+                "actor_steps": np.array([steps[k] for k in labels]),
+                **{f"J_{i}": curves[k] for i, k in enumerate(labels)},
+            },
+        )
     print("| variant | actor steps | mean +- SE (last 50 it.) | median | seeds > 0.05 | max seed |")
     print("|---|---|---|---|---|---|")
     for lab in labels:
         fin = curves[lab][:, -WINDOW:].mean(-1)
-        print(f"| {lab} | {steps[lab]} | {fin.mean():.3f} +- {fin.std(ddof=1) / np.sqrt(fin.size):.3f}"
-              f" | {np.median(fin):.3f} | {(fin > 0.05).sum()}/{fin.size} | {fin.max():.2f} |")
+        print(
+            f"| {lab} | {steps[lab]} | {fin.mean():.3f} +- "
+            f"{fin.std(ddof=1) / np.sqrt(fin.size):.3f}"
+            f" | {np.median(fin):.3f} | {(fin > 0.05).sum()}/{fin.size} | {fin.max():.2f} |"
+        )
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.4))
     cmap = plt.get_cmap("tab10")
     main_labels = labels[:4]

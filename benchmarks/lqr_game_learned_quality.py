@@ -29,6 +29,7 @@ the same stream of episodes and minibatches, so that their spread is that of the
 initialisation alone.
 Machine and jax version are printed first.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,10 @@ def explore_config(iterations: int, **changes) -> lqr.TrainConfig:
     """The explore preset's TrainConfig as ``python -m experiments.lqr_game`` builds it (no
     warm-up, a constant actor step: the gains are held fixed here), with ``changes``."""
     from experiments import lqr_game as cli
-    a = cli.parse_args(["--iterations", str(iterations), "--warmup-steps", "0",
-                        "--actor-lr-schedule", "constant"])
+
+    a = cli.parse_args(
+        ["--iterations", str(iterations), "--warmup-steps", "0", "--actor-lr-schedule", "constant"]
+    )
     return dataclasses.replace(cli.train_config(a, "bchg"), **changes).validate()
 
 
@@ -62,32 +65,51 @@ def exact_parts(game, theta):
     """(full, direct) exact hypergradient of the discounted 100-step return, in float64."""
     jax.config.update("jax_enable_x64", True)
     try:
-        full, direct = lqr.hypergradient_split(game, jnp.asarray(theta, jnp.float64), 0.1,
-                                               gamma=game.gamma_L)
+        full, direct = lqr.hypergradient_split(
+            game, jnp.asarray(theta, jnp.float64), 0.1, gamma=game.gamma_L
+        )
         return np.asarray(full), np.asarray(direct)
     finally:
         jax.config.update("jax_enable_x64", False)
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--critics", type=int, default=4, help="independently trained critics per K")
     p.add_argument("--train", type=int, default=200, help="critic training iterations at K")
     p.add_argument("--batches", type=int, default=50, help="estimates per critic")
-    p.add_argument("--critic-steps", type=int, default=PRESET_FLAGS["explore"]["critic_steps"],
-                   help="critic updates per training iteration (default: the preset's)")
-    p.add_argument("--same-data", action="store_true",
-                   help="train every critic on the same episodes and minibatches (only the "
-                        "initialisations differ): the critic sd then measures the part of the "
-                        "per-critic error that comes from the initialisation")
-    p.add_argument("--gains", default=";".join(f"{k1:g},{k2:g}" for k1, k2 in GAINS),
-                   help="leader gains K1,K2 separated by ';'")
-    p.add_argument("--methods", default=",".join(METHODS),
-                   help="estimators, comma-separated, from " + ", ".join(METHODS))
-    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
-                   help="TrainConfig fields to change from the explore preset (e.g. "
-                        "influence_cv=False)")
+    p.add_argument(
+        "--critic-steps",
+        type=int,
+        default=PRESET_FLAGS["explore"]["critic_steps"],
+        help="critic updates per training iteration (default: the preset's)",
+    )
+    p.add_argument(
+        "--same-data",
+        action="store_true",
+        help="train every critic on the same episodes and minibatches (only the "
+        "initialisations differ): the critic sd then measures the part of the "
+        "per-critic error that comes from the initialisation",
+    )
+    p.add_argument(
+        "--gains",
+        default=";".join(f"{k1:g},{k2:g}" for k1, k2 in GAINS),
+        help="leader gains K1,K2 separated by ';'",
+    )
+    p.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help="estimators, comma-separated, from " + ", ".join(METHODS),
+    )
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="TrainConfig fields to change from the explore preset (e.g. influence_cv=False)",
+    )
     a = p.parse_args(argv)
     methods = a.methods.split(",")
     if a.critic_steps < 1:
@@ -108,13 +130,17 @@ def main(argv=None):
     hp = lqr.HParams(actor_steps=0, critic_steps=a.critic_steps, beta=0.1)
     T = game.horizon
     Z = float(np.sum(game.gamma_L ** np.arange(T)))
-    print(f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "
-          f"{time.strftime('%Y-%m-%d')}; {a.critics} critics x {a.train} training iterations "
-          f"({a.critic_steps} critic steps each{', same data' if a.same_data else ''}), "
-          f"{a.batches} batches each (2 episodes, minibatch {config.minibatch})")
-    print("| K | estimator | exact (full; direct) | mean estimate | bias / norm | "
-          "critic sd / norm | std / norm | mean cosine | cosine of mean | "
-          "cosine of mean to direct | SNR per coordinate |")
+    print(
+        f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "
+        f"{time.strftime('%Y-%m-%d')}; {a.critics} critics x {a.train} training iterations "
+        f"({a.critic_steps} critic steps each{', same data' if a.same_data else ''}), "
+        f"{a.batches} batches each (2 episodes, minibatch {config.minibatch})"
+    )
+    print(
+        "| K | estimator | exact (full; direct) | mean estimate | bias / norm | "
+        "critic sd / norm | std / norm | mean cosine | cosine of mean | "
+        "cosine of mean to direct | SNR per coordinate |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     print(f"# changes from the explore preset: {changes or 'none'}")
     for K in gains:
@@ -124,7 +150,7 @@ def main(argv=None):
 
         def trained(key):
             s0 = tr0.init(key, hp)._replace(theta=theta, theta_targ=theta, P=resp.P)
-            if a.same_data:     # one stream of episodes and minibatches; the inits differ
+            if a.same_data:  # one stream of episodes and minibatches; the inits differ
                 s0 = s0._replace(key=jax.random.key(2))
             return tr0.run(s0, hp, a.train)[0]
 
@@ -140,10 +166,12 @@ def main(argv=None):
                 e, t = sample_discounted(k2, buf, config.minibatch, game.gamma_L)
                 return st["actor_grad"](theta, state.critic, resp, beta, k3, e, t, buf)
 
-            g = jax.jit(jax.vmap(lambda s, k: jax.vmap(lambda kk: est(s, kk))(
-                jax.random.split(k, a.batches))))(states, jax.random.split(jax.random.key(1),
-                                                                           a.critics))
-            g = Z * np.asarray(g, np.float64)                       # [critics, batches, 2]
+            g = jax.jit(
+                jax.vmap(
+                    lambda s, k: jax.vmap(lambda kk: est(s, kk))(jax.random.split(k, a.batches))
+                )
+            )(states, jax.random.split(jax.random.key(1), a.critics))
+            g = Z * np.asarray(g, np.float64)  # [critics, batches, 2]
             nf = np.linalg.norm(full)
             flat = g.reshape(-1, g.shape[-1])
             mean = flat.mean(0)
@@ -153,11 +181,14 @@ def main(argv=None):
             critic_sd = np.linalg.norm(g.mean(1).std(0)) / nf
             std = np.linalg.norm(np.sqrt(((g - g.mean(1, keepdims=True)) ** 2).mean((0, 1)))) / nf
             vec = lambda v: "(" + ", ".join(f"{x:+.3g}" for x in v) + ")"  # noqa: E731
-            print(f"| ({K[0]:g},{K[1]:g}) | {m} | {vec(full)}; {vec(direct)} | {vec(mean)} | "
-                  f"{np.linalg.norm(mean - full) / nf:.3f}"
-                  f" | {critic_sd:.3f} | {std:.3f} | {cos.mean():+.3f} | {cm:+.3f} | "
-                  + (f"{cd:+.3f} |" if m.startswith("naive") else "- |")
-                  + f" {vec(mean / (flat.std(0) + 1e-300))} |", flush=True)
+            print(
+                f"| ({K[0]:g},{K[1]:g}) | {m} | {vec(full)}; {vec(direct)} | {vec(mean)} | "
+                f"{np.linalg.norm(mean - full) / nf:.3f}"
+                f" | {critic_sd:.3f} | {std:.3f} | {cos.mean():+.3f} | {cm:+.3f} | "
+                + (f"{cd:+.3f} |" if m.startswith("naive") else "- |")
+                + f" {vec(mean / (flat.std(0) + 1e-300))} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ samples and the direct baseline 32 leader samples per minibatch element). The fi
 jitted chunk (compile + run) is measured separately and the compile time excluded from the
 per-iteration figures.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,6 +30,7 @@ def measure(name: str, seeds: int, iterations: int, preset: str, actor_steps=Non
     from bchg_jax.games import lqr
     from bchg_jax.problems.lqr_game import lqr_game
     from experiments import lqr_game as cli
+
     argv = ["--preset", preset, "--warmup-steps", "0", "--method", name]
     if actor_steps is not None:
         argv += ["--actor-steps", str(actor_steps)]
@@ -39,8 +41,10 @@ def measure(name: str, seeds: int, iterations: int, preset: str, actor_steps=Non
 
 def main(argv=None):
     from experiments.lqr_game import ALL
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--preset", choices=tuple(ALL), default="explore")
     p.add_argument("--iterations", type=int, default=50)
     p.add_argument("--actor-steps", type=int, help="override the preset's actor steps")
@@ -50,16 +54,17 @@ def main(argv=None):
     if a.iterations < 1 or min(a.seeds) < 1:
         p.error("--iterations and --seeds must be >= 1")
     methods = a.methods.split(",") if a.methods else list(ALL[a.preset])
-    print(f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "
-          f"devices {jax.devices()}, {datetime.date.today()}, preset {a.preset}, "
-          f"{a.iterations} timed iterations")
+    print(
+        f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "
+        f"devices {jax.devices()}, {datetime.date.today()}, preset {a.preset}, "
+        f"{a.iterations} timed iterations"
+    )
     print("| method | seeds | compile (s) | s / outer iteration | s / iteration / seed |")
     print("|---|---|---|---|---|")
     for name in methods:
         for seeds in a.seeds:
             comp, per = measure(name, seeds, a.iterations, a.preset, a.actor_steps)
-            print(f"| {name} | {seeds} | {comp:.1f} | {per:.4f} | {per / seeds:.4f} |",
-                  flush=True)
+            print(f"| {name} | {seeds} | {comp:.1f} | {per:.4f} | {per / seeds:.4f} |", flush=True)
 
 
 if __name__ == "__main__":

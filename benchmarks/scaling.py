@@ -16,6 +16,7 @@ final J over the runs; ``--fail-on-cap`` exits with status 3 once the table is p
 lane of any row hit its cap, skipped an update or ended with a non-finite J (what
 ``benchmarks/device_check.sh`` relies on).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,32 +26,44 @@ import platform
 import jax
 import numpy as np
 
-from benchmarks._timing import time_chunks
 from bchg_jax.core.health import health_text, solver_health
+from benchmarks._timing import time_chunks
 
 
 def _trainer(name: str, runs: int):
     if name == "fourrooms":
         from bchg_jax.problems.fourrooms import fourrooms
         from bchg_jax.tabular.train import TrainConfig, make_train
-        return "bchg", make_train(fourrooms(), "bchg", TrainConfig(num_steps=100)), {
-            "lr": np.array([0.1]), "sarsa_alpha": np.array([0.5]), "beta": np.array([1e-3])}
+
+        return (
+            "bchg",
+            make_train(fourrooms(), "bchg", TrainConfig(num_steps=100)),
+            {"lr": np.array([0.1]), "sarsa_alpha": np.array([0.5]), "beta": np.array([1e-3])},
+        )
     if name == "thermal":
-        from bchg_jax.problems.thermal import thermal
         from bchg_jax import lq
+        from bchg_jax.problems.thermal import thermal
+
         return "bchg", lq.make_train(thermal(), "bchg", lq.TrainConfig()), {"lr": np.array([0.1])}
     if name == "toy_game":
-        from bchg_jax.problems.toy_game import toy_game
         from bchg_jax.games import tabular as games
-        return "bchg", games.make_train(toy_game(), "bchg", games.TrainConfig()), {
-            "actor_steps": np.array([1]), "critic_steps": np.array([10])}
+        from bchg_jax.problems.toy_game import toy_game
+
+        return (
+            "bchg",
+            games.make_train(toy_game(), "bchg", games.TrainConfig()),
+            {"actor_steps": np.array([1]), "critic_steps": np.array([10])},
+        )
     if name == "lqr_game":
-        from bchg_jax.problems.lqr_game import lqr_game
         from bchg_jax.games import lqr
+        from bchg_jax.problems.lqr_game import lqr_game
+
         method = "bchg" if runs <= 100 else "naive"
-        return method, lqr.make_train(lqr_game(), method,
-                                      lqr.TrainConfig(warmup_steps=0)), {
-            "actor_steps": np.array([10])}
+        return (
+            method,
+            lqr.make_train(lqr_game(), method, lqr.TrainConfig(warmup_steps=0)),
+            {"actor_steps": np.array([10])},
+        )
     raise ValueError(f"unknown experiment {name!r}")
 
 
@@ -66,28 +79,42 @@ def main(argv=None):
     p.add_argument("--experiments", default="fourrooms,thermal,toy_game,lqr_game")
     p.add_argument("--runs", type=int, nargs="+", default=[1, 10, 100, 1000])
     p.add_argument("--iterations", type=int, default=3)
-    p.add_argument("--fail-on-cap", action="store_true",
-                   help="exit 3 if any run's solve hit its cap, an update was skipped or J is "
-                        "not finite")
+    p.add_argument(
+        "--fail-on-cap",
+        action="store_true",
+        help="exit 3 if any run's solve hit its cap, an update was skipped or J is not finite",
+    )
     a = p.parse_args(argv)
-    print(f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, devices "
-          f"{jax.devices()}, {datetime.date.today()}, {a.iterations} timed iterations")
-    print("| experiment | method | vmapped runs | compile (s) | s / outer iteration | "
-          "run-iterations / s | capped | skipped | mean J |")
+    print(
+        f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, devices "
+        f"{jax.devices()}, {datetime.date.today()}, {a.iterations} timed iterations"
+    )
+    print(
+        "| experiment | method | vmapped runs | compile (s) | s / outer iteration | "
+        "run-iterations / s | capped | skipped | mean J |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     bad = []
     for name in a.experiments.split(","):
         for runs in a.runs:
             method, comp, per, health, J = measure(name, runs, a.iterations)
-            print(f"| {name} | {method} | {runs} | {comp:.1f} | {per:.4f} | {runs / per:.0f} | "
-                  f"{health.get('capped_share', 0.0):.2%} | {health.get('update_skipped', 0)} | "
-                  f"{J:.4g} |", flush=True)
-            if health.get("solve_capped", 0) or health.get("update_skipped", 0) or not (
-                    np.isfinite(J)):
+            print(
+                f"| {name} | {method} | {runs} | {comp:.1f} | {per:.4f} | {runs / per:.0f} | "
+                f"{health.get('capped_share', 0.0):.2%} | {health.get('update_skipped', 0)} | "
+                f"{J:.4g} |",
+                flush=True,
+            )
+            if (
+                health.get("solve_capped", 0)
+                or health.get("update_skipped", 0)
+                or not (np.isfinite(J))
+            ):
                 bad.append(f"{name} at {runs} runs ({health_text(health)}, J {J:.4g})")
     if bad:
-        print("FAILED: solves hit their cap, updates skipped or J not finite in: "
-              + "; ".join(bad), flush=True)
+        print(
+            "FAILED: solves hit their cap, updates skipped or J not finite in: " + "; ".join(bad),
+            flush=True,
+        )
         if a.fail_on_cap:
             raise SystemExit(3)
 

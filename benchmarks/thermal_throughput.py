@@ -9,6 +9,7 @@ call of the same jitted chunk and excluded from the per-iteration figures. Each 
 the share of run-iterations whose Riccati solve hit its cap and the skipped updates;
 ``--fail-on-cap`` exits with status 3 after the table if any row has either.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,17 +18,18 @@ import platform
 import jax
 import numpy as np
 
-from benchmarks._timing import time_chunks
+from bchg_jax import lq
 from bchg_jax.core.health import solver_health
 from bchg_jax.problems.thermal import thermal
-from bchg_jax import lq
+from benchmarks._timing import time_chunks
 
 
 def measure(method, config, seeds, iterations):
     """(compile s, s per iteration, solver health) of ``seeds`` vmapped runs."""
     trainer = lq.make_train(thermal(), method, config)
-    comp, per, m = time_chunks(trainer, {"lr": np.array([0.1])}, seeds, iterations,
-                               with_metrics=True)
+    comp, per, m = time_chunks(
+        trainer, {"lr": np.array([0.1])}, seeds, iterations, with_metrics=True
+    )
     return comp, per, solver_health(m)
 
 
@@ -39,26 +41,45 @@ def main(argv=None):
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 10])
     p.add_argument("--skip-mlp", action="store_true")
     p.add_argument("--only-mlp", action="store_true", help="only the faithful MLP-critic mode")
-    p.add_argument("--fail-on-cap", action="store_true",
-                   help="exit 3 if any Riccati solve hit its cap or an update was skipped")
+    p.add_argument(
+        "--fail-on-cap",
+        action="store_true",
+        help="exit 3 if any Riccati solve hit its cap or an update was skipped",
+    )
     a = p.parse_args(argv)
-    print(f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "
-          f"devices {jax.devices()}")
-    print("| method | critic | seeds | compile (s) | s / outer iteration | s / iteration / seed |"
-          " capped | skipped |")
+    print(
+        f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "
+        f"devices {jax.devices()}"
+    )
+    print(
+        "| method | critic | seeds | compile (s) | s / outer iteration | s / iteration / seed |"
+        " capped | skipped |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     modes = [] if a.only_mlp else [("quadratic", lq.TrainConfig(), a.iterations)]
     if not a.skip_mlp:
-        modes.append(("mlp (faithful)", lq.TrainConfig(critic="mlp", follower_grad="score",
-                                                      state_baseline=False,
-                                                      control_variates=False), a.mlp_iterations))
+        modes.append(
+            (
+                "mlp (faithful)",
+                lq.TrainConfig(
+                    critic="mlp",
+                    follower_grad="score",
+                    state_baseline=False,
+                    control_variates=False,
+                ),
+                a.mlp_iterations,
+            )
+        )
     bad = []
     for name, config, its in modes:
         for method in a.methods.split(","):
             for seeds in a.seeds:
                 comp, per, h = measure(method, config, seeds, its)
-                print(f"| {method} | {name} | {seeds} | {comp:.1f} | {per:.4f} | {per / seeds:.4f} |"
-                      f" {h['capped_share']:.2%} | {h['update_skipped']} |", flush=True)
+                print(
+                    f"| {method} | {name} | {seeds} | {comp:.1f} | {per:.4f} | {per / seeds:.4f} |"
+                    f" {h['capped_share']:.2%} | {h['update_skipped']} |",
+                    flush=True,
+                )
                 if h["solve_capped"] or h["update_skipped"]:
                     bad.append(f"{method} {name} {seeds} seeds")
     if bad:

@@ -13,6 +13,7 @@ soft-optimal policy), the mean BC-HG estimate with an exact leader critic over 2
 its cosine and relative error ||mean - exact|| / ||exact|| to the exact gradient, and the leader
 objective before and after BC-HG training.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,25 +29,32 @@ S, LEFT, RIGHT = 6, 0, 1
 
 
 def chain(theta_dim: int = S) -> TabularCMDP:
-    def transition(theta):                               # [S, B, S], does not depend on theta
+    def transition(theta):  # [S, B, S], does not depend on theta
         s = jnp.arange(S)
         left, right = jnp.maximum(s - 1, 0), jnp.minimum(s + 1, S - 1)
-        onehot = lambda i: jax.nn.one_hot(i, S)          # noqa: E731
+        onehot = lambda i: jax.nn.one_hot(i, S)  # noqa: E731
         p_left = 0.9 * onehot(left) + 0.1 * onehot(right)
         p_right = 0.9 * onehot(right) + 0.1 * onehot(left)
         return jnp.stack([p_left, p_right], axis=1)
 
-    def follower_reward(theta):                          # [S, B]: effort plus the incentive
+    def follower_reward(theta):  # [S, B]: effort plus the incentive
         return jnp.stack([jnp.zeros(S), -0.1 + theta], axis=-1)
 
-    def leader_reward(theta):                            # [S, B]: 1 at the right end
+    def leader_reward(theta):  # [S, B]: 1 at the right end
         return jnp.zeros((S, 2)).at[S - 1].set(1.0)
 
-    return TabularCMDP(transition=transition, init_dist=lambda th: jax.nn.one_hot(0, S),
-                       follower_reward=follower_reward, leader_reward=leader_reward,
-                       leader_regularizer=lambda th: -0.05 * jnp.sum(th ** 2),
-                       gamma_F=0.9, gamma_L=0.9, theta0=jnp.zeros(theta_dim),
-                       time_limit=40, name="chain").validate()
+    return TabularCMDP(
+        transition=transition,
+        init_dist=lambda th: jax.nn.one_hot(0, S),
+        follower_reward=follower_reward,
+        leader_reward=leader_reward,
+        leader_regularizer=lambda th: -0.05 * jnp.sum(th**2),
+        gamma_F=0.9,
+        gamma_L=0.9,
+        theta0=jnp.zeros(theta_dim),
+        time_limit=40,
+        name="chain",
+    ).validate()
 
 
 def main(argv=None) -> dict:
@@ -61,25 +69,45 @@ def main(argv=None) -> dict:
     br = tabular.best_response(problem, theta, beta)
     _, Q_L = tabular.leader_values(problem, theta, br.policy)
 
-    def one_batch(key):                                  # 64 episodes of 40 steps
-        batch = tabular.rollout(key, br.policy, problem.transition(theta), problem.init_dist(theta),
-                        problem.terminal, 40, 64, 40)
+    def one_batch(key):  # 64 episodes of 40 steps
+        batch = tabular.rollout(
+            key,
+            br.policy,
+            problem.transition(theta),
+            problem.init_dist(theta),
+            problem.terminal,
+            40,
+            64,
+            40,
+        )
         return tabular.hypergradient(problem, theta, batch, br, Q_L, beta)
 
     est = jax.jit(jax.vmap(one_batch))(jax.random.split(jax.random.key(0), 20)).mean(0)
     cos = float(est @ g / (jnp.linalg.norm(est) * jnp.linalg.norm(g)))
     rel = float(jnp.linalg.norm(est - g) / jnp.linalg.norm(g))
 
-    trainer = tabular.make_train(problem, "bchg", TrainConfig(num_steps=40, iterations=a.iterations))
+    trainer = tabular.make_train(
+        problem, "bchg", TrainConfig(num_steps=40, iterations=a.iterations)
+    )
     _, metrics = trainer.train(jax.random.key(1), HParams(lr=0.05, sarsa_alpha=0.5, beta=beta))
     J = np.asarray(metrics["J"])
-    out = {"exact": np.asarray(g), "estimate": np.asarray(est), "cosine": cos, "rel_error": rel,
-           "J_start": float(J[0]), "J_end": float(J[-100:].mean())}
+    out = {
+        "exact": np.asarray(g),
+        "estimate": np.asarray(est),
+        "cosine": cos,
+        "rel_error": rel,
+        "J_start": float(J[0]),
+        "J_end": float(J[-100:].mean()),
+    }
     print(f"exact hypergradient at theta=0: {np.round(out['exact'], 4)}")
-    print(f"BC-HG estimate (20 x 64 episodes): {np.round(out['estimate'], 4)}  cosine {cos:.3f}"
-          f"  relative error {100 * rel:.1f}%")
-    print(f"leader objective: {out['J_start']:.3f} -> {out['J_end']:.3f} after {a.iterations} "
-          "BC-HG iterations")
+    print(
+        f"BC-HG estimate (20 x 64 episodes): {np.round(out['estimate'], 4)}  cosine {cos:.3f}"
+        f"  relative error {100 * rel:.1f}%"
+    )
+    print(
+        f"leader objective: {out['J_start']:.3f} -> {out['J_end']:.3f} after {a.iterations} "
+        "BC-HG iterations"
+    )
     return out
 
 

@@ -16,6 +16,7 @@ estimate with exact critics (Theorem 2) with its cosine and relative error
 ||mean - exact|| / ||exact|| to the exact one, and the exact leader return after actor-critic
 training with BC-HG and with Naive-PGD.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,19 +34,26 @@ DRIVE, TRANSIT = 0, 1
 
 
 def road_toll() -> TabularGame:
-    P = np.zeros((2, 2, 2, 2))                       # [s, a, b, s']
+    P = np.zeros((2, 2, 2, 2))  # [s, a, b, s']
     P[:, :, DRIVE] = [0.2, 0.8]
     P[:, :, TRANSIT] = [0.8, 0.2]
     toll = np.array([0.0, 0.8])
-    rF = np.zeros((2, 2, 2))                         # [s, a, b]
+    rF = np.zeros((2, 2, 2))  # [s, a, b]
     rF[:, :, DRIVE] = 1.0 - toll[None, :] - 1.2 * np.array([0.0, 1.0])[:, None]
     rF[:, :, TRANSIT] = 0.2
     rL = np.zeros((2, 2, 2))
-    rL[FREE] += 1.0                                  # a free road
-    rL[:, :, DRIVE] += 0.5 * toll[None, :]           # toll revenue
-    return TabularGame(jnp.asarray(P, jnp.float32), jnp.asarray([1.0, 0.0]),
-                       jnp.asarray(rF, jnp.float32), jnp.asarray(rL, jnp.float32),
-                       gamma_F=0.9, gamma_L=0.9, time_limit=100, name="road_toll").validate()
+    rL[FREE] += 1.0  # a free road
+    rL[:, :, DRIVE] += 0.5 * toll[None, :]  # toll revenue
+    return TabularGame(
+        jnp.asarray(P, jnp.float32),
+        jnp.asarray([1.0, 0.0]),
+        jnp.asarray(rF, jnp.float32),
+        jnp.asarray(rL, jnp.float32),
+        gamma_F=0.9,
+        gamma_L=0.9,
+        time_limit=100,
+        name="road_toll",
+    ).validate()
 
 
 def main(argv=None) -> dict:
@@ -54,17 +62,17 @@ def main(argv=None) -> dict:
     p.add_argument("--beta", type=float, default=0.1)
     a = p.parse_args(argv)
     game, beta = road_toll(), a.beta
-    theta = jnp.zeros((2, 2))                        # logits of f(a|s): uniform tolls
-    policy = lambda th: jax.nn.softmax(th, -1)       # noqa: E731
+    theta = jnp.zeros((2, 2))  # logits of f(a|s): uniform tolls
+    policy = lambda th: jax.nn.softmax(th, -1)  # noqa: E731
 
-    def J(th):                                       # exact discounted leader objective
+    def J(th):  # exact discounted leader objective
         br = games.best_response(game, policy(th), beta, backup="paper")
         V, _ = games.leader_values(game, policy(th), br.policy)
         return jnp.dot(game.init_dist, V)
 
-    exact = jax.jit(jax.grad(J))(theta)              # jitted: one compiled program
+    exact = jax.jit(jax.grad(J))(theta)  # jitted: one compiled program
 
-    def J_follower_fixed(th):                        # the follower's policy held at theta's
+    def J_follower_fixed(th):  # the follower's policy held at theta's
         br = games.best_response(game, policy(theta), beta, backup="paper")
         return jnp.dot(game.init_dist, games.leader_values(game, policy(th), br.policy)[0])
 
@@ -72,10 +80,11 @@ def main(argv=None) -> dict:
     br = games.best_response(game, policy(theta), beta, backup="paper")
     V_L, Q_L = games.leader_values(game, policy(theta), br.policy)
 
-    def one_batch(key):                              # 200 episodes of 100 steps
+    def one_batch(key):  # 200 episodes of 100 steps
         ep = games.rollout(key, game, policy(theta), br.policy, 200, 100)
-        return games.hypergradient(policy, theta, ep, br.policy, Q_L, br.V, beta, game.gamma_L,
-                                  game.gamma_F, V_L=V_L)
+        return games.hypergradient(
+            policy, theta, ep, br.policy, Q_L, br.V, beta, game.gamma_L, game.gamma_F, V_L=V_L
+        )
 
     est = jax.jit(jax.vmap(one_batch))(jax.random.split(jax.random.key(0), 20)).mean(0)
     cos = float(jnp.sum(est * exact) / (jnp.linalg.norm(est) * jnp.linalg.norm(exact)))
@@ -83,21 +92,29 @@ def main(argv=None) -> dict:
 
     finals = {}
     for method in ("bchg", "naive"):
-        config = games.TrainConfig(iterations=a.iterations, actor="tabular", backup="paper",
-                                 actor_lr=0.05)
+        config = games.TrainConfig(
+            iterations=a.iterations, actor="tabular", backup="paper", actor_lr=0.05
+        )
         trainer = games.make_train(game, method, config)
         hp = games.HParams(actor_steps=2, critic_steps=5, beta=beta)
         _, m = trainer.train(jax.random.key(2), hp)
         finals[method] = (float(m["J"][0]), float(np.asarray(m["J"])[-20:].mean()))
     print(f"exact hypergradient (logits [s, a]):\n{np.round(np.asarray(exact), 4)}")
     print(f"  of which the follower's re-optimisation:\n{np.round(np.asarray(response_part), 4)}")
-    print(f"BC-HG estimate (20 x 200 episodes):\n{np.round(np.asarray(est), 4)}  cosine {cos:.3f}"
-          f"  relative error {100 * rel:.1f}%")
+    print(
+        f"BC-HG estimate (20 x 200 episodes):\n{np.round(np.asarray(est), 4)}  cosine {cos:.3f}"
+        f"  relative error {100 * rel:.1f}%"
+    )
     for method, (j0, j1) in finals.items():
         print(f"{method:>6}: leader return {j0:.2f} -> {j1:.2f} (exact, undiscounted, 100 steps)")
-    return {"exact": np.asarray(exact), "response_part": np.asarray(response_part),
-            "estimate": np.asarray(est), "cosine": cos, "rel_error": rel,
-            "finals": finals}
+    return {
+        "exact": np.asarray(exact),
+        "response_part": np.asarray(response_part),
+        "estimate": np.asarray(est),
+        "cosine": cos,
+        "rel_error": rel,
+        "finals": finals,
+    }
 
 
 if __name__ == "__main__":

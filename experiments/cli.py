@@ -3,6 +3,7 @@
 runs were saved without (``LEGACY_SETTINGS``), and bad-input errors (``fail``: ``error: ...``,
 exit status 2). Imports nothing else of the repository.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -11,7 +12,6 @@ import os
 import re
 import sys
 from typing import Sequence, Tuple
-
 
 SMOKE_SEEDS = 2  # --smoke runs at most this many seeds
 _UNSET = object()  # marks flags not given on the command line
@@ -75,15 +75,14 @@ def apply_config_file(parser: argparse.ArgumentParser, a) -> None:
     for k, v in cfg["args"].items():
         if k not in a._explicit and k not in NOT_SETTINGS:
             setattr(a, k, v)
-    for k, v in LEGACY_SETTINGS.items():       # a file saved before the flag existed
+    for k, v in LEGACY_SETTINGS.items():  # a file saved before the flag existed
         if k in dests and k not in cfg["args"] and k not in a._explicit:
             setattr(a, k, v(cfg["args"]) if callable(v) else v)
-    if "method" in cfg and "method" not in a._explicit:   # a method folder's config.json
+    if "method" in cfg and "method" not in a._explicit:  # a method folder's config.json
         a.method = cfg["method"]
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter,
-                    argparse.ArgumentDefaultsHelpFormatter):
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """Keeps the module docstring's line breaks and appends "(default: ...)" to every flag."""
 
 
@@ -105,16 +104,30 @@ class ExperimentParser(argparse.ArgumentParser):
         a._explicit = frozenset(explicit)
         if getattr(a, "config", None):
             apply_config_file(self, a)
-        if a.smoke and "smoke" in a._explicit:   # (a --config file holds reduced values)
-            a.seeds, a.iterations = min(a.seeds, SMOKE_SEEDS), min(a.iterations,
-                                                                   self.smoke_iterations)
+        if a.smoke and "smoke" in a._explicit:  # (a --config file holds reduced values)
+            a.seeds, a.iterations = (
+                min(a.seeds, SMOKE_SEEDS),
+                min(a.iterations, self.smoke_iterations),
+            )
             a.chunk = self.smoke_chunk
         return a
 
 
-def base_parser(experiment: str, description: str, *, seeds: int, iterations: int, chunk: int,
-                methods: Sequence[str], also: str = "", noun: str = "method", grid_flags: str,
-                grid_help: str, smoke: Tuple[int, int], smoke_help: str = "") -> ExperimentParser:
+def base_parser(
+    experiment: str,
+    description: str,
+    *,
+    seeds: int,
+    iterations: int,
+    chunk: int,
+    methods: Sequence[str],
+    also: str = "",
+    noun: str = "method",
+    grid_flags: str,
+    grid_help: str,
+    smoke: Tuple[int, int],
+    smoke_help: str = "",
+) -> ExperimentParser:
     """The flags every experiment CLI shares, with that experiment's defaults.
 
     ``methods``: what ``--method all`` runs; ``also``: text on the other accepted names;
@@ -123,61 +136,108 @@ def base_parser(experiment: str, description: str, *, seeds: int, iterations: in
     ``smoke_help``: the CLI's other ``--smoke`` reductions. The CLI adds its own flags (in
     ``parser.add_argument_group(...)``) and calls ``parse_args``.
     """
-    p = ExperimentParser(prog=f"python -m experiments.{experiment}", description=description,
-                         formatter_class=HelpFormatter, smoke_iterations=smoke[0],
-                         smoke_chunk=smoke[1])
-    p.add_argument("--seeds", type=int, default=seeds,
-                   help="number of seeds (independent runs of every grid point)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="base seed: seed i runs with the key fold_in(key(SEED), i)")
-    p.add_argument("--method", default="bchg",
-                   help=f"a {noun}, a comma-separated list, or 'all' (= {', '.join(methods)})"
-                        + (f"; {also}" if also else ""))
-    p.add_argument("--grid", choices=["none", "paper"], default="none",
-                   help=f"'none': the values of {grid_flags}; 'paper': {grid_help}")
+    p = ExperimentParser(
+        prog=f"python -m experiments.{experiment}",
+        description=description,
+        formatter_class=HelpFormatter,
+        smoke_iterations=smoke[0],
+        smoke_chunk=smoke[1],
+    )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=seeds,
+        help="number of seeds (independent runs of every grid point)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="base seed: seed i runs with the key fold_in(key(SEED), i)",
+    )
+    p.add_argument(
+        "--method",
+        default="bchg",
+        help=f"a {noun}, a comma-separated list, or 'all' (= {', '.join(methods)})"
+        + (f"; {also}" if also else ""),
+    )
+    p.add_argument(
+        "--grid",
+        choices=["none", "paper"],
+        default="none",
+        help=f"'none': the values of {grid_flags}; 'paper': {grid_help}",
+    )
     p.add_argument("--iterations", type=int, default=iterations, help="outer iterations per run")
-    p.add_argument("--chunk", type=int, default=chunk,
-                   help="iterations per jitted chunk; after every chunk the progress is printed "
-                        "and <method>/metrics.npz and the orbax checkpoint folder "
-                        "<method>/checkpoint/<iteration>/ are rewritten")
-    p.add_argument("--out", default="results",
-                   help=f"results root: the run folder is <out>/{experiment}/<timestamp>/")
-    p.add_argument("--exact-out", action="store_true",
-                   help=f"use --out itself as the run folder (no {experiment}/<timestamp>/ "
-                        "subfolder); a folder of the same settings gets the new methods added")
-    p.add_argument("--resume", metavar="DIR", default=None,
-                   help="continue the run in the run folder DIR (the folder holding config.json "
-                        "and one folder per method) with its saved settings: every method "
-                        "continues from its orbax checkpoint DIR/<method>/checkpoint/<iteration>/"
-                        "; complete methods are skipped. A larger --iterations extends the run; "
-                        "--chunk, --shard and --distributed may change; any other changed "
-                        "setting is refused")
-    p.add_argument("--config", metavar="FILE", default=None,
-                   help="take every setting from FILE, a run's (or one method's) config.json, "
-                        "to repeat that run exactly; flags given on the command line override "
-                        "it (--out, --exact-out, --chunk, --shard are never taken from FILE)")
+    p.add_argument(
+        "--chunk",
+        type=int,
+        default=chunk,
+        help="iterations per jitted chunk; after every chunk the progress is printed "
+        "and <method>/metrics.npz and the orbax checkpoint folder "
+        "<method>/checkpoint/<iteration>/ are rewritten",
+    )
+    p.add_argument(
+        "--out",
+        default="results",
+        help=f"results root: the run folder is <out>/{experiment}/<timestamp>/",
+    )
+    p.add_argument(
+        "--exact-out",
+        action="store_true",
+        help=f"use --out itself as the run folder (no {experiment}/<timestamp>/ "
+        "subfolder); a folder of the same settings gets the new methods added",
+    )
+    p.add_argument(
+        "--resume",
+        metavar="DIR",
+        default=None,
+        help="continue the run in the run folder DIR (the folder holding config.json "
+        "and one folder per method) with its saved settings: every method "
+        "continues from its orbax checkpoint DIR/<method>/checkpoint/<iteration>/"
+        "; complete methods are skipped. A larger --iterations extends the run; "
+        "--chunk, --shard and --distributed may change; any other changed "
+        "setting is refused",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="take every setting from FILE, a run's (or one method's) config.json, "
+        "to repeat that run exactly; flags given on the command line override "
+        "it (--out, --exact-out, --chunk, --shard are never taken from FILE)",
+    )
     add_scale_args(p)
-    p.add_argument("--smoke", action="store_true",
-                   help=f"tiny run: at most {SMOKE_SEEDS} seeds and {smoke[0]} iterations, "
-                        f"chunks of {smoke[1]}" + (f", {smoke_help}" if smoke_help else ""))
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"tiny run: at most {SMOKE_SEEDS} seeds and {smoke[0]} iterations, "
+        f"chunks of {smoke[1]}" + (f", {smoke_help}" if smoke_help else ""),
+    )
     return p
 
 
 def add_scale_args(p: argparse.ArgumentParser) -> None:
     """``--shard`` and ``--distributed``, shared by the experiment CLIs."""
-    p.add_argument("--shard", action="store_true",
-                   help="split the seeds x grid runs over every JAX device (jax.shard_map)")
-    p.add_argument("--distributed", action="store_true",
-                   help="multi-host: call jax.distributed.initialize() (coordinator, process "
-                        "count and id from the cluster environment or JAX_COORDINATOR_ADDRESS, "
-                        "JAX_NUM_PROCESSES, JAX_PROCESS_ID), shard over every host's devices; "
-                        "process 0 writes the results")
+    p.add_argument(
+        "--shard",
+        action="store_true",
+        help="split the seeds x grid runs over every JAX device (jax.shard_map)",
+    )
+    p.add_argument(
+        "--distributed",
+        action="store_true",
+        help="multi-host: call jax.distributed.initialize() (coordinator, process "
+        "count and id from the cluster environment or JAX_COORDINATOR_ADDRESS, "
+        "JAX_NUM_PROCESSES, JAX_PROCESS_ID), shard over every host's devices; "
+        "process 0 writes the results",
+    )
 
 
 def parse_methods(spec: str, all_methods: Sequence[str], valid: Sequence[str]):
     """``--method`` value -> list of names: 'all', one name or a comma-separated list."""
-    names = list(all_methods) if spec == "all" else [m.strip() for m in spec.split(",")
-                                                     if m.strip()]
+    names = (
+        list(all_methods) if spec == "all" else [m.strip() for m in spec.split(",") if m.strip()]
+    )
     if not names or any(m not in valid for m in names):
         raise ValueError(f"--method must be 'all' or names from {tuple(valid)}, got {spec!r}")
     return names
@@ -196,11 +256,13 @@ def flag_names(message: str, a) -> str:
     """An error message from a library config check, with each ``TrainConfig.<field>`` that is
     also a command-line flag named as the flag (``--tau (TrainConfig.tau)``), so the user sees
     what to change."""
+
     def named(m):
         field = m.group(1)
         if field in vars(a):
             return f"--{field.replace('_', '-')} ({m.group(0)})"
         return m.group(0)
+
     return re.sub(r"\bTrainConfig\.(\w+)", named, message)
 
 
@@ -212,43 +274,60 @@ def resume_args(a, experiment: str):
     run_dir = os.path.normpath(a.resume)
     for flag in ("out", "exact_out", "config"):
         if flag in a._explicit:
-            fail(f"--resume continues the run in {a.resume} in place, with its saved settings; "
-                 f"drop --{flag.replace('_', '-')}")
+            fail(
+                f"--resume continues the run in {a.resume} in place, with its saved settings; "
+                f"drop --{flag.replace('_', '-')}"
+            )
     cfg_path = os.path.join(run_dir, "config.json")
     parent = os.path.dirname(os.path.abspath(run_dir))
     method_folder = os.path.exists(cfg_path) and "experiment" not in read_run_config(
-        cfg_path, "--resume")
-    if method_folder or (not os.path.exists(cfg_path)
-                         and os.path.exists(os.path.join(parent, "config.json"))):
-        fail(f"--resume {a.resume} is a method's folder inside a run; resume the run folder: "
-             f"python -m experiments.{experiment} --resume {parent}")
+        cfg_path, "--resume"
+    )
+    if method_folder or (
+        not os.path.exists(cfg_path) and os.path.exists(os.path.join(parent, "config.json"))
+    ):
+        fail(
+            f"--resume {a.resume} is a method's folder inside a run; resume the run folder: "
+            f"python -m experiments.{experiment} --resume {parent}"
+        )
     if not os.path.exists(cfg_path):
         fail(f"--resume {a.resume}: no config.json there (not a run folder)")
     cfg = read_run_config(cfg_path, "--resume")
     if cfg["experiment"] != experiment:
-        fail(f"--resume {a.resume} holds a {cfg['experiment']} run; resume it with "
-             f"python -m experiments.{cfg['experiment']} --resume {a.resume}")
+        fail(
+            f"--resume {a.resume} holds a {cfg['experiment']} run; resume it with "
+            f"python -m experiments.{cfg['experiment']} --resume {a.resume}"
+        )
     saved = cfg["args"]
-    changed = [f"--{k.replace('_', '-')} {saved.get(k)!r} there, {jsonable(getattr(a, k))!r} "
-               "given" for k in sorted(a._explicit)
-               if k not in NOT_SETTINGS and k != "iterations" and k in saved
-               and jsonable(getattr(a, k)) != saved[k]]
+    changed = [
+        f"--{k.replace('_', '-')} {saved.get(k)!r} there, {jsonable(getattr(a, k))!r} given"
+        for k in sorted(a._explicit)
+        if k not in NOT_SETTINGS
+        and k != "iterations"
+        and k in saved
+        and jsonable(getattr(a, k)) != saved[k]
+    ]
     if changed:
-        fail(f"{a.resume} holds a run with other settings ({'; '.join(changed)}); --resume "
-             "continues a run with its saved settings (only --iterations may grow and --chunk, "
-             "--shard, --distributed change); start a new run with another --out")
+        fail(
+            f"{a.resume} holds a run with other settings ({'; '.join(changed)}); --resume "
+            "continues a run with its saved settings (only --iterations may grow and --chunk, "
+            "--shard, --distributed change); start a new run with another --out"
+        )
     iterations = saved["iterations"]
     if "iterations" in a._explicit:
         if a.iterations < saved["iterations"]:
-            fail(f"--resume {a.resume}: the run has --iterations {saved['iterations']}; a run "
-                 f"can be extended, not shortened (got --iterations {a.iterations})")
+            fail(
+                f"--resume {a.resume}: the run has --iterations {saved['iterations']}; a run "
+                f"can be extended, not shortened (got --iterations {a.iterations})"
+            )
         iterations = a.iterations
     keep = {k: getattr(a, k, False) for k in ("shard", "distributed")}
     if "chunk" in a._explicit:
         keep["chunk"] = a.chunk
     explicit = a._explicit
-    legacy = {k: v(saved) if callable(v) else v for k, v in LEGACY_SETTINGS.items()
-              if hasattr(a, k)}
+    legacy = {
+        k: v(saved) if callable(v) else v for k, v in LEGACY_SETTINGS.items() if hasattr(a, k)
+    }
     a = argparse.Namespace(**{**vars(a), **legacy, **saved, **keep})
     a.resume, a.out, a.exact_out, a.config = run_dir, run_dir, True, None
     a.iterations, a._explicit = iterations, explicit

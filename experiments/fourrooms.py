@@ -8,6 +8,7 @@ chunk), ``summary.csv`` and ``curve.png``; with several methods also ``summary.c
 hyperparameters per method) and ``figure.png`` (methods as curves). ``--resume DIR`` continues a
 stopped run from its last chunk.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,9 +19,19 @@ PAPER_LR = (0.5, 0.1, 0.05, 0.01)
 PAPER_ALPHA = (0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
 SUMMARY_WINDOW = 1000
 ALL_METHODS = ("bchg", "hpgd_oracle", "hpgd_mc", "hpgd_sa", "sobirl", "naive")
-# arguments that define a run folder's setting: a second invocation may add methods, not change these
-SETTING_KEYS = ("seeds", "seed", "beta", "batch", "grid", "iterations", "slip_model", "lr",
-                "sarsa_alpha")
+# arguments that define a run folder's setting: a second invocation may add methods, not change
+# these
+SETTING_KEYS = (
+    "seeds",
+    "seed",
+    "beta",
+    "batch",
+    "grid",
+    "iterations",
+    "slip_model",
+    "lr",
+    "sarsa_alpha",
+)
 
 
 def batch_shape(batch: int):
@@ -30,49 +41,85 @@ def batch_shape(batch: int):
     if batch <= 200:
         return 1, batch
     if batch % 200:
-        raise ValueError(f"--batch above 200 must be a multiple of 200 (streams of 200 steps), got {batch}")
+        raise ValueError(
+            f"--batch above 200 must be a multiple of 200 (streams of 200 steps), got {batch}"
+        )
     return batch // 200, 200
 
 
 def parse_args(argv=None):
     from experiments.cli import base_parser
+
     p = base_parser(
-        "fourrooms", __doc__, seeds=10, iterations=10_000, chunk=500, methods=ALL_METHODS,
+        "fourrooms",
+        __doc__,
+        seeds=10,
+        iterations=10_000,
+        chunk=500,
+        methods=ALL_METHODS,
         also="also 'exact' (ascent on the exact hypergradient)",
         grid_flags="--lr and --sarsa-alpha",
-        grid_help="lr in {" + ", ".join(map(str, PAPER_LR)) + "} (x SARSA step size in {"
-                  + ", ".join(map(str, PAPER_ALPHA)) + "} for the SARSA critics)",
-        smoke=(20, 10))
+        grid_help="lr in {"
+        + ", ".join(map(str, PAPER_LR))
+        + "} (x SARSA step size in {"
+        + ", ".join(map(str, PAPER_ALPHA))
+        + "} for the SARSA critics)",
+        smoke=(20, 10),
+    )
     g = p.add_argument_group("Four-Rooms options")
     g.add_argument("--beta", type=float, default=1e-3, help="follower entropy coefficient (> 0)")
-    g.add_argument("--batch", type=int, default=100,
-                   help="transitions per outer iteration: 1 to 200 (one stream of BATCH steps) "
-                        "or a multiple of 200 (BATCH/200 streams of 200 steps); the paper uses "
-                        "100, 200, 400 and 1000")
-    g.add_argument("--lr", type=float, nargs="+", default=[0.1],
-                   help="leader learning rate(s); several values form a grid")
-    g.add_argument("--sarsa-alpha", type=float, nargs="+", default=[0.5],
-                   help="SARSA critic step size(s) (bchg, hpgd_sa); several values form a grid")
-    g.add_argument("--slip-model", choices=["reference", "paper"], default="reference",
-                   help="'reference': the follower's model slips with 0.56 / 0.1467 while the "
-                        "samples use 2/3 / 1/9 (the authors' setting); 'paper': 2/3 and 1/9 "
-                        "everywhere (docs/experiments.md)")
-    g.add_argument("--solver", choices=["auto", "dense", "sparse"], default="auto",
-                   help="the follower's and the J_L metric's solvers: 'dense' sweeps on the "
-                        "[S, B, S] table, 'sparse' modified soft policy iteration on the "
-                        "successor table (same tolerance), 'auto' sparse when every state has at "
-                        "most S/4 successors, as in Four-Rooms (docs/performance.md)")
+    g.add_argument(
+        "--batch",
+        type=int,
+        default=100,
+        help="transitions per outer iteration: 1 to 200 (one stream of BATCH steps) "
+        "or a multiple of 200 (BATCH/200 streams of 200 steps); the paper uses "
+        "100, 200, 400 and 1000",
+    )
+    g.add_argument(
+        "--lr",
+        type=float,
+        nargs="+",
+        default=[0.1],
+        help="leader learning rate(s); several values form a grid",
+    )
+    g.add_argument(
+        "--sarsa-alpha",
+        type=float,
+        nargs="+",
+        default=[0.5],
+        help="SARSA critic step size(s) (bchg, hpgd_sa); several values form a grid",
+    )
+    g.add_argument(
+        "--slip-model",
+        choices=["reference", "paper"],
+        default="reference",
+        help="'reference': the follower's model slips with 0.56 / 0.1467 while the "
+        "samples use 2/3 / 1/9 (the authors' setting); 'paper': 2/3 and 1/9 "
+        "everywhere (docs/experiments.md)",
+    )
+    g.add_argument(
+        "--solver",
+        choices=["auto", "dense", "sparse"],
+        default="auto",
+        help="the follower's and the J_L metric's solvers: 'dense' sweeps on the "
+        "[S, B, S] table, 'sparse' modified soft policy iteration on the "
+        "successor table (same tolerance), 'auto' sparse when every state has at "
+        "most S/4 successors, as in Four-Rooms (docs/performance.md)",
+    )
     return p.parse_args(argv)
 
 
 def methods_of(spec: str):
     from bchg_jax.tabular.train import METHODS
     from experiments.cli import parse_methods
+
     return parse_methods(spec, ALL_METHODS, METHODS)
 
 
 def validate_args(a):
     from experiments.cli import check_counts
+
     methods_of(a.method)
     check_counts(a, "seeds", "iterations", "chunk")
     if a.beta <= 0:
@@ -83,6 +130,7 @@ def validate_args(a):
 def method_grid(method: str, a):
     from bchg_jax.core.sweep import product_grid
     from bchg_jax.tabular.train import SARSA_METHODS
+
     lrs, alphas = (PAPER_LR, PAPER_ALPHA) if a.grid == "paper" else (a.lr, a.sarsa_alpha)
     if method not in SARSA_METHODS:
         alphas = alphas[:1]  # no SARSA critic: the step size is unused
@@ -92,6 +140,7 @@ def method_grid(method: str, a):
 def summarize(J: np.ndarray, window: int = SUMMARY_WINDOW):
     """Per seed mean of the last 1000 iterations -> (final [G,N], mean [G], se [G], best)."""
     from experiments.summary import summarize as _summarize
+
     return _summarize(J, window)
 
 
@@ -99,26 +148,32 @@ def run_method(method: str, a, run_dir: str):
     """Trains (or resumes, or skips if complete) one method's grid; returns its summary dict."""
     from bchg_jax.problems.fourrooms import fourrooms
     from bchg_jax.tabular.train import TrainConfig, make_train
-    from experiments.run_folder import run_method_folder
     from experiments.plot import YLABEL, pretty_label
+    from experiments.run_folder import run_method_folder
 
     grid = method_grid(method, a)  # validated by main() before any method ran
     envs, steps = batch_shape(a.batch)
-    config = TrainConfig(num_envs=envs, num_steps=steps, iterations=a.iterations,
-                         solver=a.solver)
+    config = TrainConfig(num_envs=envs, num_steps=steps, iterations=a.iterations, solver=a.solver)
     trainer = make_train(fourrooms(a.slip_model), method, config)
     return run_method_folder(
-        os.path.join(run_dir, method), method, trainer, grid, a,
+        os.path.join(run_dir, method),
+        method,
+        trainer,
+        grid,
+        a,
         record={"train_config": vars(config)},
         title=f"Four-Rooms, {pretty_label(method)}: β={a.beta:g}, batch {a.batch}, "
-              f"slip model {a.slip_model}, {a.seeds} seeds",
-        window=SUMMARY_WINDOW, ylabel=YLABEL,
-        describe=f"Four-Rooms [{a.slip_model}] beta={a.beta} batch={a.batch} ({envs}x{steps})")
+        f"slip model {a.slip_model}, {a.seeds} seeds",
+        window=SUMMARY_WINDOW,
+        ylabel=YLABEL,
+        describe=f"Four-Rooms [{a.slip_model}] beta={a.beta} batch={a.batch} ({envs}x{steps})",
+    )
 
 
 def validate_all(a):
     """Arguments and every method's grid, checked before anything compiles; -> method names."""
     from bchg_jax.tabular.train import HParams
+
     validate_args(a)
     methods = methods_of(a.method)
     for m in methods:
@@ -128,8 +183,10 @@ def validate_all(a):
 
 def main(argv=None) -> str:
     from experiments.run_folder import run_experiment
-    return run_experiment("fourrooms", argv, parse_args, validate_all, run_method, SETTING_KEYS,
-                          SUMMARY_WINDOW)
+
+    return run_experiment(
+        "fourrooms", argv, parse_args, validate_all, run_method, SETTING_KEYS, SUMMARY_WINDOW
+    )
 
 
 if __name__ == "__main__":

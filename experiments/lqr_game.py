@@ -22,9 +22,10 @@ Method variants: ``bchg`` (BC-HG, Gaussian leader), ``naive`` = ``naive_on`` / `
 ``naive_det`` (the appendix theorem for a deterministic linear leader, with and without the
 guiding term), ``exact`` (Adam on the exact hypergradient) and ``exact_direct`` (Adam on its
 direct part only: the follower's policy held fixed, what Naive-PGD estimates).
-``--grid paper`` runs actor_steps in {1, 2, 5, 10} per variant as one vmapped program. The metric of every iteration is the *exact* undiscounted
-100-step leader return of the current leader against its best response (``J``), with the
-discounted one, the batch's sampled return, K_theta (``K1``, ``K2``) and skipped updates.
+``--grid paper`` runs actor_steps in {1, 2, 5, 10} per variant as one vmapped program. The
+metric of every iteration is the *exact* undiscounted 100-step leader return of the current
+leader against its best response (``J``), with the discounted one, the batch's sampled return,
+K_theta (``K1``, ``K2``) and skipped updates.
 ``--estimator unbiased`` (the default, set by the explore preset) subtracts only baselines that
 keep the estimate unbiased; ``--estimator reference`` (the reference preset's default) is the
 reference implementation's estimator (``docs/experiments.md``); ``--estimator shuffled`` is a
@@ -34,6 +35,7 @@ reference preset clips only BC-HG's (``--clip-scope reference``). A run whose ``
 end inside the critic-only warm-up (``--warmup-steps``) never updates the leader: the CLI warns.
 Outputs as for the other experiments.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,99 +43,208 @@ import os
 import numpy as np
 
 PAPER_STEPS = (1, 2, 5, 10)
-VARIANTS = {"bchg": ("bchg", "on"), "naive": ("naive", "on"), "naive_on": ("naive", "on"),
-            "naive_off": ("naive", "off"), "bchg_det": ("bchg_det", "on"),
-            "naive_det": ("naive_det", "on"), "exact": ("exact", "on"),
-            "exact_direct": ("exact_direct", "on")}
-ALL = {"explore": ("bchg", "bchg_det", "naive", "naive_det", "exact", "exact_direct"),
-       "reference": ("bchg", "naive_on", "naive_off", "bchg_det")}
+VARIANTS = {
+    "bchg": ("bchg", "on"),
+    "naive": ("naive", "on"),
+    "naive_on": ("naive", "on"),
+    "naive_off": ("naive", "off"),
+    "bchg_det": ("bchg_det", "on"),
+    "naive_det": ("naive_det", "on"),
+    "exact": ("exact", "on"),
+    "exact_direct": ("exact_direct", "on"),
+}
+ALL = {
+    "explore": ("bchg", "bchg_det", "naive", "naive_det", "exact", "exact_direct"),
+    "reference": ("bchg", "naive_on", "naive_off", "bchg_det"),
+}
 # the flags' defaults under each preset
 PRESET_FLAGS = {
-    "explore": dict(iterations=2000, actor_steps=[1], critic_steps=20, estimator="unbiased",
-                    warmup_steps=160000, clip_scope="all", actor_lr=0.02,
-                    actor_lr_schedule="cosine", critic_lr=1e-3,
-                    explore_std=0.5, explore_episodes=6, replay=80, tau=0.2, minibatch=64),
-    "reference": dict(iterations=500, actor_steps=[10], critic_steps=5, estimator="reference",
-                      warmup_steps=4000, clip_scope="reference", actor_lr=0.1,
-                      actor_lr_schedule="constant", critic_lr=0.1,
-                      explore_std=0.5, explore_episodes=0, replay=0, tau=0.01,
-                      minibatch=64)}
+    "explore": dict(
+        iterations=2000,
+        actor_steps=[1],
+        critic_steps=20,
+        estimator="unbiased",
+        warmup_steps=160000,
+        clip_scope="all",
+        actor_lr=0.02,
+        actor_lr_schedule="cosine",
+        critic_lr=1e-3,
+        explore_std=0.5,
+        explore_episodes=6,
+        replay=80,
+        tau=0.2,
+        minibatch=64,
+    ),
+    "reference": dict(
+        iterations=500,
+        actor_steps=[10],
+        critic_steps=5,
+        estimator="reference",
+        warmup_steps=4000,
+        clip_scope="reference",
+        actor_lr=0.1,
+        actor_lr_schedule="constant",
+        critic_lr=0.1,
+        explore_std=0.5,
+        explore_episodes=0,
+        replay=0,
+        tau=0.01,
+        minibatch=64,
+    ),
+}
 # the TrainConfig fields each preset sets beyond the flags
 PRESET_CONFIG = {
-    "explore": dict(episodes=2, critic_minibatch=256,
-                    target_samples=8, normalize=True, q_scale=10.0, influence_cv=True,
-                    benefit_samples=64, baseline_samples=16),
-    "reference": dict()}
-ESTIMATORS = {"reference": dict(direct_baseline="reference", influence="raw"),
-              "unbiased": dict(direct_baseline="same_noise", influence="baseline"),
-              # control experiment: the reference estimator with the Benefit of another sample
-              "shuffled": dict(direct_baseline="reference", influence="raw",
-                               shuffle_benefit=True)}
+    "explore": dict(
+        episodes=2,
+        critic_minibatch=256,
+        target_samples=8,
+        normalize=True,
+        q_scale=10.0,
+        influence_cv=True,
+        benefit_samples=64,
+        baseline_samples=16,
+    ),
+    "reference": dict(),
+}
+ESTIMATORS = {
+    "reference": dict(direct_baseline="reference", influence="raw"),
+    "unbiased": dict(direct_baseline="same_noise", influence="baseline"),
+    # control experiment: the reference estimator with the Benefit of another sample
+    "shuffled": dict(direct_baseline="reference", influence="raw", shuffle_benefit=True),
+}
 SUMMARY_WINDOW = 50
-SETTING_KEYS = ("seeds", "seed", "grid", "actor_steps", "critic_steps", "iterations", "beta",
-                "estimator", "warmup_steps", "clip", "clip_scope", "init", "preset", "actor_lr",
-                "critic_lr", "explore_std", "actor_lr_schedule", "replay", "tau", "minibatch",
-                "explore_episodes")
+SETTING_KEYS = (
+    "seeds",
+    "seed",
+    "grid",
+    "actor_steps",
+    "critic_steps",
+    "iterations",
+    "beta",
+    "estimator",
+    "warmup_steps",
+    "clip",
+    "clip_scope",
+    "init",
+    "preset",
+    "actor_lr",
+    "critic_lr",
+    "explore_std",
+    "actor_lr_schedule",
+    "replay",
+    "tau",
+    "minibatch",
+    "explore_episodes",
+)
 
 
 def parse_args(argv=None):
     import argparse
     import sys
+
     from experiments.cli import base_parser
+
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--preset", choices=tuple(PRESET_FLAGS), default="explore")
     preset = pre.parse_known_args(sys.argv[1:] if argv is None else list(argv))[0].preset
     p = base_parser(
-        "lqr_game", __doc__, seeds=20, iterations=PRESET_FLAGS[preset]["iterations"], chunk=50,
-        methods=ALL[preset], noun="variant",
+        "lqr_game",
+        __doc__,
+        seeds=20,
+        iterations=PRESET_FLAGS[preset]["iterations"],
+        chunk=50,
+        methods=ALL[preset],
+        noun="variant",
         also="also any of " + ", ".join(v for v in VARIANTS if v not in ALL[preset]),
         grid_flags="--actor-steps",
-        grid_help="actor steps in {" + ", ".join(map(str, PAPER_STEPS)) + "}", smoke=(6, 3),
-        smoke_help="at most 800 warm-up steps")
+        grid_help="actor steps in {" + ", ".join(map(str, PAPER_STEPS)) + "}",
+        smoke=(6, 3),
+        smoke_help="at most 800 warm-up steps",
+    )
     g = p.add_argument_group("LQR game options")
-    g.add_argument("--preset", choices=tuple(PRESET_FLAGS), default="explore",
-                   help="'explore': learned critics with exploration, replay and unbiased "
-                        "estimators (the default design); 'reference': the reference "
-                        "implementation's settings; each sets the defaults of the flags below")
+    g.add_argument(
+        "--preset",
+        choices=tuple(PRESET_FLAGS),
+        default="explore",
+        help="'explore': learned critics with exploration, replay and unbiased "
+        "estimators (the default design); 'reference': the reference "
+        "implementation's settings; each sets the defaults of the flags below",
+    )
     g.add_argument("--actor-lr", type=float, help="Adam learning rate of theta")
-    g.add_argument("--actor-lr-schedule", choices=["constant", "cosine"],
-                   help="theta's learning rate: constant, or cosine decay to 0 over the run")
+    g.add_argument(
+        "--actor-lr-schedule",
+        choices=["constant", "cosine"],
+        help="theta's learning rate: constant, or cosine decay to 0 over the run",
+    )
     g.add_argument("--critic-lr", type=float, help="Adam learning rate of the critic")
-    g.add_argument("--explore-std", type=float,
-                   help="std of the behaviour leader's exploration noise (explore preset)")
-    g.add_argument("--explore-episodes", type=int,
-                   help="behaviour-leader episodes per iteration, critic data only (0: none; "
-                        "more than 0 needs --replay)")
-    g.add_argument("--replay", type=int,
-                   help="episodes in the critic's replay ring, newest kept (0: the critic trains "
-                        "on the actor's buffer); a multiple of the episodes per iteration")
-    g.add_argument("--tau", type=float,
-                   help="Polyak rate of the target critic and target leader, in (0, 1]")
-    g.add_argument("--minibatch", type=int,
-                   help="steps (segment starts, drawn ~ gamma_L^t from the iteration's "
-                        "episodes) per actor update")
-    g.add_argument("--actor-steps", type=int, nargs="+", default=[10],
-                   help="actor updates per outer iteration (0 to max(10, --critic-steps)); "
-                        "several values form a grid")
-    g.add_argument("--critic-steps", type=int, default=5,
-                   help="critic updates per outer iteration")
+    g.add_argument(
+        "--explore-std",
+        type=float,
+        help="std of the behaviour leader's exploration noise (explore preset)",
+    )
+    g.add_argument(
+        "--explore-episodes",
+        type=int,
+        help="behaviour-leader episodes per iteration, critic data only (0: none; "
+        "more than 0 needs --replay)",
+    )
+    g.add_argument(
+        "--replay",
+        type=int,
+        help="episodes in the critic's replay ring, newest kept (0: the critic trains "
+        "on the actor's buffer); a multiple of the episodes per iteration",
+    )
+    g.add_argument(
+        "--tau", type=float, help="Polyak rate of the target critic and target leader, in (0, 1]"
+    )
+    g.add_argument(
+        "--minibatch",
+        type=int,
+        help="steps (segment starts, drawn ~ gamma_L^t from the iteration's "
+        "episodes) per actor update",
+    )
+    g.add_argument(
+        "--actor-steps",
+        type=int,
+        nargs="+",
+        default=[10],
+        help="actor updates per outer iteration (0 to max(10, --critic-steps)); "
+        "several values form a grid",
+    )
+    g.add_argument("--critic-steps", type=int, default=5, help="critic updates per outer iteration")
     g.add_argument("--beta", type=float, default=0.1, help="follower entropy coefficient")
-    g.add_argument("--estimator", choices=tuple(ESTIMATORS), default="reference",
-                   help="'reference': the reference code's estimator; 'unbiased': only "
-                        "baselines that keep it unbiased; 'shuffled': a control (the guiding "
-                        "term keeps its noise, loses its mean) (default: the preset's, "
-                        "%(default)s)")
-    g.add_argument("--warmup-steps", type=int, default=4000,
-                   help="env steps with random leader actions N(0, 1) at the start (critic "
-                        "only: the leader is not updated) (default: the preset's, %(default)s)")
+    g.add_argument(
+        "--estimator",
+        choices=tuple(ESTIMATORS),
+        default="reference",
+        help="'reference': the reference code's estimator; 'unbiased': only "
+        "baselines that keep it unbiased; 'shuffled': a control (the guiding "
+        "term keeps its noise, loses its mean) (default: the preset's, "
+        "%(default)s)",
+    )
+    g.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=4000,
+        help="env steps with random leader actions N(0, 1) at the start (critic "
+        "only: the leader is not updated) (default: the preset's, %(default)s)",
+    )
     g.add_argument("--clip", type=float, default=1.0, help="actor gradient norm clip (0: off)")
-    g.add_argument("--clip-scope", choices=["reference", "all"], default="reference",
-                   help="'reference': only BC-HG's gradients are clipped (the reference code); "
-                        "'all': every method's (the paper's text) (default: the preset's, "
-                        "%(default)s)")
-    g.add_argument("--init", choices=["torch", "flax"], default="torch",
-                   help="network initialisation: PyTorch's nn.Linear default (the reference) or "
-                        "flax's lecun_normal")
+    g.add_argument(
+        "--clip-scope",
+        choices=["reference", "all"],
+        default="reference",
+        help="'reference': only BC-HG's gradients are clipped (the reference code); "
+        "'all': every method's (the paper's text) (default: the preset's, "
+        "%(default)s)",
+    )
+    g.add_argument(
+        "--init",
+        choices=["torch", "flax"],
+        default="torch",
+        help="network initialisation: PyTorch's nn.Linear default (the reference) or "
+        "flax's lecun_normal",
+    )
     p.set_defaults(**PRESET_FLAGS[preset])
     a = p.parse_args(argv)
     if a.smoke:
@@ -143,34 +254,50 @@ def parse_args(argv=None):
 
 def methods_of(spec: str, preset: str = "explore"):
     from experiments.cli import parse_methods
+
     return parse_methods(spec, ALL[preset], tuple(VARIANTS))
 
 
 def method_grid(a):
     steps = PAPER_STEPS if a.grid == "paper" else tuple(a.actor_steps)
     n = len(steps)
-    return {"actor_steps": np.asarray(steps), "critic_steps": np.full(n, a.critic_steps),
-            "beta": np.full(n, a.beta)}
+    return {
+        "actor_steps": np.asarray(steps),
+        "critic_steps": np.full(n, a.critic_steps),
+        "beta": np.full(n, a.beta),
+    }
 
 
 def train_config(a, name: str):
     from bchg_jax.games import lqr
+
     method, buffer = VARIANTS[name]
     clip = a.clip if (a.clip_scope == "all" or method.startswith("bchg")) else 0.0
-    return lqr.TrainConfig(iterations=a.iterations, buffer=buffer, warmup_steps=a.warmup_steps,
-                           clip=clip, init=a.init, max_steps=max(10, a.critic_steps),
-                           actor_lr=a.actor_lr, actor_lr_schedule=a.actor_lr_schedule,
-                           critic_lr=a.critic_lr,
-                           explore_std=a.explore_std, explore_episodes=a.explore_episodes,
-                           replay=a.replay, tau=a.tau,
-                           minibatch=a.minibatch, **PRESET_CONFIG[a.preset],
-                           **ESTIMATORS[a.estimator]).validate()
+    return lqr.TrainConfig(
+        iterations=a.iterations,
+        buffer=buffer,
+        warmup_steps=a.warmup_steps,
+        clip=clip,
+        init=a.init,
+        max_steps=max(10, a.critic_steps),
+        actor_lr=a.actor_lr,
+        actor_lr_schedule=a.actor_lr_schedule,
+        critic_lr=a.critic_lr,
+        explore_std=a.explore_std,
+        explore_episodes=a.explore_episodes,
+        replay=a.replay,
+        tau=a.tau,
+        minibatch=a.minibatch,
+        **PRESET_CONFIG[a.preset],
+        **ESTIMATORS[a.estimator],
+    ).validate()
 
 
 def validate_args(a):
-    from experiments.cli import check_counts
-    from bchg_jax.problems.lqr_game import lqr_game
     from bchg_jax.games.lqr.train import HParams
+    from bchg_jax.problems.lqr_game import lqr_game
+    from experiments.cli import check_counts
+
     methods = methods_of(a.method, a.preset)
     check_counts(a, "seeds", "iterations", "chunk")
     for m in methods:
@@ -178,13 +305,19 @@ def validate_args(a):
     HParams.from_grid(method_grid(a), max_steps=config.max_steps)
     lqr_game()
     warmup = warmup_iterations(config)
-    if warmup >= a.iterations and any(VARIANTS[m][0] not in ("exact", "exact_direct")
-                                      for m in methods):
+    if warmup >= a.iterations and any(
+        VARIANTS[m][0] not in ("exact", "exact_direct") for m in methods
+    ):
         import sys
-        print(f"WARNING: the critic-only warm-up (--warmup-steps {a.warmup_steps}) lasts "
-              f"{warmup} iterations and this run has --iterations {a.iterations}: the learned-"
-              "critic methods never update the leader, so J stays at its start. Use more "
-              "iterations or fewer --warmup-steps.", file=sys.stderr, flush=True)
+
+        print(
+            f"WARNING: the critic-only warm-up (--warmup-steps {a.warmup_steps}) lasts "
+            f"{warmup} iterations and this run has --iterations {a.iterations}: the learned-"
+            "critic methods never update the leader, so J stays at its start. Use more "
+            "iterations or fewer --warmup-steps.",
+            file=sys.stderr,
+            flush=True,
+        )
     return methods
 
 
@@ -193,32 +326,44 @@ def warmup_iterations(config) -> int:
     ``warmup_steps`` environment steps over the steps collected per iteration (actor and
     behaviour episodes), rounded up (as ``games.lqr.make_train`` counts them)."""
     from bchg_jax.problems.lqr_game import lqr_game
+
     per_iteration = (config.episodes + config.explore_episodes) * lqr_game().horizon
     return -(-config.warmup_steps // per_iteration)
 
 
 def run_method(name: str, a, run_dir: str):
-    from bchg_jax.problems.lqr_game import lqr_game
     from bchg_jax.games import lqr
-    from experiments.run_folder import run_method_folder
+    from bchg_jax.problems.lqr_game import lqr_game
     from experiments.plot import YLABELS, pretty_label
+    from experiments.run_folder import run_method_folder
+
     method, buffer = VARIANTS[name]
     config = train_config(a, name)
     trainer = lqr.make_train(lqr_game(), method, config)
     return run_method_folder(
-        os.path.join(run_dir, name), name, trainer, method_grid(a), a,
-        record={"train_config": {k: (list(v) if isinstance(v, tuple) else v)
-                                 for k, v in vars(config).items()}},
+        os.path.join(run_dir, name),
+        name,
+        trainer,
+        method_grid(a),
+        a,
+        record={
+            "train_config": {
+                k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(config).items()
+            }
+        },
         title=f"bi-level LQR game, {pretty_label(name)}: β={a.beta:g}, {a.seeds} seeds",
         window=SUMMARY_WINDOW,
         ylabel=YLABELS["lqr_game"],
-        describe=f"bi-level LQR game {method} buffer={buffer} estimator={a.estimator}")
+        describe=f"bi-level LQR game {method} buffer={buffer} estimator={a.estimator}",
+    )
 
 
 def main(argv=None) -> str:
     from experiments.run_folder import run_experiment
-    return run_experiment("lqr_game", argv, parse_args, validate_args, run_method, SETTING_KEYS,
-                          SUMMARY_WINDOW)
+
+    return run_experiment(
+        "lqr_game", argv, parse_args, validate_args, run_method, SETTING_KEYS, SUMMARY_WINDOW
+    )
 
 
 if __name__ == "__main__":

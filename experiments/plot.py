@@ -9,6 +9,7 @@ they share go in the figure's title. Runs of different experiments may be combin
 then gets its own experiment, key settings and y-axis label. A table of final values is printed
 (markdown).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,28 +25,47 @@ from bchg_jax.problems.thermal import COMPONENT_WEIGHTS as THERMAL_WEIGHTS
 from experiments.cli import NOT_SETTINGS as RUN_FLAGS
 from experiments.summary import summarize
 
-METHOD_LABELS = {"bchg": "BC-HG", "hpgd_oracle": "HPGD (oracle)", "hpgd_mc": "HPGD (MC)",
-                 "hpgd_sa": "HPGD (SA)", "hpgd_td": "HPGD (TD)", "sobirl": "SoBiRL",
-                 "naive": "Naive-PGD", "bchg_off": "BC-HG (off-policy)",
-                 "naive_on": "Naive-PGD (on-policy)", "naive_off": "Naive-PGD (off-policy)",
-                 "biac_on": "Bi-AC (on-policy)", "biac_off": "Bi-AC (off-policy)",
-                 "bchg_det": "BC-HG (deterministic leader)",
-                 "naive_det": "Naive-PGD (deterministic leader)",
-                 "exact": "exact hypergradient",
-                 "exact_direct": "exact hypergradient, direct part"}
+METHOD_LABELS = {
+    "bchg": "BC-HG",
+    "hpgd_oracle": "HPGD (oracle)",
+    "hpgd_mc": "HPGD (MC)",
+    "hpgd_sa": "HPGD (SA)",
+    "hpgd_td": "HPGD (TD)",
+    "sobirl": "SoBiRL",
+    "naive": "Naive-PGD",
+    "bchg_off": "BC-HG (off-policy)",
+    "naive_on": "Naive-PGD (on-policy)",
+    "naive_off": "Naive-PGD (off-policy)",
+    "biac_on": "Bi-AC (on-policy)",
+    "biac_off": "Bi-AC (off-policy)",
+    "bchg_det": "BC-HG (deterministic leader)",
+    "naive_det": "Naive-PGD (deterministic leader)",
+    "exact": "exact hypergradient",
+    "exact_direct": "exact hypergradient, direct part",
+}
 METHOD_ORDER = tuple(METHOD_LABELS)
 # what the curve metric J is, per experiment (docs/experiments.md, "Metric")
 YLABEL = "upper-level objective $V_L(S)$\n(exact, discounted $\\gamma=0.99$)"
-YLABELS = {"fourrooms": YLABEL,
-           "thermal": "leader objective $J_L$\n(exact, discounted $\\gamma_L=0.9$, 100 steps)",
-           "toy_game": "leader return\n(exact, undiscounted, 150 steps)",
-           "lqr_game": "leader return\n(exact, undiscounted, 100 steps)"}
+YLABELS = {
+    "fourrooms": YLABEL,
+    "thermal": "leader objective $J_L$\n(exact, discounted $\\gamma_L=0.9$, 100 steps)",
+    "toy_game": "leader return\n(exact, undiscounted, 150 steps)",
+    "lqr_game": "leader return\n(exact, undiscounted, 100 steps)",
+}
 GENERIC_YLABEL = "leader objective J"
-EXPERIMENT_NAMES = {"fourrooms": "Four-Rooms", "thermal": "building thermal control",
-                    "toy_game": "toy game", "lqr_game": "bi-level LQR game"}
+EXPERIMENT_NAMES = {
+    "fourrooms": "Four-Rooms",
+    "thermal": "building thermal control",
+    "toy_game": "toy game",
+    "lqr_game": "bi-level LQR game",
+}
 # the settings a figure names for a run when nothing else distinguishes it
-KEY_SETTINGS = {"fourrooms": ("beta", "batch", "slip_model"), "thermal": ("critic", "beta"),
-                "toy_game": ("R", "beta", "actor"), "lqr_game": ("beta", "estimator")}
+KEY_SETTINGS = {
+    "fourrooms": ("beta", "batch", "slip_model"),
+    "thermal": ("critic", "beta"),
+    "toy_game": ("R", "beta", "actor"),
+    "lqr_game": ("beta", "estimator"),
+}
 # config.json "args" that are bookkeeping, not settings of the run
 NOT_SETTINGS = frozenset(RUN_FLAGS) | {"method", "smoke"}
 SETTING_NAMES = {"beta": "β"}
@@ -54,23 +74,27 @@ SETTING_NAMES = {"beta": "β"}
 # (bchg_jax.problems.thermal.COMPONENT_WEIGHTS and bchg_jax.lq.exact.components: "stability" is
 # logged as the reward term Stability(s) <= 0, the other three as positive, unweighted costs; each
 # is a discounted (gamma_L = 0.9) sum over the 100-step horizon; tests check this identity)
-THERMAL_GAMMA, THERMAL_HORIZON = 0.9, 100       # thermal()'s gamma_L and horizon (tested equal)
+THERMAL_GAMMA, THERMAL_HORIZON = 0.9, 100  # thermal()'s gamma_L and horizon (tested equal)
 THERMAL_IDENTITY = (
     f"$J_L$ = stability − {THERMAL_WEIGHTS['hvac_energy']:g} · HVAC energy − "
     f"{THERMAL_WEIGHTS['insulation']:g} · (insulation + airflow); each term is an exact discounted "
     f"sum ($\\gamma_L$ = {THERMAL_GAMMA:g}) over {THERMAL_HORIZON} steps; stability is a reward "
-    "(≤ 0), the other three are costs (≥ 0)")
-COMPONENT_TITLES = {"J": "leader objective $J_L$ (higher is better)",
-                    "stability": "stability (reward ≤ 0, higher is better)",
-                    "hvac_energy": "HVAC energy cost (lower is better)",
-                    "insulation": "insulation cost (lower is better)",
-                    "airflow": "airflow cost (lower is better)"}
+    "(≤ 0), the other three are costs (≥ 0)"
+)
+COMPONENT_TITLES = {
+    "J": "leader objective $J_L$ (higher is better)",
+    "stability": "stability (reward ≤ 0, higher is better)",
+    "hvac_energy": "HVAC energy cost (lower is better)",
+    "insulation": "insulation cost (lower is better)",
+    "airflow": "airflow cost (lower is better)",
+}
 COMPONENT_YLABELS = {
     "J": "$J_L$",
     "stability": "$\\mathbb{E}\\,\\Sigma_t\\,\\gamma_L^t\\,\\mathrm{Stability}(s_t)$",
     "hvac_energy": "$\\mathbb{E}\\,\\Sigma_t\\,\\gamma_L^t\\,\\|b_t\\|^2$",
     "insulation": "$\\Sigma_t\\,\\gamma_L^t\\,\\|\\alpha\\|^2$",
-    "airflow": "$\\Sigma_t\\,\\gamma_L^t\\,\\|\\beta_{\\mathrm{air}}\\|^2$"}
+    "airflow": "$\\Sigma_t\\,\\gamma_L^t\\,\\|\\beta_{\\mathrm{air}}\\|^2$",
+}
 
 
 def _config(run_dir: str) -> dict:
@@ -108,8 +132,10 @@ def smoothing_window(lengths, cap: int = 100) -> int:
 
 def _plt():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -118,8 +144,10 @@ def method_colors() -> dict:
     hypergradient reference in black)."""
     plt = _plt()
     cmap10, cmap20 = plt.get_cmap("tab10"), plt.get_cmap("tab20b")
-    colors = {METHOD_LABELS[m]: (cmap10(i) if i < 10 else cmap20(4 * (i - 10) % 20))
-              for i, m in enumerate(METHOD_ORDER)}
+    colors = {
+        METHOD_LABELS[m]: (cmap10(i) if i < 10 else cmap20(4 * (i - 10) % 20))
+        for i, m in enumerate(METHOD_ORDER)
+    }
     colors[METHOD_LABELS["exact"]] = "k"
     colors[METHOD_LABELS["exact_direct"]] = "0.55"
     return colors
@@ -128,9 +156,18 @@ def method_colors() -> dict:
 def method_linestyles() -> dict:
     """Line style per method label: off-policy variants dashed, deterministic-leader variants
     dotted, the exact hypergradient (and its direct part) dash-dotted, the rest solid."""
+
     def style(m):
-        return ("--" if m.endswith("_off") else ":" if m.endswith("_det") else
-                "-." if m.startswith("exact") else "-")
+        return (
+            "--"
+            if m.endswith("_off")
+            else ":"
+            if m.endswith("_det")
+            else "-."
+            if m.startswith("exact")
+            else "-"
+        )
+
     return {METHOD_LABELS[m]: style(m) for m in METHOD_ORDER}
 
 
@@ -154,23 +191,31 @@ def band_caption(seeds, window: int, iterations=None) -> str:
     """What a curve and its band are: ``seeds`` / ``iterations``: the seed counts / curve
     lengths drawn (several if they differ)."""
     seeds = sorted({int(s) for s in np.atleast_1d(seeds)})
-    n = (f"{seeds[0]} seed" + ("s" if seeds[0] != 1 else "") if len(seeds) == 1 else
-         f"{seeds[0]}-{seeds[-1]} seeds")
+    n = (
+        f"{seeds[0]} seed" + ("s" if seeds[0] != 1 else "")
+        if len(seeds) == 1
+        else f"{seeds[0]}-{seeds[-1]} seeds"
+    )
     longest = None if iterations is None else max(np.atleast_1d(iterations))
-    smooth = ("no smoothing" if window <= 1 else
-              f"running mean since iteration 1 (window {window} ≥ run length)"
-              if longest is not None and longest <= window else
-              f"trailing mean over {window} iterations")
+    smooth = (
+        "no smoothing"
+        if window <= 1
+        else f"running mean since iteration 1 (window {window} ≥ run length)"
+        if longest is not None and longest <= window
+        else f"trailing mean over {window} iterations"
+    )
     return f"line: mean over {n}, band: ± 1 standard error;\nsmoothing: {smooth}"
 
 
 def _integer_x(ax):
     from matplotlib.ticker import MaxNLocator
+
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=6))
 
 
-def draw_curves(ax, curves: dict, window: int = 100, colors: dict | None = None,
-                styles: dict | None = None):
+def draw_curves(
+    ax, curves: dict, window: int = 100, colors: dict | None = None, styles: dict | None = None
+):
     """Draws ``curves`` (label -> [seeds, iterations]) as mean +- SE over seeds of the trailing
     rolling mean (``window``) on ``ax``."""
     for label, c in curves.items():
@@ -178,7 +223,7 @@ def draw_curves(ax, curves: dict, window: int = 100, colors: dict | None = None,
         x = np.arange(1, m.shape[0] + 1)
         color = None if colors is None else colors.get(label)
         ls = "-" if styles is None else styles.get(label, "-")
-        line, = ax.plot(x, m, label=label, lw=1.5, color=color, ls=ls)
+        (line,) = ax.plot(x, m, label=label, lw=1.5, color=color, ls=ls)
         ax.fill_between(x, m - se, m + se, alpha=0.2, color=line.get_color(), lw=0)
     ax.set_xlabel("outer iteration")
     _integer_x(ax)
@@ -190,25 +235,42 @@ def _legend_below(fig, ax_or_axes, caption: str, ncol: int | None = None):
     axes = list(np.atleast_1d(ax_or_axes).ravel())
     seen = {}
     for ax in axes:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=False):
             seen.setdefault(lab, h)
     if not seen:
         return None
     labels = [lab for lab in [METHOD_LABELS[m] for m in METHOD_ORDER] if lab in seen] + [
-        lab for lab in seen if lab not in METHOD_LABELS.values()]
+        lab for lab in seen if lab not in METHOD_LABELS.values()
+    ]
     width = fig.get_figwidth()
     per_row = max(1, int(width / 2.2))  # legend entries that fit a row
-    ncol = ncol or (len(labels) if len(labels) <= per_row else math.ceil(len(labels) / math.ceil(
-        len(labels) / per_row)))
+    ncol = ncol or (
+        len(labels)
+        if len(labels) <= per_row
+        else math.ceil(len(labels) / math.ceil(len(labels) / per_row))
+    )
     chars = max(40, int(width * 17))  # caption characters per line at fontsize 8
     caption = "\n".join(textwrap.fill(line, chars) for line in caption.split("\n"))
-    return fig.legend([seen[lab] for lab in labels], labels, loc="upper center",
-                      bbox_to_anchor=(0.5, 0.0), ncol=ncol, fontsize=8, title=caption,
-                      title_fontsize=8, frameon=False)
+    return fig.legend(
+        [seen[lab] for lab in labels],
+        labels,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=ncol,
+        fontsize=8,
+        title=caption,
+        title_fontsize=8,
+        frameon=False,
+    )
 
 
-def learning_curve_figure(curves: dict, title: str = "", window: int | None = None,
-                          ylabel: str = YLABEL, color_by_method: bool = True):
+def learning_curve_figure(
+    curves: dict,
+    title: str = "",
+    window: int | None = None,
+    ylabel: str = YLABEL,
+    color_by_method: bool = True,
+):
     """``curves``: label -> [seeds, iterations] array (a label starting with a method name, as
     :func:`grid_label` writes it, is shown as the method's name and its grid
     point). Returns a matplotlib figure; the legend, under the axes, says what the line and band
@@ -220,8 +282,9 @@ def learning_curve_figure(curves: dict, title: str = "", window: int | None = No
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     pretty = {pretty_label(k): v for k, v in curves.items()}
     by_method, by_style = method_colors(), method_linestyles()
-    method = {pretty_label(k): METHOD_LABELS.get(k.split()[0] if k.split() else k, k)
-              for k in curves}
+    method = {
+        pretty_label(k): METHOD_LABELS.get(k.split()[0] if k.split() else k, k) for k in curves
+    }
     colors = {k: by_method.get(method[k]) for k in pretty} if color_by_method else None
     styles = {k: by_style.get(method[k], "-") for k in pretty}
     draw_curves(ax, pretty, window, colors, styles)
@@ -229,8 +292,9 @@ def learning_curve_figure(curves: dict, title: str = "", window: int | None = No
     ax.set_title(title, fontsize=10)
     arrays = [np.asarray(c) for c in curves.values()]
     fig.tight_layout()
-    _legend_below(fig, ax, band_caption([c.shape[0] for c in arrays], window,
-                                        [c.shape[-1] for c in arrays]))
+    _legend_below(
+        fig, ax, band_caption([c.shape[0] for c in arrays], window, [c.shape[-1] for c in arrays])
+    )
     return fig
 
 
@@ -247,9 +311,16 @@ def load_run(run_dir: str, metric: str = "J"):
         window = int(d["summary_window"]) if "summary_window" in d else 1000
         final, mean, se, best = summarize(J, window)
         hp = {k[5:]: float(d[k][best]) for k in d.files if k.startswith("grid_")}
-        out[method] = (d[metric][best], {"mean": float(mean[best]), "se": float(se[best]),
-                                         **hp, "iterations": int(J.shape[-1]),
-                                         "window": window})
+        out[method] = (
+            d[metric][best],
+            {
+                "mean": float(mean[best]),
+                "se": float(se[best]),
+                **hp,
+                "iterations": int(J.shape[-1]),
+                "window": window,
+            },
+        )
     return out
 
 
@@ -273,8 +344,10 @@ def run_settings(run_dir: str):
 
 def format_setting(key: str, value) -> str:
     """``("beta", 0.001)`` -> ``"β=0.001"``; lists are comma-joined, floats use ``:g``."""
+
     def one(v):
         return f"{v:g}" if isinstance(v, float) else str(v)
+
     val = ",".join(one(v) for v in value) if isinstance(value, (list, tuple)) else one(value)
     return f"{SETTING_NAMES.get(key, key.replace('_', '-'))}={val}"
 
@@ -300,10 +373,13 @@ def panel_titles(run_dirs):
     experiments = {e for e, _ in info}
     titles = []
     if len(experiments) > 1:
-        for d, (e, s) in zip(run_dirs, info):
+        for d, (e, s) in zip(run_dirs, info, strict=False):
             body = ", ".join(format_setting(k, s[k]) for k in _key_settings(e, s))
-            titles.append(run_name(d) + f"\n{EXPERIMENT_NAMES.get(e, e or '?')}"
-                          + (f": {_wrap(body, 40)}" if body else ""))
+            titles.append(
+                run_name(d)
+                + f"\n{EXPERIMENT_NAMES.get(e, e or '?')}"
+                + (f": {_wrap(body, 40)}" if body else "")
+            )
         return titles, ""
     experiment = experiments.pop()
     # settings every run records (an older config.json may lack a newer flag)
@@ -313,15 +389,16 @@ def panel_titles(run_dirs):
     differ = [k for k in key if k in differ] + sorted(k for k in differ if k not in key)
     shown = differ or _key_settings(experiment, info[0][1])
     name = EXPERIMENT_NAMES.get(experiment, experiment or "")
-    for d, (_, s) in zip(run_dirs, info):
+    for d, (_, s) in zip(run_dirs, info, strict=False):
         body = ", ".join(format_setting(k, s[k]) for k in shown if k in s)
         head = run_name(d) + (f" ({name})" if len(run_dirs) == 1 and name else "")
         titles.append(head + (f"\n{_wrap(body)}" if body else ""))
     if len(run_dirs) == 1:
         return titles, ""
     shared = [k for k in _key_settings(experiment, info[0][1]) if k not in shown]
-    sup = name + (": " + ", ".join(format_setting(k, info[0][1][k]) for k in shared)
-                  if shared else "")
+    sup = name + (
+        ": " + ", ".join(format_setting(k, info[0][1][k]) for k in shared) if shared else ""
+    )
     return titles, sup
 
 
@@ -353,9 +430,10 @@ def panel_figure(run_dirs, window: int | None = None):
     titles, sup = panel_titles(run_dirs)
     mixed = len({_experiment(d) for d in run_dirs}) > 1
     seeds, lengths, windows = [], [], []
-    for i, (ax, run_dir, title, runs) in enumerate(zip(axes.ravel(), run_dirs, titles, loaded)):
-        draw_curves(ax, {METHOD_LABELS[m]: c for m, (c, _) in runs.items()}, window, colors,
-                    styles)
+    for i, (ax, run_dir, title, runs) in enumerate(
+        zip(axes.ravel(), run_dirs, titles, loaded, strict=False)
+    ):
+        draw_curves(ax, {METHOD_LABELS[m]: c for m, (c, _) in runs.items()}, window, colors, styles)
         seeds += [c.shape[0] for c, _ in runs.values()]
         lengths += [c.shape[-1] for c, _ in runs.values()]
         windows += [min(s["window"], s["iterations"]) for _, s in runs.values()]
@@ -397,32 +475,38 @@ def components_figure(run_dir: str, metrics: Sequence[str], window: int | None =
     if big_j:
         fig = plt.figure(figsize=(13.5, 6.6))
         gs = fig.add_gridspec(2, 3, width_ratios=(1.35, 1, 1))
-        axes = [fig.add_subplot(gs[:, 0])] + [fig.add_subplot(gs[r, c])
-                                             for r in range(2) for c in (1, 2)]
+        axes = [fig.add_subplot(gs[:, 0])] + [
+            fig.add_subplot(gs[r, c]) for r in range(2) for c in (1, 2)
+        ]
     else:
         ncols = min(len(metrics), 3)
         nrows = math.ceil(len(metrics) / ncols)
         fig, grid = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows), squeeze=False)
         axes = list(grid.ravel())
-        for ax in axes[len(metrics):]:
+        for ax in axes[len(metrics) :]:
             ax.set_visible(False)
     colors, styles = method_colors(), method_linestyles()
     seeds, lengths, windows = [], [], []
     experiment = _experiment(run_dir)
-    for ax, name in zip(axes, metrics):
+    for ax, name in zip(axes, metrics, strict=False):
         runs = load_run(run_dir, name)
-        draw_curves(ax, {METHOD_LABELS[m]: c for m, (c, _) in runs.items()}, window, colors,
-                    styles)
+        draw_curves(ax, {METHOD_LABELS[m]: c for m, (c, _) in runs.items()}, window, colors, styles)
         seeds += [c.shape[0] for c, _ in runs.values()]
         lengths += [c.shape[-1] for c, _ in runs.values()]
         windows += [min(s["window"], s["iterations"]) for _, s in runs.values()]
         ax.set_title(COMPONENT_TITLES.get(name, name), fontsize=10)
-        ylabel = (YLABELS.get(experiment, COMPONENT_YLABELS["J"]) if name == "J"
-                  else COMPONENT_YLABELS.get(name, name))
+        ylabel = (
+            YLABELS.get(experiment, COMPONENT_YLABELS["J"])
+            if name == "J"
+            else COMPONENT_YLABELS.get(name, name)
+        )
         ax.set_ylabel(ylabel)
     exp_name = EXPERIMENT_NAMES.get(experiment, experiment or "")
-    head = (f"{exp_name}, {run_name(run_dir)}: leader objective and its components"
-            if exp_name else f"{run_name(run_dir)}: " + ", ".join(metrics))
+    head = (
+        f"{exp_name}, {run_name(run_dir)}: leader objective and its components"
+        if exp_name
+        else f"{run_name(run_dir)}: " + ", ".join(metrics)
+    )
     if _is_thermal_components(metrics):
         head += "\n" + THERMAL_IDENTITY.replace("; each", ";\neach", 1)
     fig.suptitle(head, fontsize=10.5)
@@ -430,8 +514,12 @@ def components_figure(run_dir: str, metrics: Sequence[str], window: int | None =
     caption = band_caption(seeds or [0], window, lengths or None)
     if windows:
         caption += ";\n" + _best_caption(windows) + ", chosen on $J_L$"
-    _legend_below(fig, axes, caption, ncol=min(5, max(1, len({
-        lab for ax in axes for lab in ax.get_legend_handles_labels()[1]}))))
+    _legend_below(
+        fig,
+        axes,
+        caption,
+        ncol=min(5, max(1, len({lab for ax in axes for lab in ax.get_legend_handles_labels()[1]}))),
+    )
     return fig
 
 
@@ -451,21 +539,28 @@ def final_table(run_dirs) -> str:
         body = ", ".join(format_setting(k, s[k]) for k in _key_settings(e, s))
         name = EXPERIMENT_NAMES.get(e, e or run_name(run_dirs[0]))
         heads = [name + (f": {body}" if body else "")]
-    lines = ["| method | " + " | ".join(heads) + " |",
-             "|---|" + "---|" * len(run_dirs)]
+    lines = ["| method | " + " | ".join(heads) + " |", "|---|" + "---|" * len(run_dirs)]
     for m in methods:
         cells = []
-        for d, r in zip(run_dirs, runs):
+        for d, r in zip(run_dirs, runs, strict=False):
             if m in r:
                 s = r[m][1]
                 planned = _config(d).get("args", {}).get("iterations", s["iterations"])
-                hp = (f"lr {s['lr']:g}" if "lr" in s else
-                      f"actor {s.get('actor_steps', 0):g}, critic {s.get('critic_steps', 0):g}")
-                cells.append(f"{s['mean']:.3f} +- {s['se']:.3f} ({hp}"
-                             + (f", a {s['sarsa_alpha']:g}" if m in ("bchg", "hpgd_sa")
-                                and "sarsa_alpha" in s else "")
-                             + (f"; {s['iterations']} it" if s["iterations"] < planned else "")
-                             + ")")
+                hp = (
+                    f"lr {s['lr']:g}"
+                    if "lr" in s
+                    else f"actor {s.get('actor_steps', 0):g}, critic {s.get('critic_steps', 0):g}"
+                )
+                cells.append(
+                    f"{s['mean']:.3f} +- {s['se']:.3f} ({hp}"
+                    + (
+                        f", a {s['sarsa_alpha']:g}"
+                        if m in ("bchg", "hpgd_sa") and "sarsa_alpha" in s
+                        else ""
+                    )
+                    + (f"; {s['iterations']} it" if s["iterations"] < planned else "")
+                    + ")"
+                )
             else:
                 cells.append("-")
         lines.append(f"| {METHOD_LABELS[m]} | " + " | ".join(cells) + " |")
@@ -479,7 +574,9 @@ def export_best(run_dir: str, dest: str) -> None:
     in the repository (``benchmarks/results``), unlike full grids.
     """
     import shutil
+
     from bchg_jax.core.io import save_npz
+
     os.makedirs(dest, exist_ok=True)
     if os.path.exists(os.path.join(run_dir, "config.json")):
         shutil.copyfile(os.path.join(run_dir, "config.json"), os.path.join(dest, "config.json"))
@@ -490,10 +587,14 @@ def export_best(run_dir: str, dest: str) -> None:
         d = dict(np.load(os.path.join(src, "metrics.npz")))
         window = int(d["summary_window"]) if "summary_window" in d else 1000
         best = summarize(d["J"], window)[3]
-        keep = {k: v[best:best + 1].astype(np.float32) for k, v in d.items()
-                if isinstance(v, np.ndarray) and v.ndim == 3 and k not in ("grad_norm", "sweeps",
-                                                                            "riccati_iters", "ok")}
-        keep.update({k: v[best:best + 1] for k, v in d.items() if k.startswith("grid_")})
+        keep = {
+            k: v[best : best + 1].astype(np.float32)
+            for k, v in d.items()
+            if isinstance(v, np.ndarray)
+            and v.ndim == 3
+            and k not in ("grad_norm", "sweeps", "riccati_iters", "ok")
+        }
+        keep.update({k: v[best : best + 1] for k, v in d.items() if k.startswith("grid_")})
         keep["summary_window"] = np.asarray(window)
         keep["completed"] = np.asarray(d["J"].shape[-1])
         save_npz(os.path.join(dest, method, "metrics.npz"), keep)
@@ -504,14 +605,26 @@ def export_best(run_dir: str, dest: str) -> None:
 
 def main(argv=None):
     from bchg_jax.core.io import save_figure
-    p = argparse.ArgumentParser(prog="python -m experiments.plot", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.plot",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("runs", nargs="+", help="run folders (each with <method>/metrics.npz)")
-    p.add_argument("--window", type=int, default=None,
-                   help="rolling-mean window (default: 1/20 of the longest run, at most 100)")
+    p.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        help="rolling-mean window (default: 1/20 of the longest run, at most 100)",
+    )
     p.add_argument("--out", default=None, help="figure path (default <first run>/figure.png)")
-    p.add_argument("--export", metavar="DEST", default=None,
-                   help="with one run folder: write its compact copy (best grid points) to DEST")
+    p.add_argument(
+        "--export",
+        metavar="DEST",
+        default=None,
+        help="with one run folder: write its compact copy (best grid points) to DEST",
+    )
     a = p.parse_args(argv)
     if a.export is not None:
         if len(a.runs) != 1:

@@ -3,6 +3,7 @@ entries, ``summary.csv``, ``curve.png``, the grid table and solver-health warnin
 (``finish_run``: the run's ``summary.csv`` and ``figure.png`` with several methods, the table of
 best grid points).
 """
+
 from __future__ import annotations
 
 import os
@@ -10,7 +11,6 @@ import sys
 from typing import Callable, Optional, Sequence
 
 import numpy as np
-
 
 # summary entries that are not hyperparameters of the best grid point
 NOT_HPARAMS = ("method", "mean", "se", "wall_s", "health")
@@ -23,10 +23,11 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
     iterations, mean, se, solver health) from ``data`` (its metrics). ``write``: also complete
     ``out/metrics.npz`` and write ``summary.csv`` and ``curve.png`` and print the grid's table
     and solver-health warnings."""
+    from bchg_jax.core.health import FLAGS, health_text, health_warning, solver_health
     from bchg_jax.core.io import save_csv, save_figure, save_npz
     from experiments.plot import grid_label, learning_curve_figure
-    from bchg_jax.core.health import FLAGS, health_text, health_warning, solver_health
     from experiments.summary import summarize
+
     J = data["J"]
     final, mean, se, best = summarize(J, window)
     keys = list(grid)
@@ -34,38 +35,67 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
     health = solver_health(flags)
     per_point = [solver_health({k: v[g] for k, v in flags.items()}) for g in range(len(mean))]
     if write:
-        save_npz(os.path.join(out, "metrics.npz"), {
-            **data, "final": final, "best_index": np.asarray(best),
-            "summary_window": np.asarray(window), "completed": np.asarray(J.shape[-1])})
-        rows = [tuple(float(grid[k][g]) for k in keys) + (f"{mean[g]:.4f}", f"{se[g]:.4f}",
-                                                          int(g == best))
-                + tuple(_health_cells(per_point[g]))
-                for g in range(len(mean))]
-        save_csv(os.path.join(out, "summary.csv"),
-                 keys + [f"mean_last{window}", "se", "best"] + HEALTH_COLUMNS * bool(health),
-                 rows)
+        save_npz(
+            os.path.join(out, "metrics.npz"),
+            {
+                **data,
+                "final": final,
+                "best_index": np.asarray(best),
+                "summary_window": np.asarray(window),
+                "completed": np.asarray(J.shape[-1]),
+            },
+        )
+        rows = [
+            tuple(float(grid[k][g]) for k in keys)
+            + (f"{mean[g]:.4f}", f"{se[g]:.4f}", int(g == best))
+            + tuple(_health_cells(per_point[g]))
+            for g in range(len(mean))
+        ]
+        save_csv(
+            os.path.join(out, "summary.csv"),
+            keys + [f"mean_last{window}", "se", "best"] + HEALTH_COLUMNS * bool(health),
+            rows,
+        )
         # every grid point, the best first (its label says so)
         order = [best] + [g for g in range(len(mean)) if g != best]
-        curves = {grid_label(method, grid, g) + (" best" if g == best and len(mean) > 1
-                                                  else ""): J[g] for g in order}
-        save_figure(os.path.join(out, "curve.png"), learning_curve_figure(
-            curves, title, ylabel=ylabel, color_by_method=len(mean) == 1))
+        curves = {
+            grid_label(method, grid, g) + (" best" if g == best and len(mean) > 1 else ""): J[g]
+            for g in order
+        }
+        save_figure(
+            os.path.join(out, "curve.png"),
+            learning_curve_figure(curves, title, ylabel=ylabel, color_by_method=len(mean) == 1),
+        )
         # the same rows in the same order as summary.csv (the grid's order)
-        print(f"\n{'  '.join(f'{k:>11}' for k in keys)}  mean(last {min(window, J.shape[-1])})"
-              "      se")
+        print(
+            f"\n{'  '.join(f'{k:>11}' for k in keys)}  mean(last {min(window, J.shape[-1])})"
+            "      se"
+        )
         for g in range(len(mean)):
             mark = "  <- best" if g == best else ""
-            print("  ".join(f"{grid[k][g]:11g}" for k in keys)
-                  + f"  {mean[g]:+.4f}  {se[g]:.4f}{mark}")
+            print(
+                "  ".join(f"{grid[k][g]:11g}" for k in keys)
+                + f"  {mean[g]:+.4f}  {se[g]:.4f}{mark}"
+            )
         if health:
-            print(f"[{method}] solver health: {health_text(health)} "
-                  f"(of {health['run_iterations']} run-iterations)")
+            print(
+                f"[{method}] solver health: {health_text(health)} "
+                f"(of {health['run_iterations']} run-iterations)"
+            )
             warning = health_warning(health)
             if warning:
-                print(f"[{method}] " + warning.replace("\n", f"\n[{method}] "), file=sys.stderr,
-                      flush=True)
-    return {"method": method, **{k: float(grid[k][best]) for k in keys},
-            "mean": float(mean[best]), "se": float(se[best]), "health": health}
+                print(
+                    f"[{method}] " + warning.replace("\n", f"\n[{method}] "),
+                    file=sys.stderr,
+                    flush=True,
+                )
+    return {
+        "method": method,
+        **{k: float(grid[k][best]) for k in keys},
+        "mean": float(mean[best]),
+        "se": float(se[best]),
+        "health": health,
+    }
 
 
 def _health_cells(health: dict):
@@ -86,13 +116,20 @@ def _saved_summaries(run_dir: str, done: set, window: int) -> list:
         data = dict(np.load(path))
         grid = {k[5:]: v for k, v in data.items() if k.startswith("grid_")}
         if "J" in data and grid:
-            out.append(finish_method(os.path.join(run_dir, name), name, grid, data, window,
-                                     "", "", write=False))
+            out.append(
+                finish_method(
+                    os.path.join(run_dir, name), name, grid, data, window, "", "", write=False
+                )
+            )
     return out
 
 
-def finish_run(run_dir: str, summaries: Sequence[dict], window: int, extra_figures:
-               Optional[Callable[[str], None]] = None) -> None:
+def finish_run(
+    run_dir: str,
+    summaries: Sequence[dict],
+    window: int,
+    extra_figures: Optional[Callable[[str], None]] = None,
+) -> None:
     """The run's summary: with several methods (``summaries`` and the method folders an earlier
     command left in ``run_dir``) its ``summary.csv`` and ``figure.png``; ``extra_figures(run_dir)``;
     the printed table of best grid points and a warning naming the methods with poor solver
@@ -100,33 +137,51 @@ def finish_run(run_dir: str, summaries: Sequence[dict], window: int, extra_figur
     from bchg_jax.core.health import WARN_SHARE, health_text, health_warning
     from bchg_jax.core.io import save_csv, save_figure
     from experiments.plot import METHOD_ORDER, panel_figure
+
     # the run's other method folders (trained by an earlier command into the same --out)
-    summaries = list(summaries) + _saved_summaries(run_dir, {s["method"] for s in summaries},
-                                                   window)
+    summaries = list(summaries) + _saved_summaries(
+        run_dir, {s["method"] for s in summaries}, window
+    )
     rank = {m: i for i, m in enumerate(METHOD_ORDER)}
     summaries.sort(key=lambda s: rank.get(s["method"], len(rank)))
     if len(summaries) > 1:
         keys = [k for k in summaries[0] if k not in NOT_HPARAMS]
         with_health = any(s.get("health") for s in summaries)
-        save_csv(os.path.join(run_dir, "summary.csv"),
-                 ["method"] + keys + [f"mean_last{window}", "se"]
-                 + HEALTH_COLUMNS * with_health,
-                 [(s["method"],) + tuple(s[k] for k in keys) + (f"{s['mean']:.4f}", f"{s['se']:.4f}")
-                  + (tuple(_health_cells(s.get("health") or {"capped_share": 0.0}))
-                     if with_health else ())
-                  for s in summaries])
+        save_csv(
+            os.path.join(run_dir, "summary.csv"),
+            ["method"] + keys + [f"mean_last{window}", "se"] + HEALTH_COLUMNS * with_health,
+            [
+                (s["method"],)
+                + tuple(s[k] for k in keys)
+                + (f"{s['mean']:.4f}", f"{s['se']:.4f}")
+                + (
+                    tuple(_health_cells(s.get("health") or {"capped_share": 0.0}))
+                    if with_health
+                    else ()
+                )
+                for s in summaries
+            ],
+        )
         save_figure(os.path.join(run_dir, "figure.png"), panel_figure([run_dir]))
     if extra_figures is not None:
         extra_figures(run_dir)
-    print(f"\n{'method':>12}  best grid point                 mean(last {window})      se"
-          "  solver health")
+    print(
+        f"\n{'method':>12}  best grid point                 mean(last {window})      se"
+        "  solver health"
+    )
     for s in summaries:
         hp = " ".join(f"{k}={v:g}" for k, v in s.items() if k not in NOT_HPARAMS)
-        print(f"{s['method']:>12}  {hp:30s}  {s['mean']:+.4f}  {s['se']:.4f}  "
-              f"{health_text(s.get('health') or {})}")
+        print(
+            f"{s['method']:>12}  {hp:30s}  {s['mean']:+.4f}  {s['se']:.4f}  "
+            f"{health_text(s.get('health') or {})}"
+        )
     unhealthy = [s["method"] for s in summaries if health_warning(s.get("health") or {})]
     if unhealthy:
-        print(f"WARNING: solves hit their cap or updates were skipped in more than "
-              f"{100 * WARN_SHARE:g}% of the run-iterations of: {', '.join(unhealthy)} "
-              "(see the warnings above)", file=sys.stderr, flush=True)
+        print(
+            f"WARNING: solves hit their cap or updates were skipped in more than "
+            f"{100 * WARN_SHARE:g}% of the run-iterations of: {', '.join(unhealthy)} "
+            "(see the warnings above)",
+            file=sys.stderr,
+            flush=True,
+        )
     print(f"\nresults in {run_dir}")

@@ -11,6 +11,7 @@ extended), ``summary.csv`` and ``curve.png``. With several methods the folder al
 complete is skipped, one with a checkpoint continues from it (``--resume``, also to a larger
 ``--iterations``); ``--config FILE`` repeats a saved run's settings.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,14 +26,28 @@ from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 
-from experiments.cli import (LEGACY_SETTINGS, fail, flag_names, jsonable, read_run_config,
-                             resume_args, saved_args)
+from experiments.cli import (
+    LEGACY_SETTINGS,
+    fail,
+    flag_names,
+    jsonable,
+    read_run_config,
+    resume_args,
+    saved_args,
+)
 from experiments.report import finish_method, finish_run
 
 
-def run_experiment(experiment: str, argv, parse_args: Callable, validate: Callable,
-                   run_method: Callable, setting_keys: Sequence[str], window: int,
-                   extra_figures: Optional[Callable[[str], None]] = None) -> str:
+def run_experiment(
+    experiment: str,
+    argv,
+    parse_args: Callable,
+    validate: Callable,
+    run_method: Callable,
+    setting_keys: Sequence[str],
+    window: int,
+    extra_figures: Optional[Callable[[str], None]] = None,
+) -> str:
     """The main() of every experiment CLI: parse, resume, validate everything before anything
     compiles (bad input exits 2 with ``error: ...``), run each method, write the run summary.
     Ctrl-C exits 130 with the iteration of the last checkpoint and the command to resume."""
@@ -51,15 +66,20 @@ def run_experiment(experiment: str, argv, parse_args: Callable, validate: Callab
         summaries = [run_method(m, a, run_dir) for m in methods]
         finish_run(run_dir, summaries, window, extra_figures)
     except KeyboardInterrupt:
-        print(f"\ninterrupted {_where(run_dir)}; nothing saved is lost. Resume with:\n"
-              f"  python -m experiments.{experiment} --resume {run_dir}", file=sys.stderr)
-        raise SystemExit(130)
-    except OSError as err:     # a full disk, a folder made read-only: stop, say how to go on
-        print(f"\nerror: could not write the results {_where(run_dir)}: {err}\n"
-              "Every file written before is complete (atomic writes). Fix the cause, then "
-              f"resume with:\n  python -m experiments.{experiment} --resume {run_dir}",
-              file=sys.stderr)
-        raise SystemExit(1)
+        print(
+            f"\ninterrupted {_where(run_dir)}; nothing saved is lost. Resume with:\n"
+            f"  python -m experiments.{experiment} --resume {run_dir}",
+            file=sys.stderr,
+        )
+        raise SystemExit(130) from None
+    except OSError as err:  # a full disk, a folder made read-only: stop, say how to go on
+        print(
+            f"\nerror: could not write the results {_where(run_dir)}: {err}\n"
+            "Every file written before is complete (atomic writes). Fix the cause, then "
+            f"resume with:\n  python -m experiments.{experiment} --resume {run_dir}",
+            file=sys.stderr,
+        )
+        raise SystemExit(1) from None
     return run_dir
 
 
@@ -67,56 +87,81 @@ def _start_distributed(a) -> None:
     import tempfile
 
     import jax
+
     jax.distributed.initialize()
     a.shard = True
-    if jax.process_index() != 0:          # the others compute their shards, write nothing shared
+    if jax.process_index() != 0:  # the others compute their shards, write nothing shared
         a.out, a.exact_out = tempfile.mkdtemp(prefix=f"bchg-p{jax.process_index()}-"), True
 
 
 def _where(run_dir: str) -> str:
     """Where a stopped run stands: the method and the iteration of its last checkpoint."""
     from bchg_jax.core.io import checkpoint_step
+
     if not PROGRESS["method"]:
         return "before the first method started"
     step = checkpoint_step(os.path.join(run_dir, PROGRESS["method"], "checkpoint"))
     return f"in method {PROGRESS['method']} at iteration {step or 0} (its last checkpoint)"
 
 
-def prepare_run_dir(a, experiment: str, methods: Sequence[str], setting_keys: Sequence[str],
-                    argv: Optional[Sequence[str]]) -> str:
+def prepare_run_dir(
+    a,
+    experiment: str,
+    methods: Sequence[str],
+    setting_keys: Sequence[str],
+    argv: Optional[Sequence[str]],
+) -> str:
     """Creates (or re-opens: to add methods, or to resume) the run folder and writes its
     ``config.json``. A folder that holds another experiment's run or a method's results is
     refused, as is one whose run has other settings."""
     from bchg_jax.core.io import save_json
+
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = a.out if a.exact_out else os.path.join(a.out, experiment, stamp)
     check_writable(run_dir)
     cfg_path = os.path.join(run_dir, "config.json")
     command = f"python -m experiments.{experiment} " + " ".join(
-        argv if argv is not None else sys.argv[1:])
+        argv if argv is not None else sys.argv[1:]
+    )
     args = saved_args(a)
-    if a.resume is not None:        # settings checked by resume_args; --iterations may grow
+    if a.resume is not None:  # settings checked by resume_args; --iterations may grow
         old = read_run_config(cfg_path, "--resume")
         legacy = {k: args[k] for k in LEGACY_SETTINGS if k in args and k not in old["args"]}
-        save_json(cfg_path, {**old, "args": {**old["args"], **legacy, "iterations": a.iterations},
-                             "resumed": old.get("resumed", []) + [
-                                 {"command": command, **environment_record()}]})
+        save_json(
+            cfg_path,
+            {
+                **old,
+                "args": {**old["args"], **legacy, "iterations": a.iterations},
+                "resumed": old.get("resumed", []) + [{"command": command, **environment_record()}],
+            },
+        )
         return run_dir
     all_methods = list(methods)
     if os.path.exists(cfg_path):  # adding methods to an existing run folder
         old = read_run_config(cfg_path, "--out")
         if old.get("experiment") != experiment:
-            what = (f"a {old['experiment']} run" if "experiment" in old
-                    else "one method's results of a run")
+            what = (
+                f"a {old['experiment']} run"
+                if "experiment" in old
+                else "one method's results of a run"
+            )
             fail(f"--out {run_dir} holds {what}; use another --out")
         diff = [k for k in setting_keys if old["args"].get(k) != jsonable(args.get(k))]
         if diff:
-            fail(f"{run_dir} holds a run with other settings ({', '.join(diff)}); "
-                 "use another --out")
+            fail(
+                f"{run_dir} holds a run with other settings ({', '.join(diff)}); use another --out"
+            )
         all_methods = old["methods"] + [m for m in methods if m not in old["methods"]]
-    save_json(cfg_path, {"experiment": experiment, "methods": all_methods,
-                         "args": {**args, "method": ",".join(all_methods)},
-                         "command": command, **environment_record()})
+    save_json(
+        cfg_path,
+        {
+            "experiment": experiment,
+            "methods": all_methods,
+            "args": {**args, "method": ",".join(all_methods)},
+            "command": command,
+            **environment_record(),
+        },
+    )
     return run_dir
 
 
@@ -124,32 +169,47 @@ def check_writable(run_dir: str) -> None:
     """Exits 2 with a clear error unless ``run_dir`` can be created and written (before any
     compilation; an existing folder's files are not touched)."""
     import tempfile
+
     try:
         os.makedirs(run_dir, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".write-test-"):
             pass
     except OSError as err:
-        print(f"error: cannot write results to {run_dir!r}: {err.strerror or err}",
-              file=sys.stderr)
-        raise SystemExit(2)
+        print(f"error: cannot write results to {run_dir!r}: {err.strerror or err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def environment_record() -> dict:
     """Library, JAX and device versions stored with every result."""
     import jax
+
     import bchg_jax
-    return {"bchg_jax_version": bchg_jax.__version__, "jax_version": jax.__version__,
-            "devices": [str(d) for d in jax.devices()],
-            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+
+    return {
+        "bchg_jax_version": bchg_jax.__version__,
+        "jax_version": jax.__version__,
+        "devices": [str(d) for d in jax.devices()],
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    }
 
 
 # the method being trained, for the Ctrl-C message
 PROGRESS = {"method": None}
 
 
-def run_method_folder(out: str, method: str, trainer, grid: Dict[str, np.ndarray], a, *,
-                      record: dict, title: str, window: int, ylabel: str,
-                      describe: str) -> dict:
+def run_method_folder(
+    out: str,
+    method: str,
+    trainer,
+    grid: Dict[str, np.ndarray],
+    a,
+    *,
+    record: dict,
+    title: str,
+    window: int,
+    ylabel: str,
+    describe: str,
+) -> dict:
     """Trains (or resumes, extends, or skips if complete) one method's grid in ``out``.
 
     ``a`` needs ``seeds``, ``seed``, ``iterations``, ``chunk`` and ``shard``. After every chunk
@@ -177,38 +237,66 @@ def run_method_folder(out: str, method: str, trainer, grid: Dict[str, np.ndarray
             # gives it empty slots at the end
             state = load_state(ckpt_path, like, grow=True)
             start = int(np.asarray(state.step).reshape(-1)[0])
-            metrics = {k: v[..., :start] for k, v in data.items()
-                       if isinstance(v, np.ndarray) and v.ndim == 3}
+            metrics = {
+                k: v[..., :start]
+                for k, v in data.items()
+                if isinstance(v, np.ndarray) and v.ndim == 3
+            }
             verb = "extending" if "final" in data else "resuming"
             print(f"[{method}] {verb} at iteration {start} (to {a.iterations})")
-        elif "final" in data:       # completed before checkpoints were kept: nothing to extend
-            fail(f"{out} completed {done} iterations but holds no checkpoint to continue from; "
-                 f"start a new run with --iterations {a.iterations}")
-        else:                       # stopped before its first checkpoint was complete
+        elif "final" in data:  # completed before checkpoints were kept: nothing to extend
+            fail(
+                f"{out} completed {done} iterations but holds no checkpoint to continue from; "
+                f"start a new run with --iterations {a.iterations}"
+            )
+        else:  # stopped before its first checkpoint was complete
             print(f"[{method}] no checkpoint in {out}; starting again from iteration 0")
     _truncate_jsonl(jsonl_path, start)
-    save_json(os.path.join(out, "config.json"), {
-        "method": method, "args": saved_args(a), **record,
-        "grid": {k: np.asarray(v).tolist() for k, v in grid.items()},
-        "num_grid_points": _num_points(grid)})
-    print(f"[{method}] {describe} grid points={_num_points(grid)} seeds={a.seeds} "
-          f"iterations={a.iterations} -> {out}", flush=True)
+    save_json(
+        os.path.join(out, "config.json"),
+        {
+            "method": method,
+            "args": saved_args(a),
+            **record,
+            "grid": {k: np.asarray(v).tolist() for k, v in grid.items()},
+            "num_grid_points": _num_points(grid),
+        },
+    )
+    print(
+        f"[{method}] {describe} grid points={_num_points(grid)} seeds={a.seeds} "
+        f"iterations={a.iterations} -> {out}",
+        flush=True,
+    )
     clock = {"t": time.perf_counter(), "done": start}
 
     def on_chunk(st, m, done):  # metrics first: a checkpoint never runs ahead of the metrics
-        with deferred_interrupt():          # Ctrl-C waits until the chunk's files are written
-            save_npz(metrics_path, {**m, **{f"grid_{k}": v for k, v in grid.items()},
-                                    "completed": np.asarray(done)})
+        with deferred_interrupt():  # Ctrl-C waits until the chunk's files are written
+            save_npz(
+                metrics_path,
+                {**m, **{f"grid_{k}": v for k, v in grid.items()}, "completed": np.asarray(done)},
+            )
             now = time.perf_counter()
-            _append_jsonl(jsonl_path, method, m, clock["done"], done, now - clock["t"], window,
-                          grid)
+            _append_jsonl(
+                jsonl_path, method, m, clock["done"], done, now - clock["t"], window, grid
+            )
             clock.update(t=now, done=done)
             bio.save_state(ckpt_path, st, done)
 
     t0 = time.perf_counter()
-    _, metrics = run_grid(trainer, grid, a.seeds, a.iterations, a.chunk, a.seed, state=state,
-                          start=start, metrics=metrics, on_chunk=on_chunk, shard=a.shard,
-                          window=window)
+    _, metrics = run_grid(
+        trainer,
+        grid,
+        a.seeds,
+        a.iterations,
+        a.chunk,
+        a.seed,
+        state=state,
+        start=start,
+        metrics=metrics,
+        on_chunk=on_chunk,
+        shard=a.shard,
+        window=window,
+    )
     wall = time.perf_counter() - t0
     data = {**metrics, **{f"grid_{k}": v for k, v in grid.items()}}
     summary = finish_method(out, method, grid, data, window, title, ylabel, write=True)
@@ -235,23 +323,38 @@ def deferred_interrupt():
             raise KeyboardInterrupt
 
 
-def _append_jsonl(path: str, method: str, m: Dict[str, np.ndarray], begin: int, done: int,
-                  seconds: float, window: int, grid: Dict[str, np.ndarray]) -> None:
+def _append_jsonl(
+    path: str,
+    method: str,
+    m: Dict[str, np.ndarray],
+    begin: int,
+    done: int,
+    seconds: float,
+    window: int,
+    grid: Dict[str, np.ndarray],
+) -> None:
     """One JSON line per chunk: the grid's hyperparameters (``grid``: name -> one value per grid
     point, the order of every per-point list) and, for every scalar metric, the mean over seeds
     per grid point at the chunk's last iteration (``last``), over the chunk (``chunk_mean``) and
     over the summary window (``window_mean``). Appended and flushed, so ``tail -f`` shows a
     running job."""
-    line = {"method": method, "iteration": int(done), "chunk_iterations": int(done - begin),
-            "chunk_seconds": round(float(seconds), 4), "window": int(min(window, done)),
-            "grid": {k: np.atleast_1d(v).tolist() for k, v in grid.items()}, "metrics": {}}
+    line = {
+        "method": method,
+        "iteration": int(done),
+        "chunk_iterations": int(done - begin),
+        "chunk_seconds": round(float(seconds), 4),
+        "window": int(min(window, done)),
+        "grid": {k: np.atleast_1d(v).tolist() for k, v in grid.items()},
+        "metrics": {},
+    }
     for k, v in m.items():
         if isinstance(v, np.ndarray) and v.ndim == 3:
-            seed_mean = v.astype(np.float64).mean(axis=1)          # [G, t]
+            seed_mean = v.astype(np.float64).mean(axis=1)  # [G, t]
             line["metrics"][k] = {
                 "last": seed_mean[:, -1].tolist(),
                 "chunk_mean": seed_mean[:, begin:done].mean(-1).tolist(),
-                "window_mean": seed_mean[:, -min(window, done):].mean(-1).tolist()}
+                "window_mean": seed_mean[:, -min(window, done) :].mean(-1).tolist(),
+            }
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
         f.flush()
@@ -261,6 +364,7 @@ def _truncate_jsonl(path: str, start: int) -> None:
     """Drops the lines past iteration ``start`` (a chunk recorded after the last checkpoint is
     recomputed on resume); a fresh run (start 0) starts an empty file."""
     from bchg_jax.core.io import atomic_write_bytes
+
     if not os.path.exists(path):
         return
     keep = []
@@ -269,7 +373,7 @@ def _truncate_jsonl(path: str, start: int) -> None:
             try:
                 if json.loads(raw)["iteration"] <= start:
                     keep.append(raw if raw.endswith("\n") else raw + "\n")
-            except (ValueError, KeyError):       # a line cut by a kill: dropped
+            except (ValueError, KeyError):  # a line cut by a kill: dropped
                 pass
     atomic_write_bytes(path, "".join(keep).encode())
 

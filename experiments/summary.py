@@ -1,5 +1,6 @@
 """Summary statistics of saved learning curves, shared by the run summaries
 (``experiments.report``) and the figures (``experiments.plot``); depends on numpy only."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +8,7 @@ import numpy as np
 
 def summarize(J: np.ndarray, window: int):
     """Per seed mean of the last ``window`` iterations -> (final [G,N], mean [G], se [G], best)."""
-    final = J[..., -min(window, J.shape[-1]):].mean(-1)
+    final = J[..., -min(window, J.shape[-1]) :].mean(-1)
     n = final.shape[1]
     se = final.std(-1, ddof=1) / np.sqrt(n) if n > 1 else np.zeros(final.shape[0])
     mean = final.mean(-1)

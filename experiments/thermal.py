@@ -11,6 +11,7 @@ Estimator options: ``--follower-grad pathwise`` (default) or ``score`` (the pape
 ``--no-baseline`` (BC-HG without the state baseline), ``--no-control-variates``; ``--faithful``
 selects the paper's form throughout (MLP critics, score function, no baseline/control variates).
 """
+
 from __future__ import annotations
 
 import os
@@ -19,53 +20,123 @@ PAPER_LR = (0.1, 0.01, 0.001)
 ALL_METHODS = ("bchg", "hpgd_td", "hpgd_mc", "naive")
 SUMMARY_WINDOW = 100
 COMPONENTS = ("J", "stability", "hvac_energy", "insulation", "airflow")
-SETTING_KEYS = ("seeds", "seed", "grid", "lr", "iterations", "critic", "follower_grad",
-                "no_baseline", "no_control_variates", "episodes", "beta", "init_std", "mlp_steps",
-                "mlp_warm_start", "value_samples", "mlp_lr", "mlp_minibatch", "mlp_normalize")
+SETTING_KEYS = (
+    "seeds",
+    "seed",
+    "grid",
+    "lr",
+    "iterations",
+    "critic",
+    "follower_grad",
+    "no_baseline",
+    "no_control_variates",
+    "episodes",
+    "beta",
+    "init_std",
+    "mlp_steps",
+    "mlp_warm_start",
+    "value_samples",
+    "mlp_lr",
+    "mlp_minibatch",
+    "mlp_normalize",
+)
 
 
 def parse_args(argv=None):
     from experiments.cli import base_parser
+
     p = base_parser(
-        "thermal", __doc__, seeds=10, iterations=2000, chunk=100, methods=ALL_METHODS,
-        also="also 'exact' (ascent on the exact hypergradient)", grid_flags="--lr",
-        grid_help="lr in {" + ", ".join(map(str, PAPER_LR)) + "}", smoke=(6, 3),
-        smoke_help="at most 4 episodes, 5 MLP critic steps and 8 value samples")
+        "thermal",
+        __doc__,
+        seeds=10,
+        iterations=2000,
+        chunk=100,
+        methods=ALL_METHODS,
+        also="also 'exact' (ascent on the exact hypergradient)",
+        grid_flags="--lr",
+        grid_help="lr in {" + ", ".join(map(str, PAPER_LR)) + "}",
+        smoke=(6, 3),
+        smoke_help="at most 4 episodes, 5 MLP critic steps and 8 value samples",
+    )
     g = p.add_argument_group("thermal control options")
-    g.add_argument("--lr", type=float, nargs="+", default=[0.1],
-                   help="leader learning rate(s); several values form a grid")
-    g.add_argument("--critic", choices=["quadratic", "mlp", "exact"], default="quadratic",
-                   help="leader critic (and HPGD's grad V_F network): LSTD on quadratic features "
-                        "(exact class, fast), the paper's 64-64 TD MLP, or closed form")
-    g.add_argument("--follower-grad", choices=["pathwise", "score"], default="pathwise",
-                   help="per-step FollowerQGrad form (score = the paper's Eq. (nablaQF))")
-    g.add_argument("--no-baseline", action="store_true",
-                   help="BC-HG without the learned state baseline h(s) ~ grad V_F(s)")
-    g.add_argument("--no-control-variates", action="store_true",
-                   help="no E[V(s')|s,b] control variates in the score-function terms")
-    g.add_argument("--faithful", action="store_true",
-                   help="the paper's estimator: --critic mlp --follower-grad score --no-baseline "
-                        "--no-control-variates")
+    g.add_argument(
+        "--lr",
+        type=float,
+        nargs="+",
+        default=[0.1],
+        help="leader learning rate(s); several values form a grid",
+    )
+    g.add_argument(
+        "--critic",
+        choices=["quadratic", "mlp", "exact"],
+        default="quadratic",
+        help="leader critic (and HPGD's grad V_F network): LSTD on quadratic features "
+        "(exact class, fast), the paper's 64-64 TD MLP, or closed form",
+    )
+    g.add_argument(
+        "--follower-grad",
+        choices=["pathwise", "score"],
+        default="pathwise",
+        help="per-step FollowerQGrad form (score = the paper's Eq. (nablaQF))",
+    )
+    g.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="BC-HG without the learned state baseline h(s) ~ grad V_F(s)",
+    )
+    g.add_argument(
+        "--no-control-variates",
+        action="store_true",
+        help="no E[V(s')|s,b] control variates in the score-function terms",
+    )
+    g.add_argument(
+        "--faithful",
+        action="store_true",
+        help="the paper's estimator: --critic mlp --follower-grad score --no-baseline "
+        "--no-control-variates",
+    )
     g.add_argument("--episodes", type=int, default=100, help="episodes of 100 steps per iteration")
     g.add_argument("--beta", type=float, default=0.1, help="follower entropy coefficient")
-    g.add_argument("--init-std", type=float, default=0.01,
-                   help="std of the initial leader weights around 0 (the reference code: 0.01; "
-                        "the paper's text: 1.0)")
+    g.add_argument(
+        "--init-std",
+        type=float,
+        default=0.01,
+        help="std of the initial leader weights around 0 (the reference code: 0.01; "
+        "the paper's text: 1.0)",
+    )
     g.add_argument("--mlp-steps", type=int, default=5000, help="Adam steps of the MLP critics")
-    g.add_argument("--value-samples", type=int, default=256,
-                   help="MLP critic: follower samples per state for V_L(s)")
+    g.add_argument(
+        "--value-samples",
+        type=int,
+        default=256,
+        help="MLP critic: follower samples per state for V_L(s)",
+    )
     g.add_argument("--mlp-lr", type=float, default=1e-4, help="Adam step size of the MLP critics")
-    g.add_argument("--mlp-minibatch", type=int, default=0,
-                   help="samples per MLP critic step (0: full batch, the paper)")
-    g.add_argument("--mlp-normalize", action="store_true",
-                   help="MLP critics see inputs / RMS and predict outputs / (RMS(r) / (1 - gamma))")
-    g.add_argument("--mlp-warm-start", action="store_true",
-                   help="MLP critics continue from the last iteration's fit (the paper "
-                        "re-initialises them every iteration)")
+    g.add_argument(
+        "--mlp-minibatch",
+        type=int,
+        default=0,
+        help="samples per MLP critic step (0: full batch, the paper)",
+    )
+    g.add_argument(
+        "--mlp-normalize",
+        action="store_true",
+        help="MLP critics see inputs / RMS and predict outputs / (RMS(r) / (1 - gamma))",
+    )
+    g.add_argument(
+        "--mlp-warm-start",
+        action="store_true",
+        help="MLP critics continue from the last iteration's fit (the paper "
+        "re-initialises them every iteration)",
+    )
     a = p.parse_args(argv)
     if a.faithful:
         a.critic, a.follower_grad, a.no_baseline, a.no_control_variates = (
-            "mlp", "score", True, True)
+            "mlp",
+            "score",
+            True,
+            True,
+        )
     if a.smoke:
         a.episodes, a.mlp_steps = min(a.episodes, 4), min(a.mlp_steps, 5)
         a.value_samples = min(a.value_samples, 8)
@@ -75,28 +146,41 @@ def parse_args(argv=None):
 def methods_of(spec: str):
     from bchg_jax import lq
     from experiments.cli import parse_methods
+
     return parse_methods(spec, ALL_METHODS, lq.METHODS)
 
 
 def train_config(a):
     from bchg_jax import lq
+
     return lq.TrainConfig(
-        num_episodes=a.episodes, iterations=a.iterations, weights_init_std=a.init_std,
-        critic=a.critic, follower_grad=a.follower_grad, state_baseline=not a.no_baseline,
-        control_variates=not a.no_control_variates, mlp_steps=a.mlp_steps,
-        mlp_warm_start=a.mlp_warm_start, value_samples=a.value_samples, mlp_lr=a.mlp_lr,
-        mlp_minibatch=a.mlp_minibatch, mlp_normalize=a.mlp_normalize).validate()
+        num_episodes=a.episodes,
+        iterations=a.iterations,
+        weights_init_std=a.init_std,
+        critic=a.critic,
+        follower_grad=a.follower_grad,
+        state_baseline=not a.no_baseline,
+        control_variates=not a.no_control_variates,
+        mlp_steps=a.mlp_steps,
+        mlp_warm_start=a.mlp_warm_start,
+        value_samples=a.value_samples,
+        mlp_lr=a.mlp_lr,
+        mlp_minibatch=a.mlp_minibatch,
+        mlp_normalize=a.mlp_normalize,
+    ).validate()
 
 
 def method_grid(a):
     import numpy as np
+
     lrs = PAPER_LR if a.grid == "paper" else a.lr
     return {"lr": np.asarray(lrs, np.float64), "beta": np.full(len(lrs), a.beta)}
 
 
 def validate_args(a):
-    from experiments.cli import check_counts
     from bchg_jax.lq.train import HParams
+    from experiments.cli import check_counts
+
     methods = methods_of(a.method)
     check_counts(a, "seeds", "iterations", "chunk", "episodes")
     if a.init_std < 0:
@@ -107,34 +191,52 @@ def validate_args(a):
 
 
 def run_method(method: str, a, run_dir: str):
-    from bchg_jax.problems.thermal import thermal
     from bchg_jax import lq
-    from experiments.run_folder import run_method_folder
+    from bchg_jax.problems.thermal import thermal
     from experiments.plot import YLABELS, pretty_label
+    from experiments.run_folder import run_method_folder
 
     config = train_config(a)
     trainer = lq.make_train(thermal(), method, config)
     return run_method_folder(
-        os.path.join(run_dir, method), method, trainer, method_grid(a), a,
-        record={"train_config": {k: (list(v) if isinstance(v, tuple) else v)
-                                 for k, v in vars(config).items()}},
+        os.path.join(run_dir, method),
+        method,
+        trainer,
+        method_grid(a),
+        a,
+        record={
+            "train_config": {
+                k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(config).items()
+            }
+        },
         title=f"building thermal control, {pretty_label(method)}: {a.critic} critic, "
-              f"β={a.beta:g}, {a.seeds} seeds", window=SUMMARY_WINDOW,
+        f"β={a.beta:g}, {a.seeds} seeds",
+        window=SUMMARY_WINDOW,
         ylabel=YLABELS["thermal"],
-        describe=f"thermal critic={a.critic} follower-grad={a.follower_grad} "
-                 f"episodes={a.episodes}")
+        describe=f"thermal critic={a.critic} follower-grad={a.follower_grad} episodes={a.episodes}",
+    )
 
 
 def components_png(run_dir: str) -> None:
     from bchg_jax.core.io import save_figure
     from experiments.plot import components_figure
+
     save_figure(os.path.join(run_dir, "components.png"), components_figure(run_dir, COMPONENTS))
 
 
 def main(argv=None) -> str:
     from experiments.run_folder import run_experiment
-    return run_experiment("thermal", argv, parse_args, validate_args, run_method, SETTING_KEYS,
-                          SUMMARY_WINDOW, components_png)
+
+    return run_experiment(
+        "thermal",
+        argv,
+        parse_args,
+        validate_args,
+        run_method,
+        SETTING_KEYS,
+        SUMMARY_WINDOW,
+        components_png,
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ iteration is the *exact* undiscounted 150-step leader return of (f_theta, g) (``
 discounted one, the batch's sampled return, p = f(0|A) and g(.|S) (``p``, ``g_S``). Outputs as
 for the other experiments (``experiments/run_folder.py``).
 """
+
 from __future__ import annotations
 
 import os
@@ -15,55 +16,113 @@ import os
 import numpy as np
 
 PAPER_STEPS = (1, 2, 5, 10, 20)
-VARIANTS = {"bchg": ("bchg", "on"), "bchg_off": ("bchg", "off"),
-            "naive_on": ("naive", "on"), "naive_off": ("naive", "off"),
-            "biac_on": ("biac", "on"), "biac_off": ("biac", "off")}
+VARIANTS = {
+    "bchg": ("bchg", "on"),
+    "bchg_off": ("bchg", "off"),
+    "naive_on": ("naive", "on"),
+    "naive_off": ("naive", "off"),
+    "biac_on": ("biac", "on"),
+    "biac_off": ("biac", "off"),
+}
 ALL = ("bchg", "naive_on", "naive_off", "biac_on", "biac_off")
 SUMMARY_WINDOW = 50
-SETTING_KEYS = ("seeds", "seed", "grid", "actor_steps", "critic_steps", "iterations", "R",
-                "backup", "critic_target", "actor", "beta", "direct_baseline", "init")
+SETTING_KEYS = (
+    "seeds",
+    "seed",
+    "grid",
+    "actor_steps",
+    "critic_steps",
+    "iterations",
+    "R",
+    "backup",
+    "critic_target",
+    "actor",
+    "beta",
+    "direct_baseline",
+    "init",
+)
 
 
 def parse_args(argv=None):
     from experiments.cli import base_parser
+
     p = base_parser(
-        "toy_game", __doc__, seeds=10, iterations=500, chunk=50, methods=ALL, noun="variant",
+        "toy_game",
+        __doc__,
+        seeds=10,
+        iterations=500,
+        chunk=50,
+        methods=ALL,
+        noun="variant",
         also="also bchg_off (BC-HG, off-policy buffer)",
         grid_flags="--actor-steps and --critic-steps",
         grid_help="actor x critic steps in {" + ", ".join(map(str, PAPER_STEPS)) + "}^2",
-        smoke=(6, 3))
+        smoke=(6, 3),
+    )
     g = p.add_argument_group("toy game options")
-    g.add_argument("--actor-steps", type=int, nargs="+", default=[1],
-                   help="actor updates per outer iteration (0 to 20); several values form a grid")
-    g.add_argument("--critic-steps", type=int, nargs="+", default=[1],
-                   help="critic updates per outer iteration (0 to 20); several values form a "
-                        "grid")
+    g.add_argument(
+        "--actor-steps",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="actor updates per outer iteration (0 to 20); several values form a grid",
+    )
+    g.add_argument(
+        "--critic-steps",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="critic updates per outer iteration (0 to 20); several values form a grid",
+    )
     g.add_argument("--R", type=float, default=2.0, help="the game's reward R (paper figure: 2)")
     g.add_argument("--beta", type=float, default=0.05, help="follower entropy coefficient")
-    g.add_argument("--backup", choices=["reference", "paper"], default="reference",
-                   help="follower soft-Q backup (reference code / Theorem 2)")
-    g.add_argument("--critic-target", choices=["reference", "paper"], default="reference",
-                   help="critic target: modes of target actor and g / sampled next actions")
-    g.add_argument("--direct-baseline", choices=["reference", "none"], default="reference",
-                   help="'reference': subtract sum_a' f(a'|s) Q(s,a',b) in the direct term; "
-                        "'none': no baseline")
-    g.add_argument("--actor", choices=["mlp", "tabular"], default="mlp",
-                   help="leader actor: a 64-64 ReLU MLP on one-hot(s) or softmax logits per state")
-    g.add_argument("--init", choices=["torch", "flax"], default="torch",
-                   help="network initialisation: PyTorch's nn.Linear default (the reference) or "
-                        "flax's lecun_normal")
+    g.add_argument(
+        "--backup",
+        choices=["reference", "paper"],
+        default="reference",
+        help="follower soft-Q backup (reference code / Theorem 2)",
+    )
+    g.add_argument(
+        "--critic-target",
+        choices=["reference", "paper"],
+        default="reference",
+        help="critic target: modes of target actor and g / sampled next actions",
+    )
+    g.add_argument(
+        "--direct-baseline",
+        choices=["reference", "none"],
+        default="reference",
+        help="'reference': subtract sum_a' f(a'|s) Q(s,a',b) in the direct term; "
+        "'none': no baseline",
+    )
+    g.add_argument(
+        "--actor",
+        choices=["mlp", "tabular"],
+        default="mlp",
+        help="leader actor: a 64-64 ReLU MLP on one-hot(s) or softmax logits per state",
+    )
+    g.add_argument(
+        "--init",
+        choices=["torch", "flax"],
+        default="torch",
+        help="network initialisation: PyTorch's nn.Linear default (the reference) or "
+        "flax's lecun_normal",
+    )
     return p.parse_args(argv)
 
 
 def methods_of(spec: str):
     from experiments.cli import parse_methods
+
     return parse_methods(spec, ALL, tuple(VARIANTS))
 
 
 def method_grid(a):
     from bchg_jax.core.sweep import product_grid
-    actor, critic = (PAPER_STEPS, PAPER_STEPS) if a.grid == "paper" else (a.actor_steps,
-                                                                           a.critic_steps)
+
+    actor, critic = (
+        (PAPER_STEPS, PAPER_STEPS) if a.grid == "paper" else (a.actor_steps, a.critic_steps)
+    )
     g = product_grid(actor_steps=actor, critic_steps=critic)
     g["beta"] = np.full(len(g["actor_steps"]), a.beta)
     return g
@@ -71,15 +130,23 @@ def method_grid(a):
 
 def train_config(a, buffer: str):
     from bchg_jax.games import tabular as games
-    return games.TrainConfig(iterations=a.iterations, buffer=buffer, actor=a.actor,
-                             critic_target=a.critic_target, direct_baseline=a.direct_baseline,
-                             backup=a.backup, init=a.init).validate()
+
+    return games.TrainConfig(
+        iterations=a.iterations,
+        buffer=buffer,
+        actor=a.actor,
+        critic_target=a.critic_target,
+        direct_baseline=a.direct_baseline,
+        backup=a.backup,
+        init=a.init,
+    ).validate()
 
 
 def validate_args(a):
-    from experiments.cli import check_counts
-    from bchg_jax.problems.toy_game import toy_game
     from bchg_jax.games.tabular.train import HParams
+    from bchg_jax.problems.toy_game import toy_game
+    from experiments.cli import check_counts
+
     methods = methods_of(a.method)
     check_counts(a, "seeds", "iterations", "chunk")
     if not np.isfinite(a.R):
@@ -92,26 +159,38 @@ def validate_args(a):
 
 
 def run_method(name: str, a, run_dir: str):
-    from bchg_jax.problems.toy_game import toy_game
     from bchg_jax.games import tabular as games
-    from experiments.run_folder import run_method_folder
+    from bchg_jax.problems.toy_game import toy_game
     from experiments.plot import YLABELS, pretty_label
+    from experiments.run_folder import run_method_folder
+
     method, buffer = VARIANTS[name]
     config = train_config(a, buffer)
     trainer = games.make_train(toy_game(a.R), method, config)
     return run_method_folder(
-        os.path.join(run_dir, name), name, trainer, method_grid(a), a,
-        record={"train_config": {k: (list(v) if isinstance(v, tuple) else v)
-                                 for k, v in vars(config).items()}},
-        title=f"toy Markov game (R={a.R:g}), {pretty_label(name)}: β={a.beta:g}, "
-              f"{a.seeds} seeds", window=SUMMARY_WINDOW,
-        ylabel=YLABELS["toy_game"], describe=f"toy game R={a.R:g} {method} buffer={buffer}")
+        os.path.join(run_dir, name),
+        name,
+        trainer,
+        method_grid(a),
+        a,
+        record={
+            "train_config": {
+                k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(config).items()
+            }
+        },
+        title=f"toy Markov game (R={a.R:g}), {pretty_label(name)}: β={a.beta:g}, {a.seeds} seeds",
+        window=SUMMARY_WINDOW,
+        ylabel=YLABELS["toy_game"],
+        describe=f"toy game R={a.R:g} {method} buffer={buffer}",
+    )
 
 
 def main(argv=None) -> str:
     from experiments.run_folder import run_experiment
-    return run_experiment("toy_game", argv, parse_args, validate_args, run_method, SETTING_KEYS,
-                          SUMMARY_WINDOW)
+
+    return run_experiment(
+        "toy_game", argv, parse_args, validate_args, run_method, SETTING_KEYS, SUMMARY_WINDOW
+    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ Library entry points raise ``ValueError`` naming the problem; the experiment CLI
 status 2 and an ``error: ...`` line. Every check here runs on the host before a training
 program is traced.
 """
+
 import importlib
 import os
 
@@ -11,52 +12,72 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bchg_jax.core.sweep import product_grid
+from bchg_jax.games.tabular.game import TabularGame
 from bchg_jax.lq.cmdp import LQConfigurableMDP
 from bchg_jax.problems.lqr_game import lqr_game
 from bchg_jax.tabular.cmdp import TabularCMDP
-from bchg_jax.games.tabular.game import TabularGame
-from bchg_jax.core.sweep import product_grid
 
 S, B = 3, 2
 
 
 def _cmdp(**over):
-    kw = dict(transition=lambda th: jnp.full((S, B, S), 1.0 / S),
-              init_dist=lambda th: jnp.full(S, 1.0 / S),
-              follower_reward=lambda th: jnp.zeros((S, B)) + th[0],
-              leader_reward=lambda th: jnp.ones((S, B)),
-              gamma_F=0.9, gamma_L=0.9, theta0=jnp.zeros(1))
+    kw = dict(
+        transition=lambda th: jnp.full((S, B, S), 1.0 / S),
+        init_dist=lambda th: jnp.full(S, 1.0 / S),
+        follower_reward=lambda th: jnp.zeros((S, B)) + th[0],
+        leader_reward=lambda th: jnp.ones((S, B)),
+        gamma_F=0.9,
+        gamma_L=0.9,
+        theta0=jnp.zeros(1),
+    )
     kw.update(over)
     return TabularCMDP(**kw)
 
 
 def _lq(**over):
-    kw = dict(A_fn=lambda th: jnp.eye(2) * 0.5, B_fn=lambda th: jnp.ones((2, 1)),
-              U=np.eye(2) * 0.1, Qbar=np.eye(2), Rbar=np.eye(1),
-              leader_quadratic=lambda th: (jnp.eye(2), jnp.eye(1), jnp.zeros(())),
-              init_cov=np.eye(2), gamma_F=0.9, gamma_L=0.9, theta0=jnp.zeros(1))
+    kw = dict(
+        A_fn=lambda th: jnp.eye(2) * 0.5,
+        B_fn=lambda th: jnp.ones((2, 1)),
+        U=np.eye(2) * 0.1,
+        Qbar=np.eye(2),
+        Rbar=np.eye(1),
+        leader_quadratic=lambda th: (jnp.eye(2), jnp.eye(1), jnp.zeros(())),
+        init_cov=np.eye(2),
+        gamma_F=0.9,
+        gamma_L=0.9,
+        theta0=jnp.zeros(1),
+    )
     kw.update(over)
     return LQConfigurableMDP(**kw)
 
 
 # ---- problems --------------------------------------------------------------------------------
-@pytest.mark.parametrize("make, match", [
-    (lambda: _cmdp(transition=lambda th: jnp.full((S, B, S + 1), 1.0 / (S + 1))), "shape"),
-    (lambda: _cmdp(leader_reward=lambda th: jnp.ones((S, B + 1))), "shape"),
-    (lambda: _lq(Qbar=np.eye(3)), "Qbar"),
-    (lambda: _lq(B_fn=lambda th: jnp.ones((3, 1))), r"B\(theta\)"),
-    (lambda: lqr_game(C=np.zeros((3, 1))), "shape"),
-    (lambda: lqr_game(s0=np.zeros(3)), "s0"),
-])
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: _cmdp(transition=lambda th: jnp.full((S, B, S + 1), 1.0 / (S + 1))), "shape"),
+        (lambda: _cmdp(leader_reward=lambda th: jnp.ones((S, B + 1))), "shape"),
+        (lambda: _lq(Qbar=np.eye(3)), "Qbar"),
+        (lambda: _lq(B_fn=lambda th: jnp.ones((3, 1))), r"B\(theta\)"),
+        (lambda: lqr_game(C=np.zeros((3, 1))), "shape"),
+        (lambda: lqr_game(s0=np.zeros(3)), "s0"),
+    ],
+)
 def test_wrong_shapes(make, match):
     with pytest.raises(ValueError, match=match):
         make().validate()
 
 
-@pytest.mark.parametrize("make", [
-    lambda: _cmdp(gamma_F=1.0), lambda: _cmdp(gamma_L=1.5), lambda: _lq(gamma_F=1.0),
-    lambda: lqr_game(gamma_L=1.0),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _cmdp(gamma_F=1.0),
+        lambda: _cmdp(gamma_L=1.5),
+        lambda: _lq(gamma_F=1.0),
+        lambda: lqr_game(gamma_L=1.0),
+    ],
+)
 def test_discount_not_below_one(make):
     with pytest.raises(ValueError, match="gamma"):
         make().validate()
@@ -67,17 +88,23 @@ def test_non_stochastic_transition_rows():
         _cmdp(transition=lambda th: jnp.full((S, B, S), 0.3)).validate()
     with pytest.raises(ValueError, match="probab"):
         _cmdp(init_dist=lambda th: jnp.array([0.5, 0.6, -0.1])).validate()
-    game = TabularGame(transition=np.full((S, 2, B, S), 0.3), init_dist=np.full(S, 1.0 / S),
-                       follower_reward=np.zeros((S, 2, B)), leader_reward=np.zeros((S, 2, B)),
-                       gamma_F=0.9, gamma_L=0.9)
+    game = TabularGame(
+        transition=np.full((S, 2, B, S), 0.3),
+        init_dist=np.full(S, 1.0 / S),
+        follower_reward=np.zeros((S, 2, B)),
+        leader_reward=np.zeros((S, 2, B)),
+        gamma_F=0.9,
+        gamma_L=0.9,
+    )
     with pytest.raises(ValueError, match="sum|probab"):
         game.validate()
 
 
 def test_unstabilisable_lqr_pairs():
     # an unstable mode (eigenvalue 2) that the follower's input cannot reach
-    bad = _lq(A_fn=lambda th: jnp.diag(jnp.array([2.0, 0.5])),
-              B_fn=lambda th: jnp.array([[0.0], [1.0]]))
+    bad = _lq(
+        A_fn=lambda th: jnp.diag(jnp.array([2.0, 0.5])), B_fn=lambda th: jnp.array([[0.0], [1.0]])
+    )
     with pytest.raises(ValueError, match="stabilisable"):
         bad.validate()
     with pytest.raises(ValueError, match="stabilisable"):
@@ -86,11 +113,15 @@ def test_unstabilisable_lqr_pairs():
 
 # ---- hyperparameters, grids and methods ------------------------------------------------------
 def test_negative_beta():
-    from bchg_jax.games import lqr, tabular as game
     from bchg_jax import tabular
-    for make in (lambda: tabular.HParams(0.1, 0.5, beta=-1e-3).validate(),
-                 lambda: game.HParams(1, 1, beta=-0.05).validate(),
-                 lambda: lqr.HParams(1, 5, beta=0.0).validate()):
+    from bchg_jax.games import lqr
+    from bchg_jax.games import tabular as game
+
+    for make in (
+        lambda: tabular.HParams(0.1, 0.5, beta=-1e-3).validate(),
+        lambda: game.HParams(1, 1, beta=-0.05).validate(),
+        lambda: lqr.HParams(1, 5, beta=0.0).validate(),
+    ):
         with pytest.raises(ValueError, match="beta"):
             make()
 
@@ -99,19 +130,24 @@ def test_empty_grids():
     with pytest.raises(ValueError, match="empty"):
         product_grid(lr=[], beta=[1e-3])
     from bchg_jax.tabular import HParams
+
     with pytest.raises(ValueError, match="lr"):
         HParams(np.array([]), 0.5, 1e-3).validate()
 
 
 def test_unknown_methods():
-    from bchg_jax.problems.toy_game import toy_game
-    from bchg_jax.tabular.train import make_train
+    from bchg_jax.games.lqr.train import make_train as make_train_lqr_game
     from bchg_jax.games.tabular.train import make_train as make_train_game
     from bchg_jax.lq.train import make_train as make_train_lq
-    from bchg_jax.games.lqr.train import make_train as make_train_lqr_game
-    for make in (lambda: make_train(_cmdp(), "hpgd"), lambda: make_train_lq(_lq(), "sobirl"),
-                 lambda: make_train_game(toy_game(), "bchg_det"),
-                 lambda: make_train_lqr_game(lqr_game(), "biac")):
+    from bchg_jax.problems.toy_game import toy_game
+    from bchg_jax.tabular.train import make_train
+
+    for make in (
+        lambda: make_train(_cmdp(), "hpgd"),
+        lambda: make_train_lq(_lq(), "sobirl"),
+        lambda: make_train_game(toy_game(), "bchg_det"),
+        lambda: make_train_lqr_game(lqr_game(), "biac"),
+    ):
         with pytest.raises(ValueError, match="method"):
             make()
 
@@ -127,18 +163,21 @@ def _cli_error(module, argv, capsys):
     return err
 
 
-@pytest.mark.parametrize("module, argv, match", [
-    ("fourrooms", ["--method", "hpgd"], "method"),
-    ("fourrooms", ["--beta", "-0.001"], "beta"),
-    ("thermal", ["--method", "bogus"], "method"),
-    ("toy_game", ["--beta", "0"], "beta"),
-    ("lqr_game", ["--method", "biac_on"], "method"),
-    ("lqr_game", ["--beta", "-1"], "beta"),
-])
+@pytest.mark.parametrize(
+    "module, argv, match",
+    [
+        ("fourrooms", ["--method", "hpgd"], "method"),
+        ("fourrooms", ["--beta", "-0.001"], "beta"),
+        ("thermal", ["--method", "bogus"], "method"),
+        ("toy_game", ["--beta", "0"], "beta"),
+        ("lqr_game", ["--method", "biac_on"], "method"),
+        ("lqr_game", ["--beta", "-1"], "beta"),
+    ],
+)
 def test_cli_bad_arguments(module, argv, match, tmp_path, capsys):
     err = _cli_error(module, ["--smoke", *argv, "--out", str(tmp_path / "r")], capsys)
     assert match in err
-    assert not os.path.exists(tmp_path / "r")          # nothing created for a refused run
+    assert not os.path.exists(tmp_path / "r")  # nothing created for a refused run
 
 
 @pytest.mark.parametrize("module", ["fourrooms", "thermal", "toy_game", "lqr_game"])
@@ -157,13 +196,17 @@ def test_existing_results_are_never_lost(tmp_path, capsys, digest):
     run = mod.main(["--smoke", "--method", "naive_on", "--out", str(tmp_path / "r"), "--exact-out"])
     before = digest(run)
     _cli_error("toy_game", ["--smoke", "--beta", "-1", "--out", run, "--exact-out"], capsys)
-    _cli_error("toy_game", ["--smoke", "--method", "naive_on", "--R", "1", "--out", run,
-                            "--exact-out"], capsys)
+    _cli_error(
+        "toy_game",
+        ["--smoke", "--method", "naive_on", "--R", "1", "--out", run, "--exact-out"],
+        capsys,
+    )
     assert digest(run) == before
-    mod.main(["--resume", run])                     # complete: skipped, files unchanged
+    mod.main(["--resume", run])  # complete: skipped, files unchanged
     after = digest(run)
-    assert {k: v for k, v in after.items() if k != "config.json"} == \
-        {k: v for k, v in before.items() if k != "config.json"}
+    assert {k: v for k, v in after.items() if k != "config.json"} == {
+        k: v for k, v in before.items() if k != "config.json"
+    }
 
 
 # ---- public pure functions: concrete bad values, culprits named ------------------------------
@@ -188,9 +231,12 @@ P_TAB = jnp.full((S, B, S), 1.0 / S)
 R_TAB = jnp.zeros((S, B))
 POL = jnp.full((S, B), 1.0 / B)
 CONT = jnp.ones(S)
-BATCH = tabular.Batch(*(jnp.zeros((1, 2), jnp.int32) for _ in range(4)),
-                      jnp.zeros((1, 2), bool), jnp.array([[False, True]]))
-F_TOY = leader_policy_from_p(0.5)                       # [3, 2]
+BATCH = tabular.Batch(
+    *(jnp.zeros((1, 2), jnp.int32) for _ in range(4)),
+    jnp.zeros((1, 2), bool),
+    jnp.array([[False, True]]),
+)
+F_TOY = leader_policy_from_p(0.5)  # [3, 2]
 G_TOY = jnp.full((3, 2, 3), 1.0 / 3)
 EP_TOY = game_tab.GameEpisodes(*(jnp.zeros((1, 2), jnp.int32) for _ in range(3)))
 TH_LQR = jnp.zeros(2)
@@ -212,46 +258,82 @@ BETA_CALLS = {
     "tabular.best_response": lambda b: tabular.best_response(_cmdp(), TH, b),
     "tabular.leader_objective": lambda b: tabular.leader_objective(_cmdp(), TH, b),
     "tabular.exact_hypergradient": lambda b: tabular.exact_hypergradient(_cmdp(), TH, b),
-    "tabular.hypergradient": lambda b: tabular.hypergradient(_cmdp(), TH, BATCH, _follower(),
-                                                             R_TAB, b),
+    "tabular.hypergradient": lambda b: tabular.hypergradient(
+        _cmdp(), TH, BATCH, _follower(), R_TAB, b
+    ),
     "games.tabular.soft_q_iteration": lambda b: game_tab.soft_q_iteration(toy_game(), F_TOY, b),
     "games.tabular.best_response": lambda b: game_tab.best_response(toy_game(), F_TOY, b),
     "games.tabular.leader_objective": lambda b: game_tab.leader_objective(toy_game(), F_TOY, b),
     "games.tabular.exact_hypergradient": lambda b: game_tab.exact_hypergradient(
-        leader_policy_from_p, jnp.asarray(0.5), toy_game(), b),
+        leader_policy_from_p, jnp.asarray(0.5), toy_game(), b
+    ),
     "games.tabular.hypergradient": lambda b: game_tab.hypergradient(
-        leader_policy_from_p, jnp.asarray(0.5), EP_TOY, G_TOY, G_TOY, F_TOY, b, 0.99, 0.99),
+        leader_policy_from_p, jnp.asarray(0.5), EP_TOY, G_TOY, G_TOY, F_TOY, b, 0.99, 0.99
+    ),
     "games.lqr.best_response": lambda b: game_lqr.best_response(lqr_game(), TH_LQR, b),
     "games.lqr.leader_objective": lambda b: game_lqr.leader_objective(lqr_game(), TH_LQR, b),
-    "games.lqr.exact_hypergradient": lambda b: game_lqr.exact_hypergradient(lqr_game(), TH_LQR,
-                                                                            b),
-    "games.lqr.hypergradient_split": lambda b: game_lqr.hypergradient_split(lqr_game(), TH_LQR,
-                                                                            b),
+    "games.lqr.exact_hypergradient": lambda b: game_lqr.exact_hypergradient(lqr_game(), TH_LQR, b),
+    "games.lqr.hypergradient_split": lambda b: game_lqr.hypergradient_split(lqr_game(), TH_LQR, b),
     "games.lqr.exact_critic_estimate": lambda b: game_lqr.exact_critic_estimate(
-        lqr_game(), TH_LQR, b, K, episodes=2, leader_steps=3, extra_steps=1),
+        lqr_game(), TH_LQR, b, K, episodes=2, leader_steps=3, extra_steps=1
+    ),
     "games.lqr.deterministic_hypergradient": lambda b: game_lqr.deterministic_hypergradient(
-        lambda t, s: s @ t[:, None], TH_LQR, jnp.zeros((1, 2, 2)), jnp.zeros((1, 2, 1)),
-        jnp.zeros((1, 2)), jnp.zeros((1, 2, 1)), b, 0.99, 0.95),
+        lambda t, s: s @ t[:, None],
+        TH_LQR,
+        jnp.zeros((1, 2, 2)),
+        jnp.zeros((1, 2, 1)),
+        jnp.zeros((1, 2)),
+        jnp.zeros((1, 2, 1)),
+        b,
+        0.99,
+        0.95,
+    ),
     "games.estimators.game_score_weights": lambda b: game_est.game_score_weights(
-        jnp.zeros((1, 2)), 0.0, jnp.zeros((1, 2)), jnp.zeros((1, 2)), b, 0.99, 0.95),
+        jnp.zeros((1, 2)), 0.0, jnp.zeros((1, 2)), jnp.zeros((1, 2)), b, 0.99, 0.95
+    ),
     "games.estimators.score_objective": lambda b: game_est.score_objective(
-        jnp.zeros(2), jnp.zeros(2), jnp.zeros(2), jnp.zeros((2, 3)), jnp.zeros((2, 3)),
-        jnp.zeros((2, 3)), b),
+        jnp.zeros(2),
+        jnp.zeros(2),
+        jnp.zeros(2),
+        jnp.zeros((2, 3)),
+        jnp.zeros((2, 3)),
+        jnp.zeros((2, 3)),
+        b,
+    ),
     "games.estimators.deterministic_objective": lambda b: game_est.deterministic_objective(
-        jnp.zeros((2, 1)), jnp.zeros((2, 1)), jnp.zeros(2), jnp.zeros((2, 3, 1)),
-        jnp.zeros((2, 3, 1)), jnp.zeros((2, 3)), b),
+        jnp.zeros((2, 1)),
+        jnp.zeros((2, 1)),
+        jnp.zeros(2),
+        jnp.zeros((2, 3, 1)),
+        jnp.zeros((2, 3, 1)),
+        jnp.zeros((2, 3)),
+        b,
+    ),
     "lq.best_response": lambda b: lq_family.best_response(_lq(), TH, b),
     "lq.leader_objective": lambda b: lq_family.leader_objective(_lq(), TH, b),
     "lq.hypergradient": lambda b: lq_family.hypergradient(
-        _lq(), TH, lq_family.Trajectories(jnp.zeros((1, 3, 2)), jnp.zeros((1, 3, 1))), b,
-        jnp.zeros((1, 3)), jnp.zeros((1, 3)), benefit=jnp.zeros((1, 2))),
+        _lq(),
+        TH,
+        lq_family.Trajectories(jnp.zeros((1, 3, 2)), jnp.zeros((1, 3, 1))),
+        b,
+        jnp.zeros((1, 3)),
+        jnp.zeros((1, 3)),
+        benefit=jnp.zeros((1, 2)),
+    ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(BETA_CALLS))
-@pytest.mark.parametrize("beta, shown", [(0.0, "got 0.0"), (-1.0, "got -1.0"),
-                                         (float("nan"), "got nan"), (np.inf, "got inf"),
-                                         (jnp.asarray(0.0), "got 0.0")])
+@pytest.mark.parametrize(
+    "beta, shown",
+    [
+        (0.0, "got 0.0"),
+        (-1.0, "got -1.0"),
+        (float("nan"), "got nan"),
+        (np.inf, "got inf"),
+        (jnp.asarray(0.0), "got 0.0"),
+    ],
+)
 def test_bad_beta_is_named_with_its_value(name, beta, shown):
     with pytest.raises(ValueError, match="beta") as e:
         BETA_CALLS[name](beta)
@@ -266,34 +348,71 @@ def _gamma_L_one(make):
 
 # (label, call, culprit) for the problem's scalar settings, never validate()d
 SETTING_CALLS = [
-    ("tabular.exact_hypergradient",
-     lambda: tabular.exact_hypergradient(_gamma_L_one(_cmdp), TH, 0.1), "gamma_L"),
-    ("tabular.leader_values",
-     lambda: tabular.leader_values(dataclasses.replace(_cmdp(), gamma_F=-0.5), TH, POL),
-     "gamma_F"),
-    ("tabular.best_response",
-     lambda: tabular.best_response(dataclasses.replace(_cmdp(), time_limit=0), TH, 0.1),
-     "time_limit"),
-    ("tabular.hypergradient",
-     lambda: tabular.hypergradient(_gamma_L_one(_cmdp), TH, BATCH, _follower(), R_TAB, 0.1),
-     "gamma_L"),
-    ("games.tabular.leader_objective",
-     lambda: game_tab.leader_objective(_gamma_L_one(toy_game), F_TOY, 0.1), "gamma_L"),
-    ("games.tabular.leader_values",
-     lambda: game_tab.leader_values(_gamma_L_one(toy_game), F_TOY, G_TOY), "gamma_L"),
-    ("games.tabular.soft_q_iteration",
-     lambda: game_tab.soft_q_iteration(dataclasses.replace(toy_game(), gamma_F=1.0), F_TOY, 0.1),
-     "gamma_F"),
-    ("games.lqr.exact_hypergradient",
-     lambda: game_lqr.exact_hypergradient(_gamma_L_one(lqr_game), TH_LQR, 0.1), "gamma_L"),
-    ("games.lqr.leader_q",
-     lambda: game_lqr.leader_q(dataclasses.replace(lqr_game(), horizon=0), TH_LQR, _resp(),
-                               jnp.zeros(2), jnp.zeros(1), jnp.zeros(1), 3, 0.99, 3), "horizon"),
-    ("lq.exact_hypergradient",
-     lambda: lq_family.exact_hypergradient(_gamma_L_one(_lq), TH, 0.1), "gamma_L"),
-    ("lq.best_response",
-     lambda: lq_family.best_response(dataclasses.replace(_lq(), gamma_F=1.0), TH, 0.1),
-     "gamma_F"),
+    (
+        "tabular.exact_hypergradient",
+        lambda: tabular.exact_hypergradient(_gamma_L_one(_cmdp), TH, 0.1),
+        "gamma_L",
+    ),
+    (
+        "tabular.leader_values",
+        lambda: tabular.leader_values(dataclasses.replace(_cmdp(), gamma_F=-0.5), TH, POL),
+        "gamma_F",
+    ),
+    (
+        "tabular.best_response",
+        lambda: tabular.best_response(dataclasses.replace(_cmdp(), time_limit=0), TH, 0.1),
+        "time_limit",
+    ),
+    (
+        "tabular.hypergradient",
+        lambda: tabular.hypergradient(_gamma_L_one(_cmdp), TH, BATCH, _follower(), R_TAB, 0.1),
+        "gamma_L",
+    ),
+    (
+        "games.tabular.leader_objective",
+        lambda: game_tab.leader_objective(_gamma_L_one(toy_game), F_TOY, 0.1),
+        "gamma_L",
+    ),
+    (
+        "games.tabular.leader_values",
+        lambda: game_tab.leader_values(_gamma_L_one(toy_game), F_TOY, G_TOY),
+        "gamma_L",
+    ),
+    (
+        "games.tabular.soft_q_iteration",
+        lambda: game_tab.soft_q_iteration(dataclasses.replace(toy_game(), gamma_F=1.0), F_TOY, 0.1),
+        "gamma_F",
+    ),
+    (
+        "games.lqr.exact_hypergradient",
+        lambda: game_lqr.exact_hypergradient(_gamma_L_one(lqr_game), TH_LQR, 0.1),
+        "gamma_L",
+    ),
+    (
+        "games.lqr.leader_q",
+        lambda: game_lqr.leader_q(
+            dataclasses.replace(lqr_game(), horizon=0),
+            TH_LQR,
+            _resp(),
+            jnp.zeros(2),
+            jnp.zeros(1),
+            jnp.zeros(1),
+            3,
+            0.99,
+            3,
+        ),
+        "horizon",
+    ),
+    (
+        "lq.exact_hypergradient",
+        lambda: lq_family.exact_hypergradient(_gamma_L_one(_lq), TH, 0.1),
+        "gamma_L",
+    ),
+    (
+        "lq.best_response",
+        lambda: lq_family.best_response(dataclasses.replace(_lq(), gamma_F=1.0), TH, 0.1),
+        "gamma_F",
+    ),
 ]
 
 
@@ -307,29 +426,66 @@ def test_bad_problem_setting_is_named(name, call, culprit):
 
 # (label, call, culprit, shown) for discounts and other scalars passed as arguments
 ARG_CALLS = [
-    ("tabular.policy_evaluation gamma=1",
-     lambda: tabular.policy_evaluation(P_TAB, R_TAB, POL, 1.0, CONT), "gamma", "got 1.0"),
-    ("tabular.soft_value_iteration gamma=nan",
-     lambda: tabular.soft_value_iteration(P_TAB, R_TAB, 0.1, float("nan")), "gamma", "got nan"),
-    ("tabular.monte_carlo_critic gamma_L=1.5",
-     lambda: tabular.monte_carlo_critic(BATCH, R_TAB, 1.5), "gamma_L", "got 1.5"),
-    ("games.estimators.influence_weights gamma_F=1",
-     lambda: game_est.influence_weights(jnp.zeros(2, jnp.int32), 3, 1.0), "gamma_F", "got 1.0"),
-    ("games.estimators.hypergradient gamma_F=1",
-     lambda: game_est.hypergradient(leader_policy_from_p, jnp.asarray(0.5), EP_TOY, G_TOY,
-                                    G_TOY, F_TOY, 0.1, 0.99, 1.0), "gamma_F", "got 1.0"),
-    ("games.estimators.game_score_weights gamma_L=-0.1",
-     lambda: game_est.game_score_weights(jnp.zeros((1, 2)), 0.0, jnp.zeros((1, 2)),
-                                         jnp.zeros((1, 2)), 0.1, -0.1, 0.95),
-     "gamma_L", "got -0.1"),
-    ("games.lqr.leader_objective gamma=1.5",
-     lambda: game_lqr.leader_objective(lqr_game(), TH_LQR, 0.1, gamma=1.5), "gamma", "got 1.5"),
-    ("games.lqr.leader_state_values horizon=0",
-     lambda: game_lqr.leader_state_values(lqr_game(), TH_LQR, _resp(), jnp.zeros(2), 1, 0.9, 0),
-     "horizon", "got 0"),
-    ("games.tabular.leader_return without a horizon",
-     lambda: game_tab.leader_return(dataclasses.replace(toy_game(), time_limit=None), F_TOY,
-                                    G_TOY), "horizon", "got None"),
+    (
+        "tabular.policy_evaluation gamma=1",
+        lambda: tabular.policy_evaluation(P_TAB, R_TAB, POL, 1.0, CONT),
+        "gamma",
+        "got 1.0",
+    ),
+    (
+        "tabular.soft_value_iteration gamma=nan",
+        lambda: tabular.soft_value_iteration(P_TAB, R_TAB, 0.1, float("nan")),
+        "gamma",
+        "got nan",
+    ),
+    (
+        "tabular.monte_carlo_critic gamma_L=1.5",
+        lambda: tabular.monte_carlo_critic(BATCH, R_TAB, 1.5),
+        "gamma_L",
+        "got 1.5",
+    ),
+    (
+        "games.estimators.influence_weights gamma_F=1",
+        lambda: game_est.influence_weights(jnp.zeros(2, jnp.int32), 3, 1.0),
+        "gamma_F",
+        "got 1.0",
+    ),
+    (
+        "games.estimators.hypergradient gamma_F=1",
+        lambda: game_est.hypergradient(
+            leader_policy_from_p, jnp.asarray(0.5), EP_TOY, G_TOY, G_TOY, F_TOY, 0.1, 0.99, 1.0
+        ),
+        "gamma_F",
+        "got 1.0",
+    ),
+    (
+        "games.estimators.game_score_weights gamma_L=-0.1",
+        lambda: game_est.game_score_weights(
+            jnp.zeros((1, 2)), 0.0, jnp.zeros((1, 2)), jnp.zeros((1, 2)), 0.1, -0.1, 0.95
+        ),
+        "gamma_L",
+        "got -0.1",
+    ),
+    (
+        "games.lqr.leader_objective gamma=1.5",
+        lambda: game_lqr.leader_objective(lqr_game(), TH_LQR, 0.1, gamma=1.5),
+        "gamma",
+        "got 1.5",
+    ),
+    (
+        "games.lqr.leader_state_values horizon=0",
+        lambda: game_lqr.leader_state_values(lqr_game(), TH_LQR, _resp(), jnp.zeros(2), 1, 0.9, 0),
+        "horizon",
+        "got 0",
+    ),
+    (
+        "games.tabular.leader_return without a horizon",
+        lambda: game_tab.leader_return(
+            dataclasses.replace(toy_game(), time_limit=None), F_TOY, G_TOY
+        ),
+        "horizon",
+        "got None",
+    ),
 ]
 
 
@@ -347,57 +503,124 @@ def _game3(**over):
 
 # (label, call, culprit named, blamed wrongly before) for shape errors
 SHAPE_CALLS = [
-    ("TabularCMDP.validate init_dist",
-     lambda: _cmdp(init_dist=lambda th: jnp.full(S + 1, 1.0 / (S + 1))).validate(), "init_dist",
-     "follower_reward"),
-    ("TabularCMDP.validate follower_reward",
-     lambda: _cmdp(follower_reward=lambda th: jnp.zeros((S, B + 1))).validate(),
-     "follower_reward", "leader_reward"),
-    ("tabular.rollout policy",
-     lambda: tabular.rollout(K, jnp.full((S, B + 1), 1.0 / (B + 1)), P_TAB, jnp.full(S, 1 / S),
-                             None, None, 2, 3), "policy", "transition"),
-    ("tabular.rollout init_dist",
-     lambda: tabular.rollout(K, POL, P_TAB, jnp.full(S + 1, 1 / (S + 1)), None, None, 2, 3),
-     "init_dist", "transition"),
-    ("tabular.rollout terminal",
-     lambda: tabular.rollout(K, POL, P_TAB, jnp.full(S, 1 / S), np.zeros(S + 1, bool), None, 2,
-                             3), "terminal", "transition"),
-    ("tabular.leader_values policy",
-     lambda: tabular.leader_values(_cmdp(), TH, jnp.full((S, B + 1), 0.5)), "policy", None),
-    ("tabular.benefit policy",
-     lambda: tabular.benefit(R_TAB, jnp.full((S, B + 1), 0.5)), "policy", None),
-    ("TabularGame.validate init_dist",
-     lambda: _game3(init_dist=jnp.full(4, 0.25)).validate(), "init_dist must have shape (3,)",
-     None),
-    ("games.tabular.rollout f",
-     lambda: game_tab.rollout(K, toy_game(), jnp.full((3, 3), 1 / 3), G_TOY, 2, 3),
-     "f (leader policy)", "g (follower policy)"),
-    ("games.tabular.rollout g",
-     lambda: game_tab.rollout(K, toy_game(), F_TOY, jnp.full((3, 2, 2), 0.5), 2, 3),
-     "g (follower policy)", "f (leader policy)"),
-    ("games.tabular.soft_q_iteration f",
-     lambda: game_tab.soft_q_iteration(toy_game(), jnp.full((3, 3), 1 / 3), 0.1),
-     "f (leader policy)", None),
-    ("games.lqr.rollout theta",
-     lambda: game_lqr.rollout(K, lqr_game(), jnp.zeros(3), _resp(), 2, 3),
-     "theta must have last axis", None),
-    ("games.lqr.rollout resp of another game",
-     lambda: game_lqr.rollout(K, lqr_game(), TH_LQR, game_lqr.best_response(
-         lqr_game(B=np.array([[0.0, 1.0], [0.1, 0.0]]), Rbar=np.eye(2)), TH_LQR, 0.1), 2, 3),
-     "resp.K_s", None),
+    (
+        "TabularCMDP.validate init_dist",
+        lambda: _cmdp(init_dist=lambda th: jnp.full(S + 1, 1.0 / (S + 1))).validate(),
+        "init_dist",
+        "follower_reward",
+    ),
+    (
+        "TabularCMDP.validate follower_reward",
+        lambda: _cmdp(follower_reward=lambda th: jnp.zeros((S, B + 1))).validate(),
+        "follower_reward",
+        "leader_reward",
+    ),
+    (
+        "tabular.rollout policy",
+        lambda: tabular.rollout(
+            K, jnp.full((S, B + 1), 1.0 / (B + 1)), P_TAB, jnp.full(S, 1 / S), None, None, 2, 3
+        ),
+        "policy",
+        "transition",
+    ),
+    (
+        "tabular.rollout init_dist",
+        lambda: tabular.rollout(K, POL, P_TAB, jnp.full(S + 1, 1 / (S + 1)), None, None, 2, 3),
+        "init_dist",
+        "transition",
+    ),
+    (
+        "tabular.rollout terminal",
+        lambda: tabular.rollout(
+            K, POL, P_TAB, jnp.full(S, 1 / S), np.zeros(S + 1, bool), None, 2, 3
+        ),
+        "terminal",
+        "transition",
+    ),
+    (
+        "tabular.leader_values policy",
+        lambda: tabular.leader_values(_cmdp(), TH, jnp.full((S, B + 1), 0.5)),
+        "policy",
+        None,
+    ),
+    (
+        "tabular.benefit policy",
+        lambda: tabular.benefit(R_TAB, jnp.full((S, B + 1), 0.5)),
+        "policy",
+        None,
+    ),
+    (
+        "TabularGame.validate init_dist",
+        lambda: _game3(init_dist=jnp.full(4, 0.25)).validate(),
+        "init_dist must have shape (3,)",
+        None,
+    ),
+    (
+        "games.tabular.rollout f",
+        lambda: game_tab.rollout(K, toy_game(), jnp.full((3, 3), 1 / 3), G_TOY, 2, 3),
+        "f (leader policy)",
+        "g (follower policy)",
+    ),
+    (
+        "games.tabular.rollout g",
+        lambda: game_tab.rollout(K, toy_game(), F_TOY, jnp.full((3, 2, 2), 0.5), 2, 3),
+        "g (follower policy)",
+        "f (leader policy)",
+    ),
+    (
+        "games.tabular.soft_q_iteration f",
+        lambda: game_tab.soft_q_iteration(toy_game(), jnp.full((3, 3), 1 / 3), 0.1),
+        "f (leader policy)",
+        None,
+    ),
+    (
+        "games.lqr.rollout theta",
+        lambda: game_lqr.rollout(K, lqr_game(), jnp.zeros(3), _resp(), 2, 3),
+        "theta must have last axis",
+        None,
+    ),
+    (
+        "games.lqr.rollout resp of another game",
+        lambda: game_lqr.rollout(
+            K,
+            lqr_game(),
+            TH_LQR,
+            game_lqr.best_response(
+                lqr_game(B=np.array([[0.0, 1.0], [0.1, 0.0]]), Rbar=np.eye(2)), TH_LQR, 0.1
+            ),
+            2,
+            3,
+        ),
+        "resp.K_s",
+        None,
+    ),
     ("LQRGame.validate C", lambda: lqr_game(C=np.zeros((3, 1))), "C must", None),
     ("LQConfigurableMDP.validate U", lambda: _lq(U=np.eye(3)).validate(), "U must", "Qbar"),
-    ("LQConfigurableMDP.validate Qbar", lambda: _lq(Qbar=np.eye(3)).validate(), "Qbar must",
-     "U must"),
-    ("lq.rollout policy of another problem",
-     lambda: lq_family.rollout(K, _lq(), TH, lq_family.best_response(
-         _lq(B_fn=lambda th: jnp.ones((2, 2)), Rbar=np.eye(2)), TH, 0.1), 2, 3), "policy.K",
-     None),
+    (
+        "LQConfigurableMDP.validate Qbar",
+        lambda: _lq(Qbar=np.eye(3)).validate(),
+        "Qbar must",
+        "U must",
+    ),
+    (
+        "lq.rollout policy of another problem",
+        lambda: lq_family.rollout(
+            K,
+            _lq(),
+            TH,
+            lq_family.best_response(_lq(B_fn=lambda th: jnp.ones((2, 2)), Rbar=np.eye(2)), TH, 0.1),
+            2,
+            3,
+        ),
+        "policy.K",
+        None,
+    ),
 ]
 
 
-@pytest.mark.parametrize("name, call, culprit, innocent", SHAPE_CALLS,
-                         ids=[c[0] for c in SHAPE_CALLS])
+@pytest.mark.parametrize(
+    "name, call, culprit, innocent", SHAPE_CALLS, ids=[c[0] for c in SHAPE_CALLS]
+)
 def test_shape_error_names_the_culprit(name, call, culprit, innocent):
     with pytest.raises(ValueError) as e:
         call()
@@ -412,19 +635,24 @@ def test_traced_values_are_not_checked():
     seen = []
     jax.jit(lambda b: seen.append(is_concrete(b)) or b)(0.1)
     assert seen == [False] and is_concrete(0.1, jnp.ones(2), None)
-    jax.jit(check_beta_if_concrete)(-1.0)                     # traced: nothing to check
+    jax.jit(check_beta_if_concrete)(-1.0)  # traced: nothing to check
 
-    toy = toy_game()                 # built outside jit: its tables are concrete arrays
+    toy = toy_game()  # built outside jit: its tables are concrete arrays
     calls = {
-        "tabular.soft_value_iteration": lambda b: tabular.soft_value_iteration(
-            P_TAB, jnp.arange(S * B, dtype=jnp.float32).reshape(S, B), b, 0.9).V,
+        "tabular.soft_value_iteration": lambda b: (
+            tabular.soft_value_iteration(
+                P_TAB, jnp.arange(S * B, dtype=jnp.float32).reshape(S, B), b, 0.9
+            ).V
+        ),
         "tabular.leader_objective": lambda b: tabular.leader_objective(_cmdp(), TH, b),
         "tabular.exact_hypergradient": lambda b: tabular.exact_hypergradient(_cmdp(), TH, b),
         "games.tabular.leader_objective": lambda b: game_tab.leader_objective(toy, F_TOY, b),
-        "games.lqr.leader_objective": lambda b: game_lqr.leader_objective(lqr_game(), TH_LQR, b,
-                                                                          horizon=5),
+        "games.lqr.leader_objective": lambda b: game_lqr.leader_objective(
+            lqr_game(), TH_LQR, b, horizon=5
+        ),
         "games.estimators.game_score_weights": lambda b: game_est.game_score_weights(
-            jnp.ones((1, 3)), 0.0, jnp.ones((1, 3)), jnp.ones((1, 3)), b, 0.99, 0.95),
+            jnp.ones((1, 3)), 0.0, jnp.ones((1, 3)), jnp.ones((1, 3)), b, 0.99, 0.95
+        ),
         "lq.leader_objective": lambda b: lq_family.leader_objective(_lq(), TH, b),
     }
     for name, fn in calls.items():
@@ -436,13 +664,16 @@ def test_traced_values_are_not_checked():
 
 
 # ---- issue 27: the gaps a new user found ------------------------------------------------------
-@pytest.mark.parametrize("module, argv, shown", [
-    ("fourrooms", ["--iterations", "0"], "--iterations must be >= 1, got 0"),
-    ("thermal", ["--episodes", "0"], "--episodes must be >= 1, got 0"),
-    ("toy_game", ["--seeds", "0"], "--seeds must be >= 1, got 0"),
-    ("toy_game", ["--R", "nan"], "--R must be finite, got nan"),
-    ("lqr_game", ["--tau", "2"], "--tau (TrainConfig.tau) must be in (0, 1], got 2.0"),
-])
+@pytest.mark.parametrize(
+    "module, argv, shown",
+    [
+        ("fourrooms", ["--iterations", "0"], "--iterations must be >= 1, got 0"),
+        ("thermal", ["--episodes", "0"], "--episodes must be >= 1, got 0"),
+        ("toy_game", ["--seeds", "0"], "--seeds must be >= 1, got 0"),
+        ("toy_game", ["--R", "nan"], "--R must be finite, got nan"),
+        ("lqr_game", ["--tau", "2"], "--tau (TrainConfig.tau) must be in (0, 1], got 2.0"),
+    ],
+)
 def test_cli_errors_name_the_flag_and_value(module, argv, shown, tmp_path, capsys):
     err = _cli_error(module, ["--smoke", *argv, "--out", str(tmp_path / "r")], capsys)
     assert shown in err and "Traceback" not in err
@@ -451,7 +682,9 @@ def test_cli_errors_name_the_flag_and_value(module, argv, shown, tmp_path, capsy
 
 def test_non_finite_or_misshaped_theta_is_refused():
     import jax
+
     from bchg_jax import games, lq, problems, tabular
+
     cmdp = problems.random_tabular_cmdp(jax.random.key(0))
     for fn in (tabular.exact_hypergradient, tabular.leader_objective, tabular.best_response):
         with pytest.raises(ValueError, match=r"theta must be finite, got \[nan"):
@@ -463,8 +696,7 @@ def test_non_finite_or_misshaped_theta_is_refused():
         with pytest.raises(ValueError, match="theta must be finite"):
             fn(th, jnp.full(8, jnp.inf), 0.1)
     game = problems.lqr_game()
-    for fn in (games.lqr.exact_hypergradient, games.lqr.leader_objective,
-               games.lqr.best_response):
+    for fn in (games.lqr.exact_hypergradient, games.lqr.leader_objective, games.lqr.best_response):
         with pytest.raises(ValueError, match="theta must be finite"):
             fn(game, jnp.array([jnp.inf, 0.0]), 0.1)
         with pytest.raises(ValueError, match=r"shape \[\.\.\., 2\], got \(3,\)"):
@@ -472,27 +704,32 @@ def test_non_finite_or_misshaped_theta_is_refused():
 
 
 def test_a_wider_table_than_theta_is_refused_by_validate(x64):
-    cmdp = _cmdp(theta0=jnp.zeros(1, jnp.float32),
-                 transition=lambda th: np.full((S, B, S), 1.0 / S))   # float64 under x64
+    cmdp = _cmdp(
+        theta0=jnp.zeros(1, jnp.float32), transition=lambda th: np.full((S, B, S), 1.0 / S)
+    )  # float64 under x64
     with pytest.raises(ValueError, match="transition.*float64, wider than theta's float32"):
         cmdp.validate()
-    _cmdp(theta0=jnp.zeros(1, jnp.float64),
-          transition=lambda th: np.full((S, B, S), 1.0 / S)).validate()   # same dtype: fine
+    _cmdp(
+        theta0=jnp.zeros(1, jnp.float64), transition=lambda th: np.full((S, B, S), 1.0 / S)
+    ).validate()  # same dtype: fine
 
 
 def test_train_key_and_dict_hparams():
     import jax
+
     from bchg_jax import problems, tabular
+
     cmdp = problems.random_tabular_cmdp(jax.random.key(0))
-    trainer = tabular.make_train(cmdp, "bchg", tabular.TrainConfig(num_envs=2, num_steps=4,
-                                                                   iterations=2))
+    trainer = tabular.make_train(
+        cmdp, "bchg", tabular.TrainConfig(num_envs=2, num_steps=4, iterations=2)
+    )
     hp = tabular.HParams(lr=0.1, sarsa_alpha=0.5, beta=0.1)
     with pytest.raises(ValueError, match=r"key must be a PRNG key such as jax.random.key\(0\)"):
         trainer.train(0, hp)
     _, m = trainer.train(jax.random.key(0), hp)
     _, m_dict = trainer.train(jax.random.key(0), {"lr": 0.1, "sarsa_alpha": 0.5, "beta": 0.1})
     np.testing.assert_array_equal(m["J"], m_dict["J"])
-    _, m_raw = trainer.train(jax.random.PRNGKey(0), hp)        # a raw uint32 key works too
+    _, m_raw = trainer.train(jax.random.PRNGKey(0), hp)  # a raw uint32 key works too
     assert np.all(np.isfinite(m_raw["J"]))
     with pytest.raises(ValueError, match="unknown hyperparameter"):
         trainer.train(jax.random.key(0), {"lr": 0.1, "alpha": 0.5, "beta": 0.1})
@@ -500,10 +737,11 @@ def test_train_key_and_dict_hparams():
 
 def test_lqr_game_run_inside_the_warmup_warns(capsys):
     from experiments import lqr_game
+
     a = lqr_game.parse_args(["--iterations", "100", "--seeds", "2", "--method", "bchg_det"])
     lqr_game.validate_args(a)
     err = capsys.readouterr().err
     assert "lasts 200 iterations" in err and "never update the leader" in err
     lqr_game.validate_args(lqr_game.parse_args(["--iterations", "201", "--method", "bchg_det"]))
     lqr_game.validate_args(lqr_game.parse_args(["--iterations", "10", "--method", "exact"]))
-    assert capsys.readouterr().err == ""       # long enough, or no learned critic: no warning
+    assert capsys.readouterr().err == ""  # long enough, or no learned critic: no warning

@@ -1,4 +1,5 @@
 """The examples/ scripts run and do what their docstrings say (user-defined problems)."""
+
 import os
 import re
 import subprocess
@@ -13,18 +14,24 @@ def test_custom_cmdp_example_runs_as_a_script_from_anywhere(tmp_path):
     """``python <repo>/examples/custom_cmdp.py`` from another folder (the installed package,
     no repository on the path)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, os.path.join(EXAMPLES, "custom_cmdp.py"),
-                           "--iterations", "800"], cwd=str(tmp_path), env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, os.path.join(EXAMPLES, "custom_cmdp.py"), "--iterations", "800"],
+        cwd=str(tmp_path),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     cosine = float(re.search(r"cosine ([-\d.]+)", done.stdout).group(1))
     j0, j1 = map(float, re.search(r"objective: ([-\d.]+) -> ([-\d.]+)", done.stdout).groups())
-    assert cosine > 0.95                    # BC-HG with an exact critic ~ exact gradient
-    assert j1 > j0 + 1.0                    # the trained leader pays for progress
+    assert cosine > 0.95  # BC-HG with an exact critic ~ exact gradient
+    assert j1 > j0 + 1.0  # the trained leader pays for progress
 
 
 def test_custom_game_example():
     from examples.custom_game import main
+
     out = main(["--iterations", "150"])
     assert out["cosine"] > 0.95
     assert np.linalg.norm(out["response_part"]) < np.linalg.norm(out["exact"])

@@ -2,6 +2,7 @@
 hyperparameters), never a sibling family; core/ imports no family; every family exposes the same
 protocol names. Across the repository's code (bchg_jax/, experiments/, benchmarks/): no import
 cycle, and no module imports another module's private (``_x``) name."""
+
 import ast
 import importlib
 import pathlib
@@ -10,12 +11,24 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "bchg_jax"
 REPO = ROOT.parent
-CODE = ("bchg_jax", "experiments", "benchmarks")      # the packages checked for cycles
+CODE = ("bchg_jax", "experiments", "benchmarks")  # the packages checked for cycles
 FAMILIES = ("bchg_jax.tabular", "bchg_jax.lq", "bchg_jax.games.tabular", "bchg_jax.games.lqr")
-GAMES_SHARED = ("bchg_jax.games.estimators", "bchg_jax.games.hparams",
-                "bchg_jax.games.control_variate")
-PROTOCOL = ("best_response", "rollout", "hypergradient", "leader_objective",
-            "exact_hypergradient", "make_train", "TrainConfig", "HParams", "METHODS")
+GAMES_SHARED = (
+    "bchg_jax.games.estimators",
+    "bchg_jax.games.hparams",
+    "bchg_jax.games.control_variate",
+)
+PROTOCOL = (
+    "best_response",
+    "rollout",
+    "hypergradient",
+    "leader_objective",
+    "exact_hypergradient",
+    "make_train",
+    "TrainConfig",
+    "HParams",
+    "METHODS",
+)
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -31,7 +44,7 @@ def _imports(source: str):
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             yield node.module
-            for alias in node.names:          # "from bchg_jax.games import tabular"
+            for alias in node.names:  # "from bchg_jax.games import tabular"
                 yield f"{node.module}.{alias.name}"
         elif isinstance(node, ast.Import):
             for alias in node.names:
@@ -55,15 +68,20 @@ def _violations(extra=()):
             if not imp.startswith("bchg_jax"):
                 continue
             target = _family(imp)
-            if mod.startswith("bchg_jax.core") and (target or imp.startswith("bchg_jax.games")
-                                                    or imp.startswith("bchg_jax.problems")):
+            if mod.startswith("bchg_jax.core") and (
+                target or imp.startswith("bchg_jax.games") or imp.startswith("bchg_jax.problems")
+            ):
                 bad.append(f"{mod} (core) imports {imp}")
             if own and target and target != own:
                 bad.append(f"{mod} ({own}) imports the sibling family {imp}")
             if own and imp.startswith("bchg_jax.problems"):
                 bad.append(f"{mod} ({own}) imports a problem instance {imp}")
-            if own and imp.startswith("bchg_jax.games") and not target and \
-                    not any(imp.startswith(s) for s in GAMES_SHARED):
+            if (
+                own
+                and imp.startswith("bchg_jax.games")
+                and not target
+                and not any(imp.startswith(s) for s in GAMES_SHARED)
+            ):
                 bad.append(f"{mod} ({own}) imports {imp}")
     return bad
 
@@ -74,8 +92,10 @@ def test_no_family_imports_a_sibling_family():
 
 def test_the_check_catches_a_sibling_import():
     """The layout check itself fails on a planted violation (a test that can fail)."""
-    planted = [("bchg_jax.lq._planted", "from bchg_jax.tabular.train import HParams\n"),
-               ("bchg_jax.core._planted", "from bchg_jax.games import lqr\n")]
+    planted = [
+        ("bchg_jax.lq._planted", "from bchg_jax.tabular.train import HParams\n"),
+        ("bchg_jax.core._planted", "from bchg_jax.games import lqr\n"),
+    ]
     bad = _violations(planted)
     assert any("bchg_jax.lq._planted" in v and "sibling" in v for v in bad)
     assert any("bchg_jax.core._planted" in v for v in bad)
@@ -90,6 +110,7 @@ def test_every_family_exposes_the_protocol(family):
 
 
 # ---- the repository's import graph (bchg_jax/, experiments/, benchmarks/) ---------------------
+
 
 def _code_modules(repo: pathlib.Path = REPO, packages=CODE) -> dict:
     """{dotted module name: source} of every module of ``packages`` under ``repo``."""
@@ -119,7 +140,7 @@ def _imported(mod: str, source: str, modules: dict):
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                anchor = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(anchor + ([base] if base else []))
             for alias in node.names:
                 sub = f"{base}.{alias.name}"
@@ -148,7 +169,7 @@ def _cycle(graph: dict):
         stack.append(m)
         for t in sorted(graph[m]):
             if state.get(t) == "open":
-                return stack[stack.index(t):] + [t]
+                return stack[stack.index(t) :] + [t]
             if t not in state:
                 found = visit(t)
                 if found:
@@ -173,8 +194,12 @@ def test_no_import_cycle():
 
 
 def test_the_check_catches_an_import_cycle():
-    modules = {"pkg": "", "pkg.a": "def f():\n    from pkg.b import g\n",
-               "pkg.b": "from pkg import c\n", "pkg.c": "from . import a\n"}
+    modules = {
+        "pkg": "",
+        "pkg.a": "def f():\n    from pkg.b import g\n",
+        "pkg.b": "from pkg import c\n",
+        "pkg.c": "from . import a\n",
+    }
     assert _cycle(_import_graph(modules)) == ["pkg.a", "pkg.b", "pkg.c", "pkg.a"]
     modules["pkg.c"] = "import pkg.b\n"
     assert _cycle(_import_graph(modules)) == ["pkg.b", "pkg.c", "pkg.b"]
@@ -202,21 +227,29 @@ def _private_imports(modules: dict) -> list:
             if parts[0] not in ours:
                 continue
             for i, part in enumerate(parts):
-                owner = ".".join(parts[:i])        # the package the private module belongs to
+                owner = ".".join(parts[:i])  # the package the private module belongs to
                 if _private(part) and not (mod == owner or mod.startswith(owner + ".")):
                     bad.append(f"{mod}:{line} imports {target}")
                     break
             bad += [f"{mod}:{line} imports {target}.{n}" for n in names if _private(n)]
         for node in ast.walk(ast.parse(source)):
             if isinstance(node, ast.Import):
-                bound |= {a.asname or a.name.split(".")[0] for a in node.names
-                          if a.name.split(".")[0] in ours}
-            elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(
-                    ".")[0] in ours):
+                bound |= {
+                    a.asname or a.name.split(".")[0]
+                    for a in node.names
+                    if a.name.split(".")[0] in ours
+                }
+            elif isinstance(node, ast.ImportFrom) and (
+                node.level or (node.module or "").split(".")[0] in ours
+            ):
                 bound |= {a.asname or a.name for a in node.names}
         for node in ast.walk(ast.parse(source)):
-            if (isinstance(node, ast.Attribute) and _private(node.attr)
-                    and isinstance(node.value, ast.Name) and node.value.id in bound):
+            if (
+                isinstance(node, ast.Attribute)
+                and _private(node.attr)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in bound
+            ):
                 bad.append(f"{mod}:{node.lineno} uses {node.value.id}.{node.attr}")
     return bad
 
@@ -228,11 +261,19 @@ def test_no_module_imports_a_private_name():
 
 
 def test_the_check_catches_a_private_import():
-    modules = {"pkg": "", "pkg._helper": "", "pkg.m": "from pkg._helper import f\n",
-               "pkg.io": "def _write():\n    pass\n",
-               "other": ("def f():\n    from pkg.io import (save,\n        _write)\n"
-                         "import pkg.io as pio\npio._write()\nimport pkg._helper\n"
-                         "from jax._src import xla_bridge\nimport numpy as np\nnp._x\n")}
-    assert sorted(_private_imports(modules)) == ["other:2 imports pkg.io._write",
-                                                 "other:5 uses pio._write",
-                                                 "other:6 imports pkg._helper"]
+    modules = {
+        "pkg": "",
+        "pkg._helper": "",
+        "pkg.m": "from pkg._helper import f\n",
+        "pkg.io": "def _write():\n    pass\n",
+        "other": (
+            "def f():\n    from pkg.io import (save,\n        _write)\n"
+            "import pkg.io as pio\npio._write()\nimport pkg._helper\n"
+            "from jax._src import xla_bridge\nimport numpy as np\nnp._x\n"
+        ),
+    }
+    assert sorted(_private_imports(modules)) == [
+        "other:2 imports pkg.io._write",
+        "other:5 uses pio._write",
+        "other:6 imports pkg._helper",
+    ]

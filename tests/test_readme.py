@@ -1,8 +1,8 @@
 """The README's library example runs and does what it says (J_L rises)."""
+
 import os
 import re
 
-import jax
 import numpy as np
 
 
@@ -26,6 +26,6 @@ def test_readme_on_chunk_example_streams_every_chunk(capsys):
     exec(compile(blocks[0].replace("iterations=2000", "iterations=10"), "README.md", "exec"), ns)
     exec(compile(blocks[1], "README.md", "exec"), ns)
     assert ns["logged"] == [1000] and ns["metrics"]["J"].shape == (2, 4, 1000)
-    if ns["writer"] is None:               # tensorboardX not installed: printed lines
+    if ns["writer"] is None:  # tensorboardX not installed: printed lines
         out = capsys.readouterr().out
         assert out.count("at iteration 500") == 2 and out.count("at iteration 1000") == 2

@@ -10,6 +10,7 @@ Sampling: ``sample_uniform`` (critic minibatches) draws (episode, step) uniforml
 stored transitions; ``sample_discounted`` (actor minibatches) draws the step with probability
 proportional to ``gamma^t`` (the discounted state distribution of the policy-gradient theorem).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -23,10 +24,10 @@ Array = jax.Array
 class EpisodeBuffer(NamedTuple):
     """Whole episodes of a Markov game: N slots of horizon T (module docstring)."""
 
-    s: Array       # [N, T+1]
-    a: Array       # [N, T]
-    b: Array       # [N, T]
-    count: Array   # episodes added so far ("on" / "off": <= N; "ring": all, stored min(count, N))
+    s: Array  # [N, T+1]
+    a: Array  # [N, T]
+    b: Array  # [N, T]
+    count: Array  # episodes added so far ("on" / "off": <= N; "ring": all, stored min(count, N))
 
 
 def buffer_init(capacity: int, horizon: int, dtype=jnp.int8, dims=None) -> EpisodeBuffer:
@@ -44,8 +45,12 @@ def buffer_init(capacity: int, horizon: int, dtype=jnp.int8, dims=None) -> Episo
     """
     ds, da, db = ((), (), ()) if dims is None else ((dims[0],), (dims[1],), (dims[2],))
     z = lambda *shape: jnp.zeros(shape, dtype)  # noqa: E731
-    return EpisodeBuffer(z(capacity, horizon + 1, *ds), z(capacity, horizon, *da),
-                         z(capacity, horizon, *db), jnp.zeros((), jnp.int32))
+    return EpisodeBuffer(
+        z(capacity, horizon + 1, *ds),
+        z(capacity, horizon, *da),
+        z(capacity, horizon, *db),
+        jnp.zeros((), jnp.int32),
+    )
 
 
 def buffer_add(buf: EpisodeBuffer, s: Array, a: Array, b: Array, mode: str) -> EpisodeBuffer:
@@ -71,8 +76,9 @@ def buffer_add(buf: EpisodeBuffer, s: Array, a: Array, b: Array, mode: str) -> E
         raise ValueError(f"mode must be 'on', 'off' or 'ring', got {mode!r}")
     E, N = s.shape[0], buf.s.shape[0]
     if mode == "ring" and N % E:
-        raise ValueError(f"a ring buffer's {N} slots must be a multiple of the {E} episodes "
-                         "added at a time")
+        raise ValueError(
+            f"a ring buffer's {N} slots must be a multiple of the {E} episodes added at a time"
+        )
     if mode == "ring":
         start = buf.count % N
         count = buf.count + E
@@ -80,7 +86,8 @@ def buffer_add(buf: EpisodeBuffer, s: Array, a: Array, b: Array, mode: str) -> E
         start = 0 if mode == "on" else jnp.minimum(buf.count, N - E)
         count = jnp.minimum(buf.count + E if mode == "off" else E, N)
     put = lambda dst, x: jax.lax.dynamic_update_slice(  # noqa: E731
-        dst, x.astype(dst.dtype), (start,) + (0,) * (dst.ndim - 1))
+        dst, x.astype(dst.dtype), (start,) + (0,) * (dst.ndim - 1)
+    )
     return EpisodeBuffer(put(buf.s, s), put(buf.a, a), put(buf.b, b), count.astype(jnp.int32))
 
 

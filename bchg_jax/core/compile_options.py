@@ -16,6 +16,7 @@ and the installed jaxlib is one whose flag list was checked to contain the optio
 flag in ``XLA_FLAGS`` aborts the process). Otherwise it leaves the environment alone; set the
 flag yourself then (docs/performance.md).
 """
+
 from __future__ import annotations
 
 import os
@@ -29,6 +30,7 @@ CHECKED_JAXLIB_PREFIXES = ("0.10.",)
 def _backends_started() -> bool:
     try:
         from jax._src import xla_bridge
+
         return bool(xla_bridge.backends_are_initialized())
     except Exception:  # noqa: BLE001 - a private API: assume started (do nothing)
         return True
@@ -41,6 +43,7 @@ def configure_xla_cpu() -> bool:
         return False
     try:
         import jaxlib
+
         version = jaxlib.__version__
     except Exception:  # noqa: BLE001
         return False

@@ -15,6 +15,7 @@ A share above :data:`WARN_SHARE` (1%) of all run-iterations is a sign that the r
 claims to be (e.g. float32 matmuls at reduced precision on an accelerator, a tolerance below what
 the dtype can reach, a cap too small for the problem): :func:`health_warning` says so.
 """
+
 from __future__ import annotations
 
 from typing import Dict, Mapping, Optional
@@ -37,8 +38,11 @@ def solver_health(metrics: Mapping[str, np.ndarray]) -> Dict[str, float]:
       "lost_share": share}`` for the flags present (an empty dict when none is).
     """
     out: Dict[str, float] = {}
-    for flag, share in (("solve_capped", "capped_share"), ("update_skipped", "skipped_share"),
-                        ("support_lost", "lost_share")):
+    for flag, share in (
+        ("solve_capped", "capped_share"),
+        ("update_skipped", "skipped_share"),
+        ("support_lost", "lost_share"),
+    ):
         if flag in metrics:
             x = np.asarray(metrics[flag])
             out["run_iterations"] = int(x.size)
@@ -54,7 +58,7 @@ def health_text(health: Mapping[str, float]) -> str:
         parts.append(f"capped {100 * health['capped_share']:.2f}%")
     if "update_skipped" in health:
         parts.append(f"skipped {health['update_skipped']}")
-    if health.get("support_lost"):        # shown only when it happened
+    if health.get("support_lost"):  # shown only when it happened
         parts.append(f"support lost {health['support_lost']}")
     return " ".join(parts)
 
@@ -69,20 +73,32 @@ def health_warning(health: Mapping[str, float], share: float = WARN_SHARE) -> Op
     Returns:
       the warning text, or None.
     """
-    bad = [(name, health[key], health[flag]) for name, key, flag in (
-        ("follower / metric solves hit their cap", "capped_share", "solve_capped"),
-        ("updates were skipped", "skipped_share", "update_skipped"),
-        ("the model put mass outside the sparse solvers' successor table (those iterations "
-         "were solved on the whole table; solver='dense' avoids the check)", "lost_share",
-         "support_lost"))
-        if health.get(key, 0.0) > share]
+    bad = [
+        (name, health[key], health[flag])
+        for name, key, flag in (
+            ("follower / metric solves hit their cap", "capped_share", "solve_capped"),
+            ("updates were skipped", "skipped_share", "update_skipped"),
+            (
+                "the model put mass outside the sparse solvers' successor table (those iterations "
+                "were solved on the whole table; solver='dense' avoids the check)",
+                "lost_share",
+                "support_lost",
+            ),
+        )
+        if health.get(key, 0.0) > share
+    ]
     if not bad:
         return None
-    lines = [f"WARNING: in {100 * v:.1f}% of {health['run_iterations']} run-iterations "
-             f"{what} ({n} times)" for what, v, n in bad]
-    lines.append("WARNING: the results of this run are not converged solves. Likely causes: "
-                 "float32 matmuls at reduced precision on a GPU/TPU (a solver of your own should "
-                 "use bchg_jax.core.precision.full_precision), a tolerance below what the dtype "
-                 "reaches, or an iteration cap too small for the problem. The per-iteration "
-                 "flags are in metrics.npz (solve_capped, update_skipped).")
+    lines = [
+        f"WARNING: in {100 * v:.1f}% of {health['run_iterations']} run-iterations "
+        f"{what} ({n} times)"
+        for what, v, n in bad
+    ]
+    lines.append(
+        "WARNING: the results of this run are not converged solves. Likely causes: "
+        "float32 matmuls at reduced precision on a GPU/TPU (a solver of your own should "
+        "use bchg_jax.core.precision.full_precision), a tolerance below what the dtype "
+        "reaches, or an iteration cap too small for the problem. The per-iteration "
+        "flags are in metrics.npz (solve_capped, update_skipped)."
+    )
     return "\n".join(lines)

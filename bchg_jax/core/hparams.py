@@ -6,6 +6,7 @@ gives the two operations they share: :func:`from_grid` (a grid dict -> validated
 leading grid axis, cast to the trainer's dtype) and :func:`cast` (any HParams -> arrays of the
 trainer's dtype, int32 for step counts).
 """
+
 from __future__ import annotations
 
 from typing import Dict, Tuple
@@ -24,12 +25,17 @@ def cast(hp, dtype, integer_fields: Tuple[str, ...] = ()):
     Returns:
       an ``HParams`` of the same type whose fields are jnp arrays of unchanged shapes.
     """
-    return type(hp)(*(jnp.asarray(v, jnp.int32 if f in integer_fields else dtype)
-                      for f, v in zip(hp._fields, hp)))
+    return type(hp)(
+        *(
+            jnp.asarray(v, jnp.int32 if f in integer_fields else dtype)
+            for f, v in zip(hp._fields, hp, strict=False)
+        )
+    )
 
 
-def from_grid(cls, grid: Dict[str, np.ndarray], dtype, integer_fields: Tuple[str, ...] = (),
-              **validate_kw):
+def from_grid(
+    cls, grid: Dict[str, np.ndarray], dtype, integer_fields: Tuple[str, ...] = (), **validate_kw
+):
     """Grid dict (name -> one value per grid point, or a scalar for all) -> ``cls`` with a
     leading axis G, validated on the host and cast. Unknown names are an error that lists the
     valid ones; missing names take the class defaults.
@@ -47,15 +53,21 @@ def from_grid(cls, grid: Dict[str, np.ndarray], dtype, integer_fields: Tuple[str
     """
     unknown = sorted(set(grid) - set(cls._fields))
     if unknown:
-        raise ValueError(f"unknown hyperparameter(s) {unknown} for {cls.__module__}.HParams; "
-                         f"valid names: {list(cls._fields)}")
+        raise ValueError(
+            f"unknown hyperparameter(s) {unknown} for {cls.__module__}.HParams; "
+            f"valid names: {list(cls._fields)}"
+        )
     sizes = {len(np.atleast_1d(v)) for v in grid.values() if np.ndim(v) > 0}
     if len(sizes) > 1:
-        raise ValueError(f"grid axes must have one length (one value per grid point), got "
-                         f"{ {k: np.shape(v) for k, v in grid.items()} }")
+        raise ValueError(
+            f"grid axes must have one length (one value per grid point), got "
+            f"{ {k: np.shape(v) for k, v in grid.items()} }"
+        )
     G = sizes.pop() if sizes else 1
-    values = [np.broadcast_to(np.asarray(grid.get(f, cls._field_defaults.get(f)), np.float64),
-                              (G,)) for f in cls._fields]
+    values = [
+        np.broadcast_to(np.asarray(grid.get(f, cls._field_defaults.get(f)), np.float64), (G,))
+        for f in cls._fields
+    ]
     hp = cls(*values).validate(**validate_kw)
     return cast(hp, dtype, integer_fields)
 

@@ -7,6 +7,7 @@ step kept; the previous one is deleted only after the new one is complete); leav
 with their tree paths, typed PRNG keys as their raw key data, so a restore into a state of
 another shape fails with a clear error (``load_state``).
 """
+
 from __future__ import annotations
 
 import csv
@@ -105,7 +106,8 @@ def save_figure(path: str, fig) -> None:
     fig.savefig(buf, format=os.path.splitext(path)[1][1:] or "png", dpi=120, bbox_inches="tight")
     atomic_write_bytes(path, buf.getvalue())
     import matplotlib.pyplot as plt
-    plt.close(fig)          # figures are written once; do not keep them open
+
+    plt.close(fig)  # figures are written once; do not keep them open
 
 
 def _is_key(x) -> bool:
@@ -118,10 +120,13 @@ def _leaves(state):
 
 def _manager(directory: str):
     import orbax.checkpoint as ocp
+
     return ocp.CheckpointManager(
         os.path.abspath(directory),
-        options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True,
-                                             enable_async_checkpointing=False))
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=1, create=True, enable_async_checkpointing=False
+        ),
+    )
 
 
 def save_state(directory: str, state, step: int = 0) -> None:
@@ -140,16 +145,21 @@ def save_state(directory: str, state, step: int = 0) -> None:
       None.
     """
     import orbax.checkpoint as ocp
+
     arrays, names, keys = {}, [], []
     for i, (kp, x) in enumerate(_leaves(state)):
         names.append(jax.tree_util.keystr(kp))
         keys.append(bool(_is_key(x)))
         arrays[f"leaf{i:05d}"] = np.asarray(jax.random.key_data(x) if _is_key(x) else x)
     with _manager(directory) as mgr:
-        mgr.save(int(step), args=ocp.args.Composite(
-            arrays=ocp.args.StandardSave(arrays),
-            meta=ocp.args.JsonSave({"names": names, "keys": keys, "step": int(step)})),
-            force=True)
+        mgr.save(
+            int(step),
+            args=ocp.args.Composite(
+                arrays=ocp.args.StandardSave(arrays),
+                meta=ocp.args.JsonSave({"names": names, "keys": keys, "step": int(step)}),
+            ),
+            force=True,
+        )
         mgr.wait_until_finished()
 
 
@@ -185,7 +195,7 @@ def _grows(saved, wanted) -> bool:
     """Same rank, one axis shorter in ``saved``, every other axis equal."""
     if len(saved) != len(wanted):
         return False
-    diff = [(m, n) for m, n in zip(saved, wanted) if m != n]
+    diff = [(m, n) for m, n in zip(saved, wanted, strict=False) if m != n]
     return len(diff) == 1 and diff[0][0] < diff[0][1]
 
 
@@ -206,32 +216,41 @@ def load_state(directory: str, like, grow: bool = False):
       ValueError: no checkpoint, a missing leaf, or a leaf of another shape.
     """
     import orbax.checkpoint as ocp
+
     with _manager(directory) as mgr:
         step = mgr.latest_step()
         if step is None:
             raise ValueError(f"no checkpoint in {directory}")
-        got = mgr.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(),
-                                                         meta=ocp.args.JsonRestore()))
+        got = mgr.restore(
+            step,
+            args=ocp.args.Composite(arrays=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()),
+        )
     names, data = got["meta"]["names"], got["arrays"]
     index = {n: i for i, n in enumerate(names)}
     leaves = []
     for kp, ref in _leaves(like):
         name = jax.tree_util.keystr(kp)
         if name not in index:
-            raise ValueError(f"checkpoint {directory}: no field {name} (a different method or "
-                             "config?)")
+            raise ValueError(
+                f"checkpoint {directory}: no field {name} (a different method or config?)"
+            )
         raw = np.asarray(data[f"leaf{index[name]:05d}"])
         if _is_key(ref):
             x = jax.random.wrap_key_data(jax.numpy.asarray(raw), impl=jax.random.key_impl(ref))
         else:
             x = jax.numpy.asarray(raw, dtype=ref.dtype)
         if grow and x.shape != ref.shape and _grows(x.shape, ref.shape):
-            axis = next(i for i, (m, n) in enumerate(zip(x.shape, ref.shape)) if m != n)
-            tail = jax.lax.slice_in_dim(jax.numpy.asarray(ref), x.shape[axis], ref.shape[axis],
-                                        axis=axis)
+            axis = next(
+                i for i, (m, n) in enumerate(zip(x.shape, ref.shape, strict=False)) if m != n
+            )
+            tail = jax.lax.slice_in_dim(
+                jax.numpy.asarray(ref), x.shape[axis], ref.shape[axis], axis=axis
+            )
             x = jax.numpy.concatenate([x, tail], axis=axis)
         if x.shape != ref.shape:
-            raise ValueError(f"checkpoint {directory}: field {name} has shape {x.shape}, "
-                             f"expected {ref.shape} (different grid, seeds or problem?)")
+            raise ValueError(
+                f"checkpoint {directory}: field {name} has shape {x.shape}, "
+                f"expected {ref.shape} (different grid, seeds or problem?)"
+            )
         leaves.append(x)
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), leaves)

@@ -8,6 +8,7 @@ A family's ``make_train(problem, method, config)`` builds ``init(key, hp) -> sta
 the family's typed ``HParams``: its leaves are traced, so ``vmap`` over a grid of them never
 retraces.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping, NamedTuple
@@ -60,6 +61,7 @@ def scan_loop(init: Callable, step: Callable, iterations: int):
       (run, train): ``run(state, hp, n) -> (state, metrics [n, ...])`` (``n`` static) and
       ``train(key, hp) -> (state, metrics [iterations, ...])``.
     """
+
     def run(state, hp, num_iterations: int):
         return jax.lax.scan(lambda s, _: step(s, hp), state, None, length=num_iterations)
 
@@ -69,8 +71,16 @@ def scan_loop(init: Callable, step: Callable, iterations: int):
     return run, train
 
 
-def build_trainer(problem, method: str, config, init: Callable, step: Callable,
-                  hparams: Callable, validate: Callable, steps=None) -> Trainer:
+def build_trainer(
+    problem,
+    method: str,
+    config,
+    init: Callable,
+    step: Callable,
+    hparams: Callable,
+    validate: Callable,
+    steps=None,
+) -> Trainer:
     """The :class:`Trainer` of ``init`` and ``step`` (via :func:`scan_loop`) whose ``init``,
     ``run`` and ``train`` check concrete hyperparameters on the host first.
 
@@ -94,18 +104,27 @@ def build_trainer(problem, method: str, config, init: Callable, step: Callable,
 
     def checked(fn, takes_key):
         def wrapped(x, hp, *rest):
-            if isinstance(hp, Mapping):       # {"lr": 0.1, ...}: one point, as HParams
+            if isinstance(hp, Mapping):  # {"lr": 0.1, ...}: one point, as HParams
                 hp = jax.tree.map(lambda v: v[0], hparams({k: [v] for k, v in hp.items()}))
             if takes_key:
                 check_key(x)
             if is_concrete(hp):
                 validate(hp)
             return fn(x, hp, *rest)
+
         wrapped.__name__, wrapped.__doc__ = fn.__name__, fn.__doc__
         return wrapped
 
-    return Trainer(problem, method, config, checked(init, True), checked(run, False),
-                   checked(train, True), hparams, steps)
+    return Trainer(
+        problem,
+        method,
+        config,
+        checked(init, True),
+        checked(run, False),
+        checked(train, True),
+        hparams,
+        steps,
+    )
 
 
 def check_key(key) -> None:

@@ -29,6 +29,7 @@ Non-convergence (an unstabilisable pair, or ``max_iters`` too small) is never si
 solution carries ``converged`` (finite and below tolerance) and ``residual``; callers decide
 whether to raise (:func:`check_solution`) or to skip an update.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -57,7 +58,7 @@ def riccati_map(P: Array, A: Array, B: Array, Qbar: Array, Rbar: Array, gamma) -
     PA = P @ A
     S = Rbar + gamma * B.T @ P @ B
     BtPA = B.T @ PA
-    out = Qbar + gamma * A.T @ PA - gamma ** 2 * BtPA.T @ jnp.linalg.solve(S, BtPA)
+    out = Qbar + gamma * A.T @ PA - gamma**2 * BtPA.T @ jnp.linalg.solve(S, BtPA)
     return 0.5 * (out + out.T)
 
 
@@ -69,8 +70,8 @@ class RiccatiInfo(NamedTuple):
     """Convergence record of :func:`riccati` (all scalars, or [...] under vmap)."""
 
     iterations: Array
-    residual: Array      # relative change of the last iteration
-    converged: Array     # bool: finite and residual <= tol
+    residual: Array  # relative change of the last iteration
+    converged: Array  # bool: finite and residual <= tol
 
 
 def _iterate(A, B, Qbar, Rbar, gamma, P0, tol, max_iters):
@@ -90,8 +91,16 @@ def _iterate(A, B, Qbar, Rbar, gamma, P0, tol, max_iters):
 
 
 @full_precision
-def riccati(A: Array, B: Array, Qbar: Array, Rbar: Array, gamma, P0=None, tol: float = 1e-6,
-            max_iters: int = 50_000):
+def riccati(
+    A: Array,
+    B: Array,
+    Qbar: Array,
+    Rbar: Array,
+    gamma,
+    P0=None,
+    tol: float = 1e-6,
+    max_iters: int = 50_000,
+):
     """Solution ``P`` of the discounted Riccati equation and a :class:`RiccatiInfo`.
 
     P = Riccati(A, B, Qbar, Rbar, gamma) of Eq. (riccati_equation).
@@ -117,8 +126,9 @@ def riccati(A: Array, B: Array, Qbar: Array, Rbar: Array, gamma, P0=None, tol: f
     n = A.shape[0]
     sg = jax.lax.stop_gradient
     # gamma in the matrices' dtype (a Python float would be float64 under jax_enable_x64)
-    P_star, info = _iterate(sg(A), sg(B), sg(Qbar), sg(Rbar), sg(jnp.asarray(gamma, A.dtype)),
-                            sg(P0), tol, max_iters)
+    P_star, info = _iterate(
+        sg(A), sg(B), sg(Qbar), sg(Rbar), sg(jnp.asarray(gamma, A.dtype)), sg(P0), tol, max_iters
+    )
 
     def f(P):
         return riccati_map(P, A, B, Qbar, Rbar, gamma) - P
@@ -141,14 +151,14 @@ class GaussianBestResponse(NamedTuple):
     :func:`soft_value_observable`, not :meth:`value`.
     """
 
-    P: Array        # Riccati solution [n, n]
-    S: Array        # Rbar + gamma B^T P B [m, m]
-    K: Array        # state gain [m, n]
-    K_w: Array      # disturbance gain [m, n] (zeros for Proposition 1)
-    cov: Array      # (beta / 2) S^{-1} [m, m]
-    chol: Array     # Cholesky factor of cov
-    M: Array        # gamma P - gamma^2 P B S^{-1} B^T P (the post-decision value matrix)
-    v: Array        # constant of -V_F
+    P: Array  # Riccati solution [n, n]
+    S: Array  # Rbar + gamma B^T P B [m, m]
+    K: Array  # state gain [m, n]
+    K_w: Array  # disturbance gain [m, n] (zeros for Proposition 1)
+    cov: Array  # (beta / 2) S^{-1} [m, m]
+    chol: Array  # Cholesky factor of cov
+    M: Array  # gamma P - gamma^2 P B S^{-1} B^T P (the post-decision value matrix)
+    v: Array  # constant of -V_F
     info: RiccatiInfo
 
     @property
@@ -180,7 +190,7 @@ class GaussianBestResponse(NamedTuple):
         z = jax.scipy.linalg.solve_triangular(self.chol, d[..., None], lower=True)[..., 0]
         m = self.K.shape[0]
         logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(self.chol)))
-        return -0.5 * (jnp.sum(z ** 2, -1) + m * np.log(2 * np.pi) + logdet)
+        return -0.5 * (jnp.sum(z**2, -1) + m * np.log(2 * np.pi) + logdet)
 
 
 def _response(P, A, B, Rbar, U, gamma, beta, info, observable: bool):
@@ -189,7 +199,7 @@ def _response(P, A, B, Rbar, U, gamma, beta, info, observable: bool):
     S = 0.5 * (S + S.T)
     Sinv_BtP = jnp.linalg.solve(S, B.T @ P)
     K = gamma * Sinv_BtP @ A
-    M = gamma * P - gamma ** 2 * P @ B @ Sinv_BtP
+    M = gamma * P - gamma**2 * P @ B @ Sinv_BtP
     M = 0.5 * (M + M.T)
     cov = 0.5 * beta * jnp.linalg.inv(S)
     cov = 0.5 * (cov + cov.T)
@@ -204,8 +214,9 @@ def _response(P, A, B, Rbar, U, gamma, beta, info, observable: bool):
 
 
 @full_precision
-def maxent_lqr(A, B, Qbar, Rbar, U, gamma, beta, P0=None, tol: float = 1e-6,
-               max_iters: int = 50_000) -> GaussianBestResponse:
+def maxent_lqr(
+    A, B, Qbar, Rbar, U, gamma, beta, P0=None, tol: float = 1e-6, max_iters: int = 50_000
+) -> GaussianBestResponse:
     """Proposition 1: best response with an unobservable disturbance.
 
     g(b|s) = N(-K s, (beta/2) S^{-1}) of Eq. (lqr_opt_follower_cmdp), with
@@ -223,13 +234,23 @@ def maxent_lqr(A, B, Qbar, Rbar, U, gamma, beta, P0=None, tol: float = 1e-6,
       [m, n], ``cov`` and ``chol`` [m, m], ``v`` [], ``info``).
     """
     P, info = riccati(A, B, Qbar, Rbar, gamma, P0, tol, max_iters)
-    return _response(P, jnp.asarray(A), jnp.asarray(B), jnp.asarray(Rbar), jnp.asarray(U), gamma,
-                     beta, info, observable=False)
+    return _response(
+        P,
+        jnp.asarray(A),
+        jnp.asarray(B),
+        jnp.asarray(Rbar),
+        jnp.asarray(U),
+        gamma,
+        beta,
+        info,
+        observable=False,
+    )
 
 
 @full_precision
-def maxent_lqr_observable(A, B, Qbar, Rbar, U, gamma, beta, P0=None, tol: float = 1e-6,
-                          max_iters: int = 50_000) -> GaussianBestResponse:
+def maxent_lqr_observable(
+    A, B, Qbar, Rbar, U, gamma, beta, P0=None, tol: float = 1e-6, max_iters: int = 50_000
+) -> GaussianBestResponse:
     """Proposition 2: best response when the disturbance ``w`` is observed before acting.
 
     g(b|s, w) = N(-K s - K_w w, (beta/2) S^{-1}) of Eq. (lqr_opt_follower_mg), with
@@ -242,8 +263,17 @@ def maxent_lqr_observable(A, B, Qbar, Rbar, U, gamma, beta, P0=None, tol: float 
       ``chol`` [m, m], ``v`` = v_w [], ``info``).
     """
     P, info = riccati(A, B, Qbar, Rbar, gamma, P0, tol, max_iters)
-    return _response(P, jnp.asarray(A), jnp.asarray(B), jnp.asarray(Rbar), jnp.asarray(U), gamma,
-                     beta, info, observable=True)
+    return _response(
+        P,
+        jnp.asarray(A),
+        jnp.asarray(B),
+        jnp.asarray(Rbar),
+        jnp.asarray(U),
+        gamma,
+        beta,
+        info,
+        observable=True,
+    )
 
 
 @full_precision
@@ -260,8 +290,9 @@ def soft_value(br: GaussianBestResponse, s: Array) -> Array:
 
 
 @full_precision
-def soft_value_observable(br: GaussianBestResponse, Qbar: Array, A: Array, s: Array,
-                          w: Array) -> Array:
+def soft_value_observable(
+    br: GaussianBestResponse, Qbar: Array, A: Array, s: Array, w: Array
+) -> Array:
     """V_F(s, w) = -(s^T Qbar s + (A s + w)^T M (A s + w) + v_w) (Proposition 2).
 
     Args:
@@ -274,8 +305,11 @@ def soft_value_observable(br: GaussianBestResponse, Qbar: Array, A: Array, s: Ar
       [...] soft values (rewards).
     """
     x = s @ A.T + w
-    return -(jnp.einsum("...i,ij,...j->...", s, Qbar, s)
-             + jnp.einsum("...i,ij,...j->...", x, br.M, x) + br.v)
+    return -(
+        jnp.einsum("...i,ij,...j->...", s, Qbar, s)
+        + jnp.einsum("...i,ij,...j->...", x, br.M, x)
+        + br.v
+    )
 
 
 @full_precision
@@ -324,7 +358,9 @@ def is_stabilizable(A, B, gamma=1.0, tol: float = 1e-9) -> bool:
     return True
 
 
-def check_solution(br: GaussianBestResponse, what: str = "Riccati iteration") -> GaussianBestResponse:
+def check_solution(
+    br: GaussianBestResponse, what: str = "Riccati iteration"
+) -> GaussianBestResponse:
     """Host-side: raise a clear error when a (non-traced) solution did not converge.
 
     Args:
@@ -340,8 +376,9 @@ def check_solution(br: GaussianBestResponse, what: str = "Riccati iteration") ->
     if not np.all(ok):
         raise ValueError(
             f"{what} did not converge (relative change {np.asarray(info.residual).max():.3g} after "
-            f"{int(np.asarray(info.iterations).max())} iterations): the pair (sqrt(gamma) A, B) may "
-            "be unstabilisable, or raise max_iters")
+            f"{int(np.asarray(info.iterations).max())} iterations): the pair (sqrt(gamma) A, B) "
+            "may be unstabilisable, or raise max_iters"
+        )
     return br
 
 

@@ -1,4 +1,5 @@
 """Small flax networks shared by the actor-critic trainers."""
+
 from __future__ import annotations
 
 from typing import Any, Tuple

@@ -27,6 +27,7 @@ difference numerically. Users can run it on their own functions too::
     from bchg_jax.core.precision import low_precision_dots
     assert not low_precision_dots(my_solver, *args)
 """
+
 from __future__ import annotations
 
 import functools
@@ -47,6 +48,7 @@ def full_precision(fn: Callable) -> Callable:
     Returns:
       the wrapped function.
     """
+
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
         with jax.default_matmul_precision("highest"):
@@ -65,11 +67,11 @@ def _is_full(precision: Any) -> bool:
 
 
 def _sub_jaxprs(value):
-    if hasattr(value, "eqns"):                      # core.Jaxpr
+    if hasattr(value, "eqns"):  # core.Jaxpr
         yield value
-    elif hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):   # ClosedJaxpr
+    elif hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):  # ClosedJaxpr
         yield value.jaxpr
-    elif isinstance(value, (tuple, list)):          # branches, _LinearSolveTuple, ...
+    elif isinstance(value, (tuple, list)):  # branches, _LinearSolveTuple, ...
         for v in value:
             yield from _sub_jaxprs(v)
 

@@ -13,6 +13,7 @@ False where it is shared by all runs. It must return a tuple of arrays that all 
 axis (size R, or 1 when no argument has one). Forward-only: a :func:`run_last` function has no
 derivative rule (the training loops use it for solves they do not differentiate).
 """
+
 from __future__ import annotations
 
 import functools
@@ -26,12 +27,12 @@ from jax.custom_batching import custom_vmap
 def _merge(x, batched: bool, has_run: bool, r_out: int, r_in: int):
     """One argument in the merged layout [..., r_out * r_in] (run index r_o * r_in + r_i), or
     unchanged when it is shared at both levels."""
-    if batched and has_run:          # [r_out, ..., r_in] -> [..., r_out, r_in]
+    if batched and has_run:  # [r_out, ..., r_in] -> [..., r_out, r_in]
         x = jnp.moveaxis(x, 0, -2)
         return x.reshape(x.shape[:-2] + (r_out * r_in,))
-    if batched:                      # [r_out, ...] -> [..., r_out] -> repeat each r_in times
+    if batched:  # [r_out, ...] -> [..., r_out] -> repeat each r_in times
         return jnp.repeat(jnp.moveaxis(x, 0, -1), r_in, axis=-1)
-    if has_run:                      # [..., r_in] -> tiled r_out times
+    if has_run:  # [..., r_in] -> tiled r_out times
         return jnp.tile(x, (1,) * (x.ndim - 1) + (r_out,))
     return x
 
@@ -54,13 +55,16 @@ def run_last(impl: Callable) -> Callable:
 
         @f.def_vmap
         def rule(axis_size, in_batched, *args):
-            sizes = {a.shape[-1] for a, h in zip(args, has_run) if h}
+            sizes = {a.shape[-1] for a, h in zip(args, has_run, strict=False) if h}
             r_in = sizes.pop() if sizes else 1
-            new = tuple(_merge(a, b, h, axis_size, r_in)
-                        for a, b, h in zip(args, in_batched, has_run))
-            outs = level(tuple(b or h for b, h in zip(in_batched, has_run)))(*new)
-            outs = tuple(jnp.moveaxis(o.reshape(o.shape[:-1] + (axis_size, r_in)), -2, 0)
-                         for o in outs)
+            new = tuple(
+                _merge(a, b, h, axis_size, r_in)
+                for a, b, h in zip(args, in_batched, has_run, strict=False)
+            )
+            outs = level(tuple(b or h for b, h in zip(in_batched, has_run, strict=False)))(*new)
+            outs = tuple(
+                jnp.moveaxis(o.reshape(o.shape[:-1] + (axis_size, r_in)), -2, 0) for o in outs
+            )
             return outs, tuple(True for _ in outs)
 
         return f
@@ -77,8 +81,6 @@ def add_run_axis(x, has_run: bool):
     return x if has_run else x[..., None]
 
 
-
-
 def stage_sizes(runs: int, smallest: int = 16):
     """Lane counts of :func:`compacting_while_loop`'s stages: ``runs``, then halving while
     above ``smallest`` (240 -> 240, 120, 60, 30, 15)."""
@@ -93,8 +95,8 @@ def compacting_while_loop(active, body, carry, smallest: int = 16):
     finish.
 
     A vmapped while loop runs every lane until the slowest one is done. Here ``carry`` is a
-    pytree of arrays that all end in the run axis R (per-lane state and per-lane constants); the loop
-    runs in stages of :func:`stage_sizes` lanes: a stage loops until at most the next stage's
+    pytree of arrays that all end in the run axis R (per-lane state and per-lane constants); the
+    loop runs in stages of :func:`stage_sizes` lanes: a stage loops until at most the next stage's
     number of lanes is active, then the active lanes are moved to the front and the next stage
     runs on them alone. ``body`` must leave an inactive lane unchanged (so that the lanes that
     ride along in a stage are not altered); a lane's result then does not depend on the others.
@@ -113,15 +115,16 @@ def compacting_while_loop(active, body, carry, smallest: int = 16):
     for i, n in enumerate(sizes):
         after = sizes[i + 1] if i + 1 < len(sizes) else 0
         if i == 0:
-            carry = jax.lax.while_loop(lambda c: jnp.sum(active(c)) > after, body, carry)
+            carry = jax.lax.while_loop(
+                lambda c, after=after: jnp.sum(active(c)) > after, body, carry
+            )
         else:
             lanes = order[:n]
-            sub = jax.tree.map(lambda x: jnp.take(x, lanes, axis=-1), carry)
-            sub = jax.lax.while_loop(lambda c, after=after: jnp.sum(active(c)) > after, body,
-                                     sub)
-            carry = jax.tree.map(lambda x, y: x.at[..., lanes].set(y), carry, sub)
+            sub = jax.tree.map(lambda x, lanes=lanes: jnp.take(x, lanes, axis=-1), carry)
+            sub = jax.lax.while_loop(lambda c, after=after: jnp.sum(active(c)) > after, body, sub)
+            carry = jax.tree.map(lambda x, y, lanes=lanes: x.at[..., lanes].set(y), carry, sub)
         if after:
-            order = jnp.argsort(~active(carry), stable=True)   # active lanes first
+            order = jnp.argsort(~active(carry), stable=True)  # active lanes first
     return carry
 
 

@@ -9,6 +9,7 @@ A *segment* is the part of a stream from a step k to the end of its episode (or 
 ``regroup`` / ``group_mean`` implement every-visit grouping of segments by (s, b) or s as a
 scatter-add over a table.
 """
+
 from __future__ import annotations
 
 import jax
@@ -86,8 +87,9 @@ def regroup(w: Array, group: Array, target_group: Array, num_groups: int) -> Arr
       [E', T'] per-target-step weights (groups unseen in the target get nothing).
     """
     total = jax.ops.segment_sum(w.reshape(-1), group.reshape(-1), num_groups)
-    count = jax.ops.segment_sum(jnp.ones(target_group.size, w.dtype), target_group.reshape(-1),
-                                num_groups)
+    count = jax.ops.segment_sum(
+        jnp.ones(target_group.size, w.dtype), target_group.reshape(-1), num_groups
+    )
     return (total / jnp.maximum(count, 1.0))[target_group]
 
 

@@ -10,6 +10,7 @@ share its device). Multi-host: call ``jax.distributed.initialize()`` in every pr
 ``jax.devices()`` then lists every host's devices, each process feeds its own shards
 (``to_global``) and gathers the results (``to_host``), so every process holds the whole grid.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -85,8 +86,7 @@ def grid_functions(trainer: Trainer):
       ``run(state [G, N, ...], hp [G], n) -> (state, metrics [G, N, n, ...])`` (``n`` static).
     """
     init = jax.jit(jax.vmap(jax.vmap(trainer.init, (0, None)), (None, 0)))
-    run = jax.jit(jax.vmap(jax.vmap(trainer.run, (0, None, None)), (0, 0, None)),
-                  static_argnums=2)
+    run = jax.jit(jax.vmap(jax.vmap(trainer.run, (0, None, None)), (0, 0, None)), static_argnums=2)
     return init, run
 
 
@@ -117,8 +117,13 @@ def sharded_run(trainer: Trainer, devices=None):
     runs = jax.vmap(trainer.run, (0, 0, None))
 
     def run(state, hp, n):
-        f = jax.shard_map(lambda s, h: runs(s, h, n), mesh=mesh, in_specs=(spec, spec),
-                          out_specs=(spec, spec), check_vma=False)
+        f = jax.shard_map(
+            lambda s, h: runs(s, h, n),
+            mesh=mesh,
+            in_specs=(spec, spec),
+            out_specs=(spec, spec),
+            check_vma=False,
+        )
         return f(state, hp)
 
     return jax.jit(run, static_argnums=2), NamedSharding(mesh, spec), len(devices)
@@ -134,12 +139,14 @@ def to_global(tree, sharding):
     Returns:
       the same pytree of global ``jax.Array`` s, shapes unchanged.
     """
+
     def put(x):
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
             impl = jax.random.key_impl(x)
             return jax.random.wrap_key_data(put(jax.random.key_data(x)), impl=impl)
         x = np.asarray(x)
         return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
     return jax.tree.map(put, tree)
 
 
@@ -152,19 +159,21 @@ def to_host(tree):
     Returns:
       the same pytree of numpy arrays (typed keys stay typed ``jax`` keys), shapes unchanged.
     """
+
     def get(x):
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
             impl = jax.random.key_impl(x)
             return jax.random.wrap_key_data(jnp.asarray(get(jax.random.key_data(x))), impl=impl)
         if isinstance(x, jax.Array) and not x.is_fully_addressable:
             from jax.experimental import multihost_utils
+
             return np.asarray(multihost_utils.process_allgather(x, tiled=True))
         return np.asarray(x)
+
     return jax.tree.map(get, tree)
 
 
-def state_template(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int,
-                   base_seed: int = 0):
+def state_template(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, base_seed: int = 0):
     """A grid's initial training state, the template that :func:`bchg_jax.core.io.load_state`
     needs as ``like`` (structure, shapes, dtypes and key implementation of every leaf; with
     ``grow=True`` also the values that complete a grown buffer).
@@ -194,17 +203,28 @@ def join_chunks(chunks):
         parts = []
         for c in chunks:
             length = next(iter(c.values())).shape[-1]
-            parts.append(c[name] if name in c else np.zeros(like.shape[:-1] + (length,),
-                                                             like.dtype))
+            parts.append(
+                c[name] if name in c else np.zeros(like.shape[:-1] + (length,), like.dtype)
+            )
         out[name] = np.concatenate(parts, axis=-1)
     return out
 
 
-def run_grid(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, iterations: int,
-             chunk: int = 500, base_seed: int = 0, state=None, start: int = 0,
-             metrics: Optional[Dict[str, np.ndarray]] = None,
-             on_chunk: Optional[Callable] = None, verbose: bool = True, shard: bool = False,
-             window: int = 1000):
+def run_grid(
+    trainer: Trainer,
+    grid: Dict[str, np.ndarray],
+    seeds: int,
+    iterations: int,
+    chunk: int = 500,
+    base_seed: int = 0,
+    state=None,
+    start: int = 0,
+    metrics: Optional[Dict[str, np.ndarray]] = None,
+    on_chunk: Optional[Callable] = None,
+    verbose: bool = True,
+    shard: bool = False,
+    window: int = 1000,
+):
     """Runs every (grid point, seed) up to ``iterations`` outer iterations -> (state, metrics).
 
     ``metrics`` is a dict of numpy arrays shaped [G, N, iterations]. To continue a stopped run,
@@ -238,7 +258,7 @@ def run_grid(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, iteratio
     if not 0 <= start <= iterations:
         raise ValueError(f"start must be in [0, iterations], got {start}")
     hp = grid_hparams(trainer, grid)
-    G, N = int(jax.tree.leaves(hp)[0].shape[0]), int(seeds)   # grid points (from the HParams)
+    G, N = int(jax.tree.leaves(hp)[0].shape[0]), int(seeds)  # grid points (from the HParams)
     init, run = grid_functions(trainer)
     if state is None:
         state = init(seed_keys(N, base_seed), hp)
@@ -251,16 +271,17 @@ def run_grid(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, iteratio
         def padded(tree):
             # filler runs (copies of run 0) make R a multiple of the device count; dropped after
             return jax.tree.map(
-                lambda x: jnp.concatenate([x, jnp.repeat(x[:1], pad, axis=0)]) if pad else x, tree)
+                lambda x: jnp.concatenate([x, jnp.repeat(x[:1], pad, axis=0)]) if pad else x, tree
+            )
 
         hp_runs = to_global(padded(hp_runs), sharding)
 
         def run(state, _hp, n):
-            s, m = run_sharded(to_global(padded(_flat(to_host(state), G, N)), sharding),
-                               hp_runs, n)
-            s, m = to_host(s), to_host(m)      # every process gets every run (multi-host)
+            s, m = run_sharded(to_global(padded(_flat(to_host(state), G, N)), sharding), hp_runs, n)
+            s, m = to_host(s), to_host(m)  # every process gets every run (multi-host)
             trim = lambda t: _unflat(jax.tree.map(lambda x: x[:R], t), G, N)  # noqa: E731
             return trim(s), trim(m)
+
     chunks = [] if metrics is None else [metrics]
     done, t0, warned = start, time.perf_counter(), False
     while done < iterations:
@@ -275,10 +296,22 @@ def run_grid(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, iteratio
         chunks = [metrics]
         health = solver_health(metrics)
         if verbose:
-            print(progress_line(metrics["J"], done, iterations, n, dt, first,
-                                time.perf_counter() - t0, window, health), flush=True)
+            print(
+                progress_line(
+                    metrics["J"],
+                    done,
+                    iterations,
+                    n,
+                    dt,
+                    first,
+                    time.perf_counter() - t0,
+                    window,
+                    health,
+                ),
+                flush=True,
+            )
             warning = health_warning(health)
-            if warning and not warned:      # once per call, on stderr: loud, not repeated
+            if warning and not warned:  # once per call, on stderr: loud, not repeated
                 print(warning, file=sys.stderr, flush=True)
                 warned = True
         if on_chunk is not None:
@@ -286,9 +319,17 @@ def run_grid(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, iteratio
     return state, metrics
 
 
-def progress_line(J: np.ndarray, done: int, iterations: int, n: int, seconds: float,
-                  includes_compile: bool, elapsed: float, window: int = 1000,
-                  health: Optional[Dict[str, float]] = None) -> str:
+def progress_line(
+    J: np.ndarray,
+    done: int,
+    iterations: int,
+    n: int,
+    seconds: float,
+    includes_compile: bool,
+    elapsed: float,
+    window: int = 1000,
+    health: Optional[Dict[str, float]] = None,
+) -> str:
     """One line per chunk: iterations/s (and run-iterations/s over the G x N vmapped runs) and
     the objective of the best grid point: ``J`` at the last iteration and its mean over the last
     ``window`` iterations (fewer while the run is shorter), both averaged over the N seeds; the
@@ -311,12 +352,14 @@ def progress_line(J: np.ndarray, done: int, iterations: int, n: int, seconds: fl
     """
     G, N = J.shape[0], J.shape[1]
     w = min(window, J.shape[-1])
-    recent = J[..., -w:].mean(-1).mean(-1)           # [G]
+    recent = J[..., -w:].mean(-1).mean(-1)  # [G]
     best = int(np.argmax(recent))
     rate = n / max(seconds, 1e-9)
     note = " incl. compile" if includes_compile else ""
     where = f"grid point {best}, " if G > 1 else ""
-    return (f"  iter {done:6d}/{iterations}  {rate:8.1f} it/s ({rate * G * N:9.0f} run-it/s"
-            f"{note})  J ({where}mean of {N} seed{'s' * (N > 1)}): now {J[best, :, -1].mean():+.4f}"
-            f", last {w} it {recent[best]:+.4f}  elapsed {elapsed:7.1f}s"
-            + (f"  {health_text(health)}" if health else ""))
+    return (
+        f"  iter {done:6d}/{iterations}  {rate:8.1f} it/s ({rate * G * N:9.0f} run-it/s"
+        f"{note})  J ({where}mean of {N} seed{'s' * (N > 1)}): now {J[best, :, -1].mean():+.4f}"
+        f", last {w} it {recent[best]:+.4f}  elapsed {elapsed:7.1f}s"
+        + (f"  {health_text(health)}" if health else "")
+    )

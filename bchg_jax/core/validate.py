@@ -6,6 +6,7 @@ The public pure functions check their concrete arguments with :func:`check_if_co
 :func:`check_beta_if_concrete` / :func:`check_problem_settings`: a traced value (inside ``jit``,
 ``vmap``, ``grad``) has no value to check and is skipped silently.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -73,8 +74,9 @@ def check_discount(name: str, value, closed: bool = False) -> None:
     except (TypeError, ValueError):
         ok = False
     if not ok:
-        raise ValueError(f"{name} must be a number in [0, {'1]' if closed else '1)'}, "
-                         f"got {_show_any(value)}")
+        raise ValueError(
+            f"{name} must be a number in [0, {'1]' if closed else '1)'}, got {_show_any(value)}"
+        )
 
 
 def check_count(name: str, value, allow_none: bool = False) -> None:
@@ -92,8 +94,10 @@ def check_count(name: str, value, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer{' or None' if allow_none else ''}, "
-                         f"got {_show_any(value)}")
+        raise ValueError(
+            f"{name} must be a positive integer{' or None' if allow_none else ''}, "
+            f"got {_show_any(value)}"
+        )
 
 
 def check_problem_settings(problem) -> None:
@@ -148,8 +152,9 @@ def check_theta(problem, theta, name: str = "theta", last_axis: Optional[int] = 
         same_tree = jax.tree_util.tree_structure(ref) == jax.tree_util.tree_structure(theta)
         if not same_tree or want != got:
             shown = lambda s: s[0] if len(s) == 1 else s  # noqa: E731
-            raise ValueError(f"{pname}: {name} must be shaped like theta0 {shown(want)}, "
-                             f"got {shown(got)}")
+            raise ValueError(
+                f"{pname}: {name} must be shaped like theta0 {shown(want)}, got {shown(got)}"
+            )
     if is_concrete(theta):
         for leaf in jax.tree_util.tree_leaves(theta):
             arr = np.asarray(leaf)
@@ -280,8 +285,9 @@ def check_costs(name: str, Q: np.ndarray, R: np.ndarray) -> None:
         raise ValueError(f"{name}: Rbar must be symmetric positive definite")
 
 
-def check_config(config, positive_ints=(), nonneg_ints=(), positive=(), nonneg=(),
-                 unit=(), choices=None) -> None:
+def check_config(
+    config, positive_ints=(), nonneg_ints=(), positive=(), nonneg=(), unit=(), choices=None
+) -> None:
     """Field checks of a frozen training config: positive / non-negative integers, positive /
     non-negative numbers, numbers in (0, 1] (``unit``), and ``choices`` {field: allowed values}.
 
@@ -318,7 +324,9 @@ def check_config(config, positive_ints=(), nonneg_ints=(), positive=(), nonneg=(
             raise ValueError(f"{cls}.{name} must be in (0, 1], got {getattr(config, name)!r}")
     for name, ok in (choices or {}).items():
         if getattr(config, name) not in ok:
-            raise ValueError(f"{cls}.{name} must be one of {tuple(ok)}, got {getattr(config, name)!r}")
+            raise ValueError(
+                f"{cls}.{name} must be one of {tuple(ok)}, got {getattr(config, name)!r}"
+            )
 
 
 def shape_property(field: str, axis: int, doc: str) -> property:

@@ -5,6 +5,7 @@ Theorem 3 (one implementation, used by both families) and :mod:`bchg_jax.games.h
 shared hyperparameters; the families are :mod:`bchg_jax.games.tabular` (finite games, soft
 Q-iteration follower) and :mod:`bchg_jax.games.lqr` (linear games, Proposition 2 follower).
 """
+
 from bchg_jax.games import estimators, lqr, tabular
 
 __all__ = ["estimators", "lqr", "tabular"]

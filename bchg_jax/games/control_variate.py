@@ -13,6 +13,7 @@ gradients), while the Benefit's correlation with ``G`` comes from the follower's
 episodes only, so it is independent of that sample's follower action and the estimate stays
 unbiased (independent episodes). :func:`quadratic_features` gives ``[1, x, x_i x_j (i <= j)]``.
 """
+
 from __future__ import annotations
 
 import jax
@@ -27,13 +28,13 @@ def quadratic_features(x: Array) -> Array:
     """[1, x, x_i x_j for i <= j] of ``x`` [..., p] -> [..., 1 + p + p (p + 1) / 2]."""
     p = x.shape[-1]
     i, j = jnp.triu_indices(p)
-    return jnp.concatenate([jnp.ones(x.shape[:-1] + (1,), x.dtype), x,
-                            x[..., i] * x[..., j]], -1)
+    return jnp.concatenate([jnp.ones(x.shape[:-1] + (1,), x.dtype), x, x[..., i] * x[..., j]], -1)
 
 
 @full_precision
-def crossfit_baseline(features: Array, targets: Array, groups: Array, num_groups: int,
-                      ridge: float = 1e-3) -> Array:
+def crossfit_baseline(
+    features: Array, targets: Array, groups: Array, num_groups: int, ridge: float = 1e-3
+) -> Array:
     """Cross-fitted least-squares predictions of ``targets`` from ``features``.
 
     For every group ``j`` (an episode), a ridge regression ``targets ~ features`` is fitted on the
@@ -55,15 +56,15 @@ def crossfit_baseline(features: Array, targets: Array, groups: Array, num_groups
     targets = jax.lax.stop_gradient(targets)
 
     def fit_predict(j):
-        w = (groups != j).astype(features.dtype)[:, None]                    # [M, 1]
+        w = (groups != j).astype(features.dtype)[:, None]  # [M, 1]
         n = jnp.maximum(jnp.sum(w), 1.0)
         mu = jnp.sum(w * features, 0) / n
         sd = jnp.sqrt(jnp.sum(w * (features - mu) ** 2, 0) / n)
         sd = jnp.where(sd > 1e-12, sd, 1.0)
         z = (features - mu) / sd
-        z = jnp.where(jnp.arange(z.shape[-1]) == 0, 1.0, z)   # the constant column stays 1
+        z = jnp.where(jnp.arange(z.shape[-1]) == 0, 1.0, z)  # the constant column stays 1
         A = (w * z).T @ z + ridge * n * jnp.eye(z.shape[-1], dtype=z.dtype)
-        coef = jnp.linalg.solve(A, (w * z).T @ targets)                     # [p, d]
+        coef = jnp.linalg.solve(A, (w * z).T @ targets)  # [p, d]
         pred = z @ coef
         return jnp.where((groups == j)[:, None] & (jnp.sum(w) > 0), pred, 0.0)
 

@@ -39,6 +39,7 @@ theorem for deterministic leaders ``a = f_theta(s)`` (Eq. (hg_MG_det)): the cota
 ``f_theta(s_k)`` is ``gL^k grad_a Q_L(s_k, a_k, b_k) + (1/beta) c_k grad_a Q_F(s_k, a_k, b_k)`` with
 ``c_k = sum_{t<=k} gL^t gF^(k-t) Ben_t`` (Eq. (nablaQF_MG_det) swapped into per-step weights).
 """
+
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -72,8 +73,16 @@ def influence_weights(t: Array, T: int, gamma_F, dtype=jnp.float32) -> Array:
     return jnp.where(kk >= 0, gamma_F ** jnp.maximum(kk, 0).astype(dtype), 0.0)
 
 
-def score_objective(log_f: Array, advantage: Array, benefit: Array, log_f_seg: Array,
-                    adv_F_seg: Array, seg_weights: Array, beta, guide: str = "benefit") -> Array:
+def score_objective(
+    log_f: Array,
+    advantage: Array,
+    benefit: Array,
+    log_f_seg: Array,
+    adv_F_seg: Array,
+    seg_weights: Array,
+    beta,
+    guide: str = "benefit",
+) -> Array:
     """Theorem 2 (Eq. (hg_MG)) on a minibatch (stochastic leader): a scalar whose gradient is the
     estimate.
 
@@ -116,9 +125,16 @@ def score_objective(log_f: Array, advantage: Array, benefit: Array, log_f_seg: A
     return J
 
 
-def deterministic_objective(action: Array, dQL_da: Array, benefit: Array, action_seg: Array,
-                            dQF_da_seg: Array, seg_weights: Array, beta,
-                            guide: str = "benefit") -> Array:
+def deterministic_objective(
+    action: Array,
+    dQL_da: Array,
+    benefit: Array,
+    action_seg: Array,
+    dQF_da_seg: Array,
+    seg_weights: Array,
+    beta,
+    guide: str = "benefit",
+) -> Array:
     """Theorem 3 (appendix) on a minibatch (deterministic leader a = f_theta(s)).
 
     ``mean_m [ f(s_m) . grad_a Q_L
@@ -147,8 +163,9 @@ def deterministic_objective(action: Array, dQL_da: Array, benefit: Array, action
         chex.assert_shape(seg_weights, action_seg.shape[:2])
     J = jnp.mean(jnp.sum(action * jax.lax.stop_gradient(dQL_da), -1))
     if guide == "benefit":
-        influence = jnp.sum(seg_weights * jnp.sum(action_seg * jax.lax.stop_gradient(dQF_da_seg),
-                                                  -1), -1)
+        influence = jnp.sum(
+            seg_weights * jnp.sum(action_seg * jax.lax.stop_gradient(dQF_da_seg), -1), -1
+        )
         J = J + jnp.mean(jax.lax.stop_gradient(benefit) * influence) / beta
     return J
 
@@ -166,8 +183,17 @@ def _check_scalars(beta, gamma_L, gamma_F) -> None:
     check_if_concrete(check_discount, "gamma_F", gamma_F)
 
 
-def game_score_weights(q: Array, base, ben: Array, adv_F: Array, beta, gamma_L, gamma_F,
-                       guide: str = "benefit", leader_steps: Optional[int] = None) -> Array:
+def game_score_weights(
+    q: Array,
+    base,
+    ben: Array,
+    adv_F: Array,
+    beta,
+    gamma_L,
+    gamma_F,
+    guide: str = "benefit",
+    leader_steps: Optional[int] = None,
+) -> Array:
     """Per-step weights of ``grad log f(a_k|s_k)`` in Theorem 2's estimate, [E, T].
 
     ``w_k = gL^k (q_k - base_k) + (1/beta) c_k adv_F_k`` with
@@ -214,9 +240,19 @@ def _guide_coefficients(disc_ben: Array, gamma_F) -> Array:
     return forward_discounted_sum(disc_ben, gamma_F, jnp.zeros(disc_ben.shape, bool))
 
 
-def hypergradient(policy_fn: Callable[[Array], Array], theta, ep, g: Array,
-                       Q_L: Array, V_F: Array, beta, gamma_L, gamma_F, guide: str = "benefit",
-                       V_L: Optional[Array] = None):
+def hypergradient(
+    policy_fn: Callable[[Array], Array],
+    theta,
+    ep,
+    g: Array,
+    Q_L: Array,
+    V_F: Array,
+    beta,
+    gamma_L,
+    gamma_F,
+    guide: str = "benefit",
+    V_L: Optional[Array] = None,
+):
     """Theorem 2's estimate (``guide="benefit"``: BC-HG; ``"none"``: Naive-PGD) for one batch.
 
     Tabular whole-episode form: the per-step weights of :func:`game_score_weights` (with
@@ -248,16 +284,16 @@ def hypergradient(policy_fn: Callable[[Array], Array], theta, ep, g: Array,
     base = 0.0 if V_L is None else V_L[ep.s]
     ben = q - jnp.sum(g * Q_L, axis=-1)[ep.s, ep.a]
     vbar = jnp.sum(f * V_F, axis=-1)
-    w = game_score_weights(q, base, ben, V_F[ep.s, ep.a] - vbar[ep.s], beta, gamma_L, gamma_F,
-                           guide)
+    w = game_score_weights(
+        q, base, ben, V_F[ep.s, ep.a] - vbar[ep.s], beta, gamma_L, gamma_F, guide
+    )
     S, A = f.shape
     ct = jnp.zeros((S, A), f.dtype).at[ep.s, ep.a].add(jax.lax.stop_gradient(w)) / E
     _, vjp = jax.vjp(lambda th: jnp.log(policy_fn(th)), theta)
     return vjp(ct)[0]
 
 
-def continuous_hypergradient(log_prob_fn: Callable, theta, s: Array, a: Array,
-                                  weights: Array):
+def continuous_hypergradient(log_prob_fn: Callable, theta, s: Array, a: Array, weights: Array):
     """sum_{e,t} weights[e,t] grad log f_theta(a[e,t] | s[e,t]) / E with one VJP.
 
     Theorem 2's whole-episode score form for continuous actions (the bi-level LQR game).
@@ -276,10 +312,19 @@ def continuous_hypergradient(log_prob_fn: Callable, theta, s: Array, a: Array,
     return vjp(jax.lax.stop_gradient(weights) / E)[0]
 
 
-def deterministic_hypergradient(policy_fn: Callable, theta, s: Array, dQL_da: Array,
-                                     ben: Array, dQF_da: Array, beta, gamma_L, gamma_F,
-                                     guide: str = "benefit",
-                                     leader_steps: Optional[int] = None):
+def deterministic_hypergradient(
+    policy_fn: Callable,
+    theta,
+    s: Array,
+    dQL_da: Array,
+    ben: Array,
+    dQF_da: Array,
+    beta,
+    gamma_L,
+    gamma_F,
+    guide: str = "benefit",
+    leader_steps: Optional[int] = None,
+):
     """Theorem 3 (appendix; deterministic leader ``a = policy_fn(theta, s)``), one VJP.
 
     Eq. (hg_MG_det) with Eq. (nablaQF_MG_det): the cotangent of f_theta(s_k) is

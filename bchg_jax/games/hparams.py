@@ -1,6 +1,7 @@
 """The hyperparameters that both game families' trainers trace (a grid is one vmapped program).
 
 Each family subclasses :class:`GameHParams` with its own defaults (a ``NamedTuple``: a pytree)."""
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -45,8 +46,7 @@ class GameHParams(hparams_lib.HParamsMixin, _Fields):
         return self
 
 
-def game_hparams(name: str, module: str, actor_steps: int, critic_steps: int,
-                 beta: float) -> type:
+def game_hparams(name: str, module: str, actor_steps: int, critic_steps: int, beta: float) -> type:
     """A family's HParams class (defined in ``module``): :class:`GameHParams` with its own
     defaults.
 
@@ -60,13 +60,24 @@ def game_hparams(name: str, module: str, actor_steps: int, critic_steps: int,
       a subclass named ``HParams`` of :class:`GameHParams` (a NamedTuple of scalar or [G]
       fields ``actor_steps``, ``critic_steps``, ``beta``) whose constructor takes these defaults.
     """
+
     def __new__(cls, actor_steps=actor_steps, critic_steps=critic_steps, beta=beta):
         return GameHParams.__new__(cls, actor_steps, critic_steps, beta)
 
-    doc = (f"The {name} trainer's grid-able hyperparameters (defaults: {actor_steps} actor "
-           f"step(s), {critic_steps} critic step(s), beta {beta}); fields and checks as "
-           ":class:`~bchg_jax.games.hparams.GameHParams`.")
+    doc = (
+        f"The {name} trainer's grid-able hyperparameters (defaults: {actor_steps} actor "
+        f"step(s), {critic_steps} critic step(s), beta {beta}); fields and checks as "
+        ":class:`~bchg_jax.games.hparams.GameHParams`."
+    )
     defaults = {"actor_steps": actor_steps, "critic_steps": critic_steps, "beta": beta}
-    return type("HParams", (GameHParams,), {"__slots__": (), "__new__": __new__, "__doc__": doc,
-                                            "_field_defaults": defaults,
-                                            "__module__": module})
+    return type(
+        "HParams",
+        (GameHParams,),
+        {
+            "__slots__": (),
+            "__new__": __new__,
+            "__doc__": doc,
+            "_field_defaults": defaults,
+            "__module__": module,
+        },
+    )

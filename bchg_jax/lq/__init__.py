@@ -7,17 +7,39 @@ Theorem 1's hypergradient (Eq. (hg_configurable)) estimated from sampled episode
 Family protocol: ``best_response``, ``rollout``, ``hypergradient``, ``leader_objective``,
 ``exact_hypergradient``, ``make_train``, ``TrainConfig``, ``HParams``, ``METHODS``.
 """
+
 from bchg_jax.lq.cmdp import LQConfigurableMDP
 from bchg_jax.lq.critics import fit_quadratic_q, fit_quadratic_vector_value, td_fit
-from bchg_jax.lq.estimators import (hypergradient, per_step_follower_grad,
-                                    per_step_follower_grad_pathwise)
+from bchg_jax.lq.estimators import (
+    hypergradient,
+    per_step_follower_grad,
+    per_step_follower_grad_pathwise,
+)
 from bchg_jax.lq.exact import components, exact_hypergradient, leader_objective
 from bchg_jax.lq.follower import GaussianBestResponse, best_response, riccati, soft_q, soft_value
 from bchg_jax.lq.rollout import Trajectories, rollout
 from bchg_jax.lq.train import METHODS, HParams, TrainConfig, make_train
 
-__all__ = ["LQConfigurableMDP", "fit_quadratic_q", "fit_quadratic_vector_value", "td_fit",
-           "hypergradient", "per_step_follower_grad", "per_step_follower_grad_pathwise",
-           "components", "exact_hypergradient", "leader_objective", "GaussianBestResponse",
-           "best_response", "riccati", "soft_q", "soft_value", "Trajectories", "rollout",
-           "METHODS", "HParams", "TrainConfig", "make_train"]
+__all__ = [
+    "LQConfigurableMDP",
+    "fit_quadratic_q",
+    "fit_quadratic_vector_value",
+    "td_fit",
+    "hypergradient",
+    "per_step_follower_grad",
+    "per_step_follower_grad_pathwise",
+    "components",
+    "exact_hypergradient",
+    "leader_objective",
+    "GaussianBestResponse",
+    "best_response",
+    "riccati",
+    "soft_q",
+    "soft_value",
+    "Trajectories",
+    "rollout",
+    "METHODS",
+    "HParams",
+    "TrainConfig",
+    "make_train",
+]

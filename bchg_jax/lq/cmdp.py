@@ -13,6 +13,7 @@ The generic continuous configurable-MDP interface the estimators use is pure fun
 (grad_theta log p_theta comes from autodiff), ``follower_reward(theta, s, b)`` and
 ``leader_reward(theta, s, b)``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,8 +25,8 @@ import numpy as np
 
 from bchg_jax.core.maxent_lqr import GaussianBestResponse, is_stabilizable
 from bchg_jax.core.maxent_lqr import quad_form as _quad
-from bchg_jax.core.validate import check_costs, check_discounts, check_shape, shape_property
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.validate import check_costs, check_discounts, check_shape, shape_property
 
 Array = jax.Array
 
@@ -137,7 +138,7 @@ class LQConfigurableMDP:
         z = jax.scipy.linalg.solve_triangular(U, d[..., None], lower=True)[..., 0]
         n = self.state_dim
         logdet = jnp.sum(jnp.log(jnp.abs(jnp.diagonal(U))))
-        return -0.5 * jnp.sum(z ** 2, -1) - logdet - 0.5 * n * np.log(2 * np.pi)
+        return -0.5 * jnp.sum(z**2, -1) - logdet - 0.5 * n * np.log(2 * np.pi)
 
     @full_precision
     def follower_reward(self, theta: Array, s: Array, b: Array) -> Array:
@@ -150,7 +151,9 @@ class LQConfigurableMDP:
         Returns:
           [...] follower rewards.
         """
-        return -(_quad(jnp.asarray(self.Qbar, s.dtype), s) + _quad(jnp.asarray(self.Rbar, s.dtype), b))
+        return -(
+            _quad(jnp.asarray(self.Qbar, s.dtype), s) + _quad(jnp.asarray(self.Rbar, s.dtype), b)
+        )
 
     @full_precision
     def leader_reward(self, theta: Array, s: Array, b: Array) -> Array:
@@ -167,8 +170,9 @@ class LQConfigurableMDP:
         return -_quad(Ms, s) - _quad(Mb, b) + c
 
     # ---- the follower ------------------------------------------------------------------------
-    def best_response(self, theta: Array, beta, P0=None, tol: float = 1e-6,
-                      max_iters: int = 50_000) -> GaussianBestResponse:
+    def best_response(
+        self, theta: Array, beta, P0=None, tol: float = 1e-6, max_iters: int = 50_000
+    ) -> GaussianBestResponse:
         """The follower's best response at theta: Proposition 1, Eq. (lqr_opt_follower_cmdp).
 
         Delegates to :func:`bchg_jax.lq.follower.best_response`.
@@ -184,6 +188,7 @@ class LQConfigurableMDP:
           ``cov`` [m, m], ...; check ``.converged``).
         """
         from bchg_jax.lq.follower import best_response
+
         return best_response(self, theta, beta, P0=P0, tol=tol, max_iters=max_iters)
 
     # ---- validation (host side, before anything compiles) ------------------------------------
@@ -211,19 +216,27 @@ class LQConfigurableMDP:
             raise ValueError(f"{self.name}: A(theta) must have shape [n, n], got {A.shape}")
         n = A.shape[0]
         if B.ndim != 2 or B.shape[0] != n or B.shape[1] < 1:
-            raise ValueError(f"{self.name}: B(theta) must have shape [n={n}, m] (n from "
-                             f"A(theta)), got {B.shape}")
+            raise ValueError(
+                f"{self.name}: B(theta) must have shape [n={n}, m] (n from A(theta)), got {B.shape}"
+            )
         m = B.shape[1]
         src = f"n={n} from A(theta), m={m} from B(theta)"
-        Q, R, U, C0 = (np.asarray(x, np.float64) for x in (self.Qbar, self.Rbar, self.U,
-                                                            self.init_cov))
-        for label, x, shape in (("Qbar", Q, (n, n)), ("Rbar", R, (m, m)), ("U", U, (n, n)),
-                                ("init_cov", C0, (n, n))):
+        Q, R, U, C0 = (
+            np.asarray(x, np.float64) for x in (self.Qbar, self.Rbar, self.U, self.init_cov)
+        )
+        for label, x, shape in (
+            ("Qbar", Q, (n, n)),
+            ("Rbar", R, (m, m)),
+            ("U", U, (n, n)),
+            ("init_cov", C0, (n, n)),
+        ):
             check_shape(f"{self.name}: {label}", x, shape, src)
         check_costs(self.name, Q, R)
         if not np.allclose(U, np.tril(U)) or np.any(np.abs(np.diagonal(U)) <= 0):
-            raise ValueError(f"{self.name}: U must be lower-triangular with a non-zero diagonal "
-                             "(a Cholesky factor of the noise covariance)")
+            raise ValueError(
+                f"{self.name}: U must be lower-triangular with a non-zero diagonal "
+                "(a Cholesky factor of the noise covariance)"
+            )
         if not np.allclose(C0, C0.T) or np.linalg.eigvalsh(C0).min() <= 0:
             raise ValueError(f"{self.name}: init_cov must be symmetric positive definite")
         Ms, Mb, c = (np.asarray(x, np.float64) for x in self.leader_quadratic(jnp.asarray(theta)))
@@ -232,7 +245,9 @@ class LQConfigurableMDP:
         if not np.all(np.isfinite(A)) or not np.all(np.isfinite(B)):
             raise ValueError(f"{self.name}: A(theta) or B(theta) is not finite at theta")
         if not is_stabilizable(A, B, self.gamma_F):
-            raise ValueError(f"{self.name}: (sqrt(gamma_F) A(theta), B(theta)) is not stabilisable "
-                             "at the initial theta: the follower's Riccati equation has no "
-                             "stabilising solution")
+            raise ValueError(
+                f"{self.name}: (sqrt(gamma_F) A(theta), B(theta)) is not stabilisable "
+                "at the initial theta: the follower's Riccati equation has no "
+                "stabilising solution"
+            )
         return self

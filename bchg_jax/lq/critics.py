@@ -23,6 +23,7 @@ initialisation), re-initialised to the *same* parameters every outer iteration a
 ``lax.scan``: :func:`init_mlp`, :func:`scales`, :func:`apply_scaled`, :func:`td_fit`. Used for
 the leader's Q_L(s, b) (scalar) and HPGD's grad_theta V_F(s) (vector).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple, Sequence
@@ -69,7 +70,7 @@ def lstd(phi: Array, phi_next: Array, rewards: Array, gamma, ridge: float = 1e-6
     Returns:
       [F] or [F, D] weights for the *unscaled* features.
     """
-    scale = jnp.sqrt(jnp.mean(phi ** 2, 0)) + 1e-12
+    scale = jnp.sqrt(jnp.mean(phi**2, 0)) + 1e-12
     p, pn = phi / scale, phi_next / scale
     N = phi.shape[0]
     A = p.T @ (p - gamma * pn) / N
@@ -95,8 +96,8 @@ class QuadraticQ(NamedTuple):
       n: the state dimension (splits z into s and b).
     """
 
-    H: Array    # [n + m, n + m]
-    h0: Array   # []
+    H: Array  # [n + m, n + m]
+    h0: Array  # []
     n: int
 
     @staticmethod
@@ -121,7 +122,7 @@ class QuadraticQ(NamedTuple):
         Returns:
           [...] values.
         """
-        Hbb = self.H[self.n:, self.n:]
+        Hbb = self.H[self.n :, self.n :]
         return self.q(s, mean_b) + jnp.trace(Hbb @ cov_b)
 
 
@@ -202,14 +203,21 @@ def fit_quadratic_vector_q(s: Array, b: Array, y: Array, gamma, ridge: float = 1
     (``quadratic_features(z) @ W``), F = (n + m)(n + m + 1) / 2 + 1."""
     phi_all = quadratic_features(jnp.concatenate([s, b], -1))
     F = phi_all.shape[-1]
-    return lstd(phi_all[:, :-1].reshape(-1, F), phi_all[:, 1:].reshape(-1, F),
-                y.reshape(-1, y.shape[-1]), gamma, ridge)
+    return lstd(
+        phi_all[:, :-1].reshape(-1, F),
+        phi_all[:, 1:].reshape(-1, F),
+        y.reshape(-1, y.shape[-1]),
+        gamma,
+        ridge,
+    )
 
 
 # --- MLP critics (TD(0)) ---
 
-def init_mlp(key: Array, in_dim: int, out: int = 1, hidden: Sequence[int] = (64, 64),
-             dtype=jnp.float32):
+
+def init_mlp(
+    key: Array, in_dim: int, out: int = 1, hidden: Sequence[int] = (64, 64), dtype=jnp.float32
+):
     """An MLP critic (flax default initialisation) and its parameters.
 
     Args:
@@ -238,8 +246,10 @@ def scales(x: Array, r: Array, gamma, normalize: bool):
       (x_scale [in], y_scale [out]), gradient-stopped.
     """
     if not normalize:
-        return jnp.ones(x.shape[-1], x.dtype), jnp.ones(r.reshape(r.shape[0], -1).shape[-1], x.dtype)
-    xs = jnp.sqrt(jnp.mean(x ** 2, 0)) + 1e-6
+        return jnp.ones(x.shape[-1], x.dtype), jnp.ones(
+            r.reshape(r.shape[0], -1).shape[-1], x.dtype
+        )
+    xs = jnp.sqrt(jnp.mean(x**2, 0)) + 1e-6
     ys = jnp.sqrt(jnp.mean(r.reshape(r.shape[0], -1) ** 2, 0)) / (1.0 - gamma) + 1e-6
     return jax.lax.stop_gradient(xs), jax.lax.stop_gradient(ys)
 
@@ -249,8 +259,20 @@ def apply_scaled(model: MLP, params, x: Array, x_scale: Array, y_scale: Array) -
     return model.apply(params, x / x_scale) * y_scale
 
 
-def td_fit(model: MLP, params, x: Array, x_next: Array, r: Array, gamma, steps: int = 5000,
-           lr: float = 1e-4, key=None, minibatch: int = 0, x_scale=None, y_scale=None):
+def td_fit(
+    model: MLP,
+    params,
+    x: Array,
+    x_next: Array,
+    r: Array,
+    gamma,
+    steps: int = 5000,
+    lr: float = 1e-4,
+    key=None,
+    minibatch: int = 0,
+    x_scale=None,
+    y_scale=None,
+):
     """Fits an MLP critic by TD(0): Algorithm 3 "CriticUpdate (TD)", one ``lax.scan``.
 
     ``steps`` Adam steps on the semi-gradient TD(0) loss

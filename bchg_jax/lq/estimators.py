@@ -20,6 +20,7 @@ swapping the sums turns every term into a scalar weight times ``grad log p``, ``
 ``sum_k a_k log p_theta(s_{k+1}|s_k,b_k) + u_k r_L + f_k r_F`` with the weights held fixed.
 The HPGD ``dVF`` term is already a vector and is added directly.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -27,9 +28,9 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.segments import forward_discounted_sum
 from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings
 from bchg_jax.lq.rollout import Trajectories
-from bchg_jax.core.segments import forward_discounted_sum
 
 Array = jax.Array
 
@@ -45,6 +46,7 @@ def discounted_returns(r: Array, gamma) -> Array:
     Returns:
       [E, T, ...] discounted suffix sums (Monte Carlo returns of every segment).
     """
+
     def body(G, x):
         G = x + gamma * G
         return G, G
@@ -54,8 +56,15 @@ def discounted_returns(r: Array, gamma) -> Array:
     return jnp.moveaxis(out[::-1], 0, 1)
 
 
-def step_weights(traj: Trajectories, V_L_next: Array, V_F_next: Array, guide_weight: Optional[Array],
-                 beta, gamma_L, gamma_F):
+def step_weights(
+    traj: Trajectories,
+    V_L_next: Array,
+    V_F_next: Array,
+    guide_weight: Optional[Array],
+    beta,
+    gamma_L,
+    gamma_F,
+):
     """(a, u, f): weights of grad log p (transition k), grad r_L and grad r_F (step k), [E, T].
 
     ``a_k = gL^{k+1} V_L(s_{k+1}) + gF V_F(s_{k+1}) c_k``, ``u_k = gL^k``, ``f_k = c_k`` with
@@ -79,15 +88,15 @@ def step_weights(traj: Trajectories, V_L_next: Array, V_F_next: Array, guide_wei
     u = jnp.broadcast_to(disc_L, (E, T))
     f = jnp.zeros((E, T), traj.s.dtype)
     if guide_weight is not None:
-        c = forward_discounted_sum(disc_L * guide_weight, gamma_F,
-                                   jnp.zeros((E, T), bool)) / beta
+        c = forward_discounted_sum(disc_L * guide_weight, gamma_F, jnp.zeros((E, T), bool)) / beta
         a = a + gamma_F * V_F_next * c
         f = f + c
     return a, u, f
 
 
-def weighted_gradient(problem, theta: Array, traj: Trajectories, a: Array, u: Array,
-                      f: Array) -> Array:
+def weighted_gradient(
+    problem, theta: Array, traj: Trajectories, a: Array, u: Array, f: Array
+) -> Array:
     """grad_theta of sum_{e,k} (a log p(s_{k+1}|s_k,b_k) + u r_L(s_k,b_k) + f r_F(s_k,b_k)) / E.
 
     Args:
@@ -128,8 +137,9 @@ def per_step_follower_grad(problem, theta: Array, traj: Trajectories, V_F_next: 
     s, b, s2 = traj.s[:, :-1], traj.b[:, :-1], traj.s[:, 1:]
 
     def one(th, si, bi, s2i, vi):
-        return (problem.follower_reward(th, si, bi)
-                + problem.gamma_F * vi * problem.log_transition(th, si, bi, s2i))
+        return problem.follower_reward(th, si, bi) + problem.gamma_F * vi * problem.log_transition(
+            th, si, bi, s2i
+        )
 
     g = jax.vmap(jax.vmap(jax.grad(one), (None, 0, 0, 0, 0)), (None, 0, 0, 0, 0))
     return g(theta, s, b, s2, jax.lax.stop_gradient(V_F_next))
@@ -156,18 +166,29 @@ def per_step_follower_grad_pathwise(problem, theta: Array, traj: Trajectories, V
     noise = jax.lax.stop_gradient(s2 - problem.mean_next(theta, s, b))
 
     def one(th, si, bi, wi):
-        return (problem.follower_reward(th, si, bi)
-                + problem.gamma_F * V_F_fn(problem.mean_next(th, si, bi) + wi))
+        return problem.follower_reward(th, si, bi) + problem.gamma_F * V_F_fn(
+            problem.mean_next(th, si, bi) + wi
+        )
 
     g = jax.vmap(jax.vmap(jax.grad(one), (None, 0, 0, 0)), (None, 0, 0, 0))
     return g(theta, s, b, noise)
 
 
-def hypergradient(problem, theta: Array, traj: Trajectories, beta, V_L: Array,
-                             V_F: Array, guide: str = "benefit", benefit: Optional[Array] = None,
-                             Q_L: Optional[Array] = None, dVF: Optional[Array] = None,
-                             dQF: Optional[Array] = None, EV_L: Optional[Array] = None,
-                             EV_F: Optional[Array] = None) -> Array:
+def hypergradient(
+    problem,
+    theta: Array,
+    traj: Trajectories,
+    beta,
+    V_L: Array,
+    V_F: Array,
+    guide: str = "benefit",
+    benefit: Optional[Array] = None,
+    Q_L: Optional[Array] = None,
+    dVF: Optional[Array] = None,
+    dQF: Optional[Array] = None,
+    EV_L: Optional[Array] = None,
+    EV_F: Optional[Array] = None,
+) -> Array:
     """Theorem 1's hypergradient estimate (Eq. (hg_configurable)) for one batch of episodes.
 
     Algorithm 1's update direction with the continuous modules (Algorithms 4 and 6): partial term
@@ -224,8 +245,9 @@ def hypergradient(problem, theta: Array, traj: Trajectories, beta, V_L: Array,
     VL_next = V_L[:, 1:] if EV_L is None else V_L[:, 1:] - EV_L
     VF_next = V_F[:, 1:] if EV_F is None else V_F[:, 1:] - EV_F
     mc_weights = gw if dQF is None else None
-    a, u, f = step_weights(traj, VL_next, VF_next, mc_weights, beta, problem.gamma_L,
-                           problem.gamma_F)
+    a, u, f = step_weights(
+        traj, VL_next, VF_next, mc_weights, beta, problem.gamma_L, problem.gamma_F
+    )
     grad = weighted_gradient(problem, theta, traj, a, u, f)
     if guide != "none":
         disc_L = problem.gamma_L ** jnp.arange(traj.horizon, dtype=theta.dtype)

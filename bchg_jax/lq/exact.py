@@ -16,6 +16,7 @@ A quadratic leader reward ``r = -s^T Ms s - b^T Mb b + c`` has the per-step expe
 the critics' exact counterparts used in tests. Gradients are ``jax.grad`` through the Riccati
 solution (implicit differentiation) - the references every estimator is tested against.
 """
+
 from __future__ import annotations
 
 from typing import Dict, NamedTuple, Optional
@@ -24,10 +25,14 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core.maxent_lqr import GaussianBestResponse
-from bchg_jax.core.validate import (check_beta_if_concrete, check_count, check_problem_settings,
-                                    check_theta)
-from bchg_jax.lq.cmdp import LQConfigurableMDP
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.validate import (
+    check_beta_if_concrete,
+    check_count,
+    check_problem_settings,
+    check_theta,
+)
+from bchg_jax.lq.cmdp import LQConfigurableMDP
 
 Array = jax.Array
 
@@ -56,8 +61,9 @@ def _closed_loop(problem: LQConfigurableMDP, theta: Array, br: GaussianBestRespo
 
 
 @full_precision
-def discounted_state_covariance(problem: LQConfigurableMDP, theta: Array,
-                                br: GaussianBestResponse, horizon: Optional[int]) -> Array:
+def discounted_state_covariance(
+    problem: LQConfigurableMDP, theta: Array, br: GaussianBestResponse, horizon: Optional[int]
+) -> Array:
     """X = sum_{t<H} gamma_L^t Sigma_t (``horizon=None``: H = infinity).
 
     Args:
@@ -77,8 +83,9 @@ def discounted_state_covariance(problem: LQConfigurableMDP, theta: Array,
         Sig, X, d = c
         return (F @ Sig @ F.T + W, X + d * Sig, d * g), None
 
-    (_, X, _), _ = jax.lax.scan(body, (C0, jnp.zeros_like(C0), jnp.ones((), theta.dtype)), None,
-                                length=horizon)
+    (_, X, _), _ = jax.lax.scan(
+        body, (C0, jnp.zeros_like(C0), jnp.ones((), theta.dtype)), None, length=horizon
+    )
     return X
 
 
@@ -97,7 +104,7 @@ def _check_args(problem: LQConfigurableMDP, beta=None, horizon="default", theta=
 def _discount_mass(gamma, horizon, dtype):
     if horizon is None:
         return jnp.asarray(1.0 / (1.0 - gamma), dtype)
-    return jnp.asarray((1.0 - gamma ** horizon) / (1.0 - gamma), dtype)
+    return jnp.asarray((1.0 - gamma**horizon) / (1.0 - gamma), dtype)
 
 
 @full_precision
@@ -117,9 +124,15 @@ def quadratic_return(Ms, Mb, c, br: GaussianBestResponse, X: Array, mass) -> Arr
 
 
 @full_precision
-def leader_objective(problem: LQConfigurableMDP, theta: Array, beta, horizon="default",
-                     br: Optional[GaussianBestResponse] = None, tol: float = 1e-6,
-                     max_iters: int = 50_000) -> Array:
+def leader_objective(
+    problem: LQConfigurableMDP,
+    theta: Array,
+    beta,
+    horizon="default",
+    br: Optional[GaussianBestResponse] = None,
+    tol: float = 1e-6,
+    max_iters: int = 50_000,
+) -> Array:
     """Exact J_L(theta, g^{theta dagger}) (Eq. (leader-utility)) under the follower's best response.
 
     The closed loop under Proposition 1 is linear-Gaussian, so the discounted leader return is
@@ -148,8 +161,14 @@ def leader_objective(problem: LQConfigurableMDP, theta: Array, beta, horizon="de
 
 
 @full_precision
-def exact_hypergradient(problem: LQConfigurableMDP, theta: Array, beta, horizon="default",
-                        tol: float = 1e-6, max_iters: int = 50_000) -> Array:
+def exact_hypergradient(
+    problem: LQConfigurableMDP,
+    theta: Array,
+    beta,
+    horizon="default",
+    tol: float = 1e-6,
+    max_iters: int = 50_000,
+) -> Array:
     """Exact hypergradient grad_theta J_L(theta, g^{theta dagger}) by autodiff.
 
     The reference that Theorem 1's estimator (:func:`bchg_jax.lq.estimators.hypergradient`) is
@@ -167,13 +186,19 @@ def exact_hypergradient(problem: LQConfigurableMDP, theta: Array, beta, horizon=
       ValueError: as :func:`leader_objective`.
     """
     _check_args(problem, beta, horizon, theta)
-    return jax.grad(lambda th: leader_objective(problem, th, beta, horizon, tol=tol,
-                                                max_iters=max_iters))(theta)
+    return jax.grad(
+        lambda th: leader_objective(problem, th, beta, horizon, tol=tol, max_iters=max_iters)
+    )(theta)
 
 
 @full_precision
-def components(problem: LQConfigurableMDP, theta: Array, br: GaussianBestResponse,
-               quadratics: Dict[str, tuple], horizon="default") -> Dict[str, Array]:
+def components(
+    problem: LQConfigurableMDP,
+    theta: Array,
+    br: GaussianBestResponse,
+    quadratics: Dict[str, tuple],
+    horizon="default",
+) -> Dict[str, Array]:
     """Discounted cumulative value of each named quadratic reward term, reported as the
     magnitude of ``sum_t gamma^t E[s^T Ms s + b^T Mb b - c]`` with the sign of a *reward* for
     terms named ``stability`` (maximised) and of a *cost* otherwise (minimised, positive).
@@ -223,15 +248,23 @@ class QuadraticValue(NamedTuple):
     @full_precision
     def q(self, s, b):
         x = s @ self.A.T + b @ self.B.T
-        EV = -jnp.einsum("...i,ij,...j->...", x, self.Pv, x) - jnp.trace(self.Pv @ self.UUt) + self.v0
-        r = (-jnp.einsum("...i,ij,...j->...", s, self.Ms, s)
-             - jnp.einsum("...i,ij,...j->...", b, self.Mb, b) + self.c)
+        EV = (
+            -jnp.einsum("...i,ij,...j->...", x, self.Pv, x)
+            - jnp.trace(self.Pv @ self.UUt)
+            + self.v0
+        )
+        r = (
+            -jnp.einsum("...i,ij,...j->...", s, self.Ms, s)
+            - jnp.einsum("...i,ij,...j->...", b, self.Mb, b)
+            + self.c
+        )
         return r + self.gamma * EV
 
 
 @full_precision
-def leader_value_quadratic(problem: LQConfigurableMDP, theta: Array,
-                           br: GaussianBestResponse) -> QuadraticValue:
+def leader_value_quadratic(
+    problem: LQConfigurableMDP, theta: Array, br: GaussianBestResponse
+) -> QuadraticValue:
     """Exact infinite-horizon V_L and Q_L of the leader under the follower ``br``.
 
     Args:
@@ -244,7 +277,7 @@ def leader_value_quadratic(problem: LQConfigurableMDP, theta: Array,
     g = problem.gamma_L
     Ms, Mb, c = problem.leader_quadratic(theta)
     G = Ms + br.K.T @ Mb @ br.K
-    Pv = discounted_lyapunov(F.T, G, g)                      # Pv = G + g F^T Pv F
+    Pv = discounted_lyapunov(F.T, G, g)  # Pv = G + g F^T Pv F
     v0 = (c - jnp.trace(Mb @ br.cov) - g * jnp.trace(Pv @ W)) / (1.0 - g)
     U = jnp.asarray(problem.U, theta.dtype)
     return QuadraticValue(Pv, v0, problem.A_fn(theta), problem.B_fn(theta), U @ U.T, Ms, Mb, c, g)

@@ -8,25 +8,39 @@ with its soft value ``V_F(s) = -(s^T P s + v)`` (:func:`soft_value`) and soft Q-
 Riccati fixed point. The solvers themselves live in :mod:`bchg_jax.core.maxent_lqr`, shared with
 the bi-level LQR game.
 """
+
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from bchg_jax.core.maxent_lqr import (GaussianBestResponse, check_solution, maxent_lqr, riccati,
-                                      soft_q, soft_value)
-from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings, check_theta
+from bchg_jax.core.maxent_lqr import (
+    GaussianBestResponse,
+    check_solution,
+    maxent_lqr,
+    riccati,
+    soft_q,
+    soft_value,
+)
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings, check_theta
 
 Array = jax.Array
 
-__all__ = ["GaussianBestResponse", "best_response", "check_solution", "riccati", "soft_q",
-           "soft_value"]
+__all__ = [
+    "GaussianBestResponse",
+    "best_response",
+    "check_solution",
+    "riccati",
+    "soft_q",
+    "soft_value",
+]
 
 
 @full_precision
-def best_response(problem, theta: Array, beta, P0=None, tol: float = 1e-6,
-                  max_iters: int = 50_000) -> GaussianBestResponse:
+def best_response(
+    problem, theta: Array, beta, P0=None, tol: float = 1e-6, max_iters: int = 50_000
+) -> GaussianBestResponse:
     """Proposition 1 for ``problem`` (an :class:`~bchg_jax.lq.cmdp.LQConfigurableMDP`) at theta.
 
     The follower's best response g^{theta dagger}(b|s) = N(b | -K s, (beta/2) S^{-1}) of
@@ -52,6 +66,15 @@ def best_response(problem, theta: Array, beta, P0=None, tol: float = 1e-6,
     check_beta_if_concrete(beta)
     check_theta(problem, theta)
     dt = theta.dtype
-    return maxent_lqr(problem.A_fn(theta), problem.B_fn(theta), jnp.asarray(problem.Qbar, dt),
-                      jnp.asarray(problem.Rbar, dt), jnp.asarray(problem.U, dt), problem.gamma_F,
-                      beta, P0=P0, tol=tol, max_iters=max_iters)
+    return maxent_lqr(
+        problem.A_fn(theta),
+        problem.B_fn(theta),
+        jnp.asarray(problem.Qbar, dt),
+        jnp.asarray(problem.Rbar, dt),
+        jnp.asarray(problem.U, dt),
+        problem.gamma_F,
+        beta,
+        P0=P0,
+        tol=tol,
+        max_iters=max_iters,
+    )

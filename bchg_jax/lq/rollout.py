@@ -4,6 +4,7 @@ all episodes at once).
 ``Trajectories.s`` is [E, T+1, n] (s_0 .. s_T) and ``b`` is [E, T+1, m]: the action at s_T is
 sampled too, so SARSA/TD targets of the last step (Q(s_T, b_T)) need no special case.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -24,8 +25,8 @@ class Trajectories(NamedTuple):
       b: [E, T+1, m] follower actions b_0..b_T (b_T sampled at s_T for SARSA targets).
     """
 
-    s: Array   # [E, T+1, n]
-    b: Array   # [E, T+1, m]
+    s: Array  # [E, T+1, n]
+    b: Array  # [E, T+1, m]
 
     @property
     def num_episodes(self) -> int:
@@ -38,8 +39,9 @@ class Trajectories(NamedTuple):
         return self.s.shape[1] - 1
 
 
-def rollout(key: Array, problem, theta: Array, policy, num_episodes: int,
-                       horizon: int) -> Trajectories:
+def rollout(
+    key: Array, problem, theta: Array, policy, num_episodes: int, horizon: int
+) -> Trajectories:
     """Samples the batch B of Algorithm 1 (line 4): episodes under the follower's policy.
 
     ``num_episodes`` episodes of ``horizon`` transitions: s_0 ~ rho_0, b_t ~ policy(.|s_t),
@@ -64,8 +66,12 @@ def rollout(key: Array, problem, theta: Array, policy, num_episodes: int,
     K = getattr(policy, "K", None)
     if K is not None and hasattr(problem, "state_dim") and hasattr(problem, "action_dim"):
         n, m = problem.state_dim, problem.action_dim
-        check_shape("policy.K (the follower's gain)", K, (m, n),
-                    f"n={n}, m={m} from {getattr(problem, 'name', 'the problem')}")
+        check_shape(
+            "policy.K (the follower's gain)",
+            K,
+            (m, n),
+            f"n={n}, m={m} from {getattr(problem, 'name', 'the problem')}",
+        )
     k0, kb0, kloop = jax.random.split(key, 3)
     s0 = problem.sample_init(k0, theta, num_episodes)
     b0 = policy.sample(kb0, s0)

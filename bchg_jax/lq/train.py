@@ -19,6 +19,7 @@ components (``exact_lq``).
 
 Hyperparameters a grid may vary (``lr``, ``beta``) are traced; everything else is static.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,17 +29,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.lq import critics, exact as exact_lq
-from bchg_jax.lq.estimators import (hypergradient, discounted_returns,
-                                            per_step_follower_grad,
-                                            per_step_follower_grad_pathwise)
-from bchg_jax.core.maxent_lqr import soft_q, soft_value
-from bchg_jax.lq.cmdp import LQConfigurableMDP
-from bchg_jax.lq.rollout import rollout
 from bchg_jax.core import hparams as hparams_lib
 from bchg_jax.core.loop import Trainer, build_trainer, check_setup, sgd_ascent
+from bchg_jax.core.maxent_lqr import soft_q, soft_value
 from bchg_jax.core.networks import MLP
 from bchg_jax.core.validate import check_beta, check_config, check_positive
+from bchg_jax.lq import critics
+from bchg_jax.lq import exact as exact_lq
+from bchg_jax.lq.cmdp import LQConfigurableMDP
+from bchg_jax.lq.estimators import (
+    discounted_returns,
+    hypergradient,
+    per_step_follower_grad,
+    per_step_follower_grad_pathwise,
+)
+from bchg_jax.lq.rollout import rollout
 
 Array = jax.Array
 
@@ -52,7 +57,7 @@ METHOD_SPECS = {
     "naive": ("none", "critic"),
     "exact": (None, None),
 }
-METHODS = tuple(METHOD_SPECS)    # the method names make_train accepts
+METHODS = tuple(METHOD_SPECS)  # the method names make_train accepts
 CRITICS = ("quadratic", "mlp", "exact")
 FOLLOWER_GRADS = ("score", "pathwise")
 
@@ -86,29 +91,38 @@ class TrainConfig:
     num_episodes: int = 100
     iterations: int = 2000
     clip_norm: float = 1.0
-    weights_init_std: float = 0.01     # reference: N(0, 0.01^2); the paper's text says N(0, 1)
+    weights_init_std: float = 0.01  # reference: N(0, 0.01^2); the paper's text says N(0, 1)
     critic: str = "quadratic"
-    control_variates: bool = True      # subtract E[V(s')|s,b] in the score-function terms
-    follower_grad: str = "pathwise"    # FollowerQGrad per step: "score" (Eq. (nablaQF)) or "pathwise"
-    state_baseline: bool = True        # bchg: subtract a learned h(s) ~ grad V_F(s) (unbiased)
+    control_variates: bool = True  # subtract E[V(s')|s,b] in the score-function terms
+    follower_grad: str = "pathwise"  # FollowerQGrad per step: "score" (Eq. (nablaQF)) or "pathwise"
+    state_baseline: bool = True  # bchg: subtract a learned h(s) ~ grad V_F(s) (unbiased)
     mlp_hidden: Tuple[int, ...] = (64, 64)
     mlp_steps: int = 5000
     mlp_lr: float = 1e-4
-    mlp_warm_start: bool = False       # True: start each iteration from the last fit (cheaper)
-    mlp_normalize: bool = False        # scale inputs / outputs of the MLP critics (not the paper's)
-    mlp_minibatch: int = 0             # 0: full-batch Adam steps (the paper); else samples per step
-    value_samples: int = 256           # MLP critic: V_L(s) = mean of Q_L(s, b_j), b_j ~ g(.|s)
+    mlp_warm_start: bool = False  # True: start each iteration from the last fit (cheaper)
+    mlp_normalize: bool = False  # scale inputs / outputs of the MLP critics (not the paper's)
+    mlp_minibatch: int = 0  # 0: full-batch Adam steps (the paper); else samples per step
+    value_samples: int = 256  # MLP critic: V_L(s) = mean of Q_L(s, b_j), b_j ~ g(.|s)
     ridge: float = 1e-6
     riccati_tol: float = 1e-6
     riccati_max_iters: int = 50_000
 
     def validate(self) -> "TrainConfig":
         """Host-side range and choice checks; returns ``self`` (``ValueError`` otherwise)."""
-        check_config(self, positive_ints=("num_episodes", "iterations", "mlp_steps",
-                                          "value_samples", "riccati_max_iters"),
-                     nonneg_ints=("mlp_minibatch",), positive=("clip_norm", "mlp_lr", "riccati_tol"),
-                     nonneg=("weights_init_std", "ridge"),
-                     choices={"follower_grad": FOLLOWER_GRADS, "critic": CRITICS})
+        check_config(
+            self,
+            positive_ints=(
+                "num_episodes",
+                "iterations",
+                "mlp_steps",
+                "value_samples",
+                "riccati_max_iters",
+            ),
+            nonneg_ints=("mlp_minibatch",),
+            positive=("clip_norm", "mlp_lr", "riccati_tol"),
+            nonneg=("weights_init_std", "ridge"),
+            choices={"follower_grad": FOLLOWER_GRADS, "critic": CRITICS},
+        )
         if not self.mlp_hidden or any(int(h) < 1 for h in self.mlp_hidden):
             raise ValueError(f"mlp_hidden must be positive layer sizes, got {self.mlp_hidden!r}")
         return self
@@ -117,9 +131,9 @@ class TrainConfig:
 class TrainState(NamedTuple):
     """The carry of the outer ``lax.scan`` (one iteration per step)."""
 
-    theta: Array        # leader weights (unconstrained)
-    P: Array            # follower Riccati solution (warm start)
-    critic: object      # MLP critics' starting parameters (q, dVF) for the next iteration, or ()
+    theta: Array  # leader weights (unconstrained)
+    P: Array  # follower Riccati solution (warm start)
+    critic: object  # MLP critics' starting parameters (q, dVF) for the next iteration, or ()
     key: Array
     step: Array
 
@@ -146,8 +160,9 @@ class HParams(hparams_lib.HParamsMixin, _Fields):
         return self
 
 
-def make_train(problem: LQConfigurableMDP, method: str = "bchg",
-                  config: TrainConfig = TrainConfig()) -> Trainer:
+def make_train(
+    problem: LQConfigurableMDP, method: str = "bchg", config: TrainConfig = TrainConfig()
+) -> Trainer:
     """Pure training functions (``init``, ``run``, ``train``) for an LQ configurable MDP.
 
     Algorithm 1 under ``lax.scan`` (module docstring): per iteration the follower's best response
@@ -185,10 +200,13 @@ def make_train(problem: LQConfigurableMDP, method: str = "bchg",
         theta = theta0 + config.weights_init_std * jax.random.normal(k_theta, theta0.shape, dtype)
         critic_init = ()
         if use_mlp:
-            critic_init = (q_model.init(k_q, jnp.zeros((1, n + m), dtype)),
-                           v_model.init(k_v, jnp.zeros((1, n), dtype)))
-        return TrainState(theta, jnp.asarray(problem.Qbar, dtype), critic_init, k_run,
-                            jnp.zeros((), jnp.int32))
+            critic_init = (
+                q_model.init(k_q, jnp.zeros((1, n + m), dtype)),
+                v_model.init(k_v, jnp.zeros((1, n), dtype)),
+            )
+        return TrainState(
+            theta, jnp.asarray(problem.Qbar, dtype), critic_init, k_run, jnp.zeros((), jnp.int32)
+        )
 
     def leader_critic(key, theta, br, traj, rL, critic_init):
         """(V_L [E,T+1], Q_L [E,T], EV_L [E,T] or None, fitted MLP params or None)."""
@@ -210,9 +228,20 @@ def make_train(problem: LQConfigurableMDP, method: str = "bchg",
             X, Xn = x[:, :-1].reshape(-1, n + m), x[:, 1:].reshape(-1, n + m)
             k_fit, k_val = jax.random.split(key)
             xs, ys = critics.scales(X, rL.reshape(-1), problem.gamma_L, config.mlp_normalize)
-            params = critics.td_fit(q_model, critic_init[0], X, Xn, rL.reshape(-1),
-                                        problem.gamma_L, config.mlp_steps, config.mlp_lr,
-                                        k_fit, config.mlp_minibatch, xs, ys)
+            params = critics.td_fit(
+                q_model,
+                critic_init[0],
+                X,
+                Xn,
+                rL.reshape(-1),
+                problem.gamma_L,
+                config.mlp_steps,
+                config.mlp_lr,
+                k_fit,
+                config.mlp_minibatch,
+                xs,
+                ys,
+            )
             Q = critics.apply_scaled(q_model, params, X, xs, ys)[:, 0].reshape(E, T)
             bs = br.sample(k_val, jnp.broadcast_to(s[None], (config.value_samples,) + s.shape))
             xv = jnp.concatenate([jnp.broadcast_to(s[None], bs.shape[:-1] + (n,)), bs], -1)
@@ -228,9 +257,20 @@ def make_train(problem: LQConfigurableMDP, method: str = "bchg",
             Sn = traj.s[:, 1:].reshape(-1, n)
             Y = y.reshape(-1, d)
             xs, ys = critics.scales(S, Y, problem.gamma_F, config.mlp_normalize)
-            params = critics.td_fit(v_model, critic_init[1], S, Sn, Y, problem.gamma_F,
-                                        config.mlp_steps, config.mlp_lr, key,
-                                        config.mlp_minibatch, xs, ys)
+            params = critics.td_fit(
+                v_model,
+                critic_init[1],
+                S,
+                Sn,
+                Y,
+                problem.gamma_F,
+                config.mlp_steps,
+                config.mlp_lr,
+                key,
+                config.mlp_minibatch,
+                xs,
+                ys,
+            )
             return critics.apply_scaled(v_model, params, S, xs, ys).reshape(E, T, d), params
         # BC-HG's state baseline is always this cheap LSTD fit (any baseline is unbiased), and
         # HPGD's dVF for the quadratic / exact critics (the class is exact for an LQ follower)
@@ -240,13 +280,17 @@ def make_train(problem: LQConfigurableMDP, method: str = "bchg",
     def follower(theta, beta, P0):
         """Proposition 1's best response, Riccati iteration warm-started from P0 (flagged, never
         silently wrong: ``br.converged``)."""
-        return problem.best_response(theta, beta, P0=P0, tol=config.riccati_tol,
-                                     max_iters=config.riccati_max_iters)
+        return problem.best_response(
+            theta, beta, P0=P0, tol=config.riccati_tol, max_iters=config.riccati_max_iters
+        )
 
     def evaluate(theta, beta, br):
         """Metrics of theta: the exact 100-step J_L, its components, the follower's status."""
-        metrics = {"J": exact_lq.leader_objective(problem, theta, beta, br=br),
-                   "ok": br.converged.astype(jnp.int32), "riccati_iters": br.info.iterations}
+        metrics = {
+            "J": exact_lq.leader_objective(problem, theta, beta, br=br),
+            "ok": br.converged.astype(jnp.int32),
+            "riccati_iters": br.info.iterations,
+        }
         if comp_fn is not None:
             metrics.update(exact_lq.components(problem, theta, br, comp_fn(theta)))
         return metrics
@@ -260,17 +304,26 @@ def make_train(problem: LQConfigurableMDP, method: str = "bchg",
         EV_F = None
         if config.control_variates:
             A, B = problem.A_fn(theta), problem.B_fn(theta)
-            QF = soft_q(br, A, B, jnp.asarray(problem.Qbar, dtype),
-                        jnp.asarray(problem.Rbar, dtype), jnp.asarray(problem.U, dtype),
-                        problem.gamma_F, s, b)
+            QF = soft_q(
+                br,
+                A,
+                B,
+                jnp.asarray(problem.Qbar, dtype),
+                jnp.asarray(problem.Rbar, dtype),
+                jnp.asarray(problem.U, dtype),
+                problem.gamma_F,
+                s,
+                b,
+            )
             EV_F = (QF - problem.follower_reward(theta, s, b)) / problem.gamma_F
         kw, v_params = {}, None
         if guide is not None and guide != "none":
             need_vf = guide == "hpgd" or config.state_baseline
             if config.follower_grad == "pathwise":
                 br_fixed = jax.lax.stop_gradient(br)
-                y = per_step_follower_grad_pathwise(problem, theta, traj,
-                                                    lambda x: soft_value(br_fixed, x))
+                y = per_step_follower_grad_pathwise(
+                    problem, theta, traj, lambda x: soft_value(br_fixed, x)
+                )
                 kw["dQF"] = discounted_returns(y, problem.gamma_F)
             elif need_vf:
                 VFn = V_F[:, 1:] if EV_F is None else V_F[:, 1:] - EV_F
@@ -286,14 +339,16 @@ def make_train(problem: LQConfigurableMDP, method: str = "bchg",
         s, b = traj.s[:, :-1], traj.b[:, :-1]
         rL = problem.leader_reward(theta, s, b)
         V_L, Q_L, EV_L, q_params = leader_critic(k_crit, theta, br, traj, rL, critic_init)
-        V_F, EV_F, kw, v_params = follower_terms(jax.random.fold_in(k_crit, 1), theta, br, traj,
-                                                 critic_init)
+        V_F, EV_F, kw, v_params = follower_terms(
+            jax.random.fold_in(k_crit, 1), theta, br, traj, critic_init
+        )
         if guide == "benefit":
             kw["benefit"] = Q_L - V_L[:, :-1]
         elif guide == "hpgd":
             kw["Q_L"] = Q_L
-        grad = hypergradient(problem, theta, traj, beta, V_L, V_F, guide, EV_L=EV_L, EV_F=EV_F,
-                             **kw)
+        grad = hypergradient(
+            problem, theta, traj, beta, V_L, V_F, guide, EV_L=EV_L, EV_F=EV_F, **kw
+        )
         return grad, q_params, v_params
 
     def step(state: TrainState, hp: HParams):
@@ -304,26 +359,42 @@ def make_train(problem: LQConfigurableMDP, method: str = "bchg",
         br = follower(theta, beta, state.P)
         metrics = evaluate(theta, beta, br)
         if method == "exact":
-            grad = exact_lq.exact_hypergradient(problem, theta, beta, tol=config.riccati_tol,
-                                                max_iters=config.riccati_max_iters)
+            grad = exact_lq.exact_hypergradient(
+                problem, theta, beta, tol=config.riccati_tol, max_iters=config.riccati_max_iters
+            )
         else:
             grad, q_params, v_params = estimate(k_roll, k_crit, theta, beta, br, state.critic)
             if use_mlp and config.mlp_warm_start:
-                critic = (state.critic[0] if q_params is None else q_params,
-                          state.critic[1] if v_params is None else v_params)
+                critic = (
+                    state.critic[0] if q_params is None else q_params,
+                    state.critic[1] if v_params is None else v_params,
+                )
         ok = br.converged & jnp.all(jnp.isfinite(grad))
-        grad = jnp.where(ok, grad, 0.0)        # flagged, skipped: never a silent NaN update
+        grad = jnp.where(ok, grad, 0.0)  # flagged, skipped: never a silent NaN update
         new_theta = sgd_ascent(theta, grad, hp.lr, config.clip_norm)
         metrics["ok"] = ok.astype(jnp.int32)
         metrics["solve_capped"] = (~br.converged).astype(jnp.int32)
         metrics["update_skipped"] = (~ok).astype(jnp.int32)
         metrics["grad_norm"] = jnp.linalg.norm(grad)
-        P_next = jnp.where(br.converged, jax.lax.stop_gradient(br.P),
-                           jnp.asarray(problem.Qbar, dtype))
+        P_next = jnp.where(
+            br.converged, jax.lax.stop_gradient(br.P), jnp.asarray(problem.Qbar, dtype)
+        )
         return TrainState(new_theta, P_next, critic, key, state.step + 1), metrics
 
-    steps = {"follower": follower, "evaluate": evaluate, "leader_critic": leader_critic,
-             "follower_terms": follower_terms, "estimate": estimate}
-    return build_trainer(problem, method, config, init, step,
-                         lambda grid: HParams.from_grid(grid, dtype),
-                         lambda hp: HParams.validate(hp), steps)
+    steps = {
+        "follower": follower,
+        "evaluate": evaluate,
+        "leader_critic": leader_critic,
+        "follower_terms": follower_terms,
+        "estimate": estimate,
+    }
+    return build_trainer(
+        problem,
+        method,
+        config,
+        init,
+        step,
+        lambda grid: HParams.from_grid(grid, dtype),
+        lambda hp: HParams.validate(hp),
+        steps,
+    )

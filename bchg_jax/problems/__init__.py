@@ -1,4 +1,5 @@
 """Problem instances (data only; their types live in the families)."""
+
 from bchg_jax.problems.fourrooms import fourrooms
 from bchg_jax.problems.lqr_game import lqr_game
 from bchg_jax.problems.random_tabular import random_tabular_cmdp

@@ -13,6 +13,7 @@ other moves with ``(1 - p_intended) / 3``. ``slip_model="paper"`` uses 2/3 every
 ``slip_model="reference"`` reproduces the authors' code, whose follower model / exact evaluator use
 0.56 while its sampler uses 2/3 (the setting behind the paper's figure).
 """
+
 from __future__ import annotations
 
 import jax
@@ -45,8 +46,12 @@ SLIP_MODELS = ("paper", "reference")
 def _cells(layout=LAYOUT):
     cells = [(r, c) for r, row in enumerate(layout) for c, ch in enumerate(row) if ch != "#"]
     index = {rc: i for i, rc in enumerate(cells)}
-    marks = {ch: index[(r, c)] for r, row in enumerate(layout) for c, ch in enumerate(row)
-             if ch not in "#."}
+    marks = {
+        ch: index[(r, c)]
+        for r, row in enumerate(layout)
+        for c, ch in enumerate(row)
+        if ch not in "#."
+    }
     return cells, index, marks
 
 
@@ -74,8 +79,14 @@ def slip_transition(p_intended: float, layout=LAYOUT) -> np.ndarray:
     return P
 
 
-def fourrooms(slip_model: str = "reference", penalty_budget: float = 0.2, lam: float = 5.0,
-              gamma: float = 0.99, time_limit: int = 200, dtype=jnp.float32) -> TabularCMDP:
+def fourrooms(
+    slip_model: str = "reference",
+    penalty_budget: float = 0.2,
+    lam: float = 5.0,
+    gamma: float = 0.99,
+    time_limit: int = 200,
+    dtype=jnp.float32,
+) -> TabularCMDP:
     """Builds the Four-Rooms :class:`TabularCMDP` (theta = x, 105 logits, theta0 = zeros).
 
     The task of Section "Configurable MDPs (Discrete)" (Figure "Four-Rooms Environment") and the
@@ -101,8 +112,11 @@ def fourrooms(slip_model: str = "reference", penalty_budget: float = 0.2, lam: f
     cells, _, marks = _cells()
     S, start, goal, target = len(cells), marks["S"], marks["G"], marks["T"]
     sampler = jnp.asarray(slip_transition(PAPER_P_INTENDED), dtype)
-    model = sampler if slip_model == "paper" else jnp.asarray(
-        slip_transition(REFERENCE_MODEL_P_INTENDED), dtype)
+    model = (
+        sampler
+        if slip_model == "paper"
+        else jnp.asarray(slip_transition(REFERENCE_MODEL_P_INTENDED), dtype)
+    )
     is_goal = jnp.zeros((S,), dtype).at[goal].set(1.0)
     is_target = jnp.zeros((S,), dtype).at[target].set(1.0)
     rho = jnp.zeros((S,), dtype).at[start].set(1.0)

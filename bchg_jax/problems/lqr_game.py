@@ -1,4 +1,5 @@
 """The paper's bi-level LQR Markov game instance."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,9 +24,16 @@ def lqr_game(**overrides) -> LQRGame:
     Raises:
       ValueError: overrides that fail ``LQRGame.validate``.
     """
-    base = dict(A=np.array([[0.0, 1.0], [0.0, 0.0]]), B=np.array([[0.0], [0.1]]),
-                C=np.array([[0.1], [0.0]]), Qbar=np.eye(2), Rbar=np.eye(1),
-                s0=np.array([1.0, 0.0]), s_star=np.array([-0.8, 0.0]),
-                Sigma=np.diag([5.0, 100.0]) ** 2, U=np.array([[1e-3]]))
+    base = dict(
+        A=np.array([[0.0, 1.0], [0.0, 0.0]]),
+        B=np.array([[0.0], [0.1]]),
+        C=np.array([[0.1], [0.0]]),
+        Qbar=np.eye(2),
+        Rbar=np.eye(1),
+        s0=np.array([1.0, 0.0]),
+        s_star=np.array([-0.8, 0.0]),
+        Sigma=np.diag([5.0, 100.0]) ** 2,
+        U=np.array([[1e-3]]),
+    )
     base.update(overrides)
     return LQRGame(**base).validate()

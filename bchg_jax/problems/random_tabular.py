@@ -3,6 +3,7 @@
 Used by the tests as the general case of Theorem 1 (every term of Eq. (hg_configurable) and
 Eq. (nablaQF) is non-zero).
 """
+
 from __future__ import annotations
 
 import jax
@@ -11,9 +12,17 @@ import jax.numpy as jnp
 from bchg_jax.tabular.cmdp import TabularCMDP
 
 
-def random_tabular_cmdp(key, num_states: int = 5, num_actions: int = 3, dim: int = 4,
-                        gamma_F: float = 0.85, gamma_L: float = 0.9, scale: float = 1.0,
-                        time_limit=None, dtype=jnp.float32) -> TabularCMDP:
+def random_tabular_cmdp(
+    key,
+    num_states: int = 5,
+    num_actions: int = 3,
+    dim: int = 4,
+    gamma_F: float = 0.85,
+    gamma_L: float = 0.9,
+    scale: float = 1.0,
+    time_limit=None,
+    dtype=jnp.float32,
+) -> TabularCMDP:
     """Random smooth tables of theta in R^dim (softmax transitions / init, tanh rewards).
 
     Phi_L(theta) = -0.05 ||theta||^2; no terminal states.
@@ -47,6 +56,10 @@ def random_tabular_cmdp(key, num_states: int = 5, num_actions: int = 3, dim: int
         init_dist=lambda th: jax.nn.softmax(Wr @ th + br),
         follower_reward=lambda th: jnp.tanh(WF @ th + bF),
         leader_reward=lambda th: jnp.tanh(WL @ th + bL),
-        leader_regularizer=lambda th: -0.05 * jnp.sum(th ** 2),
-        gamma_F=gamma_F, gamma_L=gamma_L, theta0=theta0, time_limit=time_limit,
-        name="random_tabular")
+        leader_regularizer=lambda th: -0.05 * jnp.sum(th**2),
+        gamma_F=gamma_F,
+        gamma_L=gamma_L,
+        theta0=theta0,
+        time_limit=time_limit,
+        name="random_tabular",
+    )

@@ -10,6 +10,7 @@ Rewards: r_F(s, b) = -(s^T Qbar s + b^T Rbar b), Qbar = diag(8,1,5,6), Rbar = 0.
 r_L(s, b) = Stability(s) - 0.5 ||b||^2 - 0.1 (||alpha||^2 + ||beta_air||^2),
 Stability(s) = -(1/n) sum_i (s_i - mean(s))^2 = -s^T ((I - 11^T/n)/n) s.
 """
+
 from __future__ import annotations
 
 from typing import Dict, Tuple
@@ -22,14 +23,20 @@ from bchg_jax.lq.cmdp import LQConfigurableMDP
 
 Array = jax.Array
 
-K_EXT = (0.04, 0.03, 0.06, 0.05)            # k_i: exchange with the outside
+K_EXT = (0.04, 0.03, 0.06, 0.05)  # k_i: exchange with the outside
 # (row, column, airflow index, coefficient): heat exchange of zone `row` with zone `column`
 # through the ventilation with level beta_air[index]
 # (paper: h12, h41 | h23, h21 | h34, h32 | h41, h43)
-H_LINKS = ((0, 1, 0, 0.05), (0, 3, 3, 0.05),
-           (1, 2, 1, 0.04), (1, 0, 0, 0.03),
-           (2, 3, 2, 0.06), (2, 1, 1, 0.04),
-           (3, 0, 3, 0.05), (3, 2, 2, 0.03))
+H_LINKS = (
+    (0, 1, 0, 0.05),
+    (0, 3, 3, 0.05),
+    (1, 2, 1, 0.04),
+    (1, 0, 0, 0.03),
+    (2, 3, 2, 0.06),
+    (2, 1, 1, 0.04),
+    (3, 0, 3, 0.05),
+    (3, 2, 2, 0.03),
+)
 B_HVAC = ((0.10, 0.0), (0.6, 0.0), (0.0, 0.55), (0.0, 0.30))
 Q_DIAG = (8.0, 1.0, 5.0, 6.0)
 R_DIAG = (0.01, 0.01)
@@ -63,8 +70,8 @@ def thermal_A(w: Array) -> Array:
     alpha, air = split_theta(w)
     k = jnp.asarray(K_EXT, w.dtype)
     A = jnp.diag(1.0 + k * (1.0 - alpha))
-    for i, j, l, h in H_LINKS:
-        A = A.at[i, j].add(h * air[l]).at[i, i].add(-h * air[l])
+    for i, j, link, h in H_LINKS:
+        A = A.at[i, j].add(h * air[link]).at[i, i].add(-h * air[link])
     return A
 
 
@@ -83,7 +90,7 @@ def stability_matrix(n: int = N_ZONES, dtype=jnp.float32) -> Array:
 def config_cost(w: Array) -> Array:
     """||alpha||^2 + ||beta_air||^2 for weights ``w`` [8] -> [] (the leader's config cost)."""
     alpha, air = split_theta(w)
-    return jnp.sum(alpha ** 2) + jnp.sum(air ** 2)
+    return jnp.sum(alpha**2) + jnp.sum(air**2)
 
 
 def leader_components(w: Array) -> Dict[str, Tuple[Array, Array, Array]]:
@@ -100,22 +107,31 @@ def leader_components(w: Array) -> Dict[str, Tuple[Array, Array, Array]]:
     n, m = N_ZONES, len(R_DIAG)
     zs, zb = jnp.zeros((n, n), dt), jnp.zeros((m, m), dt)
     alpha, air = split_theta(w)
-    return {"stability": (stability_matrix(n, dt), zb, jnp.zeros((), dt)),
-            "hvac_energy": (zs, jnp.eye(m, dtype=dt), jnp.zeros((), dt)),
-            "insulation": (zs, zb, -jnp.sum(alpha ** 2)),
-            "airflow": (zs, zb, -jnp.sum(air ** 2))}
+    return {
+        "stability": (stability_matrix(n, dt), zb, jnp.zeros((), dt)),
+        "hvac_energy": (zs, jnp.eye(m, dtype=dt), jnp.zeros((), dt)),
+        "insulation": (zs, zb, -jnp.sum(alpha**2)),
+        "airflow": (zs, zb, -jnp.sum(air**2)),
+    }
 
 
-COMPONENT_WEIGHTS = {"stability": 1.0, "hvac_energy": ENERGY_WEIGHT,
-                     "insulation": CONFIG_WEIGHT, "airflow": CONFIG_WEIGHT}
+COMPONENT_WEIGHTS = {
+    "stability": 1.0,
+    "hvac_energy": ENERGY_WEIGHT,
+    "insulation": CONFIG_WEIGHT,
+    "airflow": CONFIG_WEIGHT,
+}
 
 
 def thermal_leader_quadratic(w: Array):
     """r_L(s, b) = -s^T Ms s - b^T Mb b + c as (Ms [4, 4], Mb [2, 2], c []) for ``w`` [8]."""
     dt = w.dtype
     m = len(R_DIAG)
-    return (stability_matrix(N_ZONES, dt), ENERGY_WEIGHT * jnp.eye(m, dtype=dt),
-            -CONFIG_WEIGHT * config_cost(w))
+    return (
+        stability_matrix(N_ZONES, dt),
+        ENERGY_WEIGHT * jnp.eye(m, dtype=dt),
+        -CONFIG_WEIGHT * config_cost(w),
+    )
 
 
 def thermal(dtype=jnp.float32, horizon: int = 100, init_weights=None) -> LQConfigurableMDP:
@@ -133,11 +149,23 @@ def thermal(dtype=jnp.float32, horizon: int = 100, init_weights=None) -> LQConfi
       gamma_F = gamma_L = 0.9, s_0 ~ N(0, 5^2 I)).
     """
     B = jnp.asarray(B_HVAC, dtype)
-    theta0 = jnp.zeros((2 * N_ZONES,), dtype) if init_weights is None else jnp.asarray(
-        init_weights, dtype)
+    theta0 = (
+        jnp.zeros((2 * N_ZONES,), dtype)
+        if init_weights is None
+        else jnp.asarray(init_weights, dtype)
+    )
     return LQConfigurableMDP(
-        A_fn=thermal_A, B_fn=lambda w: B.astype(w.dtype),
-        U=NOISE_STD * np.eye(N_ZONES), Qbar=np.diag(Q_DIAG), Rbar=np.diag(R_DIAG),
-        leader_quadratic=thermal_leader_quadratic, init_cov=INIT_STD ** 2 * np.eye(N_ZONES),
-        gamma_F=0.9, gamma_L=0.9, theta0=theta0, horizon=horizon, name="thermal",
-        components=leader_components)
+        A_fn=thermal_A,
+        B_fn=lambda w: B.astype(w.dtype),
+        U=NOISE_STD * np.eye(N_ZONES),
+        Qbar=np.diag(Q_DIAG),
+        Rbar=np.diag(R_DIAG),
+        leader_quadratic=thermal_leader_quadratic,
+        init_cov=INIT_STD**2 * np.eye(N_ZONES),
+        gamma_F=0.9,
+        gamma_L=0.9,
+        theta0=theta0,
+        horizon=horizon,
+        name="thermal",
+        components=leader_components,
+    )

@@ -6,6 +6,7 @@ episodes of 150 steps (time-outs). In A, leader action 1 punishes every follower
 and leads to the absorbing-ish B. Only p = f(0 | A) matters. The leader earns 1 each time the
 follower moves S -> A.
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -16,8 +17,13 @@ from bchg_jax.games.tabular.game import TabularGame
 S_, A_, B_ = 0, 1, 2
 
 
-def toy_game(R: float = 2.0, gamma_F: float = 0.99, gamma_L: float = 0.99,
-             time_limit: int = 150, dtype=jnp.float32) -> TabularGame:
+def toy_game(
+    R: float = 2.0,
+    gamma_F: float = 0.99,
+    gamma_L: float = 0.99,
+    time_limit: int = 150,
+    dtype=jnp.float32,
+) -> TabularGame:
     """Builds the toy Markov game (module docstring; Section "2-Player Markov Games (Discrete)").
 
     Args:
@@ -52,9 +58,16 @@ def toy_game(R: float = 2.0, gamma_F: float = 0.99, gamma_L: float = 0.99,
     P[A_, 1, :, S_] = 1
     rF[A_, 1, :] = -1.0
     init = np.array([1.0, 0.0, 0.0])
-    return TabularGame(jnp.asarray(P, dtype), jnp.asarray(init, dtype), jnp.asarray(rF, dtype),
-                       jnp.asarray(rL, dtype), gamma_F, gamma_L, time_limit,
-                       name=f"toy_game_R{R:g}").validate()
+    return TabularGame(
+        jnp.asarray(P, dtype),
+        jnp.asarray(init, dtype),
+        jnp.asarray(rF, dtype),
+        jnp.asarray(rL, dtype),
+        gamma_F,
+        gamma_L,
+        time_limit,
+        name=f"toy_game_R{R:g}",
+    ).validate()
 
 
 def leader_policy_from_p(p, dtype=jnp.float32):

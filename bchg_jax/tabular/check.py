@@ -17,6 +17,7 @@ Only the unbiased forms (``TrainConfig(grouping="first_episode", partial="first_
 :mod:`bchg_jax.tabular.estimators`) should pass at every resolution; the reference convention and
 the ratio forms are biased by the episodes the batch cuts off, by O(1 / episodes per stream).
 """
+
 from __future__ import annotations
 
 from typing import List, Optional, Sequence
@@ -34,10 +35,18 @@ Array = jax.Array
 CRITICS = ("exact", "monte_carlo")
 
 
-def check_problem(problem: TabularCMDP, theta_list: Sequence[Array], beta, config=None,
-                  batches: int = 400, method: str = "bchg", critic: str = "exact",
-                  key: Optional[Array] = None, chunk: int = 100,
-                  verbose: bool = True) -> List[dict]:
+def check_problem(
+    problem: TabularCMDP,
+    theta_list: Sequence[Array],
+    beta,
+    config=None,
+    batches: int = 400,
+    method: str = "bchg",
+    critic: str = "exact",
+    key: Optional[Array] = None,
+    chunk: int = 100,
+    verbose: bool = True,
+) -> List[dict]:
     """Mean of ``batches`` hypergradient estimates vs the exact hypergradient, per theta.
 
     Args:
@@ -63,8 +72,10 @@ def check_problem(problem: TabularCMDP, theta_list: Sequence[Array], beta, confi
     """
     config = TrainConfig() if config is None else config
     if method == "exact" or method not in METHOD_SPECS:
-        raise ValueError(f"method must be an estimating method of {tuple(METHOD_SPECS)} "
-                         f"(not 'exact'), got {method!r}")
+        raise ValueError(
+            f"method must be an estimating method of {tuple(METHOD_SPECS)} "
+            f"(not 'exact'), got {method!r}"
+        )
     if critic not in CRITICS:
         raise ValueError(f"critic must be one of {CRITICS}, got {critic!r}")
     if int(batches) < 2:
@@ -83,31 +94,47 @@ def check_problem(problem: TabularCMDP, theta_list: Sequence[Array], beta, confi
             batch, segments = steps["collect"](k, theta, br.policy)
             q, v = Q_L, V_L
             if critic == "monte_carlo":
-                q, v = critics.monte_carlo_critic(batch if segments is None else segments,
-                                                  problem.leader_reward(theta), problem.gamma_L)
+                q, v = critics.monte_carlo_critic(
+                    batch if segments is None else segments,
+                    problem.leader_reward(theta),
+                    problem.gamma_L,
+                )
             return jnp.ravel(steps["estimate"](theta, beta, batch, segments, br, q, v))
-        return (jnp.ravel(exact_hypergradient(problem, theta, beta)),
-                jax.lax.map(one, keys, batch_size=min(int(chunk), int(batches))))
+
+        return (
+            jnp.ravel(exact_hypergradient(problem, theta, beta)),
+            jax.lax.map(one, keys, batch_size=min(int(chunk), int(batches))),
+        )
 
     out = []
     for i, theta in enumerate(theta_list):
-        g, est = exact_and_estimates(jnp.asarray(theta, dtype), jax.random.split(
-            jax.random.fold_in(key, i), batches))
+        g, est = exact_and_estimates(
+            jnp.asarray(theta, dtype), jax.random.split(jax.random.fold_in(key, i), batches)
+        )
         g, est = np.asarray(g, np.float64), np.asarray(est, np.float64)
         mean = est.mean(0)
         se = est.std(0, ddof=1) / np.sqrt(est.shape[0])
         z = (mean - g) / np.maximum(se, np.finfo(np.float64).tiny)
         norm_g = max(np.linalg.norm(g), np.finfo(np.float64).tiny)
-        row = {"exact": g, "mean": mean, "se": se, "z": z, "bias_se": float(np.abs(z).max()),
-               "rel_error": float(np.linalg.norm(mean - g) / norm_g),
-               "rel_se": float(np.linalg.norm(se) / norm_g),
-               "cosine": float(mean @ g / max(np.linalg.norm(mean) * norm_g,
-                                              np.finfo(np.float64).tiny))}
+        row = {
+            "exact": g,
+            "mean": mean,
+            "se": se,
+            "z": z,
+            "bias_se": float(np.abs(z).max()),
+            "rel_error": float(np.linalg.norm(mean - g) / norm_g),
+            "rel_se": float(np.linalg.norm(se) / norm_g),
+            "cosine": float(
+                mean @ g / max(np.linalg.norm(mean) * norm_g, np.finfo(np.float64).tiny)
+            ),
+        }
         out.append(row)
         if verbose:
-            print(f"theta {i}: bias {row['bias_se']:.1f} SE (max over {g.size} components), "
-                  f"relative error {100 * row['rel_error']:.2f}% "
-                  f"(resolution {100 * row['rel_se']:.2f}%), cosine {row['cosine']:.4f}  "
-                  f"[{method}, {config.num_envs} x {config.num_steps}, "
-                  f"grouping={config.grouping}, partial={config.partial}, {batches} batches]")
+            print(
+                f"theta {i}: bias {row['bias_se']:.1f} SE (max over {g.size} components), "
+                f"relative error {100 * row['rel_error']:.2f}% "
+                f"(resolution {100 * row['rel_se']:.2f}%), cosine {row['cosine']:.4f}  "
+                f"[{method}, {config.num_envs} x {config.num_steps}, "
+                f"grouping={config.grouping}, partial={config.partial}, {batches} batches]"
+            )
     return out

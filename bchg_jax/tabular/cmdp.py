@@ -9,6 +9,7 @@ grad log rho_0) come from JAX autodiff of these functions, never hand-written pe
 Terminal states: the step taken at a terminal state is recorded with its rewards and the episode
 ends there, so in the model the continuation value after a terminal state is zero.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -119,56 +120,93 @@ class TabularCMDP:
           ``self`` (the same :class:`TabularCMDP`).
         Raises:
           ValueError: a discount outside [0, 1), non-floating theta, a bad ``time_limit``, a
-            failing problem function, a table of a wider dtype than theta's, wrong table shapes, non-probability rows, a non-scalar
-            Phi_L, non-finite entries, or a ``terminal`` mask not of shape [S].
+            failing problem function, a table of a wider dtype than theta's, wrong table shapes,
+            non-probability rows, a non-scalar Phi_L, non-finite entries, or a ``terminal``
+            mask not of shape [S].
         """
         check_problem_settings(self)
         theta = self.theta0 if theta is None else theta
         theta = jnp.asarray(theta)
         if not jnp.issubdtype(theta.dtype, jnp.floating):
-            raise ValueError(f"{self.name}: theta must be a floating array, got dtype {theta.dtype}")
+            raise ValueError(
+                f"{self.name}: theta must be a floating array, got dtype {theta.dtype}"
+            )
         try:
-            raw = {"transition": self.transition(theta), "init_dist": self.init_dist(theta),
-                   "follower_reward": self.follower_reward(theta),
-                   "leader_reward": self.leader_reward(theta),
-                   "sample_transition": self.sampler_transition(theta)}
+            raw = {
+                "transition": self.transition(theta),
+                "init_dist": self.init_dist(theta),
+                "follower_reward": self.follower_reward(theta),
+                "leader_reward": self.leader_reward(theta),
+                "sample_transition": self.sampler_transition(theta),
+            }
             reg = np.asarray(self.regularizer(theta))
         except Exception as err:  # noqa: BLE001 - re-raised with context
-            raise ValueError(f"{self.name}: a problem function failed on theta of shape "
-                             f"{theta.shape}: {err}") from err
+            raise ValueError(
+                f"{self.name}: a problem function failed on theta of shape {theta.shape}: {err}"
+            ) from err
         # the solvers' loops carry theta's dtype: a table of a wider dtype (e.g. a float64
         # numpy constant under jax_enable_x64 with a float32 theta) would change the carry's
         # dtype and fail deep inside a while_loop; narrower tables are promoted and are fine
         for label, table in raw.items():
             dtype = jnp.asarray(table).dtype
             if jnp.promote_types(dtype, theta.dtype) != theta.dtype:
-                raise ValueError(f"{self.name}: {label}(theta) has dtype {dtype}, wider than "
-                                 f"theta's {theta.dtype}; return it in theta's dtype (e.g. "
-                                 f"jnp.asarray(table, theta.dtype)) or use a {dtype} theta")
-        p, rho, rf, rl, ps = (np.asarray(raw[k], dtype=np.float64) for k in (
-            "transition", "init_dist", "follower_reward", "leader_reward", "sample_transition"))
+                raise ValueError(
+                    f"{self.name}: {label}(theta) has dtype {dtype}, wider than "
+                    f"theta's {theta.dtype}; return it in theta's dtype (e.g. "
+                    f"jnp.asarray(table, theta.dtype)) or use a {dtype} theta"
+                )
+        p, rho, rf, rl, ps = (
+            np.asarray(raw[k], dtype=np.float64)
+            for k in (
+                "transition",
+                "init_dist",
+                "follower_reward",
+                "leader_reward",
+                "sample_transition",
+            )
+        )
         if p.ndim != 3 or p.shape[0] != p.shape[2] or p.size == 0:
-            raise ValueError(f"{self.name}: transition(theta) must have shape [S, B, S], "
-                             f"got {p.shape}")
+            raise ValueError(
+                f"{self.name}: transition(theta) must have shape [S, B, S], got {p.shape}"
+            )
         S, B = p.shape[:2]
-        for label, table, shape in (("init_dist", rho, (S,)), ("follower_reward", rf, (S, B)),
-                                    ("leader_reward", rl, (S, B)),
-                                    ("sample_transition", ps, (S, B, S))):
+        for label, table, shape in (
+            ("init_dist", rho, (S,)),
+            ("follower_reward", rf, (S, B)),
+            ("leader_reward", rl, (S, B)),
+            ("sample_transition", ps, (S, B, S)),
+        ):
             if table.shape != shape:
-                raise ValueError(f"{self.name}: {label}(theta) must have shape {shape} (S={S}, "
-                                 f"B={B} from transition(theta)), got {table.shape}")
+                raise ValueError(
+                    f"{self.name}: {label}(theta) must have shape {shape} (S={S}, "
+                    f"B={B} from transition(theta)), got {table.shape}"
+                )
         for label, table in (("transition", p), ("sample_transition", ps)):
             if np.any(table < -atol) or not np.allclose(table.sum(-1), 1.0, atol=atol):
                 bad = np.argwhere(~np.isclose(table.sum(-1), 1.0, atol=atol))
-                raise ValueError(f"{self.name}: {label}(theta) rows must be probabilities summing to 1; "
-                                 f"first bad (s, b): {bad[:1].tolist()}")
+                raise ValueError(
+                    f"{self.name}: {label}(theta) rows must be probabilities summing to 1; "
+                    f"first bad (s, b): {bad[:1].tolist()}"
+                )
         if np.any(rho < -atol) or not np.isclose(rho.sum(), 1.0, atol=atol):
-            raise ValueError(f"{self.name}: init_dist(theta) must be a probability vector summing to 1")
+            raise ValueError(
+                f"{self.name}: init_dist(theta) must be a probability vector summing to 1"
+            )
         if reg.shape != ():
-            raise ValueError(f"{self.name}: leader_regularizer(theta) must be a scalar, got shape {reg.shape}")
-        for label, table in (("init_dist", rho), ("follower_reward", rf), ("leader_reward", rl), ("transition", p)):
+            raise ValueError(
+                f"{self.name}: leader_regularizer(theta) must be a scalar, got shape {reg.shape}"
+            )
+        for label, table in (
+            ("init_dist", rho),
+            ("follower_reward", rf),
+            ("leader_reward", rl),
+            ("transition", p),
+        ):
             if not np.all(np.isfinite(table)):
                 raise ValueError(f"{self.name}: {label}(theta) has non-finite entries")
         if self.terminal is not None and np.shape(self.terminal) != (S,):
-            raise ValueError(f"{self.name}: terminal must be a bool mask of shape ({S},), got {np.shape(self.terminal)}")
+            raise ValueError(
+                f"{self.name}: terminal must be a bool mask of shape ({S},), "
+                f"got {np.shape(self.terminal)}"
+            )
         return self

@@ -4,21 +4,23 @@ SARSA is Algorithm 2 (CriticUpdate with SARSA) / Algorithm 10 (EstimateValueBySA
 is Algorithm 9 (EstimateValueByMonteCarlo). Shapes: S states, B follower actions, a batch of E
 streams x T steps (:class:`~bchg_jax.tabular.rollout.Batch`).
 """
+
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.core.segments import discounted_suffix_sum
 from bchg_jax.core.validate import check_discount, check_if_concrete
 from bchg_jax.tabular.rollout import Batch
-from bchg_jax.core.segments import discounted_suffix_sum
 
 Array = jax.Array
 
 
-def init_tabular_critic(key: Array, num_states: int, num_actions: int, std: float = 1.0,
-                        dtype=jnp.float32) -> Array:
+def init_tabular_critic(
+    key: Array, num_states: int, num_actions: int, std: float = 1.0, dtype=jnp.float32
+) -> Array:
     """Q_L table initialised N(0, std^2) (the reference's random critic initialisation).
 
     The random initial critic Q_L^0 of Algorithm 1 line 1 / Algorithm 8 line 2.
@@ -35,8 +37,7 @@ def init_tabular_critic(key: Array, num_states: int, num_actions: int, std: floa
     return std * jax.random.normal(key, (num_states, num_actions), dtype)
 
 
-def sarsa_update(key: Array, Q: Array, batch: Batch, leader_reward: Array, gamma_L,
-                 alpha) -> Array:
+def sarsa_update(key: Array, Q: Array, batch: Batch, leader_reward: Array, gamma_L, alpha) -> Array:
     """One SARSA pass over the batch in a random order (Algorithm 2 (CriticUpdate with SARSA)).
 
     Q(s,b) += alpha (r_L(s,b) + gamma_L Q(s',b') - Q(s,b)); (s', b') is the next step of the same
@@ -72,7 +73,7 @@ def sarsa_update(key: Array, Q: Array, batch: Batch, leader_reward: Array, gamma
         target = r[i] + gamma_L * bt[i] * Q[s2[i], b2[i]]
         return Q.at[s[i], b[i]].add(alpha * (target - Q[s[i], b[i]])), None
 
-    Q, _ = jax.lax.scan(body, Q, order, unroll=4)    # as the rollout's scan
+    Q, _ = jax.lax.scan(body, Q, order, unroll=4)  # as the rollout's scan
     return Q
 
 
@@ -85,8 +86,10 @@ def _check_q_policy(Q: Array, policy: Array) -> None:
     except ValueError:
         ok = False
     if not ok:
-        raise ValueError(f"Q [..., B] and policy [S, B] must have the same number of actions B "
-                         f"and broadcasting shapes, got Q {qs} and policy {ps}")
+        raise ValueError(
+            f"Q [..., B] and policy [S, B] must have the same number of actions B "
+            f"and broadcasting shapes, got Q {qs} and policy {ps}"
+        )
 
 
 def benefit(Q: Array, policy: Array) -> Array:
@@ -148,7 +151,9 @@ def monte_carlo_critic(batch: Batch, leader_reward: Array, gamma_L):
     ones = jnp.ones(G.size, G.dtype)
     sb = (batch.s * B + batch.b).reshape(-1)
     q = jax.ops.segment_sum(G.reshape(-1), sb, S * B) / jnp.maximum(
-        jax.ops.segment_sum(ones, sb, S * B), 1.0)
+        jax.ops.segment_sum(ones, sb, S * B), 1.0
+    )
     v = jax.ops.segment_sum(G.reshape(-1), batch.s.reshape(-1), S) / jnp.maximum(
-        jax.ops.segment_sum(ones, batch.s.reshape(-1), S), 1.0)
+        jax.ops.segment_sum(ones, batch.s.reshape(-1), S), 1.0
+    )
     return q.reshape(S, B), v

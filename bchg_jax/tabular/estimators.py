@@ -45,6 +45,7 @@ and reweighting it needs an unbiased estimate of 1 / that probability, which a f
 streams does not give. Many streams about one episode long (``num_steps`` ~ ``time_limit``)
 waste little.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple, Optional
@@ -53,13 +54,17 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from bchg_jax.core.validate import (check_beta_if_concrete, check_discount, check_if_concrete,
-                                    check_problem_settings)
+from bchg_jax.core.segments import forward_discounted_sum, regroup
+from bchg_jax.core.validate import (
+    check_beta_if_concrete,
+    check_discount,
+    check_if_concrete,
+    check_problem_settings,
+)
+from bchg_jax.tabular.cmdp import TabularCMDP
 from bchg_jax.tabular.critics import state_value
 from bchg_jax.tabular.follower import BestResponse
-from bchg_jax.tabular.cmdp import TabularCMDP
 from bchg_jax.tabular.rollout import Batch
-from bchg_jax.core.segments import forward_discounted_sum, regroup
 
 Array = jax.Array
 
@@ -71,16 +76,17 @@ GUIDES = ("benefit", "hpgd", "sobirl", "none")
 class Cotangents(NamedTuple):
     """Coefficient tables, one per differentiable function of theta (S states, B actions)."""
 
-    r_F: Array      # [S, B]
-    r_L: Array      # [S, B]
-    log_p: Array    # [S, B, S]
+    r_F: Array  # [S, B]
+    r_L: Array  # [S, B]
+    log_p: Array  # [S, B, S]
     log_rho: Array  # [S]
-    rho: Array      # [S]
+    rho: Array  # [S]
 
 
 def _scatter_sb(coef: Array, batch: Batch, S: int, B: int) -> Array:
-    return jax.ops.segment_sum(coef.reshape(-1), (batch.s * B + batch.b).reshape(-1),
-                               S * B).reshape(S, B)
+    return jax.ops.segment_sum(
+        coef.reshape(-1), (batch.s * B + batch.b).reshape(-1), S * B
+    ).reshape(S, B)
 
 
 def _scatter_sbs(coef: Array, batch: Batch, S: int, B: int) -> Array:
@@ -88,9 +94,17 @@ def _scatter_sbs(coef: Array, batch: Batch, S: int, B: int) -> Array:
     return jax.ops.segment_sum(coef.reshape(-1), idx, S * B * S).reshape(S, B, S)
 
 
-def follower_q_grad_cotangents(weights: Array, batch: Batch, V_F: Array, gamma_F, S: int,
-                               B: int, grouping: str = "every_visit", subtract_value: bool = False,
-                               segments: Optional[Batch] = None):
+def follower_q_grad_cotangents(
+    weights: Array,
+    batch: Batch,
+    V_F: Array,
+    gamma_F,
+    S: int,
+    B: int,
+    grouping: str = "every_visit",
+    subtract_value: bool = False,
+    segments: Optional[Batch] = None,
+):
     """(cot r_F, cot log p) with VJP = sum_k weights_k * guide_k (Eq. (nablaQF), Algorithm 6).
 
     guide_k = dQF_hat(s_k, b_k), or dQF_hat(s_k, b_k) - dVF_hat(s_k) with ``subtract_value``
@@ -128,8 +142,10 @@ def follower_q_grad_cotangents(weights: Array, batch: Batch, V_F: Array, gamma_F
     seg = batch if segments is None else segments
     if grouping in ("per_visit", "first_episode"):
         if subtract_value or segments is not None:
-            raise ValueError(f"{grouping} grouping uses each visit's own segment: it cannot "
-                             "subtract dV_F or read another batch's segments")
+            raise ValueError(
+                f"{grouping} grouping uses each visit's own segment: it cannot "
+                "subtract dV_F or read another batch's segments"
+            )
         omega = weights
         if grouping == "first_episode":
             omega = jnp.where(first_episode_mask(batch), weights, 0.0)
@@ -141,8 +157,10 @@ def follower_q_grad_cotangents(weights: Array, batch: Batch, V_F: Array, gamma_F
         raise ValueError(f"grouping must be one of {GROUPINGS}, got {grouping!r}")
     omega = forward_discounted_sum(omega, gamma_F, seg.done)
     real = 1.0 - seg.terminal.astype(omega.dtype)
-    return (_scatter_sb(omega, seg, S, B),
-            _scatter_sbs(gamma_F * V_F[seg.s_next] * omega * real, seg, S, B))
+    return (
+        _scatter_sb(omega, seg, S, B),
+        _scatter_sbs(gamma_F * V_F[seg.s_next] * omega * real, seg, S, B),
+    )
 
 
 def sobirl_cotangent(coef: Array, batch: Batch, policy: Array, S: int, B: int) -> Array:
@@ -160,8 +178,9 @@ def sobirl_cotangent(coef: Array, batch: Batch, policy: Array, S: int, B: int) -
     Returns:
       [S, B] cotangent of r_F^theta.
     """
-    onehot = jax.ops.segment_sum(coef.reshape(-1), (batch.s * B + batch.b).reshape(-1),
-                                 S * B).reshape(S, B)
+    onehot = jax.ops.segment_sum(
+        coef.reshape(-1), (batch.s * B + batch.b).reshape(-1), S * B
+    ).reshape(S, B)
     per_state = jax.ops.segment_sum(coef.reshape(-1), batch.s.reshape(-1), S)
     return onehot - per_state[:, None] * policy
 
@@ -206,8 +225,16 @@ def num_streams(batch: Batch, dtype=jnp.float32) -> Array:
     return jnp.asarray(batch.t.shape[0], dtype)
 
 
-def partial_cotangents(batch: Batch, V_L: Array, rho: Array, gamma_L, n_episodes, S: int, B: int,
-                       partial: str = "every_visit"):
+def partial_cotangents(
+    batch: Batch,
+    V_L: Array,
+    rho: Array,
+    gamma_L,
+    n_episodes,
+    S: int,
+    B: int,
+    partial: str = "every_visit",
+):
     """Cotangents of the partial derivative d_theta J_L (first two terms of Theorem 1).
 
     ``"trajectory"``: (1/n_ep) sum_t gamma_L^t [grad r_L + V_L(s_t) grad log
@@ -244,9 +271,11 @@ def partial_cotangents(batch: Batch, V_L: Array, rho: Array, gamma_L, n_episodes
             w = (batch.t == 0).astype(dtype) / n_episodes
         else:
             w = ((batch.t == 0) & first_episode_mask(batch)).astype(dtype) / num_streams(
-                batch, dtype)
-        cot_log_rho = jax.ops.segment_sum(w.reshape(-1) * V_L[batch.s].reshape(-1),
-                                          batch.s.reshape(-1), S)
+                batch, dtype
+            )
+        cot_log_rho = jax.ops.segment_sum(
+            w.reshape(-1) * V_L[batch.s].reshape(-1), batch.s.reshape(-1), S
+        )
         cot_rho = jnp.zeros((S,), dtype)
     elif partial == "every_visit":
         count = jax.ops.segment_sum(jnp.ones(batch.s.size, dtype), batch.s.reshape(-1), S)
@@ -257,9 +286,12 @@ def partial_cotangents(batch: Batch, V_L: Array, rho: Array, gamma_L, n_episodes
         raise ValueError(f"partial must be one of {PARTIALS}, got {partial!r}")
     omega = forward_discounted_sum(w, gamma_L, batch.done)
     real = 1.0 - batch.terminal.astype(dtype)
-    return (_scatter_sb(omega, batch, S, B),
-            _scatter_sbs(gamma_L * V_L[batch.s_next] * omega * real, batch, S, B),
-            cot_log_rho, cot_rho)
+    return (
+        _scatter_sb(omega, batch, S, B),
+        _scatter_sbs(gamma_L * V_L[batch.s_next] * omega * real, batch, S, B),
+        cot_log_rho,
+        cot_rho,
+    )
 
 
 def _safe_log(p: Array) -> Array:
@@ -276,20 +308,35 @@ def apply_cotangents(problem: TabularCMDP, theta: Array, cot: Cotangents) -> Arr
     Returns:
       the gradient, shaped like ``theta``.
     """
+
     def tables(th):
-        return (problem.follower_reward(th), problem.leader_reward(th),
-                _safe_log(problem.transition(th)), _safe_log(problem.init_dist(th)),
-                problem.init_dist(th), problem.regularizer(th))
+        return (
+            problem.follower_reward(th),
+            problem.leader_reward(th),
+            _safe_log(problem.transition(th)),
+            _safe_log(problem.init_dist(th)),
+            problem.init_dist(th),
+            problem.regularizer(th),
+        )
 
     out, vjp = jax.vjp(tables, theta)
     (g,) = vjp((*cot, jnp.ones_like(out[-1])))
     return g
 
 
-def hypergradient(problem: TabularCMDP, theta: Array, batch: Batch, follower: BestResponse,
-                  Q_L: Array, beta, guide: str = "benefit", grouping: str = "every_visit",
-                  partial: str = "every_visit", V_L: Optional[Array] = None,
-                  guide_batch: Optional[Batch] = None) -> Array:
+def hypergradient(
+    problem: TabularCMDP,
+    theta: Array,
+    batch: Batch,
+    follower: BestResponse,
+    Q_L: Array,
+    beta,
+    guide: str = "benefit",
+    grouping: str = "every_visit",
+    partial: str = "every_visit",
+    V_L: Optional[Array] = None,
+    guide_batch: Optional[Batch] = None,
+) -> Array:
     """Hypergradient estimate: partial term + guiding term (Theorem 1, Algorithms 1 and 8).
 
     Estimates Eq. (hg_configurable) (+ grad Phi_L): Algorithm 1 lines 10-16 for BC-HG and the
@@ -345,19 +392,29 @@ def hypergradient(problem: TabularCMDP, theta: Array, batch: Batch, follower: Be
     n_ep = batch.num_episodes.astype(dtype)
     V_L = state_value(Q_L, follower.policy) if V_L is None else V_L
     rho = problem.init_dist(theta)
-    c_rL, c_logp_L, c_log_rho, c_rho = partial_cotangents(batch, V_L, rho, problem.gamma_L, n_ep,
-                                                          S, B, partial)
+    c_rL, c_logp_L, c_log_rho, c_rho = partial_cotangents(
+        batch, V_L, rho, problem.gamma_L, n_ep, S, B, partial
+    )
     c_rF, c_logp_F = jnp.zeros((S, B), dtype), jnp.zeros((S, B, S), dtype)
     if guide in ("benefit", "hpgd"):
         ben = (Q_L - V_L[:, None])[batch.s, batch.b]
         n_guide = num_streams(batch, dtype) if grouping == "first_episode" else n_ep
         w = (problem.gamma_L ** batch.t.astype(dtype)) * ben / (beta * n_guide)
         c_rF, c_logp_F = follower_q_grad_cotangents(
-            w, batch, follower.V, problem.gamma_F, S, B, grouping,
-            subtract_value=(guide == "hpgd"), segments=guide_batch)
+            w,
+            batch,
+            follower.V,
+            problem.gamma_F,
+            S,
+            B,
+            grouping,
+            subtract_value=(guide == "hpgd"),
+            segments=guide_batch,
+        )
     elif guide == "sobirl":
         start = episode_start_index(batch)
         q0 = Q_L[jnp.take_along_axis(batch.s, start, -1), jnp.take_along_axis(batch.b, start, -1)]
         c_rF = sobirl_cotangent(q0 / (beta * n_ep), batch, follower.policy, S, B)
-    return apply_cotangents(problem, theta, Cotangents(c_rF, c_rL, c_logp_F + c_logp_L,
-                                                       c_log_rho, c_rho))
+    return apply_cotangents(
+        problem, theta, Cotangents(c_rF, c_rL, c_logp_F + c_logp_L, c_log_rho, c_rho)
+    )

@@ -9,6 +9,7 @@
 * ``exact_hypergradient``: jax.grad of ``leader_objective`` - the reference every estimator's
   mean is tested against (Theorem 1 is an identity for this gradient).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -16,12 +17,18 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from bchg_jax.core.validate import (check_beta_if_concrete, check_discount, check_if_concrete,
-                                    check_problem_settings, check_shape, check_theta,
-                                    transition_sizes)
-from bchg_jax.tabular.follower import (BestResponse, boltzmann, continuation, soft_q, soft_v)
-from bchg_jax.tabular.cmdp import TabularCMDP
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.validate import (
+    check_beta_if_concrete,
+    check_discount,
+    check_if_concrete,
+    check_problem_settings,
+    check_shape,
+    check_theta,
+    transition_sizes,
+)
+from bchg_jax.tabular.cmdp import TabularCMDP
+from bchg_jax.tabular.follower import BestResponse, boltzmann, continuation, soft_q, soft_v
 
 Array = jax.Array
 
@@ -68,8 +75,17 @@ def policy_evaluation(P: Array, r: Array, policy: Array, gamma, cont: Array) -> 
 
 
 @full_precision
-def policy_evaluation_sweeps(P: Array, r: Array, policy: Array, gamma, cont: Array, V0: Array,
-                             tol: float, max_sweeps: int = 2000, return_residual: bool = False):
+def policy_evaluation_sweeps(
+    P: Array,
+    r: Array,
+    policy: Array,
+    gamma,
+    cont: Array,
+    V0: Array,
+    tol: float,
+    max_sweeps: int = 2000,
+    return_residual: bool = False,
+):
     """Iterative policy evaluation from a warm start ``V0`` until sup-norm change <= ``tol``.
 
     Args:
@@ -86,6 +102,7 @@ def policy_evaluation_sweeps(P: Array, r: Array, policy: Array, gamma, cont: Arr
     Returns:
       [S] V^g(s) (approximate), or (V, residual []) with ``return_residual``.
     """
+
     def sweep(V):
         return jnp.sum(policy * soft_q(P, r, V, gamma, cont), axis=-1)
 
@@ -117,6 +134,7 @@ def soft_newton(P: Array, r: Array, beta, gamma, cont: Array, V0: Array, iters: 
     Returns:
       [S] soft value V_F after ``iters`` steps.
     """
+
     def step(V, _):
         Q = soft_q(P, r, V, gamma, cont)
         g = boltzmann(Q, soft_v(Q, beta), beta)
@@ -128,8 +146,14 @@ def soft_newton(P: Array, r: Array, beta, gamma, cont: Array, V0: Array, iters: 
 
 
 @full_precision
-def best_response(problem: TabularCMDP, theta: Array, beta, V0: Optional[Array] = None,
-                  newton_iters: int = 30, polish_sweeps: int = 200) -> BestResponse:
+def best_response(
+    problem: TabularCMDP,
+    theta: Array,
+    beta,
+    V0: Optional[Array] = None,
+    newton_iters: int = 30,
+    polish_sweeps: int = 200,
+) -> BestResponse:
     """The follower's best response g^{theta dagger}, differentiable in theta (implicit diff.).
 
     The unique solution of the entropy-regularised follower problem Eq. (lower) in M_theta (the
@@ -169,8 +193,15 @@ def best_response(problem: TabularCMDP, theta: Array, beta, V0: Optional[Array] 
     def solve(_f, V_init):
         V = V_init
         if newton_iters > 0:
-            V = soft_newton(jax.lax.stop_gradient(P), jax.lax.stop_gradient(r), beta, gamma, cont,
-                            V, newton_iters)
+            V = soft_newton(
+                jax.lax.stop_gradient(P),
+                jax.lax.stop_gradient(r),
+                beta,
+                gamma,
+                cont,
+                V,
+                newton_iters,
+            )
         return jax.lax.fori_loop(0, polish_sweeps, lambda _, v: T(v), V)
 
     def tangent_solve(g, y):
@@ -181,8 +212,13 @@ def best_response(problem: TabularCMDP, theta: Array, beta, V0: Optional[Array] 
     V = jax.lax.custom_root(f, V_init, solve, tangent_solve)
     Q = soft_q(P, r, V, gamma, cont)
     V = soft_v(Q, beta)
-    return BestResponse(policy=boltzmann(Q, V, beta), V=V, Q=Q,
-                        sweeps=jnp.asarray(polish_sweeps), residual=jnp.max(jnp.abs(f(V))))
+    return BestResponse(
+        policy=boltzmann(Q, V, beta),
+        V=V,
+        Q=Q,
+        sweeps=jnp.asarray(polish_sweeps),
+        residual=jnp.max(jnp.abs(f(V))),
+    )
 
 
 @full_precision
@@ -214,8 +250,14 @@ def leader_values(problem: TabularCMDP, theta: Array, policy: Array):
 
 
 @full_precision
-def leader_objective(problem: TabularCMDP, theta: Array, beta, V0: Optional[Array] = None,
-                     newton_iters: int = 30, polish_sweeps: int = 200) -> Array:
+def leader_objective(
+    problem: TabularCMDP,
+    theta: Array,
+    beta,
+    V0: Optional[Array] = None,
+    newton_iters: int = 30,
+    polish_sweeps: int = 200,
+) -> Array:
     """Exact J_L(theta, g^{theta dagger}) = rho_0^theta . V_L + Phi_L(theta) (Eq. (leader-utility)).
 
     Args:
@@ -240,8 +282,14 @@ def leader_objective(problem: TabularCMDP, theta: Array, beta, V0: Optional[Arra
 
 
 @full_precision
-def exact_hypergradient(problem: TabularCMDP, theta: Array, beta, V0: Optional[Array] = None,
-                        newton_iters: int = 30, polish_sweeps: int = 200) -> Array:
+def exact_hypergradient(
+    problem: TabularCMDP,
+    theta: Array,
+    beta,
+    V0: Optional[Array] = None,
+    newton_iters: int = 30,
+    polish_sweeps: int = 200,
+) -> Array:
     """grad_theta J_L(theta, g^{theta dagger}) through the follower's fixed point.
 
     The exact hypergradient that Theorem 1 (Eq. (hg_configurable)) expresses; ``jax.grad`` of
@@ -257,5 +305,6 @@ def exact_hypergradient(problem: TabularCMDP, theta: Array, beta, V0: Optional[A
     check_problem_settings(problem)
     check_beta_if_concrete(beta)
     check_theta(problem, theta)
-    return jax.grad(leader_objective, argnums=1)(problem, theta, beta, V0, newton_iters,
-                                                 polish_sweeps)
+    return jax.grad(leader_objective, argnums=1)(
+        problem, theta, beta, V0, newton_iters, polish_sweeps
+    )

@@ -7,6 +7,7 @@
 Pure and jit-able; warm-startable from a previous ``V``; either a fixed number of sweeps
 (``tol=None``) or sweeps until the sup-norm change is ``<= tol`` (at most ``max_sweeps``).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple, Optional
@@ -14,9 +15,14 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from bchg_jax.core.validate import (check_beta_if_concrete, check_discount, check_if_concrete,
-                                    check_shape, transition_sizes)
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.validate import (
+    check_beta_if_concrete,
+    check_discount,
+    check_if_concrete,
+    check_shape,
+    transition_sizes,
+)
 
 Array = jax.Array
 
@@ -29,8 +35,8 @@ class BestResponse(NamedTuple):
     """
 
     policy: Array  # [S, B]  g(b | s)
-    V: Array       # [S]     V_F
-    Q: Array       # [S, B]  Q_F
+    V: Array  # [S]     V_F
+    Q: Array  # [S, B]  Q_F
     sweeps: Array  # []      number of Bellman sweeps performed
     residual: Array  # []    sup-norm change of the last sweep
 
@@ -107,9 +113,17 @@ def boltzmann(Q: Array, V: Array, beta) -> Array:
 
 
 @full_precision
-def soft_value_iteration(P: Array, r: Array, beta, gamma, terminal: Optional[Array] = None,
-                         V0: Optional[Array] = None, num_sweeps: int = 500,
-                         tol: Optional[float] = None, max_sweeps: int = 2000) -> BestResponse:
+def soft_value_iteration(
+    P: Array,
+    r: Array,
+    beta,
+    gamma,
+    terminal: Optional[Array] = None,
+    V0: Optional[Array] = None,
+    num_sweeps: int = 500,
+    tol: Optional[float] = None,
+    max_sweeps: int = 2000,
+) -> BestResponse:
     """Soft value iteration on the model ``P`` [S,B,S] with reward ``r`` [S,B].
 
     Solves the follower problem Eq. (lower) (the best response g^{theta dagger} of Eq. (upper)
@@ -153,13 +167,16 @@ def soft_value_iteration(P: Array, r: Array, beta, gamma, terminal: Optional[Arr
         return soft_v(soft_q(P, r, V, gamma, cont), beta)
 
     if tol is None:
+
         def body(_, carry):
             V, _res = carry
             V2 = sweep(V)
             return V2, jnp.max(jnp.abs(V2 - V))
+
         V, res = jax.lax.fori_loop(0, num_sweeps, body, (V0, jnp.asarray(jnp.inf, r.dtype)))
         n = jnp.asarray(num_sweeps)
     else:
+
         def cond(carry):
             _, res, k = carry
             return (res > tol) & (k < max_sweeps)
@@ -168,7 +185,10 @@ def soft_value_iteration(P: Array, r: Array, beta, gamma, terminal: Optional[Arr
             V, _, k = carry
             V2 = sweep(V)
             return V2, jnp.max(jnp.abs(V2 - V)), k + 1
-        V, res, n = jax.lax.while_loop(cond, body, (V0, jnp.asarray(jnp.inf, r.dtype), jnp.asarray(0)))
+
+        V, res, n = jax.lax.while_loop(
+            cond, body, (V0, jnp.asarray(jnp.inf, r.dtype), jnp.asarray(0))
+        )
     Q = soft_q(P, r, V, gamma, cont)
     V = soft_v(Q, beta)
     return BestResponse(policy=boltzmann(Q, V, beta), V=V, Q=Q, sweeps=n, residual=res)

@@ -6,6 +6,7 @@ action ``b``, the sampled next state ``s_next`` (before any reset), the in-episo
 ``t``, and the flags ``terminal`` (s is terminal: no transition of p happened) and ``done``
 (the episode ends after this step: terminal or time limit).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple, Optional
@@ -59,9 +60,17 @@ def _sample_cdf(cdf: Array, u: Array) -> Array:
     return jnp.minimum(jnp.sum(cdf <= u, axis=-1), cdf.shape[-1] - 1)
 
 
-def rollout(key: Array, policy: Array, transition: Array, init_dist: Array,
-            terminal: Optional[Array], time_limit: Optional[int], num_envs: int,
-            num_steps: int, successors=None) -> Batch:
+def rollout(
+    key: Array,
+    policy: Array,
+    transition: Array,
+    init_dist: Array,
+    terminal: Optional[Array],
+    time_limit: Optional[int],
+    num_envs: int,
+    num_steps: int,
+    successors=None,
+) -> Batch:
     """Samples ``num_envs`` x ``num_steps`` transitions under the follower's policy.
 
     SampleTrajectory of Algorithm 1 line 4 / Algorithm 8 lines 5 and 7: every stream starts
@@ -103,7 +112,7 @@ def rollout(key: Array, policy: Array, transition: Array, init_dist: Array,
         p_cdf, nxt = jnp.cumsum(transition, axis=-1), None
     else:
         check_shape("successors.index", successors.index, (S, successors.width), src)
-        p_cdf = jnp.cumsum(successor_probs(transition, successors), axis=-1)   # [S, B, J]
+        p_cdf = jnp.cumsum(successor_probs(transition, successors), axis=-1)  # [S, B, J]
         nxt = jnp.asarray(successors.index)
     rho_cdf = jnp.cumsum(init_dist)
     k0, k1 = jax.random.split(key)
@@ -131,6 +140,10 @@ def rollout(key: Array, policy: Array, transition: Array, init_dist: Array,
 
     # unroll 4: fewer loop round trips for one run (0.175 -> 0.14 ms per Four-Rooms iteration
     # with the SARSA pass; results bit-identical; 8 was slower)
-    _, out = jax.lax.scan(step, (s0, jnp.zeros((num_envs,), jnp.int32)),
-                          (u[:, :, :2], resets.astype(s0.dtype)), unroll=4)
+    _, out = jax.lax.scan(
+        step,
+        (s0, jnp.zeros((num_envs,), jnp.int32)),
+        (u[:, :, :2], resets.astype(s0.dtype)),
+        unroll=4,
+    )
     return Batch(*(x.T for x in out))  # [num_envs, num_steps]

@@ -1,4 +1,5 @@
-"""Sparse-successor solvers: the follower's best response and policy evaluation on a successor table.
+"""Sparse-successor solvers: the follower's best response and policy evaluation on a successor
+table.
 
 Most tabular environments reach a few states from each state (Four-Rooms: at most 4 of 104), so
 a dense Bellman sweep, a [S*B, S] x [S] product, does ~S/J times the work the maths needs. Here
@@ -46,6 +47,7 @@ once per solve so that every class is a contiguous block of rows.
 Forward-only (no derivative rule): use :func:`~bchg_jax.tabular.exact.best_response` for
 derivatives in theta.
 """
+
 from __future__ import annotations
 
 import functools
@@ -57,19 +59,25 @@ import numpy as np
 from jax.custom_batching import custom_vmap
 from jax.extend import core as jax_core
 
+from bchg_jax.core.precision import full_precision
 from bchg_jax.core.run_last import add_run_axis, compacting_while_loop, run_last
-from bchg_jax.core.validate import (check_beta_if_concrete, check_discount, check_if_concrete,
-                                    check_shape, transition_sizes)
+from bchg_jax.core.validate import (
+    check_beta_if_concrete,
+    check_discount,
+    check_if_concrete,
+    check_shape,
+    transition_sizes,
+)
 from bchg_jax.tabular.cmdp import TabularCMDP
 from bchg_jax.tabular.follower import BestResponse, continuation
-from bchg_jax.core.precision import full_precision
 
 Array = jax.Array
 
 # the automatic solver choice takes the successor form when J <= S * SPARSE_MAX_FRACTION
 SPARSE_MAX_FRACTION = 0.25
 # sweeps per stopping test of the unbatched policy evaluation (one run: 4 sweeps per loop trip
-# cut one Four-Rooms iteration at beta 5e-3 from 0.26 to 0.20 ms; 6 no better, 1 per trip under vmap)
+# cut one Four-Rooms iteration at beta 5e-3 from 0.26 to 0.20 ms; 6 no better; 1 per trip under
+# vmap)
 ONE_RUN_SWEEPS_PER_TEST = 4
 # the probes of the support (:func:`probe_support`): theta0, then PROBE_DRAWS random thetas
 # theta0 + scale N(0, I) at each of PROBE_SCALES
@@ -110,7 +118,7 @@ def successors_from_support(support: np.ndarray) -> Successors:
     for s, row in enumerate(rows):
         pad = row[0] if len(row) else s
         index[s] = np.concatenate([row, np.full(J - len(row), pad)]).astype(np.int32)
-        valid[s, :len(row)] = True
+        valid[s, : len(row)] = True
     return Successors(index, valid)
 
 
@@ -132,9 +140,13 @@ class SupportProbe(NamedTuple):
     skipped: int
 
 
-def probe_support(problem: TabularCMDP, draws: int = PROBE_DRAWS,
-                  scales: Sequence[float] = PROBE_SCALES, seed: int = 0,
-                  sampler: bool = False) -> SupportProbe:
+def probe_support(
+    problem: TabularCMDP,
+    draws: int = PROBE_DRAWS,
+    scales: Sequence[float] = PROBE_SCALES,
+    seed: int = 0,
+    sampler: bool = False,
+) -> SupportProbe:
     """The supports of ``problem.transition`` (``problem.sampler_transition`` with
     ``sampler=True``) at ``theta0`` and at ``draws`` random thetas ``theta0 + scale N(0, I)``
     for each scale of ``scales`` (evaluated eagerly, before any jit; 13 thetas by default).
@@ -155,8 +167,9 @@ def probe_support(problem: TabularCMDP, draws: int = PROBE_DRAWS,
     theta0 = np.asarray(problem.theta0)
     rng = np.random.default_rng(seed)
     table = problem.sampler_transition if sampler else problem.transition
-    thetas = [theta0] + [theta0 + scale * rng.standard_normal(theta0.shape)
-                         for scale in scales for _ in range(draws)]
+    thetas = [theta0] + [
+        theta0 + scale * rng.standard_normal(theta0.shape) for scale in scales for _ in range(draws)
+    ]
     union, first, fixed, skipped = None, None, True, 0
     for theta in thetas:
         P = np.asarray(table(jnp.asarray(theta, theta0.dtype)))
@@ -170,14 +183,20 @@ def probe_support(problem: TabularCMDP, draws: int = PROBE_DRAWS,
             union = union | support
             fixed = fixed and bool(np.array_equal(support, first))
     if union is None:
-        raise ValueError(f"{problem.name}: the transition table is non-finite at theta0 and at "
-                         f"every probed theta")
+        raise ValueError(
+            f"{problem.name}: the transition table is non-finite at theta0 and at "
+            f"every probed theta"
+        )
     return SupportProbe(successors_from_support(union), fixed, len(thetas) - skipped, skipped)
 
 
-def problem_successors(problem: TabularCMDP, draws: int = PROBE_DRAWS,
-                       scales: Sequence[float] = PROBE_SCALES, seed: int = 0,
-                       sampler: bool = False) -> Successors:
+def problem_successors(
+    problem: TabularCMDP,
+    draws: int = PROBE_DRAWS,
+    scales: Sequence[float] = PROBE_SCALES,
+    seed: int = 0,
+    sampler: bool = False,
+) -> Successors:
     """The successor table of ``problem.transition`` (of ``problem.sampler_transition`` with
     ``sampler=True``): the union of the supports at ``theta0`` and at ``draws`` random thetas
     ``theta0 + scale N(0, I)`` per scale of ``scales`` (:func:`probe_support`).
@@ -232,22 +251,24 @@ class _Order(NamedTuple):
 
 def _gauss_seidel_order(index: np.ndarray) -> _Order:
     colour = colour_classes(Successors(index, np.ones(index.shape, bool)))
-    perm = np.argsort(colour, kind="stable").astype(np.int32)   # int32: same under x64 or not
+    perm = np.argsort(colour, kind="stable").astype(np.int32)  # int32: same under x64 or not
     inv = np.empty_like(perm)
     inv[perm] = np.arange(len(perm), dtype=np.int32)
     ends = np.cumsum(np.bincount(colour))
-    bounds = tuple((int(lo), int(hi)) for lo, hi in zip(np.concatenate([[0], ends[:-1]]), ends))
+    bounds = tuple(
+        (int(lo), int(hi)) for lo, hi in zip(np.concatenate([[0], ends[:-1]]), ends, strict=False)
+    )
     new_index = inv[index[perm]].astype(np.int32)
-    return _Order(perm, inv, bounds, new_index,
-                  new_index == np.arange(len(perm))[:, None])
+    return _Order(perm, inv, bounds, new_index, new_index == np.arange(len(perm))[:, None])
 
 
 def successor_probs(P: Array, successors: Successors) -> Array:
     """p(index[s, j] | s, b) gathered from ``P`` [S, B, S] -> [S, B, J] (0 at padding)."""
     index = jnp.asarray(successors.index)
     S, B = P.shape[:2]
-    probs = jnp.take_along_axis(P, jnp.broadcast_to(index[:, None, :], (S, B, index.shape[1])),
-                                axis=2)
+    probs = jnp.take_along_axis(
+        P, jnp.broadcast_to(index[:, None, :], (S, B, index.shape[1])), axis=2
+    )
     return jnp.where(jnp.asarray(successors.valid)[:, None, :], probs, 0.0)
 
 
@@ -330,6 +351,7 @@ def cond_on_any_lane(pred, true_fn: Callable, false_fn: Callable, *operands):
             out = fn(*jax.tree.unflatten(in_tree, xs))
             out_tree[:] = [jax.tree.structure(out)]
             return tuple(jax.tree.leaves(out))
+
         return g
 
     level = _lane_cond_levels(flat(true_fn), flat(false_fn))
@@ -344,19 +366,21 @@ def _lane_cond_levels(true_fn, false_fn):
     def impl(batched, pred, xs):
         if not any(batched):
             return jax.lax.cond(pred, true_fn, false_fn, *xs)
-        R = [x.shape[0] for x, b in zip((pred,) + xs, batched) if b][0]
+        R = [x.shape[0] for x, b in zip((pred,) + xs, batched, strict=False) if b][0]
         axes = tuple(0 if b else None for b in batched[1:])
 
         def run(fn):
             return jax.vmap(fn, in_axes=axes, axis_size=R)(*xs)
 
-        if not batched[0]:                     # one predicate for all lanes: a real cond
+        if not batched[0]:  # one predicate for all lanes: a real cond
             return jax.lax.cond(pred, lambda: run(true_fn), lambda: run(false_fn))
         base = run(false_fn)
 
         def both():
-            return tuple(jnp.where(pred.reshape((R,) + (1,) * (b.ndim - 1)), t, b)
-                         for t, b in zip(run(true_fn), base))
+            return tuple(
+                jnp.where(pred.reshape((R,) + (1,) * (b.ndim - 1)), t, b)
+                for t, b in zip(run(true_fn), base, strict=False)
+            )
 
         return jax.lax.cond(jnp.any(pred), both, lambda: base)
 
@@ -369,21 +393,24 @@ def _lane_cond_levels(true_fn, false_fn):
         @f.def_vmap
         def rule(axis_size, in_batched, pred, *xs):
             args = (pred,) + xs
-            inner = [a.shape[1] if b else a.shape[0]
-                     for a, b, h in zip(args, in_batched, batched) if h]
+            inner = [
+                a.shape[1] if b else a.shape[0]
+                for a, b, h in zip(args, in_batched, batched, strict=False)
+                if h
+            ]
             r_in = inner[0] if inner else 1
 
             def merge(x, b, h):
-                if b and h:                    # [outer, inner, ...] -> [outer * inner, ...]
+                if b and h:  # [outer, inner, ...] -> [outer * inner, ...]
                     return x.reshape((axis_size * r_in,) + x.shape[2:])
-                if b:                          # [outer, ...]: each lane repeated r_in times
+                if b:  # [outer, ...]: each lane repeated r_in times
                     return jnp.repeat(x, r_in, axis=0) if inner else x
-                if h:                          # [inner, ...]: tiled over the outer lanes
+                if h:  # [inner, ...]: tiled over the outer lanes
                     return jnp.tile(x, (axis_size,) + (1,) * (x.ndim - 1))
                 return x
 
-            new = tuple(merge(a, b, h) for a, b, h in zip(args, in_batched, batched))
-            outs = level(tuple(b or h for b, h in zip(in_batched, batched)))(*new)
+            new = tuple(merge(a, b, h) for a, b, h in zip(args, in_batched, batched, strict=False))
+            outs = level(tuple(b or h for b, h in zip(in_batched, batched, strict=False)))(*new)
             if inner:
                 outs = tuple(o.reshape((axis_size, r_in) + o.shape[1:]) for o in outs)
             return outs, tuple(True for _ in outs)
@@ -395,13 +422,14 @@ def _lane_cond_levels(true_fn, false_fn):
 
 # --- run-last implementations (arrays end in the run axis R) -----------------------------------
 
+
 def _lanes(has_run, names, xs):
     """(R, per-lane arrays {name: [..., R]}, shared arrays {name: [..., 1]}): each argument with
     a trailing run axis (size 1 where shared by all runs)."""
-    xs = [add_run_axis(x, h) for x, h in zip(xs, has_run)]
+    xs = [add_run_axis(x, h) for x, h in zip(xs, has_run, strict=False)]
     R = max(x.shape[-1] for x in xs)
-    lanes = {n: x for n, x in zip(names, xs) if R > 1 and x.shape[-1] == R}
-    shared = {n: x for n, x in zip(names, xs) if n not in lanes}
+    lanes = {n: x for n, x in zip(names, xs, strict=False) if R > 1 and x.shape[-1] == R}
+    shared = {n: x for n, x in zip(names, xs, strict=False) if n not in lanes}
     return R, lanes, shared
 
 
@@ -429,7 +457,7 @@ def _diagonal_solved(reward, step, self_mask):
     step'(s, j) V(index[s, j])`` with reward' = reward / (1 - A(s, s)) and step' = step off the
     diagonal / (1 - A(s, s)), A(s, s) = sum of ``step`` where ``self_mask`` [S, J]."""
     mask = jnp.asarray(self_mask)[:, :, None]
-    scale = 1.0 / (1.0 - jnp.sum(jnp.where(mask, step, 0.0), axis=1))        # [S, R]
+    scale = 1.0 / (1.0 - jnp.sum(jnp.where(mask, step, 0.0), axis=1))  # [S, R]
     return reward * scale, jnp.where(mask, 0.0, step) * scale[:, None, :]
 
 
@@ -437,8 +465,7 @@ def _gauss_seidel_sweep(order, reward, step, V):
     """One multi-colour Gauss-Seidel sweep (module docstring) of :func:`_diagonal_solved`'s
     update: the colour classes in turn, each from the latest V. [S, R] -> [S, R]."""
     for lo, hi in order.bounds:
-        V = V.at[lo:hi].set(reward[lo:hi]
-                            + jnp.sum(step[lo:hi] * V[order.index[lo:hi]], axis=1))
+        V = V.at[lo:hi].set(reward[lo:hi] + jnp.sum(step[lo:hi] * V[order.index[lo:hi]], axis=1))
     return V
 
 
@@ -446,8 +473,7 @@ def _soft_impl(order, tol, max_sweeps, linear_sweeps, has_run, probs, r, beta, g
     """Modified soft policy iteration, run-last (module docstring), on fewer lanes as they
     converge (``compacting_while_loop``), the states in sweep order inside. Returns (V, Q,
     policy, sweeps, residual), each ending in R."""
-    R, lanes, shared = _lanes(has_run, ("probs", "r", "beta", "gc", "V0"),
-                              (probs, r, beta, gc, V0))
+    R, lanes, shared = _lanes(has_run, ("probs", "r", "beta", "gc", "V0"), (probs, r, beta, gc, V0))
     rows = ("probs", "r", "gc", "V0")
     lanes, shared = _in_order(order, lanes, rows), _in_order(order, shared, rows)
     index = order.index
@@ -473,11 +499,12 @@ def _soft_impl(order, tol, max_sweeps, linear_sweeps, has_run, probs, r, beta, g
         entropy-regularised reward r - beta log g = r - (Q - V2)."""
         pol = jnp.exp((Q - V2[:, None, :]) / t["beta"])
         pol = pol / jnp.sum(pol, axis=1, keepdims=True)
-        reward = jnp.sum(pol * (t["r"] - Q + V2[:, None, :]), axis=1)          # [S, R]
-        step = _policy_step(pol, t["probs"], t["gc"])                          # [S, J, R]
+        reward = jnp.sum(pol * (t["r"] - Q + V2[:, None, :]), axis=1)  # [S, R]
+        step = _policy_step(pol, t["probs"], t["gc"])  # [S, J, R]
         reward, step = _diagonal_solved(reward, step, order.self_mask)
         return jax.lax.fori_loop(
-            0, linear_sweeps, lambda _, W: _gauss_seidel_sweep(order, reward, step, W), V2)
+            0, linear_sweeps, lambda _, W: _gauss_seidel_sweep(order, reward, step, W), V2
+        )
 
     def active(c):
         return (c["res"] > tol) & (c["n"] < max_sweeps)
@@ -493,11 +520,19 @@ def _soft_impl(order, tol, max_sweeps, linear_sweeps, has_run, probs, r, beta, g
             W = jax.lax.cond(jnp.any(more), lambda: improve_and_evaluate(t, Q, V2), lambda: V2)
             V2 = jnp.where(more, W, V2)
         n = c["n"] + act.astype(jnp.int32) * (1 + linear_sweeps * more.astype(jnp.int32))
-        return {"V": jnp.where(act, V2, c["V"]), "res": jnp.where(act, res2, c["res"]), "n": n,
-                "const": c["const"]}
+        return {
+            "V": jnp.where(act, V2, c["V"]),
+            "res": jnp.where(act, res2, c["res"]),
+            "n": n,
+            "const": c["const"],
+        }
 
-    carry = {"V": V0, "res": jnp.full((R,), jnp.inf, dtype), "n": jnp.zeros((R,), jnp.int32),
-             "const": lanes}
+    carry = {
+        "V": V0,
+        "res": jnp.full((R,), jnp.inf, dtype),
+        "n": jnp.zeros((R,), jnp.int32),
+        "const": lanes,
+    }
     carry = compacting_while_loop(active, body, carry)
     t = tables(carry)
     Q = backup(t, carry["V"])
@@ -509,14 +544,14 @@ def _soft_impl(order, tol, max_sweeps, linear_sweeps, has_run, probs, r, beta, g
 def _evaluation_impl(order, tol, max_sweeps, has_run, probs, r, policy, gc, V0):
     """Warm-started Gauss-Seidel expectation sweeps to tolerance, run-last, on fewer lanes as
     they converge, the states in sweep order inside. Returns (V, sweeps, residual)."""
-    R, lanes, shared = _lanes(has_run, ("probs", "r", "policy", "gc", "V0"),
-                              (probs, r, policy, gc, V0))
+    R, lanes, shared = _lanes(
+        has_run, ("probs", "r", "policy", "gc", "V0"), (probs, r, policy, gc, V0)
+    )
     t = _in_order(order, {**shared, **lanes}, ("probs", "r", "policy", "gc", "V0"))
     probs = t["probs"][..., 0] if t["probs"].shape[-1] == 1 else t["probs"]
     S = r.shape[0]
     reward = jnp.broadcast_to(jnp.sum(t["policy"] * t["r"], axis=1), (S, R))
-    step = jnp.broadcast_to(_policy_step(t["policy"], probs, t["gc"]),
-                            (S, order.index.shape[1], R))
+    step = jnp.broadcast_to(_policy_step(t["policy"], probs, t["gc"]), (S, order.index.shape[1], R))
     reward, step = _diagonal_solved(reward, step, order.self_mask)
     V0 = jnp.broadcast_to(t["V0"], (S, R)).astype(r.dtype)
 
@@ -534,12 +569,24 @@ def _evaluation_impl(order, tol, max_sweeps, has_run, probs, r, policy, gc, V0):
             V = _gauss_seidel_sweep(order, c["reward"], c["step"], V)
         V2 = _gauss_seidel_sweep(order, c["reward"], c["step"], V)
         res = jnp.where(act, jnp.max(jnp.abs(V2 - V), axis=0), c["res"])
-        return {**c, "V": jnp.where(act, V2, c["V"]), "res": res,
-                "n": c["n"] + per_trip * act.astype(jnp.int32)}
+        return {
+            **c,
+            "V": jnp.where(act, V2, c["V"]),
+            "res": res,
+            "n": c["n"] + per_trip * act.astype(jnp.int32),
+        }
 
-    carry = compacting_while_loop(active, body, {
-        "V": V0, "res": jnp.full((R,), jnp.inf, r.dtype), "n": jnp.zeros((R,), jnp.int32),
-        "reward": reward, "step": step})
+    carry = compacting_while_loop(
+        active,
+        body,
+        {
+            "V": V0,
+            "res": jnp.full((R,), jnp.inf, r.dtype),
+            "n": jnp.zeros((R,), jnp.int32),
+            "reward": reward,
+            "step": step,
+        },
+    )
     return carry["V"][order.inv], carry["n"], carry["res"]
 
 
@@ -561,10 +608,19 @@ def _key(successors: Successors):
 
 
 @full_precision
-def sparse_soft_value_iteration(P: Array, r: Array, beta, gamma, successors: Successors,
-                                terminal: Optional[Array] = None, V0: Optional[Array] = None,
-                                tol: float = 1e-6, max_sweeps: int = 3000,
-                                linear_sweeps: int = 16, return_lost_mass: bool = False):
+def sparse_soft_value_iteration(
+    P: Array,
+    r: Array,
+    beta,
+    gamma,
+    successors: Successors,
+    terminal: Optional[Array] = None,
+    V0: Optional[Array] = None,
+    tol: float = 1e-6,
+    max_sweeps: int = 3000,
+    linear_sweeps: int = 16,
+    return_lost_mass: bool = False,
+):
     """The follower's best response (Eq. (lower)) by modified soft policy iteration on a
     successor table (module docstring); same inputs, stopping test and result as
     :func:`~bchg_jax.tabular.follower.soft_value_iteration` with ``tol`` set.
@@ -614,10 +670,19 @@ def sparse_soft_value_iteration(P: Array, r: Array, beta, gamma, successors: Suc
 
 
 @full_precision
-def sparse_policy_evaluation(P: Array, r: Array, policy: Array, gamma, cont: Array, V0: Array,
-                             successors: Successors, tol: float,
-                             max_sweeps: int = 3000, return_residual: bool = False,
-                             return_lost_mass: bool = False):
+def sparse_policy_evaluation(
+    P: Array,
+    r: Array,
+    policy: Array,
+    gamma,
+    cont: Array,
+    V0: Array,
+    successors: Successors,
+    tol: float,
+    max_sweeps: int = 3000,
+    return_residual: bool = False,
+    return_lost_mass: bool = False,
+):
     """V^g by warm-started expectation sweeps on a successor table until the sup-norm change is
     ``<= tol`` (the sparse form of :func:`~bchg_jax.tabular.exact.policy_evaluation_sweeps`).
 
@@ -637,15 +702,25 @@ def sparse_policy_evaluation(P: Array, r: Array, policy: Array, gamma, cont: Arr
     check_if_concrete(check_discount, "gamma (policy evaluation discount)", gamma)
     S, B = transition_sizes("P (transition)", P)
     src = f"S={S}, B={B} from P [S, B, S]"
-    for name, x, shape in (("r (reward)", r, (S, B)), ("policy", policy, (S, B)),
-                           ("cont (continuation)", cont, (S,)), ("V0", V0, (S,)),
-                           ("successors.index", successors.index, (S, successors.width))):
+    for name, x, shape in (
+        ("r (reward)", r, (S, B)),
+        ("policy", policy, (S, B)),
+        ("cont (continuation)", cont, (S,)),
+        ("V0", V0, (S,)),
+        ("successors.index", successors.index, (S, successors.width)),
+    ):
         check_shape(name, x, shape, src)
     dtype = r.dtype
     solve = _evaluation_solver(*_key(successors), float(tol), int(max_sweeps))
     probs = successor_probs(P, successors)
-    V, _, res = solve(probs.astype(dtype), r, policy.astype(dtype),
-                      jnp.asarray(gamma, dtype) * cont.astype(dtype), jnp.asarray(V0, dtype))
+    V, _, res = solve(
+        probs.astype(dtype),
+        r,
+        policy.astype(dtype),
+        jnp.asarray(gamma, dtype) * cont.astype(dtype),
+        jnp.asarray(V0, dtype),
+    )
     extra = ((res,) if return_residual else ()) + (
-        (lost_mass(P, successors, probs),) if return_lost_mass else ())
+        (lost_mass(P, successors, probs),) if return_lost_mass else ()
+    )
     return (V,) + extra if extra else V

@@ -14,6 +14,7 @@ Static choices (sizes, method, tolerances) live in the frozen :class:`TrainConfi
 grid varies (``lr``, ``sarsa_alpha``, ``beta``) are traced scalars in ``hparams``, so
 ``jax.vmap`` over hparams and seeds never retraces.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,29 +27,36 @@ import jax.numpy as jnp
 
 from bchg_jax.core import hparams as hparams_lib
 from bchg_jax.core.loop import Trainer, build_trainer, check_setup, sgd_ascent
+from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import check_beta, check_config, check_positive, check_unit_interval
 from bchg_jax.tabular import critics, estimators
 from bchg_jax.tabular.cmdp import TabularCMDP
-from bchg_jax.core.precision import full_precision
 from bchg_jax.tabular.exact import exact_hypergradient, policy_evaluation_sweeps
 from bchg_jax.tabular.follower import continuation, soft_value_iteration
 from bchg_jax.tabular.rollout import rollout
-from bchg_jax.tabular.sparse import (cond_on_any_lane, depends_on_input, lost_mass,
-                                     lost_mass_tolerance, prefers_sparse, probe_support,
-                                     problem_successors, sparse_policy_evaluation,
-                                     sparse_soft_value_iteration)
+from bchg_jax.tabular.sparse import (
+    cond_on_any_lane,
+    depends_on_input,
+    lost_mass,
+    lost_mass_tolerance,
+    prefers_sparse,
+    probe_support,
+    problem_successors,
+    sparse_policy_evaluation,
+    sparse_soft_value_iteration,
+)
 
 Array = jax.Array
 
 # method -> (leader critic, guiding term, oracle segments); Algorithm 8 of the paper
 METHOD_SPECS = {
-    "bchg": ("sarsa", "benefit", False),        # BC-HG (ours)
-    "hpgd_sa": ("sarsa", "hpgd", False),        # HPGD (SA)
-    "hpgd_mc": ("mc", "hpgd", False),           # HPGD (MC), the authors' implementation
-    "hpgd_oracle": ("mc", "hpgd", True),        # HPGD (oracle): extra rollouts from random states
-    "sobirl": ("mc", "sobirl", False),          # SoBiRL (one-step truncation)
-    "naive": ("mc", "none", False),             # Naive-PGD (partial derivative only)
-    "exact": (None, None, False),               # ascent on the exact hypergradient (exact.py)
+    "bchg": ("sarsa", "benefit", False),  # BC-HG (ours)
+    "hpgd_sa": ("sarsa", "hpgd", False),  # HPGD (SA)
+    "hpgd_mc": ("mc", "hpgd", False),  # HPGD (MC), the authors' implementation
+    "hpgd_oracle": ("mc", "hpgd", True),  # HPGD (oracle): extra rollouts from random states
+    "sobirl": ("mc", "sobirl", False),  # SoBiRL (one-step truncation)
+    "naive": ("mc", "none", False),  # Naive-PGD (partial derivative only)
+    "exact": (None, None, False),  # ascent on the exact hypergradient (exact.py)
 }
 # the method names accepted by make_train (the keys of METHOD_SPECS)
 METHODS = tuple(METHOD_SPECS)
@@ -94,19 +102,31 @@ class TrainConfig:
     vi_max_sweeps: int = 3000
     grouping: str = "every_visit"
     partial: str = "every_visit"
-    oracle_envs: int = 50       # HPGD (oracle): 50 x 200 = 10,000 extra steps per iteration
+    oracle_envs: int = 50  # HPGD (oracle): 50 x 200 = 10,000 extra steps per iteration
     oracle_steps: int = 200
     solver: str = "auto"
     linear_sweeps: int = 16
 
     def validate(self) -> "TrainConfig":
         """Host-side field checks; returns ``self`` (raises ``ValueError`` on a bad field)."""
-        check_config(self, positive_ints=("num_envs", "num_steps", "iterations", "vi_max_sweeps",
-                                          "oracle_envs", "oracle_steps"),
-                     positive=("clip_norm", "vi_tol"),
-                     nonneg=("theta_init_std", "critic_init_std", "linear_sweeps"),
-                     choices={"grouping": estimators.GROUPINGS, "partial": estimators.PARTIALS,
-                              "solver": SOLVERS})
+        check_config(
+            self,
+            positive_ints=(
+                "num_envs",
+                "num_steps",
+                "iterations",
+                "vi_max_sweeps",
+                "oracle_envs",
+                "oracle_steps",
+            ),
+            positive=("clip_norm", "vi_tol"),
+            nonneg=("theta_init_std", "critic_init_std", "linear_sweeps"),
+            choices={
+                "grouping": estimators.GROUPINGS,
+                "partial": estimators.PARTIALS,
+                "solver": SOLVERS,
+            },
+        )
         return self
 
 
@@ -114,9 +134,9 @@ class TrainState(NamedTuple):
     """The carry of the outer loop (one run)."""
 
     theta: Array
-    critic: Array   # leader critic Q_L [S, B]
-    V_F: Array      # follower soft value (warm start of soft VI)
-    V_L: Array      # leader value (warm start of the exact evaluation)
+    critic: Array  # leader critic Q_L [S, B]
+    V_F: Array  # follower soft value (warm start of soft VI)
+    V_L: Array  # leader value (warm start of the exact evaluation)
     key: Array
     step: Array
 
@@ -183,23 +203,32 @@ def resolve_solver(problem: TabularCMDP, solver: str = "auto", explain: bool = F
             out = ("sparse", probe.successors, f"sparse requested (J = {J} of S = {S})")
         elif not prefers_sparse(probe.successors, S):
             out = ("dense", None, f"J = {J} successors of S = {S} states is above S/4")
-        elif not (probe.fixed and (problem.sample_transition is None
-                                   or probe_support(problem, sampler=True).fixed)):
-            out = ("dense", None,
-                   f"the support of {problem.name}'s transition table differs between the "
-                   f"{probe.probes} probed thetas (it depends on theta; their union has J = "
-                   f"{J} of S = {S}), so solver='auto' uses the dense solvers; "
-                   f"solver='sparse' would use the union, checked at every iteration")
+        elif not (
+            probe.fixed
+            and (problem.sample_transition is None or probe_support(problem, sampler=True).fixed)
+        ):
+            out = (
+                "dense",
+                None,
+                f"the support of {problem.name}'s transition table differs between the "
+                f"{probe.probes} probed thetas (it depends on theta; their union has J = "
+                f"{J} of S = {S}), so solver='auto' uses the dense solvers; "
+                f"solver='sparse' would use the union, checked at every iteration",
+            )
             warnings.warn(out[2], stacklevel=2)
         else:
-            out = ("sparse", probe.successors,
-                   f"J = {J} successors of S = {S} states, the same support at all "
-                   f"{probe.probes} probed thetas")
+            out = (
+                "sparse",
+                probe.successors,
+                f"J = {J} successors of S = {S} states, the same support at all "
+                f"{probe.probes} probed thetas",
+            )
     return out if explain else out[:2]
 
 
-def make_train(problem: TabularCMDP, method: str = "bchg",
-               config: TrainConfig = TrainConfig()) -> Trainer:
+def make_train(
+    problem: TabularCMDP, method: str = "bchg", config: TrainConfig = TrainConfig()
+) -> Trainer:
     """Pure training functions of a leader in a tabular configurable MDP (Algorithm 1).
 
     BC-HG (Algorithm 1) and the baselines of Algorithm 8 (see ``METHOD_SPECS``), one outer
@@ -230,15 +259,20 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
     terminal = problem.terminal_mask
     critic_kind, guide, use_oracle = METHOD_SPECS[method]
     if guide == "hpgd" and config.grouping != "every_visit":
-        raise ValueError("HPGD methods need grouping='every_visit' (dV_F comes from other segments)")
+        raise ValueError(
+            "HPGD methods need grouping='every_visit' (dV_F comes from other segments)"
+        )
     dtype = jnp.asarray(problem.theta0).dtype
     solver, successors = resolve_solver(problem, config.solver)
     # with the sparse solvers the rollouts draw next states among the successors too (the same
     # draws as the full search); a sampling model of its own gets its own table
     sample_successors = None
     if solver == "sparse":
-        sample_successors = (successors if problem.sample_transition is None
-                             else problem_successors(problem, sampler=True))
+        sample_successors = (
+            successors
+            if problem.sample_transition is None
+            else problem_successors(problem, sampler=True)
+        )
 
     def init(key: Array, hp) -> TrainState:
         k_theta, k_critic, k_run = jax.random.split(key, 3)
@@ -255,12 +289,27 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
         ``vi_tol``."""
         if kind == "sparse":
             return sparse_soft_value_iteration(
-                problem.transition(theta), problem.follower_reward(theta), beta,
-                problem.gamma_F, successors, terminal, V0=V0, tol=config.vi_tol,
-                max_sweeps=config.vi_max_sweeps, linear_sweeps=config.linear_sweeps)
-        return soft_value_iteration(problem.transition(theta), problem.follower_reward(theta),
-                                    beta, problem.gamma_F, terminal, V0=V0, tol=config.vi_tol,
-                                    max_sweeps=config.vi_max_sweeps)
+                problem.transition(theta),
+                problem.follower_reward(theta),
+                beta,
+                problem.gamma_F,
+                successors,
+                terminal,
+                V0=V0,
+                tol=config.vi_tol,
+                max_sweeps=config.vi_max_sweeps,
+                linear_sweeps=config.linear_sweeps,
+            )
+        return soft_value_iteration(
+            problem.transition(theta),
+            problem.follower_reward(theta),
+            beta,
+            problem.gamma_F,
+            terminal,
+            V0=V0,
+            tol=config.vi_tol,
+            max_sweeps=config.vi_max_sweeps,
+        )
 
     @full_precision
     def evaluate(theta, policy, V0, kind=solver):
@@ -276,10 +325,17 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
         evaluation = policy_evaluation_sweeps
         if kind == "sparse":
             evaluation = functools.partial(sparse_policy_evaluation, successors=successors)
-        V_L, res = evaluation(problem.transition(theta), problem.leader_reward(theta), policy,
-                              problem.gamma_L, continuation(terminal, S, dtype), V0,
-                              tol=config.vi_tol, max_sweeps=config.vi_max_sweeps,
-                              return_residual=True)
+        V_L, res = evaluation(
+            problem.transition(theta),
+            problem.leader_reward(theta),
+            policy,
+            problem.gamma_L,
+            continuation(terminal, S, dtype),
+            V0,
+            tol=config.vi_tol,
+            max_sweeps=config.vi_max_sweeps,
+            return_residual=True,
+        )
         J = jnp.dot(problem.init_dist(theta), V_L) + problem.regularizer(theta)
         return J.astype(dtype), V_L, res
 
@@ -295,11 +351,13 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
         (:func:`~bchg_jax.tabular.sparse.lost_mass` above its rounding tolerance). A table that
         does not depend on theta (Four-Rooms) has the support of theta0, which its successor
         table holds: it is not checked (False)."""
+
         def lost(table, table_successors):
             if solver != "sparse" or not depends_on_input(table, problem.theta0):
                 return jnp.zeros((), bool)
             return lost_mass(table(theta), table_successors) > lost_mass_tolerance(
-                dtype, table_successors)
+                dtype, table_successors
+            )
 
         model = lost(problem.transition, successors)
         if problem.sample_transition is None:
@@ -314,8 +372,15 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
         lost = support_lost(theta)
         if solver == "dense" or not depends_on_input(problem.transition, problem.theta0):
             return solves(theta, beta, V_F, V_L) + (lost,)
-        out = cond_on_any_lane(lost[0], functools.partial(solves, kind="dense"),
-                               functools.partial(solves, kind="sparse"), theta, beta, V_F, V_L)
+        out = cond_on_any_lane(
+            lost[0],
+            functools.partial(solves, kind="dense"),
+            functools.partial(solves, kind="sparse"),
+            theta,
+            beta,
+            V_F,
+            V_L,
+        )
         return tuple(out) + (lost,)
 
     def collect(key, theta, policy, dense=False):
@@ -325,14 +390,30 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
         (an iteration whose sampler lost mass outside it)."""
         P_sample = problem.sampler_transition(theta)
         table = None if dense else sample_successors
-        batch = rollout(key, policy, P_sample, problem.init_dist(theta), terminal,
-                        problem.time_limit, config.num_envs, config.num_steps,
-                        successors=table)
+        batch = rollout(
+            key,
+            policy,
+            P_sample,
+            problem.init_dist(theta),
+            terminal,
+            problem.time_limit,
+            config.num_envs,
+            config.num_steps,
+            successors=table,
+        )
         if not use_oracle:
             return batch, None
-        return batch, rollout(jax.random.fold_in(key, 1), policy, P_sample,
-                              jnp.full((S,), 1.0 / S, dtype), terminal, problem.time_limit,
-                              config.oracle_envs, config.oracle_steps, successors=table)
+        return batch, rollout(
+            jax.random.fold_in(key, 1),
+            policy,
+            P_sample,
+            jnp.full((S,), 1.0 / S, dtype),
+            terminal,
+            problem.time_limit,
+            config.oracle_envs,
+            config.oracle_steps,
+            successors=table,
+        )
 
     sampler_fn = problem.sample_transition or problem.transition
     check_sampler = solver == "sparse" and depends_on_input(sampler_fn, problem.theta0)
@@ -341,8 +422,9 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
         """:func:`collect`, from the whole table for a run whose sampler lost mass at theta."""
         if not check_sampler:
             return collect(key, theta, policy)
-        return cond_on_any_lane(sampler_lost, functools.partial(collect, dense=True), collect,
-                                key, theta, policy)
+        return cond_on_any_lane(
+            sampler_lost, functools.partial(collect, dense=True), collect, key, theta, policy
+        )
 
     def leader_critic(key, critic, theta, batch, segments, alpha):
         """(critic state, Q_L [S, B], V_L or None): a SARSA update (Algorithm 2; V_L = sum_b g
@@ -351,48 +433,82 @@ def make_train(problem: TabularCMDP, method: str = "bchg",
         if critic_kind == "sarsa":
             critic = critics.sarsa_update(key, critic, batch, rL, problem.gamma_L, alpha)
             return critic, critic, None
-        Q_L, V_L_hat = critics.monte_carlo_critic(batch if segments is None else segments, rL,
-                                                  problem.gamma_L)
+        Q_L, V_L_hat = critics.monte_carlo_critic(
+            batch if segments is None else segments, rL, problem.gamma_L
+        )
         return critic, Q_L, V_L_hat
 
     def estimate(theta, beta, batch, segments, br, Q_L, V_L_hat):
         """The method's hypergradient estimate (Theorem 1 with its guiding term)."""
-        return estimators.hypergradient(problem, theta, batch, br, Q_L, beta, guide=guide,
-                                        grouping=config.grouping, partial=config.partial,
-                                        V_L=V_L_hat, guide_batch=segments)
+        return estimators.hypergradient(
+            problem,
+            theta,
+            batch,
+            br,
+            Q_L,
+            beta,
+            guide=guide,
+            grouping=config.grouping,
+            partial=config.partial,
+            V_L=V_L_hat,
+            guide_batch=segments,
+        )
 
     def step(state: TrainState, hp: HParams):
         hp = hp.cast(dtype)
         theta, beta = state.theta, hp.beta
         key, k_roll, k_sarsa = jax.random.split(state.key, 3)
         br, J, V_L, metric_res, (model_lost, sampler_lost) = checked_solves(
-            theta, beta, state.V_F, state.V_L)
+            theta, beta, state.V_F, state.V_L
+        )
         critic = state.critic
         if method == "exact":
-            grad = exact_hypergradient(problem, theta, beta, V0=br.V, newton_iters=0,
-                                       polish_sweeps=3)
+            grad = exact_hypergradient(
+                problem, theta, beta, V0=br.V, newton_iters=0, polish_sweeps=3
+            )
         else:
             batch, segments = checked_collect(k_roll, theta, br.policy, sampler_lost)
-            critic, Q_L, V_L_hat = leader_critic(k_sarsa, critic, theta, batch, segments,
-                                                 hp.sarsa_alpha)
+            critic, Q_L, V_L_hat = leader_critic(
+                k_sarsa, critic, theta, batch, segments, hp.sarsa_alpha
+            )
             grad = estimate(theta, beta, batch, segments, br, Q_L, V_L_hat)
-        grad_norm = jnp.sqrt(sum(jnp.sum(x ** 2) for x in jax.tree.leaves(grad)))
+        grad_norm = jnp.sqrt(sum(jnp.sum(x**2) for x in jax.tree.leaves(grad)))
         # a non-finite estimate is dropped (flagged), never spread into theta; a follower or
         # metric solve that hit its sweep cap is flagged (its approximate answer is still used)
         skipped = ~jnp.isfinite(grad_norm)
-        new_theta = jax.tree.map(lambda new, old: jnp.where(skipped, old, new),
-                                 sgd_ascent(theta, grad, hp.lr, config.clip_norm), theta)
+        new_theta = jax.tree.map(
+            lambda new, old: jnp.where(skipped, old, new),
+            sgd_ascent(theta, grad, hp.lr, config.clip_norm),
+            theta,
+        )
         capped = ~((br.residual <= config.vi_tol) & (metric_res <= config.vi_tol))
-        metrics = {"J": J, "grad_norm": grad_norm, "sweeps": br.sweeps,
-                   "solve_capped": capped.astype(jnp.int32),
-                   "update_skipped": skipped.astype(jnp.int32),
-                   "support_lost": (model_lost | sampler_lost).astype(jnp.int32)}
+        metrics = {
+            "J": J,
+            "grad_norm": grad_norm,
+            "sweeps": br.sweeps,
+            "solve_capped": capped.astype(jnp.int32),
+            "update_skipped": skipped.astype(jnp.int32),
+            "support_lost": (model_lost | sampler_lost).astype(jnp.int32),
+        }
         return TrainState(new_theta, critic, br.V, V_L, key, state.step + 1), metrics
 
-    steps = {"follower": follower, "evaluate": evaluate, "support_lost": support_lost,
-             "solves": checked_solves, "collect": collect, "checked_collect": checked_collect,
-             "leader_critic": leader_critic, "estimate": estimate}
-    return build_trainer(problem, method, config, init, step,
-                         lambda grid: HParams.from_grid(grid, dtype),
-                         lambda hp: HParams.validate(hp), steps)
-
+    steps = {
+        "follower": follower,
+        "evaluate": evaluate,
+        "support_lost": support_lost,
+        "solves": checked_solves,
+        "collect": collect,
+        "checked_collect": checked_collect,
+        "leader_critic": leader_critic,
+        "estimate": estimate,
+    }
+    return build_trainer(
+        problem,
+        method,
+        config,
+        init,
+        step,
+        lambda grid: HParams.from_grid(grid, dtype),
+        lambda hp: HParams.validate(hp),
+        steps,
+    )

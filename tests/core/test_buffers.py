@@ -1,4 +1,5 @@
 """Episode buffers and minibatch sampling distributions (toy-game actor-critic)."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,5 +49,5 @@ def test_discounted_sampling_matches_gamma_power_t():
     obs = hist.reshape(15, 10).sum(1) * M
     exp = p.reshape(15, 10).sum(1) * M
     chi2 = np.sum((obs - exp) ** 2 / exp)
-    assert chi2 < 37.7          # 99.9% quantile, 14 degrees of freedom
+    assert chi2 < 37.7  # 99.9% quantile, 14 degrees of freedom
     np.testing.assert_allclose(t.mean(), np.sum(np.arange(150) * p), rtol=0.01)

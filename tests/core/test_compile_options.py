@@ -1,5 +1,6 @@
 """The XLA:CPU flag that avoids the stall of large vmapped programs is set on import only when it
 is safe (bchg_jax/core/compile_options.py)."""
+
 import os
 import subprocess
 import sys
@@ -15,8 +16,15 @@ SHOW = "import os, bchg_jax; print(os.environ.get('XLA_FLAGS', ''))"
 def _flags_after_import(extra_env, code=SHOW):
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "BCHG_JAX_KEEP_XLA_FLAGS")}
     env.update(extra_env)
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
 
 

@@ -1,6 +1,7 @@
 """The dtype follows theta (tabular, LQ: the problem's theta0; games: config.dtype): a float64
 run keeps every floating leaf of the state and every metric in float64, and its first exact
 objective agrees with the float32 run's (same start, no initial noise) to float32 accuracy."""
+
 import dataclasses
 
 import jax
@@ -16,29 +17,50 @@ from bchg_jax.problems import fourrooms, lqr_game, thermal, toy_game
 
 def _run(family, dtype):
     if family == "tabular":
-        tr = tabular.make_train(fourrooms(dtype=dtype), "bchg", tabular.TrainConfig(
-            num_steps=20, iterations=2, theta_init_std=0.0))
+        tr = tabular.make_train(
+            fourrooms(dtype=dtype),
+            "bchg",
+            tabular.TrainConfig(num_steps=20, iterations=2, theta_init_std=0.0),
+        )
         hp = tabular.HParams(0.1, 0.5, 1e-2)
     elif family == "lq":
-        tr = lq.make_train(thermal(dtype=dtype, horizon=20), "bchg", lq.TrainConfig(
-            num_episodes=2, iterations=2, weights_init_std=0.0))
+        tr = lq.make_train(
+            thermal(dtype=dtype, horizon=20),
+            "bchg",
+            lq.TrainConfig(num_episodes=2, iterations=2, weights_init_std=0.0),
+        )
         hp = lq.HParams(0.1, 0.1)
     elif family == "games.tabular":
         game = dataclasses.replace(toy_game(), time_limit=30)
-        tr = tgame.make_train(game, "bchg", tgame.TrainConfig(
-            iterations=2, actor="tabular", dtype=jnp.dtype(dtype).name))
+        tr = tgame.make_train(
+            game,
+            "bchg",
+            tgame.TrainConfig(iterations=2, actor="tabular", dtype=jnp.dtype(dtype).name),
+        )
         hp = tgame.HParams(1, 1, 0.05)
     else:
-        tr = lqr.make_train(lqr_game(horizon=20), "bchg", lqr.TrainConfig(
-            iterations=2, warmup_steps=0, theta0_std=0.0, benefit_samples=16,
-            baseline_samples=4, dtype=jnp.dtype(dtype).name))
-        hp = lqr.HParams(0, 5, 0.1)       # the leader stays at theta = 0: J comparable
+        tr = lqr.make_train(
+            lqr_game(horizon=20),
+            "bchg",
+            lqr.TrainConfig(
+                iterations=2,
+                warmup_steps=0,
+                theta0_std=0.0,
+                benefit_samples=16,
+                baseline_samples=4,
+                dtype=jnp.dtype(dtype).name,
+            ),
+        )
+        hp = lqr.HParams(0, 5, 0.1)  # the leader stays at theta = 0: J comparable
     return jax.jit(tr.train)(jax.random.key(1), hp)
 
 
 def _float_dtypes(tree):
-    return {jnp.dtype(x.dtype).name for x in jax.tree.leaves(tree)
-            if jnp.issubdtype(x.dtype, jnp.floating)}
+    return {
+        jnp.dtype(x.dtype).name
+        for x in jax.tree.leaves(tree)
+        if jnp.issubdtype(x.dtype, jnp.floating)
+    }
 
 
 @pytest.mark.parametrize("family", ["tabular", "lq", "games.tabular", "games.lqr"])

@@ -1,5 +1,6 @@
 """Non-convergence is never silent: every trainer flags capped solves and skipped updates, the
 progress line shows them and a run with more than 1% warns loudly (on stderr)."""
+
 import jax
 import numpy as np
 
@@ -8,15 +9,23 @@ from bchg_jax.core.health import health_text, health_warning, solver_health
 
 
 def test_health_counts_and_warning_threshold():
-    m = {"solve_capped": np.zeros((2, 3, 100), np.int32),
-         "update_skipped": np.zeros((2, 3, 100), np.int32), "J": np.zeros((2, 3, 100))}
+    m = {
+        "solve_capped": np.zeros((2, 3, 100), np.int32),
+        "update_skipped": np.zeros((2, 3, 100), np.int32),
+        "J": np.zeros((2, 3, 100)),
+    }
     h = solver_health(m)
-    assert h == {"run_iterations": 600, "solve_capped": 0, "capped_share": 0.0,
-                 "update_skipped": 0, "skipped_share": 0.0}
+    assert h == {
+        "run_iterations": 600,
+        "solve_capped": 0,
+        "capped_share": 0.0,
+        "update_skipped": 0,
+        "skipped_share": 0.0,
+    }
     assert health_text(h) == "capped 0.00% skipped 0" and health_warning(h) is None
-    m["solve_capped"][0, 0, :6] = 1            # 1.0%: at the threshold, no warning
+    m["solve_capped"][0, 0, :6] = 1  # 1.0%: at the threshold, no warning
     assert health_warning(solver_health(m)) is None
-    m["solve_capped"][0, 0, 6] = 1             # 7 of 600 > 1%
+    m["solve_capped"][0, 0, 6] = 1  # 7 of 600 > 1%
     m["update_skipped"][1, 2, :] = 1
     h = solver_health(m)
     assert h["solve_capped"] == 7 and h["update_skipped"] == 100
@@ -46,8 +55,9 @@ def test_tabular_cap_is_flagged_and_warned(capsys):
     m = _run_healthy(tabular.make_train(prob, "bchg", tabular.TrainConfig(**cfg)), grid, capsys)
     assert m["update_skipped"].sum() == 0
     # a tolerance the sweep cap cannot reach (2 sweeps from a cold start at beta 0.1)
-    m, out = _run_capped(tabular.make_train(prob, "bchg", tabular.TrainConfig(
-        vi_max_sweeps=2, **cfg)), grid, capsys)
+    m, out = _run_capped(
+        tabular.make_train(prob, "bchg", tabular.TrainConfig(vi_max_sweeps=2, **cfg)), grid, capsys
+    )
     assert m["solve_capped"].all() and m["update_skipped"].sum() == 0
     assert "capped 100.00%" in out.out and "WARNING" in out.err and "solves hit" in out.err
 
@@ -56,8 +66,9 @@ def test_lq_cap_is_flagged_skipped_and_warned(capsys):
     th = problems.thermal()
     grid = {"lr": [0.1], "beta": [0.1]}
     cfg = dict(num_episodes=2, iterations=3)
-    m, out = _run_capped(lq.make_train(th, "exact", lq.TrainConfig(riccati_max_iters=2, **cfg)),
-                         grid, capsys)
+    m, out = _run_capped(
+        lq.make_train(th, "exact", lq.TrainConfig(riccati_max_iters=2, **cfg)), grid, capsys
+    )
     assert m["solve_capped"].all() and m["update_skipped"].all()
     assert "skipped 6" in out.out and "updates were skipped" in out.err
     m = _run_healthy(lq.make_train(th, "exact", lq.TrainConfig(**cfg)), grid, capsys)
@@ -67,8 +78,14 @@ def test_tabular_game_cap_is_flagged(capsys):
     game = problems.toy_game()
     cfg = dict(episodes=2, minibatch=8, iterations=2)
     grid = {"actor_steps": [1], "critic_steps": [1], "beta": [0.05]}
-    m, out = _run_capped(games.tabular.make_train(game, "bchg", games.tabular.TrainConfig(
-        follower_max_sweeps=2, **cfg)), grid, capsys, iterations=2)
+    m, out = _run_capped(
+        games.tabular.make_train(
+            game, "bchg", games.tabular.TrainConfig(follower_max_sweeps=2, **cfg)
+        ),
+        grid,
+        capsys,
+        iterations=2,
+    )
     assert m["solve_capped"].all() and "WARNING" in out.err
 
 
@@ -76,8 +93,12 @@ def test_lqr_game_cap_is_flagged_and_skipped(capsys):
     game = problems.lqr_game()
     cfg = dict(iterations=2, warmup_steps=0, replay=0, explore_episodes=0)
     grid = {"actor_steps": [1], "critic_steps": [1], "beta": [0.1]}
-    m, out = _run_capped(games.lqr.make_train(game, "exact", games.lqr.TrainConfig(
-        follower_max_iters=1, **cfg)), grid, capsys, iterations=2)
+    m, out = _run_capped(
+        games.lqr.make_train(game, "exact", games.lqr.TrainConfig(follower_max_iters=1, **cfg)),
+        grid,
+        capsys,
+        iterations=2,
+    )
     assert m["solve_capped"].all() and m["update_skipped"].all()
     assert "updates were skipped" in out.err
 
@@ -86,13 +107,19 @@ def test_cli_summary_reports_health(tmp_path, capsys):
     """The CLI's per-method summary prints the health, summary.csv carries it, and the run
     summary warns once more."""
     from experiments.report import finish_method, finish_run
+
     J = np.zeros((1, 2, 50))
     capped = np.zeros((1, 2, 50), np.int32)
     capped[0, 0, :10] = 1
-    data = {"J": J, "solve_capped": capped, "update_skipped": np.zeros_like(capped),
-            "grid_lr": np.array([0.1])}
-    s = finish_method(str(tmp_path), "bchg", {"lr": np.array([0.1])}, data, 10, "t", "J",
-                      write=True)
+    data = {
+        "J": J,
+        "solve_capped": capped,
+        "update_skipped": np.zeros_like(capped),
+        "grid_lr": np.array([0.1]),
+    }
+    s = finish_method(
+        str(tmp_path), "bchg", {"lr": np.array([0.1])}, data, 10, "t", "J", write=True
+    )
     out = capsys.readouterr()
     assert "capped 10.00% skipped 0" in out.out and "WARNING" in out.err
     assert s["health"]["solve_capped"] == 10
@@ -106,6 +133,7 @@ def test_cli_summary_reports_health(tmp_path, capsys):
 def test_resumed_legacy_metrics_get_zero_flags():
     """Metrics saved before the flags existed: the earlier iterations read 0, not dropped."""
     from bchg_jax.core.sweep import join_chunks
+
     old = {"J": np.ones((1, 2, 4))}
     new = {"J": np.ones((1, 2, 3)), "solve_capped": np.ones((1, 2, 3), np.int32)}
     m = join_chunks([old, new])

@@ -1,12 +1,21 @@
 """Max-ent LQR follower: Riccati equation, Propositions 1 and 2, implicit gradients, failures."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bchg_jax.core.maxent_lqr import (check_solution, is_stabilizable, maxent_lqr,
-                                           maxent_lqr_observable, riccati, riccati_map, soft_q,
-                                           soft_value, soft_value_observable)
+from bchg_jax.core.maxent_lqr import (
+    check_solution,
+    is_stabilizable,
+    maxent_lqr,
+    maxent_lqr_observable,
+    riccati,
+    riccati_map,
+    soft_q,
+    soft_value,
+    soft_value_observable,
+)
 
 
 def _system(seed=0, n=3, m=2):
@@ -61,7 +70,8 @@ def test_proposition1_soft_bellman_on_sampled_points(x64):
 
 
 def test_proposition2_observable_disturbance(x64):
-    """V_F(s, w) = E_b[r_F(s,b) + gamma E_w' V_F(s', w') - beta log g(b|s,w)], s' = A s + B b + w."""
+    """V_F(s, w) = E_b[r_F(s,b) + gamma E_w' V_F(s', w') - beta log g(b|s,w)],
+    s' = A s + B b + w."""
     A, B, Q, R, U = _system(3)
     gamma, beta = 0.9, 0.2
     br = maxent_lqr_observable(A, B, Q, R, U, gamma, beta, tol=1e-13)
@@ -76,15 +86,14 @@ def test_proposition2_observable_disturbance(x64):
         s2 = S @ A.T + b @ B.T + W
         w2 = jax.random.normal(k4, (N, 3)) @ U.T
         r = -(jnp.einsum("ni,ij,nj->n", S, Q, S) + jnp.einsum("ni,ij,nj->n", b, R, b))
-        x = (r + gamma * soft_value_observable(br, Q, A, s2, w2)
-             - beta * br.log_prob(S, b, W))
+        x = r + gamma * soft_value_observable(br, Q, A, s2, w2) - beta * br.log_prob(S, b, W)
         target = soft_value_observable(br, Q, A, s, w)
         assert abs(float(x.mean() - target)) < 5 * float(x.std()) / np.sqrt(N) + 1e-9
 
 
 def test_unstabilisable_pair_is_flagged_not_silent():
     A = np.diag([2.0, 0.5])
-    B = np.array([[0.0], [1.0]])          # the unstable mode is not controllable
+    B = np.array([[0.0], [1.0]])  # the unstable mode is not controllable
     assert not is_stabilizable(A, B, 0.9)
     assert is_stabilizable(np.diag([0.9, 0.5]), B, 0.9)
     br = maxent_lqr(A, B, np.eye(2), np.eye(1), 0.1 * np.eye(2), 0.9, 0.1, max_iters=2000)

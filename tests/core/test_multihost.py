@@ -1,5 +1,6 @@
 """Two JAX processes (jax.distributed, CPU collectives over gloo) shard one grid between them:
 each process gets the whole grid back, equal to the single-process run (float64)."""
+
 import os
 import socket
 import subprocess
@@ -45,11 +46,18 @@ def test_two_processes_share_one_grid(tmp_path):
     script.write_text(WORKER)
     port = str(_free_port())
     env = {**os.environ, "XLA_FLAGS": ""}
-    procs = [subprocess.Popen([sys.executable, str(script), str(i), port, str(tmp_path)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(i), port, str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i in range(2)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
-    for p, (_, err) in zip(procs, outs):
+    for p, (_, err) in zip(procs, outs, strict=False):
         assert p.returncode == 0, err[-3000:]
     J0, J1, ref = (np.load(tmp_path / f) for f in ("J0.npy", "J1.npy", "ref.npy"))
     assert J0.shape == (3, 3, 6) and np.array_equal(J0, J1)

@@ -5,6 +5,7 @@ A CPU cannot show the difference numerically, so these tests are structural: eac
 its derivative, where the library differentiates it) is traced and every ``dot_general`` in the
 jaxpr, sub-jaxprs included, must carry ``Precision.HIGHEST``. Tracing only: nothing compiles.
 """
+
 import functools
 
 import jax
@@ -53,8 +54,17 @@ def test_tabular_solvers_and_exact_references(cmdp):
     pol = jnp.full((S, cmdp.num_actions), 1.0 / cmdp.num_actions)
     _full(soft_value_iteration, P, rF, beta, cmdp.gamma_F, tol=1e-6, max_sweeps=50)
     _full(tab_exact.policy_evaluation, P, rL, pol, cmdp.gamma_L, cont)
-    _full(tab_exact.policy_evaluation_sweeps, P, rL, pol, cmdp.gamma_L, cont, jnp.zeros(S),
-          tol=1e-6, max_sweeps=50)
+    _full(
+        tab_exact.policy_evaluation_sweeps,
+        P,
+        rL,
+        pol,
+        cmdp.gamma_L,
+        cont,
+        jnp.zeros(S),
+        tol=1e-6,
+        max_sweeps=50,
+    )
     _full(tab_exact.soft_newton, P, rF, beta, cmdp.gamma_F, cont, jnp.zeros(S), iters=3)
     _full(lambda th: tab_exact.best_response(cmdp, th, beta).V, theta)
     _full(functools.partial(tab_exact.leader_objective, cmdp), theta, beta)
@@ -73,15 +83,16 @@ def test_tabular_sparse_solvers_one_run_and_vmapped():
     pol = jnp.full((S, 4), 0.25)
 
     def soft(r):
-        return sparse.sparse_soft_value_iteration(P, r, 1e-3, fr.gamma_F, succ,
-                                                  fr.terminal_mask).V
+        return sparse.sparse_soft_value_iteration(P, r, 1e-3, fr.gamma_F, succ, fr.terminal_mask).V
 
     def evaluation(r):
-        return sparse.sparse_policy_evaluation(P, r, pol, fr.gamma_L, cont, jnp.zeros(S), succ,
-                                               tol=1e-6)
+        return sparse.sparse_policy_evaluation(
+            P, r, pol, fr.gamma_L, cont, jnp.zeros(S), succ, tol=1e-6
+        )
+
     for fn in (soft, evaluation):
         _full(fn, rF if fn is soft else rL)
-        _full(jax.vmap(fn), jnp.stack([rF if fn is soft else rL] * 3))   # the run-last rule
+        _full(jax.vmap(fn), jnp.stack([rF if fn is soft else rL] * 3))  # the run-last rule
 
 
 @pytest.mark.parametrize("solver", ["dense", "sparse"])
@@ -111,10 +122,12 @@ def test_lq_riccati_propositions_exact_and_lstd():
     _full(lq_exact.discounted_lyapunov, F, jnp.eye(3), 0.9)
     n, m = th.state_dim, B.shape[1]
     s, b = jnp.ones((4, 6, n)), jnp.ones((4, 6, m))
-    _full(lambda s_, b_: jax.tree.leaves(lq_critics.fit_quadratic_q(s_, b_, jnp.ones((4, 5)),
-                                                                    0.9)), s, b)
-    _full(lambda s_: lq_critics.fit_quadratic_vector_value(s_, jnp.ones((4, 5, 2)), 0.9)(s_),
-          s)
+    _full(
+        lambda s_, b_: jax.tree.leaves(lq_critics.fit_quadratic_q(s_, b_, jnp.ones((4, 5)), 0.9)),
+        s,
+        b,
+    )
+    _full(lambda s_: lq_critics.fit_quadratic_vector_value(s_, jnp.ones((4, 5, 2)), 0.9)(s_), s)
     br = th.best_response(theta, beta)
     # the follower's values whose difference is the Benefit (a cancellation: values ~1e2)
     _full(lambda x: maxent_lqr.soft_q(br, A, B, Q, R, U, g, x, b[:, :, :]), s)
@@ -133,12 +146,15 @@ def test_lq_trainer_follower_and_metric_steps():
 def test_tabular_game_follower_and_exact():
     game = problems.toy_game()
     f = jnp.full((game.num_states, game.num_leader_actions), 1.0 / game.num_leader_actions)
-    _full(lambda f_: games.tabular.soft_q_iteration(game, f_, 0.05, tol=1e-6,
-                                                    max_sweeps=50).Q, f)
+    _full(lambda f_: games.tabular.soft_q_iteration(game, f_, 0.05, tol=1e-6, max_sweeps=50).Q, f)
     _full(lambda f_: game_exact.best_response(game, f_, 0.05).Q, f)
     _full(lambda f_: game_exact.leader_objective(game, f_, 0.05), f)
-    _full(lambda f_: game_exact.leader_return(game, f_, game_exact.best_response(
-        game, f_, 0.05).policy), f)
+    _full(
+        lambda f_: game_exact.leader_return(
+            game, f_, game_exact.best_response(game, f_, 0.05).policy
+        ),
+        f,
+    )
     _full(jax.grad(lambda f_: game_exact.leader_objective(game, f_, 0.05)), f)
 
 
@@ -162,6 +178,7 @@ def test_lqr_game_follower_and_exact():
 def test_neural_critics_keep_the_users_default():
     """The MLP critics are not forced to full precision (TF32 is what makes them fast)."""
     from bchg_jax.core.networks import MLP
+
     net = MLP((8,), 1)
     params = net.init(jax.random.key(0), jnp.ones((1, 3)))
     assert low_precision_dots(net.apply, params, jnp.ones((5, 3)))
@@ -169,6 +186,11 @@ def test_neural_critics_keep_the_users_default():
 
 def test_control_variate_ridge_fit():
     from bchg_jax.games.control_variate import crossfit_baseline, quadratic_features
+
     x = jax.random.normal(jax.random.key(1), (40, 3))
-    _full(lambda x_: crossfit_baseline(quadratic_features(x_), jnp.ones((40, 2)),
-                                       jnp.arange(40) % 4, 4), x)
+    _full(
+        lambda x_: crossfit_baseline(
+            quadratic_features(x_), jnp.ones((40, 2)), jnp.arange(40) % 4, 4
+        ),
+        x,
+    )

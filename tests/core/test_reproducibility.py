@@ -5,6 +5,7 @@ For each experiment's trainer: two fresh runs of the same small grid are compare
 compiled once for all chunks (a retrace between chunks would recompile the whole outer loop;
 this caught a weakly-typed buffer counter in the game trainers).
 """
+
 import jax
 import numpy as np
 import pytest
@@ -13,27 +14,49 @@ from bchg_jax.core.sweep import grid_functions, grid_hparams, run_grid, seed_key
 
 
 def _trainers():
+    from bchg_jax.games.lqr.train import TrainConfig as LQRGameTrainConfig
+    from bchg_jax.games.lqr.train import make_train as make_train_lqr_game
+    from bchg_jax.games.tabular.train import TrainConfig as GameTrainConfig
+    from bchg_jax.games.tabular.train import make_train as make_train_game
+    from bchg_jax.lq.train import TrainConfig as LQTrainConfig
+    from bchg_jax.lq.train import make_train as make_train_lq
     from bchg_jax.problems.fourrooms import fourrooms
     from bchg_jax.problems.lqr_game import lqr_game
     from bchg_jax.problems.thermal import thermal
     from bchg_jax.problems.toy_game import toy_game
     from bchg_jax.tabular.train import TrainConfig, make_train
-    from bchg_jax.games.tabular.train import TrainConfig as GameTrainConfig, make_train as make_train_game
-    from bchg_jax.lq.train import TrainConfig as LQTrainConfig, make_train as make_train_lq
-    from bchg_jax.games.lqr.train import TrainConfig as LQRGameTrainConfig, make_train as make_train_lqr_game
+
     return {
-        "fourrooms": (make_train(fourrooms(), "bchg", TrainConfig(num_steps=20, iterations=4)),
-                      {"lr": np.array([0.1, 0.3]), "sarsa_alpha": np.array([0.5, 0.5]),
-                       "beta": np.array([1e-3, 1e-3])}),
-        "thermal": (make_train_lq(thermal(), "bchg", LQTrainConfig(num_episodes=8, iterations=4)),
-                    {"lr": np.array([0.1])}),
-        "toy_game": (make_train_game(toy_game(), "bchg", GameTrainConfig(iterations=4)),
-                     {"actor_steps": np.array([1, 2]), "critic_steps": np.array([1, 1])}),
-        "lqr_game": (make_train_lqr_game(lqr_game(), "bchg",
-                                         LQRGameTrainConfig(iterations=4, warmup_steps=400,
-                                                            minibatch=16, benefit_samples=8,
-                                                            baseline_samples=4)),
-                     {"actor_steps": np.array([1, 3])}),
+        "fourrooms": (
+            make_train(fourrooms(), "bchg", TrainConfig(num_steps=20, iterations=4)),
+            {
+                "lr": np.array([0.1, 0.3]),
+                "sarsa_alpha": np.array([0.5, 0.5]),
+                "beta": np.array([1e-3, 1e-3]),
+            },
+        ),
+        "thermal": (
+            make_train_lq(thermal(), "bchg", LQTrainConfig(num_episodes=8, iterations=4)),
+            {"lr": np.array([0.1])},
+        ),
+        "toy_game": (
+            make_train_game(toy_game(), "bchg", GameTrainConfig(iterations=4)),
+            {"actor_steps": np.array([1, 2]), "critic_steps": np.array([1, 1])},
+        ),
+        "lqr_game": (
+            make_train_lqr_game(
+                lqr_game(),
+                "bchg",
+                LQRGameTrainConfig(
+                    iterations=4,
+                    warmup_steps=400,
+                    minibatch=16,
+                    benefit_samples=8,
+                    baseline_samples=4,
+                ),
+            ),
+            {"actor_steps": np.array([1, 3])},
+        ),
     }
 
 
@@ -43,7 +66,7 @@ def test_same_seed_same_bits_and_one_compile(name):
     init, run = grid_functions(trainer)
     hp = grid_hparams(trainer, grid)
 
-    def go(seed):          # 4 iterations in 2 chunks from a fresh state, as run_grid does
+    def go(seed):  # 4 iterations in 2 chunks from a fresh state, as run_grid does
         state, out = init(seed_keys(2, seed), hp), []
         for _ in range(2):
             state, m = run(state, hp, 2)
@@ -54,8 +77,8 @@ def test_same_seed_same_bits_and_one_compile(name):
     assert set(m1) == set(m2)
     for k in m1:
         assert np.array_equal(m1[k], m2[k], equal_nan=True), k
-    assert not np.array_equal(m1["J"], m3["J"])          # the seed does matter
-    assert run._cache_size() == 1                        # every chunk reused one compilation
+    assert not np.array_equal(m1["J"], m3["J"])  # the seed does matter
+    assert run._cache_size() == 1  # every chunk reused one compilation
 
 
 def test_run_grid_chunking_is_invisible():
@@ -75,14 +98,15 @@ def test_float32_run_is_the_same_with_x64_on_or_off(family):
 
     def run():
         if family == "tabular":
-            t = tabular.make_train(problems.fourrooms(), "bchg", tabular.TrainConfig(
-                iterations=4))
+            t = tabular.make_train(problems.fourrooms(), "bchg", tabular.TrainConfig(iterations=4))
             hp = tabular.HParams(0.1, 0.5, 1e-3)
         else:
-            t = lq.make_train(problems.thermal(), "bchg", lq.TrainConfig(iterations=3,
-                                                                        num_episodes=4))
+            t = lq.make_train(
+                problems.thermal(), "bchg", lq.TrainConfig(iterations=3, num_episodes=4)
+            )
             hp = lq.HParams(0.1, 0.1)
         return np.asarray(t.train(jax.random.key(0), hp)[1]["J"])
+
     off = run()
     with jax.enable_x64(True):
         on = run()

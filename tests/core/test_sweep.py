@@ -1,4 +1,5 @@
 """sweep.py: sharding the runs over devices gives the unsharded results; checkpoint round trip."""
+
 import os
 import subprocess
 import sys
@@ -7,11 +8,10 @@ import textwrap
 import jax
 import numpy as np
 
-from bchg_jax.tabular import TrainConfig, make_train
-
-from bchg_jax.problems import random_tabular_cmdp
 from bchg_jax.core.io import load_state, save_state
 from bchg_jax.core.sweep import grid_functions, product_grid, run_grid, seed_keys
+from bchg_jax.problems import random_tabular_cmdp
+from bchg_jax.tabular import TrainConfig, make_train
 
 SHARD_SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
@@ -36,11 +36,20 @@ SHARD_SCRIPT = textwrap.dedent("""
 
 
 def test_sharded_grid_equals_unsharded_on_four_cpu_devices():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               JAX_PLATFORMS="cpu", JAX_ENABLE_X64="1")
-    out = subprocess.run([sys.executable, "-c", SHARD_SCRIPT], env=env, capture_output=True,
-                         text=True, timeout=600,
-                         cwd=os.path.join(os.path.dirname(__file__), "..", ".."))
+    env = dict(
+        os.environ,
+        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        JAX_PLATFORMS="cpu",
+        JAX_ENABLE_X64="1",
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", SHARD_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=os.path.join(os.path.dirname(__file__), "..", ".."),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "SHARDED_OK" in out.stdout
 
@@ -51,15 +60,16 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
     grid = product_grid(lr=[0.1, 0.05], sarsa_alpha=[0.5], beta=[0.3])
     # one chunk length throughout (one compile); other chunkings: test_reproducibility
     _, full = run_grid(tr, grid, 2, 30, chunk=6, verbose=False)
-    state, part = run_grid(tr, grid, 2, 12, chunk=6, verbose=False)      # "stopped" at 12
+    state, part = run_grid(tr, grid, 2, 12, chunk=6, verbose=False)  # "stopped" at 12
     save_state(str(tmp_path / "ckpt"), state)
     restored = load_state(str(tmp_path / "ckpt"), state)
     assert jax.random.key_impl(restored.key) == jax.random.key_impl(state.key)
-    _, rest = run_grid(tr, grid, 2, 30, chunk=6, verbose=False, state=restored, start=12,
-                       metrics=part)
+    _, rest = run_grid(
+        tr, grid, 2, 30, chunk=6, verbose=False, state=restored, start=12, metrics=part
+    )
     assert rest["J"].shape == (2, 2, 30)
     for k in full:
-        assert np.array_equal(rest[k], full[k]), k        # bit-identical after the restore
+        assert np.array_equal(rest[k], full[k]), k  # bit-identical after the restore
 
 
 def test_checkpoint_shape_mismatch_is_a_clear_error(tmp_path):
@@ -67,7 +77,7 @@ def test_checkpoint_shape_mismatch_is_a_clear_error(tmp_path):
     tr = make_train(prob, "bchg", TrainConfig(num_steps=10, iterations=3))
     init, _ = grid_functions(tr)
     hp = tr.hparams(product_grid(lr=[0.1], sarsa_alpha=[0.5], beta=[0.3]))
-    s2, s3 = init(seed_keys(2), hp), init(seed_keys(3), hp)     # 2 and 3 seeds
+    s2, s3 = init(seed_keys(2), hp), init(seed_keys(3), hp)  # 2 and 3 seeds
     save_state(str(tmp_path / "c"), s2)
     try:
         load_state(str(tmp_path / "c"), s3)

@@ -1,4 +1,5 @@
 """The experiment CLI runs a smoke configuration and writes its results."""
+
 import csv
 import json
 import os
@@ -10,7 +11,10 @@ from experiments import fourrooms as cli
 
 
 def test_smoke_run_writes_results(tmp_path):
-    out = os.path.join(cli.main(["--smoke", "--lr", "0.1", "0.05", "--out", str(tmp_path / "r"), "--exact-out"]), "bchg")
+    out = os.path.join(
+        cli.main(["--smoke", "--lr", "0.1", "0.05", "--out", str(tmp_path / "r"), "--exact-out"]),
+        "bchg",
+    )
     files = set(os.listdir(out))
     assert {"config.json", "metrics.npz", "summary.csv", "curve.png"} <= files
     cfg = json.load(open(os.path.join(out, "config.json")))
@@ -21,8 +25,15 @@ def test_smoke_run_writes_results(tmp_path):
     assert len(rows) == 2 and sum(int(r["best"]) for r in rows) == 1
 
 
-@pytest.mark.parametrize("argv", [["--smoke", "--beta", "0"], ["--smoke", "--batch", "300"],
-                                  ["--smoke", "--method", "magic"], ["--smoke", "--lr", "-1"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--smoke", "--beta", "0"],
+        ["--smoke", "--batch", "300"],
+        ["--smoke", "--method", "magic"],
+        ["--smoke", "--lr", "-1"],
+    ],
+)
 def test_bad_arguments_exit_with_a_message(argv, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(argv + ["--out", str(tmp_path)])
@@ -39,6 +50,7 @@ def test_batch_shapes():
 
 def test_atomic_writes_leave_no_temporary_files(tmp_path):
     from bchg_jax.core.io import save_csv, save_json, save_npz
+
     save_json(str(tmp_path / "a.json"), {"x": 1})
     save_npz(str(tmp_path / "b.npz"), {"y": np.arange(3)})
     save_csv(str(tmp_path / "c.csv"), ["h"], [[1], [2]])
@@ -49,8 +61,21 @@ def test_atomic_writes_leave_no_temporary_files(tmp_path):
 
 def test_stopped_run_resumes_without_losing_or_repeating_work(tmp_path, monkeypatch):
     import bchg_jax.core.io as bio
-    args = ["--method", "bchg,naive", "--seeds", "2", "--iterations", "30", "--chunk", "10",
-            "--lr", "0.1", "0.5", "--exact-out"]
+
+    args = [
+        "--method",
+        "bchg,naive",
+        "--seeds",
+        "2",
+        "--iterations",
+        "30",
+        "--chunk",
+        "10",
+        "--lr",
+        "0.1",
+        "0.5",
+        "--exact-out",
+    ]
     full = cli.main(args + ["--out", str(tmp_path / "full")])
 
     original, calls = bio.save_state, []
@@ -60,14 +85,17 @@ def test_stopped_run_resumes_without_losing_or_repeating_work(tmp_path, monkeypa
         calls.append(path)
         if len(calls) == 2:
             raise KeyboardInterrupt  # the run is killed right after iteration 20 was saved
+
     monkeypatch.setattr(bio, "save_state", stop_after_second_checkpoint)
     stopped = str(tmp_path / "stopped")
-    with pytest.raises(SystemExit) as e:              # Ctrl-C: exit status 130
+    with pytest.raises(SystemExit) as e:  # Ctrl-C: exit status 130
         cli.main(args + ["--out", stopped])
     assert e.value.code == 130
     monkeypatch.setattr(bio, "save_state", original)
     part = np.load(os.path.join(stopped, "bchg", "metrics.npz"))
-    assert part["J"].shape[-1] == 20 and bio.checkpoint_exists(os.path.join(stopped, "bchg", "checkpoint"))
+    assert part["J"].shape[-1] == 20 and bio.checkpoint_exists(
+        os.path.join(stopped, "bchg", "checkpoint")
+    )
     assert not os.path.exists(os.path.join(stopped, "naive"))
 
     cli.main(["--resume", stopped])
@@ -75,7 +103,7 @@ def test_stopped_run_resumes_without_losing_or_repeating_work(tmp_path, monkeypa
         a = np.load(os.path.join(full, method, "metrics.npz"))["J"]
         b = np.load(os.path.join(stopped, method, "metrics.npz"))["J"]
         assert b.shape == (2, 2, 30)
-        assert np.array_equal(a, b)                  # bit-identical to the uninterrupted run
+        assert np.array_equal(a, b)  # bit-identical to the uninterrupted run
         assert bio.checkpoint_step(os.path.join(stopped, method, "checkpoint")) == 30  # kept
     assert os.path.exists(os.path.join(stopped, "figure.png"))
     rows = list(csv.DictReader(open(os.path.join(stopped, "summary.csv"))))
@@ -90,7 +118,10 @@ def test_resume_of_a_folder_without_config_is_an_error(tmp_path, capsys):
 
 def test_plot_cli_draws_panels_and_table(tmp_path, capsys):
     from experiments import plot
-    run = cli.main(["--smoke", "--method", "bchg,sobirl", "--out", str(tmp_path / "r"), "--exact-out"])
+
+    run = cli.main(
+        ["--smoke", "--method", "bchg,sobirl", "--out", str(tmp_path / "r"), "--exact-out"]
+    )
     capsys.readouterr()
     plot.main([run, run, "--out", str(tmp_path / "fig.png")])
     out = capsys.readouterr().out
@@ -110,7 +141,7 @@ def test_methods_can_be_added_to_a_run_folder_but_settings_cannot_change(tmp_pat
     assert cfg["methods"] == ["naive", "sobirl"]
     # the run's summary and figure now cover both methods (they were not refreshed before)
     rows = list(csv.DictReader(open(os.path.join(run, "summary.csv"))))
-    assert [r["method"] for r in rows] == ["sobirl", "naive"]       # the figure's order
+    assert [r["method"] for r in rows] == ["sobirl", "naive"]  # the figure's order
     assert os.path.exists(os.path.join(run, "figure.png"))
     # metrics.jsonl lines carry their grid's hyperparameters
     line = json.loads(open(os.path.join(run, "naive", "metrics.jsonl")).readline())
@@ -120,15 +151,25 @@ def test_methods_can_be_added_to_a_run_folder_but_settings_cannot_change(tmp_pat
     assert e.value.code == 2 and "other settings" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("module, extra, metrics", [
-    ("thermal", ["--method", "bchg,naive"], {"J", "stability", "hvac_energy", "insulation",
-                                             "airflow", "ok"}),
-    ("toy_game", ["--method", "bchg,naive_off"], {"J", "J_discounted", "p", "g_S"}),
-    ("lqr_game", ["--method", "bchg,bchg_det"], {"J", "J_discounted", "K1", "K2",
-                                                 "update_skipped"}),
-])
+@pytest.mark.parametrize(
+    "module, extra, metrics",
+    [
+        (
+            "thermal",
+            ["--method", "bchg,naive"],
+            {"J", "stability", "hvac_energy", "insulation", "airflow", "ok"},
+        ),
+        ("toy_game", ["--method", "bchg,naive_off"], {"J", "J_discounted", "p", "g_S"}),
+        (
+            "lqr_game",
+            ["--method", "bchg,bchg_det"],
+            {"J", "J_discounted", "K1", "K2", "update_skipped"},
+        ),
+    ],
+)
 def test_other_experiments_smoke_and_resume_skip(module, extra, metrics, tmp_path, capsys):
     import importlib
+
     mod = importlib.import_module(f"experiments.{module}")
     run = mod.main(["--smoke", *extra, "--out", str(tmp_path / "r"), "--exact-out"])
     for method in extra[1].split(","):
@@ -139,20 +180,29 @@ def test_other_experiments_smoke_and_resume_skip(module, extra, metrics, tmp_pat
     cfg = json.load(open(os.path.join(run, "config.json")))
     assert cfg["experiment"] == module and "jax_version" in cfg
     capsys.readouterr()
-    mod.main(["--resume", run])                    # complete: every method is skipped
+    mod.main(["--resume", run])  # complete: every method is skipped
     assert capsys.readouterr().out.count("; skipped") == 2
 
 
-@pytest.mark.parametrize("module, argv", [
-    ("thermal", ["--method", "sobirl"]), ("thermal", ["--lr", "0"]),
-    ("thermal", ["--init-std", "-1"]), ("toy_game", ["--method", "bchg_on"]),
-    ("toy_game", ["--actor-steps", "50"]), ("toy_game", ["--beta", "-0.1"]),
-    ("lqr_game", ["--method", "hpgd"]), ("lqr_game", ["--actor-steps", "21"]),
-    ("lqr_game", ["--beta", "0"]), ("lqr_game", ["--warmup-steps", "-1"]),
-    ("lqr_game", ["--explore-episodes", "-2"]),
-])
+@pytest.mark.parametrize(
+    "module, argv",
+    [
+        ("thermal", ["--method", "sobirl"]),
+        ("thermal", ["--lr", "0"]),
+        ("thermal", ["--init-std", "-1"]),
+        ("toy_game", ["--method", "bchg_on"]),
+        ("toy_game", ["--actor-steps", "50"]),
+        ("toy_game", ["--beta", "-0.1"]),
+        ("lqr_game", ["--method", "hpgd"]),
+        ("lqr_game", ["--actor-steps", "21"]),
+        ("lqr_game", ["--beta", "0"]),
+        ("lqr_game", ["--warmup-steps", "-1"]),
+        ("lqr_game", ["--explore-episodes", "-2"]),
+    ],
+)
 def test_other_experiments_bad_arguments(module, argv, tmp_path, capsys):
     import importlib
+
     mod = importlib.import_module(f"experiments.{module}")
     with pytest.raises(SystemExit) as e:
         mod.main(["--smoke", *argv, "--out", str(tmp_path)])
@@ -164,12 +214,14 @@ def test_other_experiments_bad_arguments(module, argv, tmp_path, capsys):
 def test_every_flag_has_help_and_shows_its_default(module, monkeypatch, capsys):
     import argparse
     import importlib
+
     mod = importlib.import_module(f"experiments.{module}")
     seen = {}
 
     def grab(self, args=None, namespace=None):
         seen["parser"] = self
         raise SystemExit(0)
+
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", grab)
     with pytest.raises(SystemExit):
         mod.parse_args([])
@@ -185,22 +237,36 @@ def test_lqr_game_presets():
     """``--preset explore`` (default) and ``--preset reference`` set the flags' defaults and the
     trainer's config; explicit flags still win."""
     from experiments import lqr_game as cli
+
     a = cli.parse_args([])
     assert (a.preset, a.iterations, a.estimator, a.actor_lr) == ("explore", 2000, "unbiased", 0.02)
-    assert cli.methods_of("all", a.preset) == ["bchg", "bchg_det", "naive", "naive_det", "exact",
-                                               "exact_direct"]
+    assert cli.methods_of("all", a.preset) == [
+        "bchg",
+        "bchg_det",
+        "naive",
+        "naive_det",
+        "exact",
+        "exact_direct",
+    ]
     c = cli.train_config(a, "naive")
     assert (c.explore_episodes, c.replay, c.tau, c.normalize, c.influence_cv, c.clip) == (
-        6, 80, 0.2, True, True, 1.0)
+        6,
+        80,
+        0.2,
+        True,
+        True,
+        1.0,
+    )
     assert (c.actor_lr, c.actor_lr_schedule, c.warmup_steps) == (0.02, "cosine", 160000)
     assert (c.minibatch, c.max_steps, a.critic_steps) == (64, 20, 20)
-    c = cli.train_config(cli.parse_args(["--replay", "200", "--tau", "0.05", "--minibatch", "256"]),
-                         "bchg")
+    c = cli.train_config(
+        cli.parse_args(["--replay", "200", "--tau", "0.05", "--minibatch", "256"]), "bchg"
+    )
     assert (c.replay, c.tau, c.minibatch) == (200, 0.05, 256)
     c = cli.train_config(cli.parse_args(["--explore-episodes", "2", "--replay", "40"]), "naive")
     assert (c.episodes, c.explore_episodes, c.replay) == (2, 2, 40)
     with pytest.raises(ValueError, match="multiple of the 6 episodes"):
-        cli.validate_args(cli.parse_args(["--explore-episodes", "4"]))   # 80 % (2 + 4) != 0
+        cli.validate_args(cli.parse_args(["--explore-episodes", "4"]))  # 80 % (2 + 4) != 0
     with pytest.raises(ValueError, match="needs a replay ring"):
         cli.validate_args(cli.parse_args(["--replay", "0"]))
     with pytest.raises(ValueError, match="minibatch"):
@@ -211,29 +277,42 @@ def test_lqr_game_presets():
     assert (r.iterations, r.estimator, r.warmup_steps, r.actor_lr) == (500, "reference", 4000, 0.2)
     assert cli.methods_of("all", r.preset) == ["bchg", "naive_on", "naive_off", "bchg_det"]
     c = cli.train_config(r, "naive_on")
-    assert (c.episodes, c.explore_episodes, c.replay, c.normalize, c.clip, c.critic_lr,
-            c.minibatch) == (4, 0, 0, False, 0.0, 0.1, 64)
+    assert (
+        c.episodes,
+        c.explore_episodes,
+        c.replay,
+        c.normalize,
+        c.clip,
+        c.critic_lr,
+        c.minibatch,
+    ) == (4, 0, 0, False, 0.0, 0.1, 64)
 
 
-@pytest.mark.parametrize("preset,replay,tau,explore",
-                         [("explore", 200, 0.05, 2), ("reference", 0, 0.01, 0)])
+@pytest.mark.parametrize(
+    "preset,replay,tau,explore", [("explore", 200, 0.05, 2), ("reference", 0, 0.01, 0)]
+)
 def test_lqr_game_run_saved_before_the_replay_and_tau_flags_resumes_with_its_values(
-        tmp_path, preset, replay, tau, explore):
+    tmp_path, preset, replay, tau, explore
+):
     """A run saved before ``--replay`` / ``--tau`` / ``--explore-episodes`` existed was made with
     its preset's values of the time (LEGACY_SETTINGS); ``--resume`` and ``--config`` restore
     them, not today's defaults."""
     from experiments import lqr_game as cli
     from experiments.cli import resume_args
+
     saved = vars(cli.parse_args(["--preset", preset]))
-    saved = {k: v for k, v in saved.items()
-             if k not in ("replay", "tau", "explore_episodes", "_explicit")}
+    saved = {
+        k: v
+        for k, v in saved.items()
+        if k not in ("replay", "tau", "explore_episodes", "_explicit")
+    }
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps({"experiment": "lqr_game", "args": saved}))
     a = resume_args(cli.parse_args(["--resume", str(run)]), "lqr_game")
     c = cli.train_config(a, "bchg")
     assert (a.preset, c.replay, c.tau, c.explore_episodes) == (preset, replay, tau, explore)
-    a = cli.parse_args(["--config", str(run / "config.json")])    # --config: the same values
+    a = cli.parse_args(["--config", str(run / "config.json")])  # --config: the same values
     c = cli.train_config(a, "bchg")
     assert (a.preset, c.replay, c.tau, c.explore_episodes) == (preset, replay, tau, explore)
 
@@ -244,6 +323,7 @@ def test_a_failed_write_stops_with_the_resume_command(tmp_path, monkeypatch, cap
 
     def refuse(path, state, step=0):
         raise PermissionError(13, "Permission denied", path)
+
     monkeypatch.setattr(bio, "save_state", refuse)
     run = str(tmp_path / "r")
     with pytest.raises(SystemExit) as e:

@@ -1,4 +1,5 @@
 """The figures of ``experiments.plot``, built from small synthetic run folders (no training)."""
+
 import json
 import os
 
@@ -12,34 +13,88 @@ matplotlib.use("Agg")  # before pyplot is imported (experiments.plot imports it 
 
 THERMAL_METRICS = ("J", "stability", "hvac_energy", "insulation", "airflow")
 ARGS = {
-    "fourrooms": {"beta": 0.001, "batch": 100, "slip_model": "reference", "grid": "none",
-                  "lr": [0.1], "sarsa_alpha": [0.5], "seeds": 3, "seed": 0, "iterations": 40,
-                  "out": "x", "chunk": 10, "method": "bchg,naive", "exact_out": True},
-    "thermal": {"critic": "quadratic", "beta": 0.1, "follower_grad": "pathwise", "grid": "none",
-                "lr": [0.1], "seeds": 3, "seed": 0, "iterations": 40, "out": "x"},
-    "toy_game": {"R": 2.0, "beta": 0.05, "actor": "mlp", "backup": "reference", "grid": "none",
-                 "actor_steps": [1], "critic_steps": [1], "seeds": 3, "iterations": 40},
-    "lqr_game": {"beta": 0.1, "estimator": "reference", "grid": "none", "actor_steps": [10],
-                 "critic_steps": 5, "seeds": 3, "iterations": 40}}
+    "fourrooms": {
+        "beta": 0.001,
+        "batch": 100,
+        "slip_model": "reference",
+        "grid": "none",
+        "lr": [0.1],
+        "sarsa_alpha": [0.5],
+        "seeds": 3,
+        "seed": 0,
+        "iterations": 40,
+        "out": "x",
+        "chunk": 10,
+        "method": "bchg,naive",
+        "exact_out": True,
+    },
+    "thermal": {
+        "critic": "quadratic",
+        "beta": 0.1,
+        "follower_grad": "pathwise",
+        "grid": "none",
+        "lr": [0.1],
+        "seeds": 3,
+        "seed": 0,
+        "iterations": 40,
+        "out": "x",
+    },
+    "toy_game": {
+        "R": 2.0,
+        "beta": 0.05,
+        "actor": "mlp",
+        "backup": "reference",
+        "grid": "none",
+        "actor_steps": [1],
+        "critic_steps": [1],
+        "seeds": 3,
+        "iterations": 40,
+    },
+    "lqr_game": {
+        "beta": 0.1,
+        "estimator": "reference",
+        "grid": "none",
+        "actor_steps": [10],
+        "critic_steps": 5,
+        "seeds": 3,
+        "iterations": 40,
+    },
+}
 
 
-def write_run(path, experiment="fourrooms", methods=("bchg", "naive"), seeds=3, iterations=40,
-              metrics=("J",), **args):
+def write_run(
+    path,
+    experiment="fourrooms",
+    methods=("bchg", "naive"),
+    seeds=3,
+    iterations=40,
+    metrics=("J",),
+    **args,
+):
     """A run folder as the CLIs write it: config.json and <method>/metrics.npz (2 grid points)."""
     os.makedirs(path, exist_ok=True)
-    cfg = {"experiment": experiment, "methods": list(methods),
-           "args": {**ARGS[experiment], "seeds": seeds, "iterations": iterations, **args},
-           "command": f"python -m experiments.{experiment}"}
+    cfg = {
+        "experiment": experiment,
+        "methods": list(methods),
+        "args": {**ARGS[experiment], "seeds": seeds, "iterations": iterations, **args},
+        "command": f"python -m experiments.{experiment}",
+    }
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
     rng = np.random.default_rng(0)
     for i, m in enumerate(methods):
         os.makedirs(os.path.join(path, m))
         t = np.arange(iterations) / iterations
-        data = {name: (1.0 + i + k) * t + 0.05 * rng.standard_normal((2, seeds, iterations))
-                for k, name in enumerate(metrics)}
-        np.savez(os.path.join(path, m, "metrics.npz"), **data, grid_lr=np.array([0.1, 0.01]),
-                 summary_window=np.asarray(10))
+        data = {
+            name: (1.0 + i + k) * t + 0.05 * rng.standard_normal((2, seeds, iterations))
+            for k, name in enumerate(metrics)
+        }
+        np.savez(
+            os.path.join(path, m, "metrics.npz"),
+            **data,
+            grid_lr=np.array([0.1, 0.01]),
+            summary_window=np.asarray(10),
+        )
     return str(path)
 
 
@@ -64,7 +119,7 @@ def test_panels_are_titled_by_folder_and_the_settings_that_differ(tmp_path):
     fig = plot.panel_figure(runs)
     got = titles(fig)
     assert len(got) == 3
-    for t, run, b in zip(got, runs, ("0.001", "0.003", "0.005")):
+    for t, run, b in zip(got, runs, ("0.001", "0.003", "0.005"), strict=False):
         assert os.path.basename(run) in t and f"β={b}" in t
         assert "batch" not in t and "slip" not in t  # the same in every run: in the figure title
     assert fig.get_suptitle() == "Four-Rooms: batch=100, slip-model=reference"
@@ -95,13 +150,18 @@ def test_several_differing_settings_and_unchanged_grid_flags(tmp_path):
     assert titles(plot.panel_figure([a, a])) == ["a\nβ=0.001, batch=100, slip-model=reference"] * 2
 
 
-@pytest.mark.parametrize("experiment,expected", [
-    ("fourrooms", "β=0.001, batch=100, slip-model=reference"),
-    ("thermal", "critic=quadratic, β=0.1"),
-    ("toy_game", "R=2, β=0.05, actor=mlp"),
-    ("lqr_game", "β=0.1, estimator=reference")])
-def test_a_single_run_is_titled_by_folder_experiment_and_key_settings(tmp_path, experiment,
-                                                                     expected):
+@pytest.mark.parametrize(
+    "experiment,expected",
+    [
+        ("fourrooms", "β=0.001, batch=100, slip-model=reference"),
+        ("thermal", "critic=quadratic, β=0.1"),
+        ("toy_game", "R=2, β=0.05, actor=mlp"),
+        ("lqr_game", "β=0.1, estimator=reference"),
+    ],
+)
+def test_a_single_run_is_titled_by_folder_experiment_and_key_settings(
+    tmp_path, experiment, expected
+):
     run = write_run(tmp_path / "myrun", experiment)
     fig = plot.panel_figure([run])
     (t,) = titles(fig)
@@ -117,8 +177,10 @@ def test_runs_of_different_experiments_get_their_own_labels(tmp_path, capsys):
     t_fr, t_th = titles(fig)
     assert t_fr.startswith("fr\nFour-Rooms") and "batch=100" in t_fr
     assert t_th.startswith("th\nbuilding thermal control") and "critic=quadratic" in t_th
-    assert [ax.get_ylabel() for ax in fig.axes] == [plot.YLABELS["fourrooms"],
-                                                   plot.YLABELS["thermal"]]
+    assert [ax.get_ylabel() for ax in fig.axes] == [
+        plot.YLABELS["fourrooms"],
+        plot.YLABELS["thermal"],
+    ]
     plot.main([fr, th, "--out", str(tmp_path / "fig.png")])
     out = capsys.readouterr().out
     assert os.path.exists(tmp_path / "fig.png")
@@ -141,19 +203,24 @@ def test_table_headers(tmp_path, capsys):
     assert head == "| method | a: β=0.001 | b: β=0.003 |"
     # one run: its key settings (the same for a run folder and its --export copy)
     assert plot.final_table([a]).splitlines()[0] == (
-        "| method | Four-Rooms: β=0.001, batch=100, slip-model=reference |")
+        "| method | Four-Rooms: β=0.001, batch=100, slip-model=reference |"
+    )
     assert "| BC-HG |" in plot.final_table([a])
 
 
 def test_components_figure_has_titled_and_labelled_panels(tmp_path):
-    run = write_run(tmp_path / "th", "thermal", methods=("bchg", "naive", "exact"),
-                    metrics=THERMAL_METRICS)
+    run = write_run(
+        tmp_path / "th", "thermal", methods=("bchg", "naive", "exact"), metrics=THERMAL_METRICS
+    )
     fig = plot.components_figure(run, THERMAL_METRICS)
     axes = [ax for ax in fig.axes if ax.get_visible()]
     assert [ax.get_title() for ax in axes] == [
-        "leader objective $J_L$ (higher is better)", "stability (reward ≤ 0, higher is better)",
-        "HVAC energy cost (lower is better)", "insulation cost (lower is better)",
-        "airflow cost (lower is better)"]
+        "leader objective $J_L$ (higher is better)",
+        "stability (reward ≤ 0, higher is better)",
+        "HVAC energy cost (lower is better)",
+        "insulation cost (lower is better)",
+        "airflow cost (lower is better)",
+    ]
     assert all(ax.get_ylabel() and ax.get_xlabel() == "outer iteration" for ax in axes)
     assert axes[0].get_ylabel() == plot.YLABELS["thermal"]
     # the J panel is the large one
@@ -182,6 +249,7 @@ def test_thermal_identity_matches_the_logged_components():
     import jax.numpy as jnp
 
     from bchg_jax.lq import exact as exact_lq
+
     th = importlib.import_module("bchg_jax.problems.thermal")  # the package exports thermal()
 
     assert plot.THERMAL_WEIGHTS == th.COMPONENT_WEIGHTS
@@ -191,25 +259,35 @@ def test_thermal_identity_matches_the_logged_components():
     theta = 0.5 * jax.random.normal(jax.random.PRNGKey(0), (8,), jnp.float32)
     br = problem.best_response(theta, 0.1)
     J = float(exact_lq.leader_objective(problem, theta, 0.1, br=br))
-    c = {k: float(v) for k, v in exact_lq.components(problem, theta, br,
-                                                     problem.components(theta)).items()}
+    c = {
+        k: float(v)
+        for k, v in exact_lq.components(problem, theta, br, problem.components(theta)).items()
+    }
     w = plot.THERMAL_WEIGHTS
     assert c["stability"] <= 0 and min(c["hvac_energy"], c["insulation"], c["airflow"]) >= 0
-    assert J == pytest.approx(c["stability"] - w["hvac_energy"] * c["hvac_energy"]
-                              - w["insulation"] * (c["insulation"] + c["airflow"]), rel=1e-4)
+    assert J == pytest.approx(
+        c["stability"]
+        - w["hvac_energy"] * c["hvac_energy"]
+        - w["insulation"] * (c["insulation"] + c["airflow"]),
+        rel=1e-4,
+    )
 
 
 def test_learning_curve_figure_keeps_its_signature(tmp_path):
     curves = {"hpgd_mc lr=0.1": np.random.default_rng(0).standard_normal((4, 30))}
     fig = plot.learning_curve_figure(curves, "a title", 5, "my label")
     ax = fig.axes[0]
-    assert (ax.get_title(), ax.get_ylabel(), ax.get_xlabel()) == ("a title", "my label",
-                                                                  "outer iteration")
+    assert (ax.get_title(), ax.get_ylabel(), ax.get_xlabel()) == (
+        "a title",
+        "my label",
+        "outer iteration",
+    )
     caption, labels = legend_text(fig)
     assert labels == ["HPGD (MC) (lr=0.1)"]
     assert "mean over 4 seeds" in caption and "trailing mean over 5 iterations" in caption
-    assert matplotlib.colors.same_color(ax.get_lines()[0].get_color(),
-                                        plot.method_colors()["HPGD (MC)"])
+    assert matplotlib.colors.same_color(
+        ax.get_lines()[0].get_color(), plot.method_colors()["HPGD (MC)"]
+    )
     assert_legend_below_axes(fig)
     assert plot.pretty_label("bchg") == "BC-HG" and plot.pretty_label("other x=1") == "other x=1"
     assert set(plot.YLABELS) == {"fourrooms", "thermal", "toy_game", "lqr_game"}

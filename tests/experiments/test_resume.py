@@ -1,6 +1,7 @@
 """Run folders are never redone or overwritten by mistake: --resume finds the run folder or
 refuses, extends a run by --iterations (bit for bit the longer run), refuses changed settings,
 --config repeats a run exactly, and Ctrl-C exits 130 with a resumable checkpoint."""
+
 import importlib
 import json
 import os
@@ -34,8 +35,21 @@ def _metrics(run, method):
 def finished_run(tmp_path_factory):
     """A complete 2-seed, 20-iteration Four-Rooms run of one method (chunks of 10)."""
     run = str(tmp_path_factory.mktemp("fr") / "run")
-    fourrooms.main(["--method", "naive", "--seeds", "2", "--iterations", "20", "--chunk", "10",
-                    "--out", run, "--exact-out"])
+    fourrooms.main(
+        [
+            "--method",
+            "naive",
+            "--seeds",
+            "2",
+            "--iterations",
+            "20",
+            "--chunk",
+            "10",
+            "--out",
+            run,
+            "--exact-out",
+        ]
+    )
     return run
 
 
@@ -51,8 +65,11 @@ def test_resume_refuses_a_method_folder_and_changed_settings(finished_run, capsy
     assert "extended, not shortened" in err
     err = _error(fourrooms.main, ["--resume", finished_run, "--out", "elsewhere"], capsys)
     assert "drop --out" in err
-    err = _error(fourrooms.main, ["--smoke", "--out", os.path.join(finished_run, "naive"),
-                                  "--exact-out"], capsys)
+    err = _error(
+        fourrooms.main,
+        ["--smoke", "--out", os.path.join(finished_run, "naive"), "--exact-out"],
+        capsys,
+    )
     assert "one method's results" in err
     toy = importlib.import_module("experiments.toy_game")
     err = _error(toy.main, ["--resume", finished_run], capsys)
@@ -61,8 +78,9 @@ def test_resume_refuses_a_method_folder_and_changed_settings(finished_run, capsy
     fourrooms.main(["--resume", finished_run, "--beta", "0.001"])
     assert "; skipped" in capsys.readouterr().out
     after = digest(finished_run)
-    assert {k: v for k, v in after.items() if k != "config.json"} == \
-        {k: v for k, v in before.items() if k != "config.json"}
+    assert {k: v for k, v in after.items() if k != "config.json"} == {
+        k: v for k, v in before.items() if k != "config.json"
+    }
 
 
 def test_resume_extends_a_finished_run_bit_for_bit(finished_run, tmp_path, capsys):
@@ -70,6 +88,7 @@ def test_resume_extends_a_finished_run_bit_for_bit(finished_run, tmp_path, capsy
     checkpoint and equals a fresh 30-iteration run of the same settings (made with --config
     from the extended run's config.json), metrics and metrics.jsonl lines alike."""
     import shutil
+
     run = str(tmp_path / "ext")
     shutil.copytree(finished_run, run)
     fourrooms.main(["--resume", run, "--iterations", "30"])
@@ -77,8 +96,15 @@ def test_resume_extends_a_finished_run_bit_for_bit(finished_run, tmp_path, capsy
     cfg = json.load(open(os.path.join(run, "config.json")))
     assert cfg["args"]["iterations"] == 30
     assert cfg["resumed"][-1]["command"].endswith("--iterations 30")
-    fresh = fourrooms.main(["--config", os.path.join(run, "config.json"),
-                            "--out", str(tmp_path / "fresh"), "--exact-out"])
+    fresh = fourrooms.main(
+        [
+            "--config",
+            os.path.join(run, "config.json"),
+            "--out",
+            str(tmp_path / "fresh"),
+            "--exact-out",
+        ]
+    )
     a, b = _metrics(run, "naive"), _metrics(fresh, "naive")
     assert a["J"].shape == (1, 2, 30)
     for k in b:
@@ -96,8 +122,10 @@ def test_off_policy_buffer_grows_when_a_run_is_extended(tmp_path):
     them. (Measured: toy-game ``naive_off`` extended 6 -> 9 iterations equals the fresh
     9-iteration run bit for bit; sampling reads only the stored episodes.)"""
     import jax.numpy as jnp
+
     from bchg_jax.core.buffers import buffer_add, buffer_init
     from bchg_jax.core.io import load_state, save_state
+
     ep = lambda v: (jnp.full((2, 4), v), jnp.full((2, 3), v), jnp.full((2, 3), v))  # noqa: E731
     small = buffer_add(buffer_init(6, 3), *ep(7), mode="off")
     save_state(str(tmp_path / "ck"), {"buf": small}, 5)
@@ -109,7 +137,7 @@ def test_off_policy_buffer_grows_when_a_run_is_extended(tmp_path):
     np.testing.assert_array_equal(grown.s[6:], 0)
     more = buffer_add(grown, *ep(5), mode="off")
     assert int(more.count) == 4 and np.all(np.asarray(more.s[2:4]) == 5)
-    with pytest.raises(ValueError, match="has shape"):   # shrinking is never accepted
+    with pytest.raises(ValueError, match="has shape"):  # shrinking is never accepted
         load_state(str(tmp_path / "ck"), {"buf": buffer_init(4, 3)}, grow=True)
 
 
@@ -120,23 +148,44 @@ def test_config_file_overrides_and_checks(finished_run, tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     assert "cannot read" in _error(fourrooms.main, ["--config", str(bad)], capsys)
-    a = fourrooms.parse_args(["--config", os.path.join(finished_run, "naive", "config.json"),
-                              "--beta", "0.003"])
+    a = fourrooms.parse_args(
+        ["--config", os.path.join(finished_run, "naive", "config.json"), "--beta", "0.003"]
+    )
     assert (a.method, a.iterations, a.seeds, a.beta) == ("naive", 20, 2, 0.003)
 
 
 def test_ctrl_c_exits_130_with_a_resumable_checkpoint(tmp_path):
     run = str(tmp_path / "run")
     env = {**os.environ, "PYTHONPATH": REPO}
-    argv = [sys.executable, "-m", "experiments.fourrooms", "--method", "naive", "--seeds", "1",
-            "--iterations", "1000000", "--chunk", "50", "--out", run, "--exact-out"]
+    argv = [
+        sys.executable,
+        "-m",
+        "experiments.fourrooms",
+        "--method",
+        "naive",
+        "--seeds",
+        "1",
+        "--iterations",
+        "1000000",
+        "--chunk",
+        "50",
+        "--out",
+        run,
+        "--exact-out",
+    ]
     # a shell's background job inherits SIGINT ignored (and Python then installs no Ctrl-C
     # handler); a Python-level handler in this process is reset to the default at the child's
     # exec, so the child gets the default disposition, as under an interactive terminal
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        proc = subprocess.Popen(argv, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=str(tmp_path),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     finally:
         signal.signal(signal.SIGINT, previous)
     ckpt, t0 = os.path.join(run, "naive", "checkpoint"), time.time()
@@ -150,17 +199,22 @@ def test_ctrl_c_exits_130_with_a_resumable_checkpoint(tmp_path):
     assert "interrupted in method naive at iteration" in err
     assert f"python -m experiments.fourrooms --resume {run}" in err
     from bchg_jax.core.io import checkpoint_step
+
     step = checkpoint_step(ckpt)
     assert step and step % 50 == 0 and f"at iteration {step} " in err
     done = np.load(os.path.join(run, "naive", "metrics.npz"))["J"].shape[-1]
-    assert done >= step                  # metrics are written before the checkpoint
+    assert done >= step  # metrics are written before the checkpoint
     # the checkpoint restores into the trainer's state at that iteration
     from bchg_jax import problems, tabular
     from bchg_jax.core.io import load_state
     from bchg_jax.core.sweep import grid_functions, seed_keys
+
     a = fourrooms.parse_args(["--config", os.path.join(run, "config.json")])
-    trainer = tabular.make_train(problems.fourrooms(), "naive", tabular.TrainConfig(
-        num_envs=1, num_steps=100, iterations=a.iterations))
+    trainer = tabular.make_train(
+        problems.fourrooms(),
+        "naive",
+        tabular.TrainConfig(num_envs=1, num_steps=100, iterations=a.iterations),
+    )
     init, _ = grid_functions(trainer)
     like = init(seed_keys(1), trainer.hparams(fourrooms.method_grid("naive", a)))
     state = load_state(ckpt, like)

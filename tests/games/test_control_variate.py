@@ -1,4 +1,5 @@
 """The cross-fitted control variate of the guiding term (bchg_jax.games.control_variate)."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,7 +30,7 @@ def test_crossfit_uses_only_the_other_groups(x64):
     y = f @ coef
     groups = jnp.repeat(jnp.arange(3), 30)
     c = crossfit_baseline(f, y, groups, 3, ridge=1e-10)
-    np.testing.assert_allclose(c, y, atol=1e-6)          # an exact model is recovered
+    np.testing.assert_allclose(c, y, atol=1e-6)  # an exact model is recovered
     # changing group 0's targets leaves group 0's predictions unchanged
     y2 = y.at[:30].add(jax.random.normal(k[2], (30, 3)))
     c2 = crossfit_baseline(f, y2, groups, 3, ridge=1e-10)
@@ -59,18 +60,20 @@ def test_control_variate_keeps_the_guiding_term_unbiased_and_cuts_its_variance(x
         s, b = tr.s[:, :-1], tr.b
         a = s @ theta.reshape(1, 2).T
         bj = jax.vmap(lambda kk: resp.sample(kk, s, a))(jax.random.split(k2, 16))
-        ben = Q(s, a, b) - jax.vmap(lambda bb: Q(s, a, bb))(bj).mean(0)       # [E, T]
+        ben = Q(s, a, b) - jax.vmap(lambda bb: Q(s, a, bb))(bj).mean(0)  # [E, T]
         dQF = jax.grad(lambda aa: lqr.follower_q(game, resp, theta, s, aa, b).sum())(a)
-        x = dQF * s                                                       # [E, T, 2]
+        x = dQF * s  # [E, T, 2]
 
         def back(c, xk):
             c = xk + gF * c
             return c, c
+
         _, G = jax.lax.scan(back, jnp.zeros((E, 2)), jnp.swapaxes(x, 0, 1)[::-1])
-        G = jnp.swapaxes(G[::-1], 0, 1)                                   # [E, T, 2]
+        G = jnp.swapaxes(G[::-1], 0, 1)  # [E, T, 2]
         w = (gL ** jnp.arange(T))[None, :, None]
-        c = crossfit_baseline(quadratic_features(s.reshape(-1, 2)), G.reshape(-1, 2),
-                              jnp.repeat(jnp.arange(E), T), E).reshape(E, T, 2)
+        c = crossfit_baseline(
+            quadratic_features(s.reshape(-1, 2)), G.reshape(-1, 2), jnp.repeat(jnp.arange(E), T), E
+        ).reshape(E, T, 2)
         raw = jnp.sum(w * ben[..., None] * G, (0, 1)) / (E * beta)
         cv = jnp.sum(w * ben[..., None] * (G - c), (0, 1)) / (E * beta)
         return raw, cv

@@ -3,6 +3,7 @@
 On a fixed batch and minibatch, (a) the trainer's actor gradient equals the gradient of
 ``score_objective`` / ``deterministic_objective`` evaluated on the same quantities, and (b) both
 equal Theorem 2 written out as a sum of explicit per-sample gradient vectors (float64)."""
+
 import dataclasses
 
 import jax
@@ -17,7 +18,7 @@ from bchg_jax.problems import lqr_game, toy_game
 
 
 def _tabular_setup(method):
-    game = dataclasses.replace(toy_game(2.0), time_limit=40)     # short episodes: a fast test
+    game = dataclasses.replace(toy_game(2.0), time_limit=40)  # short episodes: a fast test
     tr = tgame.make_train(game, method, tgame.TrainConfig(actor="tabular", dtype="float64"))
     st = tr.steps
     beta = jnp.asarray(0.05)
@@ -27,7 +28,9 @@ def _tabular_setup(method):
     params = 0.7 * jax.random.normal(k1, (S, A), jnp.float64)
     g = jax.nn.softmax(state.Q_F / beta, -1)
     V_F = beta * jax.nn.logsumexp(state.Q_F / beta, -1)
-    _, buf = jax.jit(st["collect"])(k2, state._replace(step=jnp.ones((), jnp.int32)), st["policy"](params), g)
+    _, buf = jax.jit(st["collect"])(
+        k2, state._replace(step=jnp.ones((), jnp.int32)), st["policy"](params), g
+    )
     Q = jax.random.normal(k3, (S, A, B), jnp.float64)
     e, t = sample_discounted(k4, buf, 24, game.gamma_L)
     return game, st, params, g, V_F, beta, buf, Q, e, t
@@ -51,8 +54,9 @@ def test_tabular_game_actor_gradient_is_theorem2(x64):
         adv_F = (V_F - jnp.sum(f * V_F, -1, keepdims=True))[se, ae]
         W = influence_weights(t, T, game.gamma_F, jnp.float64)
         # (a) the estimator module's objective on the same quantities
-        ref = jax.grad(lambda p: score_objective(logf(p)[s, a], q - base, ben, logf(p)[se, ae],
-                                                 adv_F, W, beta))(params)
+        ref = jax.grad(
+            lambda p: score_objective(logf(p)[s, a], q - base, ben, logf(p)[se, ae], adv_F, W, beta)
+        )(params)
         # (b) Theorem 2 as explicit per-sample gradient vectors
         glog = jax.vmap(jax.grad(lambda p, si, ai: logf(p)[si, ai]), (None, 0, 0))
         direct = jnp.einsum("m,mij->ij", q - base, glog(params, s, a))
@@ -74,14 +78,18 @@ def test_tabular_game_naive_has_no_guiding_term(x64):
     f = st["policy"](params)
     adv = Q[s, a, b] - jnp.sum(f[s] * Q[s, :, b], -1)
     glog = jax.vmap(jax.grad(lambda p, si, ai: st["log_policy"](p)[si, ai]), (None, 0, 0))
-    np.testing.assert_allclose(got, jnp.einsum("m,mij->ij", adv, glog(params, s, a)) / s.shape[0],
-                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        got, jnp.einsum("m,mij->ij", adv, glog(params, s, a)) / s.shape[0], rtol=1e-10, atol=1e-12
+    )
 
 
 def _lqr_setup(method):
     game = lqr_game(U=np.array([[0.3]]), horizon=30)
-    tr = lqr.make_train(game, method, lqr.TrainConfig(dtype="float64", warmup_steps=0,
-                                                      benefit_samples=32, baseline_samples=8))
+    tr = lqr.make_train(
+        game,
+        method,
+        lqr.TrainConfig(dtype="float64", warmup_steps=0, benefit_samples=32, baseline_samples=8),
+    )
     st = tr.steps
     beta = jnp.asarray(0.1)
     state = jax.jit(tr.init)(jax.random.key(0), lqr.HParams())
@@ -112,8 +120,11 @@ def test_lqr_game_actor_gradient_is_theorem2(x64):
         ben = st["benefit"](critic, resp, kj, s, a, b, q)
         adv = lqr.follower_value(game, resp, se, ae)
         W = influence_weights(t, T, game.gamma_F, jnp.float64)
-        ref = jax.grad(lambda th: score_objective(logf(th, s, a), q - base, ben, logf(th, se, ae),
-                                                  adv, W, beta))(theta)
+        ref = jax.grad(
+            lambda th: score_objective(
+                logf(th, s, a), q - base, ben, logf(th, se, ae), adv, W, beta
+            )
+        )(theta)
         glog = jax.vmap(jax.grad(lambda th, ss, aa: logf(th, ss, aa)), (None, 0, 0))
         direct = jnp.einsum("m,mi->i", q - base, glog(theta, s, a))
         coef = (ben[:, None] * W * adv).reshape(-1)
@@ -141,9 +152,17 @@ def test_lqr_game_deterministic_actor_gradient_is_the_appendix_theorem(x64):
         ben = st["benefit"](critic, resp, key, s, a_pi, b, st["Q"](critic, s, a_pi, b))
         dQF = jax.grad(lambda aa: jnp.sum(lqr.follower_q(game, resp, theta, se, aa, be)))(se @ K.T)
         W = influence_weights(t, T, game.gamma_F, jnp.float64)
-        ref = jax.grad(lambda th: deterministic_objective(
-            s @ lqr.leader_gain(game, th).T, dQL, ben, se @ lqr.leader_gain(game, th).T, dQF, W,
-            beta))(theta)
+        ref = jax.grad(
+            lambda th: deterministic_objective(
+                s @ lqr.leader_gain(game, th).T,
+                dQL,
+                ben,
+                se @ lqr.leader_gain(game, th).T,
+                dQF,
+                W,
+                beta,
+            )
+        )(theta)
         # explicit: d(K s)/dK = (grad_a) s^T, row-major flattening of K [k, n]
         direct = jnp.einsum("mk,mn->kn", dQL, s).reshape(-1)
         guide = jnp.einsum("mt,mtk,mtn->kn", ben[:, None] * W, dQF, se).reshape(-1)

@@ -1,31 +1,36 @@
 """Building thermal control: problem constants, exact J_L, estimator unbiasedness, training."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bchg_jax.core.maxent_lqr import soft_q, soft_value
+from bchg_jax.core.sweep import run_grid
 from bchg_jax.lq import critics as critics_quadratic
 from bchg_jax.lq import exact as exact_lq
-from bchg_jax.lq.estimators import (hypergradient, discounted_returns,
-                                            per_step_follower_grad_pathwise)
-from bchg_jax.core.maxent_lqr import soft_q, soft_value
 from bchg_jax.lq.cmdp import LQConfigurableMDP
-from bchg_jax.problems.thermal import thermal, thermal_A
+from bchg_jax.lq.estimators import (
+    discounted_returns,
+    hypergradient,
+    per_step_follower_grad_pathwise,
+)
 from bchg_jax.lq.rollout import rollout
-from bchg_jax.core.sweep import run_grid
-from bchg_jax.lq.train import TrainConfig as LQTrainConfig, make_train as make_train_lq
+from bchg_jax.lq.train import TrainConfig as LQTrainConfig
+from bchg_jax.lq.train import make_train as make_train_lq
+from bchg_jax.problems.thermal import thermal, thermal_A
 
 W_TEST = np.array([0.3, -0.5, 0.1, 0.8, -0.2, 0.4, -0.7, 0.0])
 
 
 def test_thermal_dynamics_and_start_value(x64):
-    A = np.asarray(thermal_A(jnp.zeros(8)))       # theta = 0.5 everywhere
+    A = np.asarray(thermal_A(jnp.zeros(8)))  # theta = 0.5 everywhere
     expected_row0 = [1 + 0.02 - 0.025 - 0.025, 0.025, 0.0, 0.025]
     np.testing.assert_allclose(A[0], expected_row0, atol=1e-12)
     np.testing.assert_allclose(A[2], [0.0, 0.02, 1 + 0.03 - 0.03 - 0.02, 0.03], atol=1e-12)
     p = thermal(jnp.float64).validate()
     J = float(exact_lq.leader_objective(p, jnp.zeros(8), 0.1))
-    assert -265 < J < -255                            # spec: start about -259
+    assert -265 < J < -255  # spec: start about -259
 
 
 def test_exact_objective_matches_monte_carlo(x64):
@@ -41,8 +46,11 @@ def test_exact_objective_matches_monte_carlo(x64):
     G = np.asarray(discounted_returns(r, 0.9)[:, 0])
     assert abs(G.mean() - J) < 4 * G.std() / np.sqrt(G.size)
     comps = exact_lq.components(p, w, br, p.components(w))
-    total = comps["stability"] - 0.5 * comps["hvac_energy"] - 0.1 * (
-        comps["insulation"] + comps["airflow"])
+    total = (
+        comps["stability"]
+        - 0.5 * comps["hvac_energy"]
+        - 0.1 * (comps["insulation"] + comps["airflow"])
+    )
     np.testing.assert_allclose(float(total), J, rtol=1e-10)
 
 
@@ -108,21 +116,37 @@ def test_bchg_unbiased_on_thermal_with_exact_critics(x64):
 
 def _small_lq(dtype=jnp.float64):
     """A 2-state, 1-action LQ configurable MDP with large noise (score-function form testable)."""
+
     def A_fn(th):
-        return jnp.array([[0.8, 0.2], [0.0, 0.7]], th.dtype) + jnp.array(
-            [[th[0], 0.0], [0.1 * th[1], th[1]]], th.dtype) * 0.2
+        return (
+            jnp.array([[0.8, 0.2], [0.0, 0.7]], th.dtype)
+            + jnp.array([[th[0], 0.0], [0.1 * th[1], th[1]]], th.dtype) * 0.2
+        )
 
     def B_fn(th):
         return jnp.array([[0.5], [1.0]], th.dtype) * (1.0 + 0.1 * th[2])
 
     def lq(th):
-        return (jnp.diag(jnp.array([1.0, 0.5], th.dtype)), 0.3 * jnp.eye(1, dtype=th.dtype),
-                -0.1 * jnp.sum(th ** 2))
+        return (
+            jnp.diag(jnp.array([1.0, 0.5], th.dtype)),
+            0.3 * jnp.eye(1, dtype=th.dtype),
+            -0.1 * jnp.sum(th**2),
+        )
 
-    return LQConfigurableMDP(A_fn, B_fn, U=0.5 * np.eye(2), Qbar=np.diag([1.0, 2.0]),
-                             Rbar=0.5 * np.eye(1), leader_quadratic=lq, init_cov=np.eye(2),
-                             gamma_F=0.8, gamma_L=0.8, theta0=jnp.array([0.2, -0.3, 0.5], dtype),
-                             horizon=60, name="small").validate()
+    return LQConfigurableMDP(
+        A_fn,
+        B_fn,
+        U=0.5 * np.eye(2),
+        Qbar=np.diag([1.0, 2.0]),
+        Rbar=0.5 * np.eye(1),
+        leader_quadratic=lq,
+        init_cov=np.eye(2),
+        gamma_F=0.8,
+        gamma_L=0.8,
+        theta0=jnp.array([0.2, -0.3, 0.5], dtype),
+        horizon=60,
+        name="small",
+    ).validate()
 
 
 def test_score_form_bchg_unbiased_on_small_problem(x64):
@@ -149,9 +173,9 @@ def test_quadratic_critic_recovers_exact_leader_q(x64):
     qf = critics_quadratic.fit_quadratic_q(tr.s, tr.b, r, p.gamma_L, ridge=0.0)
     s, b = tr.s[:, :-1], tr.b[:, :-1]
     err = np.asarray(qf.q(s, b) - qv.q(s, b))
-    assert np.sqrt(np.mean(err ** 2)) < 0.02 * np.sqrt(np.mean(np.asarray(qv.q(s, b)) ** 2))
+    assert np.sqrt(np.mean(err**2)) < 0.02 * np.sqrt(np.mean(np.asarray(qv.q(s, b)) ** 2))
     v_err = np.asarray(qf.value(s, br.mean(s), br.cov) - qv.value(s))
-    assert np.sqrt(np.mean(v_err ** 2)) < 0.02 * np.sqrt(np.mean(np.asarray(qv.value(s)) ** 2))
+    assert np.sqrt(np.mean(v_err**2)) < 0.02 * np.sqrt(np.mean(np.asarray(qv.value(s)) ** 2))
 
 
 def test_training_improves_and_beats_naive():
@@ -161,8 +185,9 @@ def test_training_improves_and_beats_naive():
     out = {}
     for method in ("bchg", "naive"):
         tr = make_train_lq(p, method, LQTrainConfig(iterations=120))
-        _, m = run_grid(tr, {"lr": np.array([0.1])}, seeds=2, iterations=120, chunk=120,
-                        verbose=False)
+        _, m = run_grid(
+            tr, {"lr": np.array([0.1])}, seeds=2, iterations=120, chunk=120, verbose=False
+        )
         assert m["ok"].min() == 1
         out[method] = m["J"][0, :, -20:].mean()
         J0 = m["J"][0, :, 0].mean()
@@ -175,16 +200,25 @@ def test_nonconverged_follower_is_flagged_and_skipped():
     p = _small_lq(jnp.float32)
     bad = LQConfigurableMDP(
         lambda th: jnp.diag(jnp.array([1.5, 0.5], th.dtype)) + 0.0 * th[0],
-        lambda th: jnp.array([[0.0], [1.0]], th.dtype), U=p.U, Qbar=p.Qbar, Rbar=p.Rbar,
-        leader_quadratic=p.leader_quadratic, init_cov=p.init_cov, gamma_F=0.8, gamma_L=0.8,
-        theta0=jnp.zeros(3, jnp.float32), horizon=20, name="bad")
+        lambda th: jnp.array([[0.0], [1.0]], th.dtype),
+        U=p.U,
+        Qbar=p.Qbar,
+        Rbar=p.Rbar,
+        leader_quadratic=p.leader_quadratic,
+        init_cov=p.init_cov,
+        gamma_F=0.8,
+        gamma_L=0.8,
+        theta0=jnp.zeros(3, jnp.float32),
+        horizon=20,
+        name="bad",
+    )
     with pytest.raises(ValueError, match="not stabilisable"):
         make_train_lq(bad, "bchg", LQTrainConfig(iterations=3))
     # a Riccati budget too small to converge: every iteration is flagged and skipped
-    tr = make_train_lq(p, "bchg", LQTrainConfig(iterations=3, riccati_max_iters=1,
-                                               riccati_tol=1e-12))
-    state, m = run_grid(tr, {"lr": np.array([0.1])}, seeds=2, iterations=3, chunk=3,
-                        verbose=False)
+    tr = make_train_lq(
+        p, "bchg", LQTrainConfig(iterations=3, riccati_max_iters=1, riccati_tol=1e-12)
+    )
+    state, m = run_grid(tr, {"lr": np.array([0.1])}, seeds=2, iterations=3, chunk=3, verbose=False)
     assert m["ok"].max() == 0
     assert np.all(np.isfinite(np.asarray(state.theta)))
     assert np.all(np.isfinite(m["J"]))
@@ -207,6 +241,7 @@ def test_mlp_td_critic_fits_exact_leader_q():
     """The MLP TD critic (normalised, 1500 Adam steps at 1e-3) explains > 90% of the variance of
     the exact Q_L on the small LQ problem; the un-normalised paper setting (lr 1e-4) fits worse."""
     from bchg_jax.lq import critics as critics_mlp
+
     p = _small_lq(jnp.float32)
     w = jnp.asarray(p.theta0)
     br = p.best_response(w, 0.5)
@@ -220,8 +255,9 @@ def test_mlp_td_critic_fits_exact_leader_q():
 
     def r2(normalize, lr):
         xs, ys = critics_mlp.scales(X, r, p.gamma_L, normalize)
-        fit = critics_mlp.td_fit(model, params, X, Xn, r, p.gamma_L, 1500, lr, x_scale=xs,
-                                 y_scale=ys)
+        fit = critics_mlp.td_fit(
+            model, params, X, Xn, r, p.gamma_L, 1500, lr, x_scale=xs, y_scale=ys
+        )
         pred = np.asarray(critics_mlp.apply_scaled(model, fit, X, xs, ys))[:, 0]
         return 1 - np.mean((pred - target) ** 2) / np.var(target)
 

@@ -1,21 +1,24 @@
 """Leader critic: SARSA update rule, Benefit, convergence to the exact Q_L."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.tabular import exact
-
-from bchg_jax.tabular import benefit, rollout, sarsa_update, state_value
-
 from bchg_jax.problems import random_tabular_cmdp
+from bchg_jax.tabular import benefit, exact, rollout, sarsa_update, state_value
 from bchg_jax.tabular.rollout import Batch
 
 
 def test_single_transition_update_and_zero_bootstrap_at_batch_end():
     # one stream, two steps: (0,1) -> (2,0); the last step bootstraps 0 (batch end)
-    batch = Batch(s=jnp.array([[0, 2]]), b=jnp.array([[1, 0]]), s_next=jnp.array([[2, 1]]),
-                  t=jnp.array([[0, 1]]), terminal=jnp.array([[False, False]]),
-                  done=jnp.array([[False, False]]))
+    batch = Batch(
+        s=jnp.array([[0, 2]]),
+        b=jnp.array([[1, 0]]),
+        s_next=jnp.array([[2, 1]]),
+        t=jnp.array([[0, 1]]),
+        terminal=jnp.array([[False, False]]),
+        done=jnp.array([[False, False]]),
+    )
     Q = jnp.arange(9.0).reshape(3, 3) / 10
     rL = jnp.ones((3, 3))
     out = sarsa_update(jax.random.key(0), Q, batch, rL, 0.9, 0.5)
@@ -23,7 +26,9 @@ def test_single_transition_update_and_zero_bootstrap_at_batch_end():
     q01 = Q[0, 1] + 0.5 * (1.0 + 0.9 * Q[2, 0] - Q[0, 1])
     q20 = Q[2, 0] + 0.5 * (1.0 - Q[2, 0])
     assert np.isclose(out[2, 0], q20)
-    assert np.isclose(out[0, 1], q01) or np.isclose(out[0, 1], Q[0, 1] + 0.5 * (1.0 + 0.9 * q20 - Q[0, 1]))
+    assert np.isclose(out[0, 1], q01) or np.isclose(
+        out[0, 1], Q[0, 1] + 0.5 * (1.0 + 0.9 * q20 - Q[0, 1])
+    )
 
 
 def test_benefit_has_zero_policy_mean():
@@ -45,19 +50,22 @@ def test_sarsa_converges_to_exact_leader_q():
         batch = rollout(k1, br.policy, P, rho, None, None, 1, 400)
         return sarsa_update(k2, Q, batch, rL, prob.gamma_L, 0.02), None
 
-    Q, _ = jax.jit(lambda Q, ks: jax.lax.scan(body, Q, ks))(jnp.zeros((4, 2)),
-                                                           jax.random.split(jax.random.key(2), 300))
+    Q, _ = jax.jit(lambda Q, ks: jax.lax.scan(body, Q, ks))(
+        jnp.zeros((4, 2)), jax.random.split(jax.random.key(2), 300)
+    )
     np.testing.assert_allclose(Q, Q_exact, atol=0.1)
 
 
 def test_monte_carlo_critic_matches_exact_values():
     from bchg_jax.tabular import monte_carlo_critic
+
     prob = random_tabular_cmdp(jax.random.key(3), num_states=4, num_actions=2, gamma_L=0.7)
     th = prob.theta0
     br = exact.best_response(prob, th, 1.0)
     V_exact, Q_exact = exact.leader_values(prob, th, br.policy)
-    batch = rollout(jax.random.key(4), br.policy, prob.transition(th), prob.init_dist(th), None,
-                    60, 400, 60)   # 0.7^60 ~ 5e-10: segments are long enough except near the end
+    batch = rollout(
+        jax.random.key(4), br.policy, prob.transition(th), prob.init_dist(th), None, 60, 400, 60
+    )  # 0.7^60 ~ 5e-10: segments are long enough except near the end
     Q, V = monte_carlo_critic(batch, prob.leader_reward(th), prob.gamma_L)
     np.testing.assert_allclose(Q, Q_exact, atol=0.08)
     np.testing.assert_allclose(V, V_exact, atol=0.08)

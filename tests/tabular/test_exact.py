@@ -1,24 +1,32 @@
 """exact.py: implicit-differentiation hypergradient vs finite differences; Four-Rooms values."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bchg_jax.tabular import exact
-
 from bchg_jax.problems import fourrooms, random_tabular_cmdp
+from bchg_jax.tabular import exact
 from bchg_jax.tabular.follower import continuation
 
 
 def test_exact_hypergradient_matches_central_differences(x64):
-    prob = random_tabular_cmdp(jax.random.key(3), num_states=5, num_actions=3, dim=4,
-                               dtype=jnp.float64)
+    prob = random_tabular_cmdp(
+        jax.random.key(3), num_states=5, num_actions=3, dim=4, dtype=jnp.float64
+    )
     theta, beta = prob.theta0, 0.3
     g = exact.exact_hypergradient(prob, theta, beta)
     eps = 1e-5
-    fd = np.array([(exact.leader_objective(prob, theta + eps * e, beta)
-                    - exact.leader_objective(prob, theta - eps * e, beta)) / (2 * eps)
-                   for e in jnp.eye(theta.shape[0])])
+    fd = np.array(
+        [
+            (
+                exact.leader_objective(prob, theta + eps * e, beta)
+                - exact.leader_objective(prob, theta - eps * e, beta)
+            )
+            / (2 * eps)
+            for e in jnp.eye(theta.shape[0])
+        ]
+    )
     assert np.all(np.abs(fd) > 1e-3), "test problem must have a non-trivial gradient"
     np.testing.assert_allclose(np.asarray(g), fd, rtol=1e-6, atol=1e-8)
 
@@ -34,7 +42,9 @@ def test_exact_gradient_differs_from_fixed_follower_gradient(x64):
         V, _ = exact.leader_values(prob, th, pol)
         return jnp.dot(prob.init_dist(th), V) + prob.regularizer(th)
 
-    diff = np.abs(np.asarray(exact.exact_hypergradient(prob, theta, beta) - jax.grad(frozen)(theta)))
+    diff = np.abs(
+        np.asarray(exact.exact_hypergradient(prob, theta, beta) - jax.grad(frozen)(theta))
+    )
     assert diff.max() > 1e-2
 
 
@@ -45,15 +55,19 @@ def test_policy_evaluation_solve_matches_sweeps(x64):
     P, rL = prob.transition(th), prob.leader_reward(th)
     cont = continuation(None, rL.shape[0], rL.dtype)
     V1 = exact.policy_evaluation(P, rL, br.policy, prob.gamma_L, cont)
-    V2 = exact.policy_evaluation_sweeps(P, rL, br.policy, prob.gamma_L, cont, jnp.zeros_like(V1),
-                                        1e-13, 5000)
+    V2 = exact.policy_evaluation_sweeps(
+        P, rL, br.policy, prob.gamma_L, cont, jnp.zeros_like(V1), 1e-13, 5000
+    )
     np.testing.assert_allclose(V1, V2, atol=1e-10)
 
 
-@pytest.mark.parametrize("slip_model,expected", [
-    ("reference", (-0.7406, -0.7258, -0.6674)),
-    ("paper", (-0.804, -0.796, -0.761)),
-])
+@pytest.mark.parametrize(
+    "slip_model,expected",
+    [
+        ("reference", (-0.7406, -0.7258, -0.6674)),
+        ("paper", (-0.804, -0.796, -0.761)),
+    ],
+)
 def test_fourrooms_start_values_match_independent_implementation(x64, slip_model, expected):
     prob = fourrooms(slip_model, dtype=jnp.float64)
     x = 0.01 * jax.random.normal(jax.random.key(0), (105,), jnp.float64)

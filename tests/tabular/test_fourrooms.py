@@ -1,6 +1,6 @@
 """Four-Rooms layout, slip model and rewards (docs/experiments.md)."""
+
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -26,7 +26,9 @@ def test_paper_slip_probabilities_and_rows():
     centre = cells.index((9, 3))  # an open cell with four free neighbours
     idx = {rc: i for i, rc in enumerate(cells)}
     up, right, down, left = idx[(8, 3)], idx[(9, 4)], idx[(10, 3)], idx[(9, 2)]
-    np.testing.assert_allclose(P[centre, 0, [up, right, down, left]], [2 / 3, 1 / 9, 1 / 9, 1 / 9], atol=1e-6)
+    np.testing.assert_allclose(
+        P[centre, 0, [up, right, down, left]], [2 / 3, 1 / 9, 1 / 9, 1 / 9], atol=1e-6
+    )
     # a move into a wall stays: (1,1) going up or left stays in place with 2/3 + 1/9
     corner = idx[(1, 1)]
     np.testing.assert_allclose(P[corner, 0, corner], 2 / 3 + 1 / 9, atol=1e-6)
@@ -48,7 +50,7 @@ def test_rewards_budget_and_goal():
     x = jax.random.normal(jax.random.key(0), (105,))
     rF, rL = np.asarray(prob.follower_reward(x)), np.asarray(prob.leader_reward(x))
     pen = -0.2 * np.asarray(jax.nn.softmax(x))[:104]
-    assert rF[7, 0] == pytest.approx(1.0)                  # no penalty at G
+    assert rF[7, 0] == pytest.approx(1.0)  # no penalty at G
     np.testing.assert_allclose(rF[31], pen[31], rtol=1e-5)  # state-only reward
     assert rL[66, 2] == pytest.approx(1.0)
     assert rL[7, 1] == pytest.approx(-5.0 * np.abs(pen).sum(), rel=1e-5)

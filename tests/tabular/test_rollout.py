@@ -1,10 +1,10 @@
 """Rollouts: auto-reset, time index, done flags, sampling frequencies."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from bchg_jax.problems import random_tabular_cmdp
-
 from bchg_jax.tabular import rollout
 
 
@@ -47,6 +47,16 @@ def test_streams_start_from_init_dist():
     prob = random_tabular_cmdp(jax.random.key(4), num_states=4, num_actions=2)
     th = prob.theta0
     rho = np.asarray(prob.init_dist(th))
-    b = rollout(jax.random.key(5), jnp.full((4, 2), 0.5), prob.transition(th), jnp.asarray(rho),
-                None, 1, 4000, 1)
-    np.testing.assert_allclose(np.bincount(np.asarray(b.s).ravel(), minlength=4) / 4000, rho, atol=0.03)
+    b = rollout(
+        jax.random.key(5),
+        jnp.full((4, 2), 0.5),
+        prob.transition(th),
+        jnp.asarray(rho),
+        None,
+        1,
+        4000,
+        1,
+    )
+    np.testing.assert_allclose(
+        np.bincount(np.asarray(b.s).ravel(), minlength=4) / 4000, rho, atol=0.03
+    )

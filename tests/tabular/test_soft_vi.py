@@ -1,13 +1,11 @@
 """Soft value iteration: fixed point, warm start + tolerance, best-response pytree."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.tabular import exact
-
-from bchg_jax.tabular import soft_value_iteration
-
 from bchg_jax.problems import fourrooms, random_tabular_cmdp
+from bchg_jax.tabular import exact, soft_value_iteration
 from bchg_jax.tabular.follower import continuation, soft_q, soft_v
 
 
@@ -16,7 +14,9 @@ def test_soft_vi_matches_converged_newton_reference(x64):
     th, beta = prob.theta0, 0.2
     P, r = prob.transition(th), prob.follower_reward(th)
     br = soft_value_iteration(P, r, beta, prob.gamma_F, num_sweeps=400)
-    ref = exact.soft_newton(P, r, beta, prob.gamma_F, continuation(None, 6, r.dtype), jnp.zeros(6), 40)
+    ref = exact.soft_newton(
+        P, r, beta, prob.gamma_F, continuation(None, 6, r.dtype), jnp.zeros(6), 40
+    )
     np.testing.assert_allclose(br.V, ref, atol=1e-10)
     # the best response is the Boltzmann policy of its own soft Q, rows sum to 1
     np.testing.assert_allclose(br.policy.sum(-1), 1.0, atol=1e-12)
@@ -33,8 +33,9 @@ def test_warm_start_with_tolerance_gives_the_reference_best_response():
     for beta in (1e-3, 5e-3):
         prev = soft_value_iteration(P, prob.follower_reward(x0), beta, 0.99, term, num_sweeps=500)
         ref = soft_value_iteration(P, prob.follower_reward(x1), beta, 0.99, term, num_sweeps=500)
-        warm = soft_value_iteration(P, prob.follower_reward(x1), beta, 0.99, term, V0=prev.V,
-                                    tol=1e-6, max_sweeps=3000)
+        warm = soft_value_iteration(
+            P, prob.follower_reward(x1), beta, 0.99, term, V0=prev.V, tol=1e-6, max_sweeps=3000
+        )
         assert int(warm.sweeps) < 300
         np.testing.assert_allclose(warm.V, ref.V, atol=5e-5)
         np.testing.assert_allclose(warm.policy, ref.policy, atol=2e-3)
@@ -42,6 +43,11 @@ def test_warm_start_with_tolerance_gives_the_reference_best_response():
 
 def test_fixed_sweep_mode_counts_sweeps():
     prob = random_tabular_cmdp(jax.random.key(1))
-    br = soft_value_iteration(prob.transition(prob.theta0), prob.follower_reward(prob.theta0),
-                              0.5, prob.gamma_F, num_sweeps=7)
+    br = soft_value_iteration(
+        prob.transition(prob.theta0),
+        prob.follower_reward(prob.theta0),
+        0.5,
+        prob.gamma_F,
+        num_sweeps=7,
+    )
     assert int(br.sweeps) == 7

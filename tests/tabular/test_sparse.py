@@ -1,5 +1,6 @@
 """The sparse-successor solvers (modified soft policy iteration, expectation sweeps) against the
 dense solvers and the exact linear-algebra references, and the run-last batching they use."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,17 +23,29 @@ def _ring_problem(S=12, B=3, dtype=jnp.float64):
     def transition(theta):
         logits = theta[:S, None, None] + 2.0 * jnp.eye(3, dtype=dtype)[None, :B, :]  # [S, B, 3]
         p = jax.nn.softmax(logits, axis=-1)
-        return jnp.zeros((S, B, S), dtype).at[
-            jnp.arange(S)[:, None, None], jnp.arange(B)[None, :, None],
-            jnp.broadcast_to(nxt, (S, B, 3))].add(p)
+        return (
+            jnp.zeros((S, B, S), dtype)
+            .at[
+                jnp.arange(S)[:, None, None],
+                jnp.arange(B)[None, :, None],
+                jnp.broadcast_to(nxt, (S, B, 3)),
+            ]
+            .add(p)
+        )
 
     rng = np.random.default_rng(0)
     rF = jnp.asarray(rng.standard_normal((S, B)), dtype)
     rL = jnp.asarray(rng.standard_normal((S, B)), dtype)
-    return TabularCMDP(transition=transition, init_dist=lambda t: jnp.full((S,), 1.0 / S, dtype),
-                       follower_reward=lambda t: rF + 0.1 * t[:S, None],
-                       leader_reward=lambda t: rL, gamma_F=0.9, gamma_L=0.9,
-                       theta0=jnp.zeros((S,), dtype), name="ring").validate()
+    return TabularCMDP(
+        transition=transition,
+        init_dist=lambda t: jnp.full((S,), 1.0 / S, dtype),
+        follower_reward=lambda t: rF + 0.1 * t[:S, None],
+        leader_reward=lambda t: rL,
+        gamma_F=0.9,
+        gamma_L=0.9,
+        theta0=jnp.zeros((S,), dtype),
+        name="ring",
+    ).validate()
 
 
 def _teleport_chain(threshold=3.0, S=20, dtype=jnp.float32):
@@ -54,19 +67,23 @@ def _teleport_chain(threshold=3.0, S=20, dtype=jnp.float32):
         transition=lambda th: jnp.where(th[0] > threshold, tele, base),
         init_dist=lambda th: rho,
         follower_reward=lambda th: jnp.zeros((S, 2), dtype).at[:, 1].set(th[1]),
-        leader_reward=lambda th: rL, gamma_F=0.9, gamma_L=0.9,
-        theta0=jnp.asarray([0.0, 0.5], dtype), name="teleport_chain").validate()
+        leader_reward=lambda th: rL,
+        gamma_F=0.9,
+        gamma_L=0.9,
+        theta0=jnp.asarray([0.0, 0.5], dtype),
+        name="teleport_chain",
+    ).validate()
 
 
 def _trainer_J(problem, solver, thetas, iterations=2, beta=0.1):
     """(J, support_lost) [runs, iterations] of BC-HG runs started at ``thetas`` [runs, 2]."""
-    trainer = make_train(problem, "bchg", TrainConfig(iterations=iterations, solver=solver,
-                                                      theta_init_std=0.0))
+    trainer = make_train(
+        problem, "bchg", TrainConfig(iterations=iterations, solver=solver, theta_init_std=0.0)
+    )
     hp = HParams(lr=0.1, sarsa_alpha=0.5, beta=beta)
     keys = jax.random.split(jax.random.key(0), len(thetas))
     states = jax.vmap(trainer.init, (0, None))(keys, hp)._replace(theta=jnp.asarray(thetas))
-    _, m = jax.jit(jax.vmap(trainer.run, (0, None, None)), static_argnums=2)(
-        states, hp, iterations)
+    _, m = jax.jit(jax.vmap(trainer.run, (0, None, None)), static_argnums=2)(states, hp, iterations)
     return np.asarray(m["J"]), np.asarray(m["support_lost"])
 
 
@@ -103,11 +120,11 @@ def test_sparse_trainer_checks_the_table_every_iteration():
     J_dense, lost_dense = _trainer_J(chain, "dense", thetas)
     np.testing.assert_array_equal(lost, [[0, 0], [1, 1], [0, 0], [0, 0]])
     assert not lost_dense.any()
-    np.testing.assert_array_equal(J_sparse[1], J_dense[1])          # the dense solve itself
-    np.testing.assert_allclose(J_sparse, J_dense, atol=1e-4)         # the others: sparse, to tol
+    np.testing.assert_array_equal(J_sparse[1], J_dense[1])  # the dense solve itself
+    np.testing.assert_allclose(J_sparse, J_dense, atol=1e-4)  # the others: sparse, to tol
     assert abs(J_sparse[1, 0] - float(leader_objective(chain, jnp.asarray(thetas[1]), 0.1))) < 1e-3
     trainer = make_train(chain, "bchg", TrainConfig(solver="sparse", theta_init_std=0.0))
-    hp = HParams(lr=0.1, sarsa_alpha=0.5, beta=0.1)                 # one run, no vmap
+    hp = HParams(lr=0.1, sarsa_alpha=0.5, beta=0.1)  # one run, no vmap
     state = trainer.init(jax.random.key(0), hp)._replace(theta=jnp.asarray(thetas[1]))
     _, m = jax.jit(trainer.run, static_argnums=2)(state, hp, 1)
     assert int(m["support_lost"][0]) == 1 and float(m["J"][0]) == J_dense[1, 0]
@@ -132,14 +149,24 @@ def test_lost_mass_is_reported_by_the_solvers():
     br, lost = sparse.sparse_soft_value_iteration(P5, r, 0.1, 0.9, table, return_lost_mass=True)
     assert float(lost) == pytest.approx(0.5) and br.V.shape == (20,)
     cont = continuation(None, 20, jnp.float32)
-    V, res, lost = sparse.sparse_policy_evaluation(P5, r, br.policy, 0.9, cont, jnp.zeros(20),
-                                                   table, tol=1e-6, return_residual=True,
-                                                   return_lost_mass=True)
+    V, res, lost = sparse.sparse_policy_evaluation(
+        P5,
+        r,
+        br.policy,
+        0.9,
+        cont,
+        jnp.zeros(20),
+        table,
+        tol=1e-6,
+        return_residual=True,
+        return_lost_mass=True,
+    )
     assert float(lost) == pytest.approx(0.5) and float(res) <= 1e-6
     fr = fourrooms()
     succ = sparse.problem_successors(fr)
     assert float(sparse.lost_mass(fr.transition(fr.theta0), succ)) <= (
-        sparse.lost_mass_tolerance(jnp.float32, succ))
+        sparse.lost_mass_tolerance(jnp.float32, succ)
+    )
 
 
 def test_probe_support_skips_non_finite_tables():
@@ -151,10 +178,15 @@ def test_probe_support_skips_non_finite_tables():
         P = jnp.broadcast_to(nxt[:, None, :], (S, 2, S))
         return jnp.where(theta[0] > 2.0, jnp.nan, 1.0) * P
 
-    prob = TabularCMDP(transition=transition, init_dist=lambda t: jnp.full((S,), 1.0 / S),
-                       follower_reward=lambda t: jnp.zeros((S, 2)) + t[0],
-                       leader_reward=lambda t: jnp.zeros((S, 2)), gamma_F=0.9, gamma_L=0.9,
-                       theta0=jnp.zeros(1))
+    prob = TabularCMDP(
+        transition=transition,
+        init_dist=lambda t: jnp.full((S,), 1.0 / S),
+        follower_reward=lambda t: jnp.zeros((S, 2)) + t[0],
+        leader_reward=lambda t: jnp.zeros((S, 2)),
+        gamma_F=0.9,
+        gamma_L=0.9,
+        theta0=jnp.zeros(1),
+    )
     probe = sparse.probe_support(prob)
     assert probe.skipped > 0 and probe.fixed and probe.successors.width == 1
     assert probe.probes + probe.skipped == 13
@@ -175,18 +207,24 @@ def test_cond_on_any_lane_matches_lax_cond_and_skips_the_rare_branch():
     x, y = jnp.arange(24.0).reshape(2, 3, 4), jnp.array([1.0, -2.0])
     none, one = jnp.zeros((2, 3), bool), jnp.zeros((2, 3), bool).at[1, 2].set(True)
     for p in (none, one):
-        for inner, outer, args in [((0, 0, None), (0, 0, 0), (p, x, y)),
-                                   ((0, 0, None), (None, 0, 0), (p[1], x, y)),
-                                   ((None, 0, None), (None, 0, 0), (p[1, 2], x, y)),
-                                   ((0, None, None), (0, None, None), (p, x[0, 0], y[0]))]:
+        for inner, outer, args in [
+            ((0, 0, None), (0, 0, 0), (p, x, y)),
+            ((0, 0, None), (None, 0, 0), (p[1], x, y)),
+            ((None, 0, None), (None, 0, 0), (p[1, 2], x, y)),
+            ((0, None, None), (0, None, None), (p, x[0, 0], y[0])),
+        ]:
             calls.clear()
-            got = jax.jit(jax.vmap(jax.vmap(
-                lambda *a: sparse.cond_on_any_lane(a[0], rare, common, *a[1:]), inner),
-                outer))(*args)
+            got = jax.jit(
+                jax.vmap(
+                    jax.vmap(lambda *a: sparse.cond_on_any_lane(a[0], rare, common, *a[1:]), inner),
+                    outer,
+                )
+            )(*args)
             jax.effects_barrier()
             assert bool(calls) == bool(np.any(np.asarray(args[0]))), (inner, outer)
-            want = jax.vmap(jax.vmap(lambda q, u, v: jax.lax.cond(q, rare, common, u, v),
-                                     inner), outer)(*args)
+            want = jax.vmap(
+                jax.vmap(lambda q, u, v: jax.lax.cond(q, rare, common, u, v), inner), outer
+            )(*args)
             for k in want:
                 np.testing.assert_array_equal(got[k], want[k])
     out = sparse.cond_on_any_lane(True, rare, common, x[0, 0], 1.0)
@@ -203,22 +241,27 @@ def test_fourrooms_successor_table_holds_all_mass():
 
 def test_run_last_matches_per_lane_calls_under_nested_vmap(x64):
     """Batched and shared arguments, one and two vmap levels: each lane equals its own call."""
+
     def impl(has_run, a, b):
-        (a, b), R = ((add_run_axis(a, has_run[0]), add_run_axis(b, has_run[1])),
-                     max(x.shape[-1] if h else 1 for x, h in zip((a, b), has_run)))
+        (a, b), R = (
+            (add_run_axis(a, has_run[0]), add_run_axis(b, has_run[1])),
+            max(x.shape[-1] if h else 1 for x, h in zip((a, b), has_run, strict=False)),
+        )
         out = jnp.broadcast_to(jnp.cumsum(a, axis=0) * b, (a.shape[0], R))
         return (out, jnp.sum(out, axis=0))
 
     f = run_last(impl)
     ref = lambda a, b: (jnp.cumsum(a) * b, jnp.sum(jnp.cumsum(a) * b))  # noqa: E731
     a = jnp.arange(24.0).reshape(2, 3, 4)
-    cases = [((0, 0), (0, 0), a, jnp.arange(6.0).reshape(2, 3) - 2.0),   # both per lane
-             ((0, None), (0, 0), a, jnp.array([1.0, -2.0])),              # b per outer lane
-             ((None, 0), (0, None), a[:, 0], jnp.array([1.0, -2.0, 0.5]))]  # a outer, b inner
+    cases = [
+        ((0, 0), (0, 0), a, jnp.arange(6.0).reshape(2, 3) - 2.0),  # both per lane
+        ((0, None), (0, 0), a, jnp.array([1.0, -2.0])),  # b per outer lane
+        ((None, 0), (0, None), a[:, 0], jnp.array([1.0, -2.0, 0.5])),
+    ]  # a outer, b inner
     for inner, outer, x, y in cases:
         got = jax.jit(jax.vmap(jax.vmap(f, inner), outer))(x, y)
         want = jax.vmap(jax.vmap(ref, inner), outer)(x, y)
-        for g, w in zip(got, want):
+        for g, w in zip(got, want, strict=False):
             np.testing.assert_allclose(g, w, rtol=1e-12)
     np.testing.assert_allclose(f(a[0, 0], 3.0)[0], ref(a[0, 0], 3.0)[0])
 
@@ -236,8 +279,9 @@ def test_sparse_best_response_equals_dense_in_float64(x64, linear_sweeps):
     def both(theta, beta):
         P, r = prob.transition(theta), prob.follower_reward(theta)
         d = soft_value_iteration(P, r, beta, prob.gamma_F, tol=1e-12, max_sweeps=5000)
-        s = sparse.sparse_soft_value_iteration(P, r, beta, prob.gamma_F, succ, tol=1e-12,
-                                               max_sweeps=5000, linear_sweeps=linear_sweeps)
+        s = sparse.sparse_soft_value_iteration(
+            P, r, beta, prob.gamma_F, succ, tol=1e-12, max_sweeps=5000, linear_sweeps=linear_sweeps
+        )
         return d, s
 
     d, s = jax.jit(jax.vmap(jax.vmap(both, (None, 0)), (0, None)))(thetas, betas)
@@ -259,12 +303,21 @@ def test_sparse_best_response_float32_fourrooms_against_dense_and_float64(x64):
     @jax.jit
     def solve(theta, beta):
         r32 = fr32.follower_reward(theta)
-        d = soft_value_iteration(P32, r32, beta.astype(jnp.float32), 0.99, fr32.terminal,
-                                 tol=1e-6, max_sweeps=3000)
-        s = sparse.sparse_soft_value_iteration(P32, r32, beta.astype(jnp.float32), 0.99, succ,
-                                               fr32.terminal, tol=1e-6, max_sweeps=3000)
-        t = soft_value_iteration(P64, fr64.follower_reward(theta.astype(jnp.float64)), beta,
-                                 0.99, fr64.terminal, tol=1e-12, max_sweeps=20000)
+        d = soft_value_iteration(
+            P32, r32, beta.astype(jnp.float32), 0.99, fr32.terminal, tol=1e-6, max_sweeps=3000
+        )
+        s = sparse.sparse_soft_value_iteration(
+            P32, r32, beta.astype(jnp.float32), 0.99, succ, fr32.terminal, tol=1e-6, max_sweeps=3000
+        )
+        t = soft_value_iteration(
+            P64,
+            fr64.follower_reward(theta.astype(jnp.float64)),
+            beta,
+            0.99,
+            fr64.terminal,
+            tol=1e-12,
+            max_sweeps=20000,
+        )
         return d.V, s.V, t.V
 
     for beta in (1e-3, 3e-3, 5e-3):
@@ -284,8 +337,9 @@ def test_sparse_policy_evaluation_matches_linear_solve(x64):
     policy = jax.nn.softmax(jnp.asarray(np.random.default_rng(4).normal(size=(12, 3))), -1)
     cont = continuation(None, 12, jnp.float64)
     want = policy_evaluation(P, r, policy, 0.9, cont)
-    got = jax.jit(lambda V0: sparse.sparse_policy_evaluation(P, r, policy, 0.9, cont, V0, succ,
-                                                             tol=1e-13))(jnp.zeros(12))
+    got = jax.jit(
+        lambda V0: sparse.sparse_policy_evaluation(P, r, policy, 0.9, cont, V0, succ, tol=1e-13)
+    )(jnp.zeros(12))
     np.testing.assert_allclose(got, want, atol=1e-11)
 
 
@@ -293,17 +347,21 @@ def test_solver_choice_and_bad_settings():
     fr = fourrooms()
     assert resolve_solver(fr, "dense") == ("dense", None)
     assert resolve_solver(fr, "sparse")[0] == "sparse"
-    assert resolve_solver(fr, "auto")[0] == "sparse"          # J = 4 of S = 104, any backend
+    assert resolve_solver(fr, "auto")[0] == "sparse"  # J = 4 of S = 104, any backend
     assert "same support at all 13 probed thetas" in resolve_solver(fr, "auto", explain=True)[2]
     assert sparse.probe_support(fr).fixed
     assert sparse.probe_support(_ring_problem(dtype=jnp.float32)).fixed
     S = 8
-    full = TabularCMDP(transition=lambda t: jnp.full((S, 2, S), 1.0 / S),
-                       init_dist=lambda t: jnp.full((S,), 1.0 / S),
-                       follower_reward=lambda t: jnp.zeros((S, 2)) + t[0],
-                       leader_reward=lambda t: jnp.zeros((S, 2)), gamma_F=0.9, gamma_L=0.9,
-                       theta0=jnp.zeros(1))
-    assert resolve_solver(full, "auto") == ("dense", None)     # every state reaches all S
+    full = TabularCMDP(
+        transition=lambda t: jnp.full((S, 2, S), 1.0 / S),
+        init_dist=lambda t: jnp.full((S,), 1.0 / S),
+        follower_reward=lambda t: jnp.zeros((S, 2)) + t[0],
+        leader_reward=lambda t: jnp.zeros((S, 2)),
+        gamma_F=0.9,
+        gamma_L=0.9,
+        theta0=jnp.zeros(1),
+    )
+    assert resolve_solver(full, "auto") == ("dense", None)  # every state reaches all S
     with pytest.raises(ValueError, match="solver must be one of"):
         make_train(fr, "bchg", TrainConfig(solver="fast"))
     with pytest.raises(ValueError, match="linear_sweeps"):
@@ -322,14 +380,13 @@ def test_sparse_trainer_follows_the_dense_one():
         trainer = make_train(fr, "bchg", TrainConfig(iterations=300, solver=solver))
         hp = trainer.hparams(hp_grid)
         keys = jax.random.split(jax.random.key(0), 2)
-        _, m = jax.jit(jax.vmap(trainer.train, (0, None)))(
-            keys, jax.tree.map(lambda x: x[0], hp))
+        _, m = jax.jit(jax.vmap(trainer.train, (0, None)))(keys, jax.tree.map(lambda x: x[0], hp))
         out[solver] = m
     J_d, J_s = np.asarray(out["dense"]["J"]), np.asarray(out["sparse"]["J"])
     assert np.abs(J_d - J_s).max() < 2e-3, np.abs(J_d - J_s).max()
-    assert np.all(J_s[:, -1] > J_s[:, 0] + 0.002), J_s[:, [0, -1]]     # theta moved J
+    assert np.all(J_s[:, -1] > J_s[:, 0] + 0.002), J_s[:, [0, -1]]  # theta moved J
     assert np.all(np.asarray(out["sparse"]["sweeps"]) >= 1)
-    for solver in ("dense", "sparse"):         # Four-Rooms' table holds its support: no flag
+    for solver in ("dense", "sparse"):  # Four-Rooms' table holds its support: no flag
         assert not np.asarray(out[solver]["support_lost"]).any()
 
 
@@ -349,12 +406,13 @@ def test_gauss_seidel_colouring_accuracy_and_sweeps(x64):
     P, r = fr.transition(theta), fr.leader_reward(theta)
     S, gamma, tol = fr.num_states, fr.gamma_L, 1e-6
     cont = continuation(fr.terminal, S, jnp.float64)
-    for scale in (0.0, 3.0):       # uniform and a peaked random policy
+    for scale in (0.0, 3.0):  # uniform and a peaked random policy
         policy = jax.nn.softmax(jnp.asarray(scale * rng.normal(size=(S, 4))), -1)
         want = np.asarray(policy_evaluation(P, r, policy, gamma, cont))
         solve = sparse._evaluation_solver(*sparse._key(succ), tol, 3000)
-        V, n, _ = jax.jit(solve)(sparse.successor_probs(P, succ), r, policy, gamma * cont,
-                                 jnp.zeros(S))
+        V, n, _ = jax.jit(solve)(
+            sparse.successor_probs(P, succ), r, policy, gamma * cont, jnp.zeros(S)
+        )
         assert np.abs(np.asarray(V) - want).max() <= gamma / (1 - gamma) * tol
         A = gamma * np.asarray(cont)[:, None] * np.einsum("sb,sbt->st", policy, P)
         c, x, jacobi = np.sum(np.asarray(policy * r), 1), np.zeros(S), 0
@@ -364,11 +422,15 @@ def test_gauss_seidel_colouring_accuracy_and_sweeps(x64):
                 break
             x = x2
         assert int(n) < 0.8 * jacobi, (int(n), jacobi)
-        assert int(n) % sparse.ONE_RUN_SWEEPS_PER_TEST == 0       # unbatched: k sweeps a test
+        assert int(n) % sparse.ONE_RUN_SWEEPS_PER_TEST == 0  # unbatched: k sweeps a test
         # batched (one sweep per test, run axis last): the same bound
         Vb, nb, _ = jax.jit(jax.vmap(solve, (None, None, 0, None, None)))(
-            sparse.successor_probs(P, succ), r, jnp.stack([policy, policy]), gamma * cont,
-            jnp.zeros(S))
+            sparse.successor_probs(P, succ),
+            r,
+            jnp.stack([policy, policy]),
+            gamma * cont,
+            jnp.zeros(S),
+        )
         assert np.abs(np.asarray(Vb) - want).max() <= gamma / (1 - gamma) * tol
         assert abs(int(nb[0]) - int(n)) < sparse.ONE_RUN_SWEEPS_PER_TEST
 
@@ -385,14 +447,25 @@ def test_rollout_on_the_successor_table_draws_the_same_states(problem):
     B = prob.follower_reward(prob.theta0).shape[1]
     for i in range(5):
         theta = jnp.asarray(prob.theta0) + jnp.asarray(
-            rng.normal(size=np.shape(prob.theta0)), jnp.float32)
+            rng.normal(size=np.shape(prob.theta0)), jnp.float32
+        )
         policy = jax.nn.softmax(jnp.asarray(3 * rng.normal(size=(S, B)), jnp.float32), -1)
         P = prob.sampler_transition(theta)
 
         def draw(table):
-            return jax.jit(lambda k: rollout(k, policy, P, prob.init_dist(theta), prob.terminal,
-                                             prob.time_limit, 20, 100, successors=table))(
-                jax.random.key(i))
+            return jax.jit(
+                lambda k: rollout(
+                    k,
+                    policy,
+                    P,
+                    prob.init_dist(theta),
+                    prob.terminal,
+                    prob.time_limit,
+                    20,
+                    100,
+                    successors=table,
+                )
+            )(jax.random.key(i))
 
-        for full, on_table in zip(draw(None), draw(succ)):
+        for full, on_table in zip(draw(None), draw(succ), strict=False):
             np.testing.assert_array_equal(np.asarray(full), np.asarray(on_table))

@@ -1,14 +1,15 @@
-"""make_train: vmapped grids equal single runs, no retrace per hparam value, validation, learning."""
+"""make_train: vmapped grids equal single runs, no retrace per hparam value, validation,
+learning."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bchg_jax.tabular import HParams, TabularCMDP, TrainConfig, make_train
-
 from bchg_jax import seed_keys
-from bchg_jax.problems import fourrooms, random_tabular_cmdp
 from bchg_jax.core.sweep import grid_functions, product_grid, run_grid
+from bchg_jax.problems import fourrooms, random_tabular_cmdp
+from bchg_jax.tabular import HParams, TabularCMDP, TrainConfig, make_train
 
 
 def _small():
@@ -106,9 +107,12 @@ def test_float32_metric_is_unbiased_against_float64(x64):
     float64 pipeline at random thetas (Four-Rooms, beta 1e-3). Without renormalising the
     policy rows (they sum to 1 +- 7e-5 in float32) the mean error was -2.8e-4 (max 4.5e-4)."""
     import jax.numpy as jnp
+
     from bchg_jax.problems import fourrooms
-    t32, t64 = (make_train(fourrooms(dtype=d), "bchg", TrainConfig()) for d in (jnp.float32,
-                                                                                jnp.float64))
+
+    t32, t64 = (
+        make_train(fourrooms(dtype=d), "bchg", TrainConfig()) for d in (jnp.float32, jnp.float64)
+    )
     S, beta = t32.problem.num_states, 1e-3
 
     @jax.jit
@@ -122,6 +126,6 @@ def test_float32_metric_is_unbiased_against_float64(x64):
 
     thetas = 0.3 * jax.random.normal(jax.random.key(0), (12,) + t64.problem.theta0.shape)
     J32, J64, rowsum = (np.asarray(x, np.float64) for x in jax.vmap(both)(thetas))
-    assert rowsum.max() > 1e-5                                    # the rows are off in float32
+    assert rowsum.max() > 1e-5  # the rows are off in float32
     err = J32 - J64
     assert abs(err.mean()) < 1e-5 and np.abs(err).max() < 1e-5, err

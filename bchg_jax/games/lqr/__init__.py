@@ -8,21 +8,60 @@ Family protocol: ``best_response``, ``rollout``, ``hypergradient``, ``leader_obj
 appendix theorem for a deterministic leader (Theorem 3, Eq. (hg_MG_det)). The task is the paper's
 bi-level LQR game (Section "2-Player Markov Games (Continuous)").
 """
+
 from bchg_jax.games.estimators import continuous_hypergradient as hypergradient
 from bchg_jax.games.estimators import deterministic_hypergradient, game_score_weights
-from bchg_jax.games.lqr.exact import (exact_critic_estimate, exact_hypergradient,
-                                      hypergradient_split, leader_objective, leader_q,
-                                      leader_state_values)
-from bchg_jax.games.lqr.follower import (GameResponse, best_response, follower_q,
-                                         follower_state_value, follower_value)
-from bchg_jax.games.lqr.game import (LQRGame, leader_gain, leader_log_prob, leader_policy,
-                                     leader_reward, transition)
+from bchg_jax.games.lqr.exact import (
+    exact_critic_estimate,
+    exact_hypergradient,
+    hypergradient_split,
+    leader_objective,
+    leader_q,
+    leader_state_values,
+)
+from bchg_jax.games.lqr.follower import (
+    GameResponse,
+    best_response,
+    follower_q,
+    follower_state_value,
+    follower_value,
+)
+from bchg_jax.games.lqr.game import (
+    LQRGame,
+    leader_gain,
+    leader_log_prob,
+    leader_policy,
+    leader_reward,
+    transition,
+)
 from bchg_jax.games.lqr.rollout import GameTrajectories, rollout
 from bchg_jax.games.lqr.train import METHODS, HParams, TrainConfig, make_train
 
-__all__ = ["hypergradient", "deterministic_hypergradient", "game_score_weights",
-           "exact_critic_estimate", "exact_hypergradient", "hypergradient_split",
-           "leader_objective", "leader_q", "leader_state_values", "GameResponse", "best_response",
-           "follower_q", "follower_state_value", "follower_value", "LQRGame", "leader_gain",
-           "leader_log_prob", "leader_policy", "leader_reward", "transition", "GameTrajectories",
-           "rollout", "METHODS", "HParams", "TrainConfig", "make_train"]
+__all__ = [
+    "hypergradient",
+    "deterministic_hypergradient",
+    "game_score_weights",
+    "exact_critic_estimate",
+    "exact_hypergradient",
+    "hypergradient_split",
+    "leader_objective",
+    "leader_q",
+    "leader_state_values",
+    "GameResponse",
+    "best_response",
+    "follower_q",
+    "follower_state_value",
+    "follower_value",
+    "LQRGame",
+    "leader_gain",
+    "leader_log_prob",
+    "leader_policy",
+    "leader_reward",
+    "transition",
+    "GameTrajectories",
+    "rollout",
+    "METHODS",
+    "HParams",
+    "TrainConfig",
+    "make_train",
+]

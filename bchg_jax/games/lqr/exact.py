@@ -16,22 +16,36 @@ hypergradient (:func:`exact_hypergradient`). :func:`leader_q` gives exact finite
 ``Q_L^(h)(s, a, b) = r_L(s) + gamma V_L^(h-1)(A s + B b + C a)`` for any batch of samples (the
 conditional mean from a state ``x`` is ``F^t x`` and the covariance does not depend on ``x``).
 """
+
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from bchg_jax.core.validate import (check_beta_if_concrete, check_count, check_discount,
-                                    check_if_concrete, check_int_range, check_problem_settings,
-                                    check_theta)
-from bchg_jax.games.estimators import (continuous_hypergradient,
-                                      deterministic_hypergradient, game_score_weights)
-from bchg_jax.games.lqr.follower import (GameResponse, best_response, follower_q,
-                                         follower_state_value, follower_value)
-from bchg_jax.games.lqr.game import (LQRGame, leader_gain, leader_log_prob, leader_reward,
-                                     transition)
-from bchg_jax.games.lqr.rollout import rollout
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.validate import (
+    check_beta_if_concrete,
+    check_count,
+    check_discount,
+    check_if_concrete,
+    check_int_range,
+    check_problem_settings,
+    check_theta,
+)
+from bchg_jax.games.estimators import (
+    continuous_hypergradient,
+    deterministic_hypergradient,
+    game_score_weights,
+)
+from bchg_jax.games.lqr.follower import (
+    GameResponse,
+    best_response,
+    follower_q,
+    follower_state_value,
+    follower_value,
+)
+from bchg_jax.games.lqr.game import LQRGame, leader_gain, leader_log_prob, leader_reward, transition
+from bchg_jax.games.lqr.rollout import rollout
 
 Array = jax.Array
 
@@ -81,6 +95,7 @@ def state_moments(F: Array, N: Array, s0: Array, horizon: int):
     Returns:
       (mu [T, n], Sigma [T, n, n]).
     """
+
     def body(c, _):
         mu, S = c
         return (F @ mu, F @ S @ F.T + N), (mu, S)
@@ -103,8 +118,7 @@ def expected_bump(game: LQRGame, mu: Array, cov: Array) -> Array:
     """
     W = jnp.asarray(game.Sigma, mu.dtype)
     n = mu.shape[-1]
-    I = jnp.eye(n, dtype=mu.dtype)
-    Mx = I + W @ cov                                    # [..., n, n]
+    Mx = jnp.eye(n, dtype=mu.dtype) + W @ cov  # [..., n, n]
     d = mu - jnp.asarray(game.s_star, mu.dtype)
     Wd = d @ W.T
     z = jnp.linalg.solve(jnp.broadcast_to(Mx, d.shape[:-1] + (n, n)), Wd[..., None])[..., 0]
@@ -112,9 +126,17 @@ def expected_bump(game: LQRGame, mu: Array, cov: Array) -> Array:
 
 
 @full_precision
-def leader_objective(game: LQRGame, theta: Array, beta, *, horizon: int | None = None,
-                  gamma=1.0, stochastic: bool = True, resp: GameResponse | None = None,
-                  s0: Array | None = None) -> Array:
+def leader_objective(
+    game: LQRGame,
+    theta: Array,
+    beta,
+    *,
+    horizon: int | None = None,
+    gamma=1.0,
+    stochastic: bool = True,
+    resp: GameResponse | None = None,
+    s0: Array | None = None,
+) -> Array:
     """sum_{t < horizon} gamma^t E[r_L(s_t)] from ``s0`` (default the game's): exact.
 
     ``gamma=1`` (default) is the paper's y-axis (undiscounted 100-step return); the leader's
@@ -149,8 +171,15 @@ def leader_objective(game: LQRGame, theta: Array, beta, *, horizon: int | None =
 
 
 @full_precision
-def exact_hypergradient(game: LQRGame, theta: Array, beta, *, horizon: int | None = None,
-                        gamma=None, stochastic: bool = True) -> Array:
+def exact_hypergradient(
+    game: LQRGame,
+    theta: Array,
+    beta,
+    *,
+    horizon: int | None = None,
+    gamma=None,
+    stochastic: bool = True,
+) -> Array:
     """grad_theta of the discounted ``horizon``-step leader return (default gamma = gamma_L).
 
     The exact hypergradient (autodiff through the moments and the Riccati solution) that the
@@ -169,13 +198,22 @@ def exact_hypergradient(game: LQRGame, theta: Array, beta, *, horizon: int | Non
     """
     _check_args(game, beta, horizon, gamma, theta=theta)
     g = game.gamma_L if gamma is None else gamma
-    return jax.grad(lambda th: leader_objective(game, th, beta, horizon=horizon, gamma=g,
-                                             stochastic=stochastic))(theta)
+    return jax.grad(
+        lambda th: leader_objective(game, th, beta, horizon=horizon, gamma=g, stochastic=stochastic)
+    )(theta)
 
 
 @full_precision
-def leader_state_values(game: LQRGame, theta: Array, resp: GameResponse, x: Array,
-                        remaining: Array, gamma, horizon: int, stochastic: bool = True) -> Array:
+def leader_state_values(
+    game: LQRGame,
+    theta: Array,
+    resp: GameResponse,
+    x: Array,
+    remaining: Array,
+    gamma,
+    horizon: int,
+    stochastic: bool = True,
+) -> Array:
     """V_L^(h)(x) = sum_{t < h} gamma^t E[r_L(s_t) | s_0 = x] for ``x`` [..., n] and ``h =
     remaining`` [...] (per sample, at most ``horizon``).
 
@@ -198,7 +236,7 @@ def leader_state_values(game: LQRGame, theta: Array, resp: GameResponse, x: Arra
     def body(c, t):
         Ft, S = c
         r = expected_bump(game, x @ Ft.T, S)
-        return (F @ Ft, F @ S @ F.T + N), jnp.where(t < remaining, gamma ** t * r, 0.0)
+        return (F @ Ft, F @ S @ F.T + N), jnp.where(t < remaining, gamma**t * r, 0.0)
 
     n = x.shape[-1]
     init = (jnp.eye(n, dtype=x.dtype), jnp.zeros((n, n), x.dtype))
@@ -207,8 +245,18 @@ def leader_state_values(game: LQRGame, theta: Array, resp: GameResponse, x: Arra
 
 
 @full_precision
-def leader_q(game: LQRGame, theta: Array, resp: GameResponse, s: Array, a: Array, b: Array,
-             remaining: Array, gamma, horizon: int, stochastic: bool = True) -> Array:
+def leader_q(
+    game: LQRGame,
+    theta: Array,
+    resp: GameResponse,
+    s: Array,
+    a: Array,
+    b: Array,
+    remaining: Array,
+    gamma,
+    horizon: int,
+    stochastic: bool = True,
+) -> Array:
     """Exact Q_L^(h)(s, a, b) = r_L(s) + gamma V_L^(h-1)(A s + B b + C a), h = ``remaining``.
 
     Args:
@@ -226,15 +274,27 @@ def leader_q(game: LQRGame, theta: Array, resp: GameResponse, s: Array, a: Array
     _check_args(game, horizon=horizon, gamma=gamma, theta=theta)
     s2 = transition(game, s, a, b)
     return leader_reward(game, s) + gamma * leader_state_values(
-        game, theta, resp, s2, remaining - 1, gamma, horizon, stochastic)
+        game, theta, resp, s2, remaining - 1, gamma, horizon, stochastic
+    )
 
 
 @full_precision
-def exact_critic_estimate(game: LQRGame, theta: Array, beta, key: Array, *, episodes: int,
-                          leader_steps: int, extra_steps: int, gamma=None,
-                          stochastic: bool = True, guide: str = "benefit",
-                          direct_baseline: str = "value", influence: str = "baseline",
-                          samples: int = 16) -> Array:
+def exact_critic_estimate(
+    game: LQRGame,
+    theta: Array,
+    beta,
+    key: Array,
+    *,
+    episodes: int,
+    leader_steps: int,
+    extra_steps: int,
+    gamma=None,
+    stochastic: bool = True,
+    guide: str = "benefit",
+    direct_baseline: str = "value",
+    influence: str = "baseline",
+    samples: int = 16,
+) -> Array:
     """One batch's hypergradient estimate with *exact* critics (estimator studies and tests).
 
     Episodes of ``leader_steps + extra_steps`` steps from s0; the objective is the discounted
@@ -294,8 +354,18 @@ def exact_critic_estimate(game: LQRGame, theta: Array, beta, key: Array, *, epis
         dQL = jax.grad(lambda aa: Qfn(s, aa, b, rem).sum())(a)
         dQF = jax.grad(lambda aa: follower_q(game, resp, theta, s, aa, b).sum())(a)
         return deterministic_hypergradient(
-            lambda t_, s_: s_ @ leader_gain(game, t_).T, theta, s, dQL, ben, dQF, beta, gL,
-            game.gamma_F, guide, leader_steps=T)
+            lambda t_, s_: s_ @ leader_gain(game, t_).T,
+            theta,
+            s,
+            dQL,
+            ben,
+            dQF,
+            beta,
+            gL,
+            game.gamma_F,
+            guide,
+            leader_steps=T,
+        )
     if direct_baseline == "value":
         base = leader_state_values(game, theta, resp, s, rem, gL, T)
     elif direct_baseline == "none":
@@ -304,8 +374,11 @@ def exact_critic_estimate(game: LQRGame, theta: Array, beta, key: Array, *, epis
         K, U = leader_gain(game, theta), jnp.asarray(game.U, theta.dtype)
         eps = jax.random.normal(k3, (samples,) + a.shape, theta.dtype)
         a_alt = s @ K.T + eps @ U.T
-        b_alt = (jnp.broadcast_to(b, a_alt.shape[:-1] + b.shape[-1:]) if direct_baseline == "same_b"
-                 else resp.mean(s, a_alt) + (b - resp.mean(s, a)))
+        b_alt = (
+            jnp.broadcast_to(b, a_alt.shape[:-1] + b.shape[-1:])
+            if direct_baseline == "same_b"
+            else resp.mean(s, a_alt) + (b - resp.mean(s, a))
+        )
         base = jax.vmap(lambda aa, bb: Qfn(s, aa, bb, rem))(a_alt, b_alt).mean(0)
     else:
         raise ValueError(f"unknown direct_baseline {direct_baseline!r}")
@@ -316,12 +389,20 @@ def exact_critic_estimate(game: LQRGame, theta: Array, beta, key: Array, *, epis
         raise ValueError(f"influence must be 'raw' or 'baseline', got {influence!r}")
     w = game_score_weights(q, base, ben, adv, beta, gL, game.gamma_F, guide, leader_steps=T)
     return continuous_hypergradient(
-        lambda t_, s_, a_: leader_log_prob(game, t_, s_, a_), theta, s, a, w)
+        lambda t_, s_, a_: leader_log_prob(game, t_, s_, a_), theta, s, a, w
+    )
 
 
 @full_precision
-def hypergradient_split(game: LQRGame, theta: Array, beta, *, horizon: int | None = None,
-                        gamma=None, stochastic: bool = True):
+def hypergradient_split(
+    game: LQRGame,
+    theta: Array,
+    beta,
+    *,
+    horizon: int | None = None,
+    gamma=None,
+    stochastic: bool = True,
+):
     """(full, direct): the exact hypergradient and its part with the follower's policy held
     fixed (what Naive-PGD estimates); ``full - direct`` is the follower-response part, which the
     Benefit term of BC-HG estimates (the second term of Eq. (hg_MG)).
@@ -338,8 +419,9 @@ def hypergradient_split(game: LQRGame, theta: Array, beta, *, horizon: int | Non
 
     def J(th, th_follower):
         resp = best_response(game, th_follower, beta, stochastic=stochastic)
-        return leader_objective(game, th, beta, horizon=horizon, gamma=g, stochastic=stochastic,
-                             resp=resp)
+        return leader_objective(
+            game, th, beta, horizon=horizon, gamma=g, stochastic=stochastic, resp=resp
+        )
 
     full = jax.grad(lambda th: J(th, th))(theta)
     direct = jax.grad(lambda th: J(th, jax.lax.stop_gradient(theta)))(theta)

@@ -10,6 +10,7 @@ The follower observes the leader's action ``a`` before acting. Writing ``a = K s
 ``Q_F(s, a, b) = r_F + gamma E_{a' ~ f} V_F(s', a')`` (:func:`follower_value`,
 :func:`follower_q`). For the deterministic leader ``U = 0``.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -20,9 +21,9 @@ import numpy as np
 
 from bchg_jax.core.maxent_lqr import GaussianBestResponse, RiccatiInfo, maxent_lqr_observable
 from bchg_jax.core.maxent_lqr import quad_form as _quad
+from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings, check_theta
 from bchg_jax.games.lqr.game import LQRGame, follower_reward, leader_gain, transition
-from bchg_jax.core.precision import full_precision
 
 Array = jax.Array
 
@@ -44,14 +45,14 @@ class GameResponse(NamedTuple):
       info: :class:`~bchg_jax.core.maxent_lqr.RiccatiInfo` of the Riccati iteration.
     """
 
-    K_s: Array      # [m, n]  gamma S^{-1} B^T P A
-    K_a: Array      # [m, k]  gamma S^{-1} B^T P C
-    cov: Array      # (beta/2) S^{-1}
+    K_s: Array  # [m, n]  gamma S^{-1} B^T P A
+    K_a: Array  # [m, k]  gamma S^{-1} B^T P C
+    cov: Array  # (beta/2) S^{-1}
     chol: Array
-    P: Array        # Riccati solution on A + C K
-    M: Array        # gamma P - gamma^2 P B S^{-1} B^T P
-    v: Array        # constant of -V_F(s, a) (v_w of Proposition 2 with disturbance C U)
-    c_next: Array   # tr((C U)^T M (C U)): E_a' of the leader's noise term in -V_F(s', a')
+    P: Array  # Riccati solution on A + C K
+    M: Array  # gamma P - gamma^2 P B S^{-1} B^T P
+    v: Array  # constant of -V_F(s, a) (v_w of Proposition 2 with disturbance C U)
+    c_next: Array  # tr((C U)^T M (C U)): E_a' of the leader's noise term in -V_F(s', a')
     info: RiccatiInfo
 
     @property
@@ -77,12 +78,20 @@ class GameResponse(NamedTuple):
         z = jax.scipy.linalg.solve_triangular(self.chol, d[..., None], lower=True)[..., 0]
         m = self.K_s.shape[0]
         logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(self.chol)))
-        return -0.5 * (jnp.sum(z ** 2, -1) + m * np.log(2 * np.pi) + logdet)
+        return -0.5 * (jnp.sum(z**2, -1) + m * np.log(2 * np.pi) + logdet)
 
 
 @full_precision
-def best_response(game: LQRGame, theta: Array, beta, *, stochastic: bool = True, P0=None,
-                  tol: float = 1e-6, max_iters: int = 1000) -> GameResponse:
+def best_response(
+    game: LQRGame,
+    theta: Array,
+    beta,
+    *,
+    stochastic: bool = True,
+    P0=None,
+    tol: float = 1e-6,
+    max_iters: int = 1000,
+) -> GameResponse:
     """Proposition 2 on ``(A + C K_theta, B)`` with the observable disturbance ``C (a - K s)``.
 
     The follower's best response g^{theta dagger}(b|s, a) = N(-K_s s - K_a a, (beta/2) S^{-1})
@@ -112,10 +121,20 @@ def best_response(game: LQRGame, theta: Array, beta, *, stochastic: bool = True,
     A, B, C, Q, R = game.arrays(dt)
     K = leader_gain(game, theta)
     CU = C @ jnp.asarray(game.U, dt) * (1.0 if stochastic else 0.0)
-    br: GaussianBestResponse = maxent_lqr_observable(A + C @ K, B, Q, R, CU, game.gamma_F, beta,
-                                                     P0=P0, tol=tol, max_iters=max_iters)
-    return GameResponse(br.K_w @ A, br.K_w @ C, br.cov, br.chol, br.P, br.M, br.v,
-                        jnp.trace(CU.T @ br.M @ CU), br.info)
+    br: GaussianBestResponse = maxent_lqr_observable(
+        A + C @ K, B, Q, R, CU, game.gamma_F, beta, P0=P0, tol=tol, max_iters=max_iters
+    )
+    return GameResponse(
+        br.K_w @ A,
+        br.K_w @ C,
+        br.cov,
+        br.chol,
+        br.P,
+        br.M,
+        br.v,
+        jnp.trace(CU.T @ br.M @ CU),
+        br.info,
+    )
 
 
 @full_precision
@@ -156,8 +175,9 @@ def follower_state_value(game: LQRGame, resp: GameResponse, theta: Array, s: Arr
 
 
 @full_precision
-def follower_q(game: LQRGame, resp: GameResponse, theta: Array, s: Array, a: Array,
-               b: Array) -> Array:
+def follower_q(
+    game: LQRGame, resp: GameResponse, theta: Array, s: Array, a: Array, b: Array
+) -> Array:
     """Q_F(s, a, b) = r_F(s, b) + gamma_F E_{a' ~ f} V_F(s', a'), s' = A s + B b + C a.
 
     Its action-gradient grad_a Q_F enters Theorem 3's (deterministic leader) FollowerQGrad,

@@ -18,9 +18,11 @@ Eq. (lqr_opt_follower_mg)):
 (:func:`bchg_jax.games.lqr.follower.follower_value`,
 :func:`bchg_jax.games.lqr.follower.follower_q`). For the deterministic leader ``U = 0``.
 """
+
 from __future__ import annotations
 
 import dataclasses
+
 import distrax
 import jax
 import jax.numpy as jnp
@@ -53,15 +55,15 @@ class LQRGame:
       name: label used in error messages.
     """
 
-    A: np.ndarray        # [n, n]
-    B: np.ndarray        # [n, m] follower input
-    C: np.ndarray        # [n, k] leader input
-    Qbar: np.ndarray     # [n, n] follower state cost
-    Rbar: np.ndarray     # [m, m] follower action cost
-    s0: np.ndarray       # [n] fixed initial state
-    s_star: np.ndarray   # [n] centre of the leader's reward bump
-    Sigma: np.ndarray    # [n, n] sharpness (precision) of the bump
-    U: np.ndarray        # [k, k] the Gaussian leader's scale (lower-triangular)
+    A: np.ndarray  # [n, n]
+    B: np.ndarray  # [n, m] follower input
+    C: np.ndarray  # [n, k] leader input
+    Qbar: np.ndarray  # [n, n] follower state cost
+    Rbar: np.ndarray  # [m, m] follower action cost
+    s0: np.ndarray  # [n] fixed initial state
+    s_star: np.ndarray  # [n] centre of the leader's reward bump
+    Sigma: np.ndarray  # [n, n] sharpness (precision) of the bump
+    U: np.ndarray  # [k, k] the Gaussian leader's scale (lower-triangular)
     gamma_F: float = 0.95
     gamma_L: float = 0.99
     horizon: int = 100
@@ -94,24 +96,47 @@ class LQRGame:
         Raises:
           ValueError: the first failed check.
         """
-        A, B, C, Q, R, s0, ss, Sig, U = (np.asarray(x, np.float64) for x in (
-            self.A, self.B, self.C, self.Qbar, self.Rbar, self.s0, self.s_star, self.Sigma,
-            self.U))
+        A, B, C, Q, R, s0, ss, Sig, U = (
+            np.asarray(x, np.float64)
+            for x in (
+                self.A,
+                self.B,
+                self.C,
+                self.Qbar,
+                self.Rbar,
+                self.s0,
+                self.s_star,
+                self.Sigma,
+                self.U,
+            )
+        )
         if A.ndim != 2 or A.shape[0] != A.shape[1] or A.shape[0] < 1:
             raise ValueError(f"{self.name}: A must have shape [n, n], got {A.shape}")
         n = A.shape[0]
-        for name, x in (("B", B), ("C", C)):     # m, k: from B [n, m] and C [n, k]
+        for name, x in (("B", B), ("C", C)):  # m, k: from B [n, m] and C [n, k]
             if x.ndim != 2 or x.shape[0] != n or x.shape[1] < 1:
-                raise ValueError(f"{self.name}: {name} must have shape [n={n}, "
-                                 f"{'m' if name == 'B' else 'k'}] (n from A), got {x.shape}")
+                raise ValueError(
+                    f"{self.name}: {name} must have shape [n={n}, "
+                    f"{'m' if name == 'B' else 'k'}] (n from A), got {x.shape}"
+                )
         k, m = C.shape[1], B.shape[1]
-        shapes = {"A": (A, (n, n)), "B": (B, (n, m)), "C": (C, (n, k)), "Qbar": (Q, (n, n)),
-                  "Rbar": (R, (m, m)), "s0": (s0, (n,)), "s_star": (ss, (n,)),
-                  "Sigma": (Sig, (n, n)), "U": (U, (k, k))}
+        shapes = {
+            "A": (A, (n, n)),
+            "B": (B, (n, m)),
+            "C": (C, (n, k)),
+            "Qbar": (Q, (n, n)),
+            "Rbar": (R, (m, m)),
+            "s0": (s0, (n,)),
+            "s_star": (ss, (n,)),
+            "Sigma": (Sig, (n, n)),
+            "U": (U, (k, k)),
+        }
         for name, (x, shape) in shapes.items():
             if x.shape != shape:
-                raise ValueError(f"{self.name}: {name} must have shape {shape} (n={n} from A, "
-                                 f"m={m} from B, k={k} from C), got {x.shape}")
+                raise ValueError(
+                    f"{self.name}: {name} must have shape {shape} (n={n} from A, "
+                    f"m={m} from B, k={k} from C), got {x.shape}"
+                )
             if not np.all(np.isfinite(x)):
                 raise ValueError(f"{self.name}: {name} is not finite")
         check_discounts(self.name, self.gamma_F, self.gamma_L, self.horizon)
@@ -119,19 +144,25 @@ class LQRGame:
         if not np.allclose(Sig, Sig.T) or np.linalg.eigvalsh(Sig).min() < -1e-10:
             raise ValueError(f"{self.name}: Sigma must be symmetric positive semi-definite")
         if not np.allclose(U, np.tril(U)) or np.any(np.diagonal(U) < 0):
-            raise ValueError(f"{self.name}: U must be lower-triangular with a non-negative "
-                             "diagonal (a Cholesky factor of the leader's covariance)")
+            raise ValueError(
+                f"{self.name}: U must be lower-triangular with a non-negative "
+                "diagonal (a Cholesky factor of the leader's covariance)"
+            )
         if theta is not None:
             th = np.asarray(theta, np.float64)
             if th.shape[-1:] != (k * n,) or not np.all(np.isfinite(th)):
-                raise ValueError(f"{self.name}: theta must be finite with last axis {k * n} "
-                                 f"(K is [{k}, {n}]), got shape {th.shape}")
+                raise ValueError(
+                    f"{self.name}: theta must be finite with last axis {k * n} "
+                    f"(K is [{k}, {n}]), got shape {th.shape}"
+                )
             for row in th.reshape(-1, k * n):
                 Acl = A + C @ row.reshape(k, n)
                 if not is_stabilizable(Acl, B, self.gamma_F):
-                    raise ValueError(f"{self.name}: (sqrt(gamma_F) (A + C K), B) is not "
-                                     f"stabilisable at theta={row.tolist()}: the follower's "
-                                     "Riccati equation has no stabilising solution")
+                    raise ValueError(
+                        f"{self.name}: (sqrt(gamma_F) (A + C K), B) is not "
+                        f"stabilisable at theta={row.tolist()}: the follower's "
+                        "Riccati equation has no stabilising solution"
+                    )
         return self
 
 
@@ -149,8 +180,10 @@ def leader_gain(game: LQRGame, theta: Array) -> Array:
     """
     k, n = game.leader_dim, game.state_dim
     if np.ndim(theta) < 1 or np.shape(theta)[-1] != k * n:
-        raise ValueError(f"{game.name}: theta must have last axis k * n = {k * n} (K_theta is "
-                         f"[k={k}, n={n}]), got shape {tuple(np.shape(theta))}")
+        raise ValueError(
+            f"{game.name}: theta must have last axis k * n = {k * n} (K_theta is "
+            f"[k={k}, n={n}]), got shape {tuple(np.shape(theta))}"
+        )
     return theta.reshape(theta.shape[:-1] + (game.leader_dim, game.state_dim))
 
 

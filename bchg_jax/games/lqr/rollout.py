@@ -1,5 +1,6 @@
 """Episodes of the bi-level LQR game (one record convention: ``s`` [E, T+1, n], ``a``, ``b``
 [E, T, .])."""
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -23,14 +24,23 @@ class GameTrajectories(NamedTuple):
       b: [E, T, m] follower actions.
     """
 
-    s: Array   # [E, T+1, n]
-    a: Array   # [E, T, k]
-    b: Array   # [E, T, m]
+    s: Array  # [E, T+1, n]
+    a: Array  # [E, T, k]
+    b: Array  # [E, T, m]
 
 
-def rollout(key: Array, game: LQRGame, theta: Array, resp: GameResponse, num_episodes: int,
-            horizon: int | None = None, *, stochastic: bool = True, random_leader=False,
-            random_std: float = 1.0) -> GameTrajectories:
+def rollout(
+    key: Array,
+    game: LQRGame,
+    theta: Array,
+    resp: GameResponse,
+    num_episodes: int,
+    horizon: int | None = None,
+    *,
+    stochastic: bool = True,
+    random_leader=False,
+    random_std: float = 1.0,
+) -> GameTrajectories:
     """Episodes from ``s0``: a ~ f_theta(.|s) (``stochastic=False``: a = K s), b ~ g(.|s, a).
 
     The batch B of Algorithm 1 (line 4) in the Markov-game setting; s' = A s + B b + C a.
@@ -54,8 +64,10 @@ def rollout(key: Array, game: LQRGame, theta: Array, resp: GameResponse, num_epi
         of another game), or ``num_episodes`` / the horizon not a positive integer.
     """
     check_count("num_episodes", num_episodes)
-    check_count("horizon (or game.horizon when horizon is None)",
-                game.horizon if horizon is None else horizon)
+    check_count(
+        "horizon (or game.horizon when horizon is None)",
+        game.horizon if horizon is None else horizon,
+    )
     T = int(game.horizon if horizon is None else horizon)
     dt = theta.dtype
     K = leader_gain(game, theta)

@@ -50,6 +50,7 @@ exact hypergradient's direct part only (the follower's policy held at the iterat
 Metrics per iteration: the exact undiscounted return over the horizon (``J``, the paper's y-axis),
 the discounted one, the batch's sampled return, theta, the follower's Riccati status.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -60,18 +61,27 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bchg_jax.core.buffers import (EpisodeBuffer, buffer_add, buffer_init, sample_discounted,
-                                   sample_uniform, stored)
-from bchg_jax.core.loop import (Trainer, adam_step, check_setup, masked_steps, polyak,
-                                 build_trainer)
+from bchg_jax.core.buffers import (
+    EpisodeBuffer,
+    buffer_add,
+    buffer_init,
+    sample_discounted,
+    sample_uniform,
+    stored,
+)
+from bchg_jax.core.loop import Trainer, adam_step, build_trainer, check_setup, masked_steps, polyak
 from bchg_jax.core.networks import MLP
 from bchg_jax.core.validate import check_config
 from bchg_jax.games.control_variate import crossfit_baseline, quadratic_features
 from bchg_jax.games.estimators import deterministic_objective, influence_weights, score_objective
 from bchg_jax.games.hparams import game_hparams
 from bchg_jax.games.lqr.exact import leader_objective
-from bchg_jax.games.lqr.follower import (best_response, follower_q, follower_state_value,
-                                         follower_value)
+from bchg_jax.games.lqr.follower import (
+    best_response,
+    follower_q,
+    follower_state_value,
+    follower_value,
+)
 from bchg_jax.games.lqr.game import LQRGame, leader_gain, leader_log_prob, leader_reward
 from bchg_jax.games.lqr.rollout import rollout
 
@@ -133,66 +143,91 @@ class TrainConfig:
 
     iterations: int = 500
     episodes: int = 4
-    buffer: str = "on"                 # "on": newest batch (400 steps); "off": every episode
+    buffer: str = "on"  # "on": newest batch (400 steps); "off": every episode
     minibatch: int = 64
-    max_steps: int = 10                # upper bound of the actor / critic step grids
+    max_steps: int = 10  # upper bound of the actor / critic step grids
     hidden: Tuple[int, ...] = (64, 64)
     init: str = "torch"
     actor_lr: float = 0.1
     actor_lr_schedule: str = "constant"  # "constant" | "cosine" (to 0 over `iterations` steps)
     critic_lr: float = 0.1
     tau: float = 0.01
-    clip: float = 1.0                  # global-norm clip of the actor gradient (0: none)
+    clip: float = 1.0  # global-norm clip of the actor gradient (0: none)
     warmup_steps: int = 4000
     warmup_std: float = 1.0
-    explore_episodes: int = 0          # behaviour episodes a = K s + explore_std eps (critic only)
+    explore_episodes: int = 0  # behaviour episodes a = K s + explore_std eps (critic only)
     explore_std: float = 0.5
-    replay: int = 0                    # critic replay ring in episodes (0: the actor's buffer)
-    critic_minibatch: int = 0          # 0: minibatch
-    target_samples: int = 0            # 0: the follower's mean action in the TD target
-    normalize: bool = False            # standardise the critic inputs
-    q_scale: float = 1.0               # the critic network outputs q_scale * Q_L
-    influence_cv: bool = False         # cross-fitted control variate of the guiding term
-    guide_bound: float = 0.0           # per-sample bound of the guiding term (x minibatch median)
+    replay: int = 0  # critic replay ring in episodes (0: the actor's buffer)
+    critic_minibatch: int = 0  # 0: minibatch
+    target_samples: int = 0  # 0: the follower's mean action in the TD target
+    normalize: bool = False  # standardise the critic inputs
+    q_scale: float = 1.0  # the critic network outputs q_scale * Q_L
+    influence_cv: bool = False  # cross-fitted control variate of the guiding term
+    guide_bound: float = 0.0  # per-sample bound of the guiding term (x minibatch median)
     benefit_samples: int = 256
     baseline_samples: int = 32
     direct_baseline: str = "reference"  # "reference" | "same_noise" | "none"
-    influence: str = "raw"             # "raw" (V_F) | "baseline" (V_F - E_a' V_F)
-    shuffle_benefit: bool = False      # control experiment: pair each influence with the
-                                       # Benefit of another minibatch element (mean ~0, same noise)
+    influence: str = "raw"  # "raw" (V_F) | "baseline" (V_F - E_a' V_F)
+    shuffle_benefit: bool = False  # control experiment: pair each influence with the
+    # Benefit of another minibatch element (mean ~0, same noise)
     theta0_std: float = 1.0
     follower_tol: float = 1e-6
     follower_max_iters: int = 1000
-    dtype: str = "float32"             # of theta, the critic, the buffer and every computation
+    dtype: str = "float32"  # of theta, the critic, the buffer and every computation
 
     def validate(self) -> "TrainConfig":
         """Host-side range and choice checks; returns ``self`` (``ValueError`` otherwise)."""
-        check_config(self, positive_ints=("iterations", "episodes", "minibatch", "max_steps",
-                                          "benefit_samples", "baseline_samples",
-                                          "follower_max_iters"),
-                     nonneg_ints=("warmup_steps", "explore_episodes", "replay",
-                                  "critic_minibatch", "target_samples"),
-                     positive=("actor_lr", "critic_lr", "follower_tol", "warmup_std",
-                               "explore_std"),
-                     nonneg=("clip", "theta0_std", "guide_bound"), unit=("tau",),
-                     choices={"buffer": ("on", "off"), "init": ("torch", "flax"),
-                              "actor_lr_schedule": ("constant", "cosine"),
-                              "direct_baseline": ("reference", "same_noise", "none"),
-                              "influence": ("raw", "baseline")})
+        check_config(
+            self,
+            positive_ints=(
+                "iterations",
+                "episodes",
+                "minibatch",
+                "max_steps",
+                "benefit_samples",
+                "baseline_samples",
+                "follower_max_iters",
+            ),
+            nonneg_ints=(
+                "warmup_steps",
+                "explore_episodes",
+                "replay",
+                "critic_minibatch",
+                "target_samples",
+            ),
+            positive=("actor_lr", "critic_lr", "follower_tol", "warmup_std", "explore_std"),
+            nonneg=("clip", "theta0_std", "guide_bound"),
+            unit=("tau",),
+            choices={
+                "buffer": ("on", "off"),
+                "init": ("torch", "flax"),
+                "actor_lr_schedule": ("constant", "cosine"),
+                "direct_baseline": ("reference", "same_noise", "none"),
+                "influence": ("raw", "baseline"),
+            },
+        )
         per_iteration = self.episodes + self.explore_episodes
         if self.replay and self.replay % per_iteration:
-            raise ValueError(f"replay ({self.replay} episodes) must be a multiple of the "
-                             f"{per_iteration} episodes collected per iteration (episodes + "
-                             "explore_episodes)")
+            raise ValueError(
+                f"replay ({self.replay} episodes) must be a multiple of the "
+                f"{per_iteration} episodes collected per iteration (episodes + "
+                "explore_episodes)"
+            )
         if self.influence_cv and self.buffer != "on":
-            raise ValueError("influence_cv needs buffer='on' (the newest episodes are the "
-                             "control variate's groups)")
+            raise ValueError(
+                "influence_cv needs buffer='on' (the newest episodes are the "
+                "control variate's groups)"
+            )
         if self.influence_cv and self.episodes < 2:
-            raise ValueError("influence_cv needs episodes >= 2: the control variate of an "
-                             "episode's samples is fitted on the other episodes")
+            raise ValueError(
+                "influence_cv needs episodes >= 2: the control variate of an "
+                "episode's samples is fitted on the other episodes"
+            )
         if self.explore_episodes and not self.replay:
-            raise ValueError("explore_episodes > 0 needs a replay ring (replay > 0): the "
-                             "exploration episodes feed only the critic")
+            raise ValueError(
+                "explore_episodes > 0 needs a replay ring (replay > 0): the "
+                "exploration episodes feed only the critic"
+            )
         return self
 
 
@@ -216,7 +251,7 @@ def input_scale(buf: EpisodeBuffer, floor: float = 1e-3):
     """
     n_slots = buf.s.shape[0]
     w = (jnp.arange(n_slots) < stored(buf)).astype(buf.s.dtype)[:, None, None]
-    x = jnp.concatenate([buf.s[:, :-1], buf.a, buf.b], -1)            # [N, T, n+k+m]
+    x = jnp.concatenate([buf.s[:, :-1], buf.a, buf.b], -1)  # [N, T, n+k+m]
     tot = jnp.sum(w) * x.shape[1]
     mean = jnp.sum(w * x, (0, 1)) / tot
     var = jnp.sum(w * (x - mean) ** 2, (0, 1)) / tot
@@ -235,9 +270,9 @@ class TrainState(NamedTuple):
     critic_targ: object
     actor_opt: object
     critic_opt: object
-    P: Array            # the follower's Riccati solution (warm start)
+    P: Array  # the follower's Riccati solution (warm start)
     buffer: EpisodeBuffer
-    replay: object      # the critic's EpisodeBuffer ring, or None (the critic uses ``buffer``)
+    replay: object  # the critic's EpisodeBuffer ring, or None (the critic uses ``buffer``)
     key: Array
     step: Array
 
@@ -278,8 +313,11 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
     guide = "benefit" if method in ("bchg", "bchg_det") else "none"
     critic_net = MLP(tuple(config.hidden), 1, config.init == "torch", dtype)
     tx = [optax.clip_by_global_norm(config.clip)] if config.clip > 0 else []
-    lr = (optax.cosine_decay_schedule(config.actor_lr, config.iterations)
-          if config.actor_lr_schedule == "cosine" else config.actor_lr)
+    lr = (
+        optax.cosine_decay_schedule(config.actor_lr, config.iterations)
+        if config.actor_lr_schedule == "cosine"
+        else config.actor_lr
+    )
     a_opt = optax.chain(*tx, optax.adam(lr))
     c_opt = optax.adam(config.critic_lr)
     warmup_iters = -(-config.warmup_steps // ((E + Ex) * T))
@@ -294,29 +332,48 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
 
     def follower(theta, beta, P0=None):
         """Proposition 2's best response (warm-started Riccati iteration from P0)."""
-        return best_response(game, theta, beta, stochastic=not det, P0=P0,
-                             tol=config.follower_tol, max_iters=config.follower_max_iters)
+        return best_response(
+            game,
+            theta,
+            beta,
+            stochastic=not det,
+            P0=P0,
+            tol=config.follower_tol,
+            max_iters=config.follower_max_iters,
+        )
 
     def init(key, hp: HParams):
         hp = hp.cast(dtype)
         kt, kc, kr = jax.random.split(key, 3)
         theta = config.theta0_std * jax.random.normal(kt, (k * n,), dtype)
         params = critic_net.init(kc, jnp.zeros((1, n + k + m), dtype))
-        scale = ((jnp.zeros(n + k + m, dtype), jnp.ones(n + k + m, dtype)) if config.normalize
-                 else None)
+        scale = (
+            (jnp.zeros(n + k + m, dtype), jnp.ones(n + k + m, dtype)) if config.normalize else None
+        )
         resp = follower(theta, hp.beta)
         replay = buffer_init(config.replay, T, dtype, (n, k, m)) if config.replay else None
-        return TrainState(theta, theta, Critic(params, scale), params, a_opt.init(theta),
-                          c_opt.init(params), resp.P, buffer_init(N, T, dtype, (n, k, m)),
-                          replay, kr, jnp.zeros((), jnp.int32))
+        return TrainState(
+            theta,
+            theta,
+            Critic(params, scale),
+            params,
+            a_opt.init(theta),
+            c_opt.init(params),
+            resp.P,
+            buffer_init(N, T, dtype, (n, k, m)),
+            replay,
+            kr,
+            jnp.zeros((), jnp.int32),
+        )
 
     def follower_mean_q(critic, resp, key, s, a, samples):
         """mean_j Q(s, a, b_j) over ``samples`` follower actions b_j ~ g(.|s, a): the Monte
         Carlo E_b Q_L of the Benefit and of the sampled TD target."""
         bj = jax.vmap(lambda kk: resp.sample(kk, s, a))(jax.random.split(key, samples))
-        shp = bj.shape[:-1]                                                   # [J, M]
-        return jnp.mean(Q(critic, jnp.broadcast_to(s, shp + (n,)),
-                          jnp.broadcast_to(a, shp + (k,)), bj), 0)
+        shp = bj.shape[:-1]  # [J, M]
+        return jnp.mean(
+            Q(critic, jnp.broadcast_to(s, shp + (n,)), jnp.broadcast_to(a, shp + (k,)), bj), 0
+        )
 
     def critic_loss(params, targ, scale, theta_targ, resp, key, s, a, b, s2):
         """TD loss of Q_L(s, a, b) against ``r_L(s) + gamma_L E_b' Q_targ(s', K_targ s', b')``:
@@ -333,17 +390,28 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
     def critic_update(key, state, resp, buf, num_steps, scale):
         """``num_steps`` Adam steps of Q_L(s, a, b) on uniform minibatches of ``buf`` (TD targets
         from the target networks); returns (:class:`Critic`, Adam state)."""
+
         def body(i, c):
             params, opt = c
             ki = jax.random.fold_in(key, i)
             e, t = sample_uniform(ki, buf, critic_mb)
-            grads = jax.grad(critic_loss)(params, state.critic_targ, scale, state.theta_targ,
-                                          resp, jax.random.fold_in(ki, 1), buf.s[e, t],
-                                          buf.a[e, t], buf.b[e, t], buf.s[e, t + 1])
+            grads = jax.grad(critic_loss)(
+                params,
+                state.critic_targ,
+                scale,
+                state.theta_targ,
+                resp,
+                jax.random.fold_in(ki, 1),
+                buf.s[e, t],
+                buf.a[e, t],
+                buf.b[e, t],
+                buf.s[e, t + 1],
+            )
             return adam_step(c_opt, params, opt, grads)
 
-        params, opt = masked_steps(body, config.max_steps, num_steps,
-                                   (state.critic.params, state.critic_opt))
+        params, opt = masked_steps(
+            body, config.max_steps, num_steps, (state.critic.params, state.critic_opt)
+        )
         return Critic(params, scale), opt
 
     def leader_sample(theta, key, s):
@@ -359,7 +427,8 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
         if config.direct_baseline == "none":
             return 0.0
         a_alt = jax.vmap(lambda kk: leader_sample(theta, kk, s))(
-            jax.random.split(key, config.baseline_samples))                 # [I, M, k]
+            jax.random.split(key, config.baseline_samples)
+        )  # [I, M, k]
         if config.direct_baseline == "reference":
             b_alt = jnp.broadcast_to(b, a_alt.shape[:-1] + (m,))
         else:
@@ -376,18 +445,24 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
         if guide == "none":
             return score_objective(logf, q - base, None, None, None, None, beta, guide)
         ben = benefit(critic, resp, kj, s, a, b, q)
-        se, ae = buf.s[e, :T], buf.a[e]                                      # [M, T, .]
+        se, ae = buf.s[e, :T], buf.a[e]  # [M, T, .]
         adv = follower_value(game, resp, se, ae)
         if config.influence == "baseline":
             adv = adv - follower_state_value(game, resp, theta, se)
         if config.shuffle_benefit:
             ben = jax.random.permutation(jax.random.fold_in(key, 1), ben)
         W = influence_weights(t, T, gF, dtype)
-        J = score_objective(logf, q - base, ben, leader_log_prob(game, theta, se, ae), adv, W,
-                            beta, guide)
+        J = score_objective(
+            logf, q - base, ben, leader_log_prob(game, theta, se, ae), adv, W, beta, guide
+        )
         return J + guide_correction(
-            lambda th: jnp.sum(W * leader_log_prob(game, th, se, ae) * adv, -1), theta, ben,
-            jnp.concatenate([s, a], -1), e, beta)
+            lambda th: jnp.sum(W * leader_log_prob(game, th, se, ae) * adv, -1),
+            theta,
+            ben,
+            jnp.concatenate([s, a], -1),
+            e,
+            beta,
+        )
 
     def deterministic_objective_(theta, critic, resp, beta, key, e, t, buf):
         """Theorem 3 (appendix) on the minibatch (:func:`deterministic_objective`), a = K s."""
@@ -404,8 +479,13 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
         W = influence_weights(t, T, gF, dtype)
         J = deterministic_objective(s @ K.T, dQL, ben, se @ K.T, dQF, W, beta, guide)
         return J + guide_correction(
-            lambda th: jnp.sum(W * jnp.sum((se @ leader_gain(game, th).T) * dQF, -1), -1), theta,
-            ben, s, e, beta)
+            lambda th: jnp.sum(W * jnp.sum((se @ leader_gain(game, th).T) * dQF, -1), -1),
+            theta,
+            ben,
+            s,
+            e,
+            beta,
+        )
 
     def guide_correction(influence, theta, ben, x, e, beta):
         """A surrogate added to the guiding term: 0 unless ``influence_cv`` or ``guide_bound``.
@@ -419,14 +499,17 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
         """
         if not (config.influence_cv or config.guide_bound):
             return 0.0
-        G = jax.jacfwd(influence)(jax.lax.stop_gradient(theta))            # [M, d]
+        G = jax.jacfwd(influence)(jax.lax.stop_gradient(theta))  # [M, d]
         c = crossfit_baseline(quadratic_features(x), G, e, N) if config.influence_cv else 0.0
         ben = jax.lax.stop_gradient(ben)
-        surrogate = (-jnp.mean(ben * (jax.lax.stop_gradient(c) @ theta)) / beta
-                     if config.influence_cv else 0.0)
+        surrogate = (
+            -jnp.mean(ben * (jax.lax.stop_gradient(c) @ theta)) / beta
+            if config.influence_cv
+            else 0.0
+        )
         if config.guide_bound:
-            h = jax.lax.stop_gradient(ben[:, None] * (G - c) / beta)        # [M, d]
-            norm = jnp.sqrt(jnp.sum(h ** 2, -1))
+            h = jax.lax.stop_gradient(ben[:, None] * (G - c) / beta)  # [M, d]
+            norm = jnp.sqrt(jnp.sum(h**2, -1))
             bound = config.guide_bound * jnp.median(norm)
             w = jnp.minimum(1.0, bound / jnp.maximum(norm, jnp.finfo(norm.dtype).tiny))
             surrogate = surrogate + jnp.mean(((w - 1.0)[:, None] * h) @ theta)
@@ -442,26 +525,37 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
     def actor_update(key, state, critic, resp, beta, buf, num_steps, active):
         """``num_steps`` clipped Adam steps along the estimate (minibatches ~ gamma_L^t), or along
         the exact hypergradient for ``exact``; returns (theta, opt state, last gradient norm)."""
+
         def body(i, c):
             theta, opt, _ = c
             if method == "exact":
-                grads = jax.grad(lambda th: -leader_objective(game, th, beta, gamma=gL,
-                                                           stochastic=True))(theta)
-            elif method == "exact_direct":      # the follower's policy held at theta's
-                grads = jax.grad(lambda th: -leader_objective(game, th, beta, gamma=gL,
-                                                           stochastic=True, resp=resp))(theta)
+                grads = jax.grad(
+                    lambda th: -leader_objective(game, th, beta, gamma=gL, stochastic=True)
+                )(theta)
+            elif method == "exact_direct":  # the follower's policy held at theta's
+                grads = jax.grad(
+                    lambda th: (
+                        -leader_objective(game, th, beta, gamma=gL, stochastic=True, resp=resp)
+                    )
+                )(theta)
             else:
                 e, t = sample_discounted(jax.random.fold_in(key, i), buf, config.minibatch, gL)
                 k_i = jax.random.fold_in(key, 10_000 + i)
                 # the loss is the negated surrogate (differentiating it, rather than negating the
                 # gradient, keeps XLA's arithmetic identical to a plain loss minimisation)
-                grads = jax.grad(lambda th: -actor_objective(th, critic, resp, beta, k_i, e, t,
-                                                             buf))(theta)
+                grads = jax.grad(
+                    lambda th: -actor_objective(th, critic, resp, beta, k_i, e, t, buf)
+                )(theta)
             theta, opt = adam_step(a_opt, theta, opt, grads)
-            return theta, opt, jnp.sqrt(jnp.sum(grads ** 2))
+            return theta, opt, jnp.sqrt(jnp.sum(grads**2))
 
-        return masked_steps(body, config.max_steps, num_steps,
-                            (state.theta, state.actor_opt, jnp.zeros((), dtype)), active)
+        return masked_steps(
+            body,
+            config.max_steps,
+            num_steps,
+            (state.theta, state.actor_opt, jnp.zeros((), dtype)),
+            active,
+        )
 
     def step(state: TrainState, hp: HParams):
         hp = hp.cast(dtype)
@@ -469,51 +563,96 @@ def make_train(game: LQRGame, method: str = "bchg", config: TrainConfig = TrainC
         key, k_roll, k_c, k_a = jax.random.split(state.key, 4)
         resp = follower(state.theta, beta, state.P)
         warm = state.step < warmup_iters
-        tr = rollout(k_roll, game, state.theta, resp, E, T, stochastic=True, random_leader=warm,
-                     random_std=config.warmup_std)
+        tr = rollout(
+            k_roll,
+            game,
+            state.theta,
+            resp,
+            E,
+            T,
+            stochastic=True,
+            random_leader=warm,
+            random_std=config.warmup_std,
+        )
         buf = buffer_add(state.buffer, tr.s, tr.a, tr.b, config.buffer)
         replay, critic_buf = state.replay, buf
         if config.replay:
             s_, a_, b_ = tr.s, tr.a, tr.b
-            if Ex:      # behaviour episodes a = K s + explore_std eps, for the critic only
-                tx_ = rollout(jax.random.fold_in(k_roll, 1), explore_game, state.theta, resp, Ex,
-                              T, stochastic=True, random_leader=warm,
-                              random_std=config.warmup_std)
-                s_, a_, b_ = (jnp.concatenate(p, 0) for p in ((tr.s, tx_.s), (tr.a, tx_.a),
-                                                               (tr.b, tx_.b)))
+            if Ex:  # behaviour episodes a = K s + explore_std eps, for the critic only
+                tx_ = rollout(
+                    jax.random.fold_in(k_roll, 1),
+                    explore_game,
+                    state.theta,
+                    resp,
+                    Ex,
+                    T,
+                    stochastic=True,
+                    random_leader=warm,
+                    random_std=config.warmup_std,
+                )
+                s_, a_, b_ = (
+                    jnp.concatenate(p, 0) for p in ((tr.s, tx_.s), (tr.a, tx_.a), (tr.b, tx_.b))
+                )
             replay = critic_buf = buffer_add(replay, s_, a_, b_, "ring")
         critic, c_state = state.critic, state.critic_opt
         if method not in ("exact", "exact_direct"):
             scale = input_scale(critic_buf) if config.normalize else None
             critic, c_state = critic_update(k_c, state, resp, critic_buf, hp.critic_steps, scale)
-        theta, a_state, gnorm = actor_update(k_a, state, jax.lax.stop_gradient(critic), resp,
-                                             beta, buf, hp.actor_steps, ~warm)
+        theta, a_state, gnorm = actor_update(
+            k_a, state, jax.lax.stop_gradient(critic), resp, beta, buf, hp.actor_steps, ~warm
+        )
         resp_new = follower(theta, beta, resp.P)
         # an update whose follower problem has no converged Riccati solution is skipped
         ok = resp_new.converged
-        theta, a_state = jax.tree.map(lambda x, y: jnp.where(ok, x, y), (theta, a_state),
-                                      (state.theta, state.actor_opt))
+        theta, a_state = jax.tree.map(
+            lambda x, y: jnp.where(ok, x, y), (theta, a_state), (state.theta, state.actor_opt)
+        )
         resp_new = jax.tree.map(lambda x, y: jnp.where(ok, x, y), resp_new, resp)
         metrics = {
             "J": leader_objective(game, theta, beta, stochastic=not det, resp=resp_new),
-            "J_discounted": leader_objective(game, theta, beta, gamma=gL, stochastic=not det,
-                                          resp=resp_new),
+            "J_discounted": leader_objective(
+                game, theta, beta, gamma=gL, stochastic=not det, resp=resp_new
+            ),
             "batch_return": jnp.mean(jnp.sum(leader_reward(game, tr.s[:, :T]), -1)),
-            "K1": theta[0], "K2": theta[1] if theta.shape[0] > 1 else theta[0],
+            "K1": theta[0],
+            "K2": theta[1] if theta.shape[0] > 1 else theta[0],
             "grad_norm": gnorm,
             "update_skipped": (~ok).astype(jnp.int32),
             "solve_capped": (~ok).astype(jnp.int32),
             "riccati_iterations": resp_new.info.iterations,
         }
-        new_state = TrainState(theta, polyak(theta, state.theta_targ, config.tau), critic,
-                               polyak(critic.params, state.critic_targ, config.tau), a_state,
-                               c_state, resp_new.P, buf, replay, key, state.step + 1)
+        new_state = TrainState(
+            theta,
+            polyak(theta, state.theta_targ, config.tau),
+            critic,
+            polyak(critic.params, state.critic_targ, config.tau),
+            a_state,
+            c_state,
+            resp_new.P,
+            buf,
+            replay,
+            key,
+            state.step + 1,
+        )
         return new_state, metrics
 
-    steps = {"Q": Q, "follower": follower, "critic_update": critic_update, "benefit": benefit,
-             "direct_baseline": direct_baseline, "actor_objective": actor_objective,
-             "actor_grad": actor_grad,
-             "actor_update": actor_update}
-    return build_trainer(game, method, config, init, step,
-                         lambda grid: HParams.from_grid(grid, dtype, max_steps=config.max_steps),
-                         lambda hp: HParams.validate(hp, max_steps=config.max_steps), steps)
+    steps = {
+        "Q": Q,
+        "follower": follower,
+        "critic_update": critic_update,
+        "benefit": benefit,
+        "direct_baseline": direct_baseline,
+        "actor_objective": actor_objective,
+        "actor_grad": actor_grad,
+        "actor_update": actor_update,
+    }
+    return build_trainer(
+        game,
+        method,
+        config,
+        init,
+        step,
+        lambda grid: HParams.from_grid(grid, dtype, max_steps=config.max_steps),
+        lambda hp: HParams.validate(hp, max_steps=config.max_steps),
+        steps,
+    )

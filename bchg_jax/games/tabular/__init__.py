@@ -7,15 +7,34 @@ game (Section "2-Player Markov Games (Discrete)") is one instance.
 Family protocol: ``best_response``, ``rollout``, ``hypergradient``, ``leader_objective``,
 ``exact_hypergradient``, ``make_train``, ``TrainConfig``, ``HParams``, ``METHODS``.
 """
+
 from bchg_jax.games.estimators import hypergradient
-from bchg_jax.games.tabular.exact import (best_response, exact_hypergradient, leader_objective,
-                                          leader_return, leader_values)
+from bchg_jax.games.tabular.exact import (
+    best_response,
+    exact_hypergradient,
+    leader_objective,
+    leader_return,
+    leader_values,
+)
 from bchg_jax.games.tabular.follower import GameBestResponse, soft_q_iteration
 from bchg_jax.games.tabular.game import TabularGame
 from bchg_jax.games.tabular.rollout import GameEpisodes, rollout
 from bchg_jax.games.tabular.train import METHODS, HParams, TrainConfig, make_train
 
-__all__ = ["hypergradient", "best_response", "exact_hypergradient", "leader_objective",
-           "leader_return", "leader_values", "GameBestResponse", "soft_q_iteration",
-           "TabularGame", "GameEpisodes", "rollout", "METHODS", "HParams", "TrainConfig",
-           "make_train"]
+__all__ = [
+    "hypergradient",
+    "best_response",
+    "exact_hypergradient",
+    "leader_objective",
+    "leader_return",
+    "leader_values",
+    "GameBestResponse",
+    "soft_q_iteration",
+    "TabularGame",
+    "GameEpisodes",
+    "rollout",
+    "METHODS",
+    "HParams",
+    "TrainConfig",
+    "make_train",
+]

@@ -7,6 +7,7 @@
   or discounted (``gamma``), exactly (no sampling).
 * :func:`leader_values`: infinite-horizon V_L(s), Q_L(s, a, b) under (f, g) (linear solve).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -14,19 +15,29 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from bchg_jax.core.validate import (check_beta_if_concrete, check_count, check_discount,
-                                    check_if_concrete, check_problem_settings)
-from bchg_jax.games.tabular.follower import (GameBestResponse, response_from_q, soft_q_backup,
-                                            soft_q_iteration)
-from bchg_jax.games.tabular.game import check_policy_shapes
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.validate import (
+    check_beta_if_concrete,
+    check_count,
+    check_discount,
+    check_if_concrete,
+    check_problem_settings,
+)
+from bchg_jax.games.tabular.follower import (
+    GameBestResponse,
+    response_from_q,
+    soft_q_backup,
+    soft_q_iteration,
+)
+from bchg_jax.games.tabular.game import check_policy_shapes
 
 Array = jax.Array
 
 
 @full_precision
-def best_response(game, f: Array, beta, backup: str = "reference", tol: float = 1e-12,
-                        max_sweeps: int = 100_000) -> GameBestResponse:
+def best_response(
+    game, f: Array, beta, backup: str = "reference", tol: float = 1e-12, max_sweeps: int = 100_000
+) -> GameBestResponse:
     """The follower's best response g^{theta dagger} to ``f``, differentiable in ``f`` and beta.
 
     Soft Q-iteration (:func:`~bchg_jax.games.tabular.follower.soft_q_iteration`, not
@@ -79,15 +90,16 @@ def joint_chain(game, f: Array, g: Array):
     Returns:
       (P_pi [S, S] state transition matrix, r_pi [S] expected leader reward per state).
     """
-    pi = f[:, :, None] * g                                        # [S, A, B]
+    pi = f[:, :, None] * g  # [S, A, B]
     P = jnp.asarray(game.transition, f.dtype)
     rL = jnp.asarray(game.leader_reward, f.dtype)
     return jnp.einsum("sab,sabt->st", pi, P), jnp.sum(pi * rL, axis=(1, 2))
 
 
 @full_precision
-def leader_return(game, f: Array, g: Array, horizon: Optional[int] = None,
-                  gamma: float = 1.0) -> Array:
+def leader_return(
+    game, f: Array, g: Array, horizon: Optional[int] = None, gamma: float = 1.0
+) -> Array:
     """sum_{t < horizon} gamma^t E[r_L(s_t, a_t, b_t)] from ``init_dist`` (exact).
 
     Propagates the state distribution of the joint chain under (f, g); no sampling.

@@ -10,6 +10,7 @@ The next-state value V(s') has two forms (``backup``):
   authors' code; reproduces the paper's figure; this package's default).
 Warm-startable from a previous Q; sweeps until max |dQ| <= ``tol`` (at most ``max_sweeps``).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple, Optional
@@ -18,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings, check_shape
 from bchg_jax.games.tabular.game import check_policy_shapes
-from bchg_jax.core.precision import full_precision
 
 Array = jax.Array
 BACKUPS = ("reference", "paper")
@@ -41,9 +42,9 @@ class GameBestResponse(NamedTuple):
       residual: [] sup-norm of the last change (or of the fixed-point residual).
     """
 
-    policy: Array    # g(b | s, a) [S, A, B]
-    Q: Array         # Q_F [S, A, B]
-    V: Array         # V_F(s, a) [S, A]
+    policy: Array  # g(b | s, a) [S, A, B]
+    Q: Array  # Q_F [S, A, B]
+    V: Array  # V_F(s, a) [S, A]
     sweeps: Array
     residual: Array
 
@@ -107,8 +108,15 @@ def response_from_q(Q: Array, beta, sweeps, residual) -> GameBestResponse:
 
 
 @full_precision
-def soft_q_iteration(game, f: Array, beta, backup: str = "reference", Q0: Optional[Array] = None,
-                     tol: float = 1e-6, max_sweeps: int = 1000) -> GameBestResponse:
+def soft_q_iteration(
+    game,
+    f: Array,
+    beta,
+    backup: str = "reference",
+    Q0: Optional[Array] = None,
+    tol: float = 1e-6,
+    max_sweeps: int = 1000,
+) -> GameBestResponse:
     """The follower's best response to the leader policy ``f`` [S, A] (not differentiated).
 
     Soft Q-iteration (at least one sweep, then until max |dQ| <= ``tol`` or ``max_sweeps``) in
@@ -150,6 +158,7 @@ def soft_q_iteration(game, f: Array, beta, backup: str = "reference", Q0: Option
         Q2 = soft_q_backup(P, r, c[0], f, beta, game.gamma_F, backup)
         return Q2, jnp.max(jnp.abs(Q2 - c[0])), c[2] + 1
 
-    Q, res, it = jax.lax.while_loop(cond, body, (Q0, jnp.asarray(jnp.inf, r.dtype),
-                                                 jnp.asarray(0, jnp.int32)))
+    Q, res, it = jax.lax.while_loop(
+        cond, body, (Q0, jnp.asarray(jnp.inf, r.dtype), jnp.asarray(0, jnp.int32))
+    )
     return response_from_q(Q, beta, it, res)

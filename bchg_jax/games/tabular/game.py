@@ -6,6 +6,7 @@ A :class:`TabularGame` holds fixed arrays (the leader's parameters are its polic
 ``transition [S, A, B, S]``, ``init_dist [S]``, ``follower_reward [S, A, B]``,
 ``leader_reward [S, A, B]``, the discounts and the episode length (a time-out, not a terminal).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,8 +14,13 @@ from typing import Optional
 
 import jax
 import numpy as np
-from bchg_jax.core.validate import (check_problem_settings, check_shape, shape_property,
-                                    transition_sizes)
+
+from bchg_jax.core.validate import (
+    check_problem_settings,
+    check_shape,
+    shape_property,
+    transition_sizes,
+)
 
 Array = jax.Array
 
@@ -34,10 +40,10 @@ class TabularGame:
       name: label used in error messages.
     """
 
-    transition: Array        # [S, A, B, S]
-    init_dist: Array         # [S]
-    follower_reward: Array   # [S, A, B]
-    leader_reward: Array     # [S, A, B]
+    transition: Array  # [S, A, B, S]
+    init_dist: Array  # [S]
+    follower_reward: Array  # [S, A, B]
+    leader_reward: Array  # [S, A, B]
     gamma_F: float
     gamma_L: float
     time_limit: Optional[int] = None
@@ -63,20 +69,25 @@ class TabularGame:
         P = np.asarray(self.transition, np.float64)
         S, A, B = transition_sizes(f"{self.name}: transition", P, "[S, A, B, S]")
         src = f"S={S}, A={A}, B={B} from transition [S, A, B, S]"
-        if not np.all(np.isfinite(P)) or np.any(P < -1e-9) or \
-                not np.allclose(P.sum(-1), 1.0, atol=1e-6):
+        if (
+            not np.all(np.isfinite(P))
+            or np.any(P < -1e-9)
+            or not np.allclose(P.sum(-1), 1.0, atol=1e-6)
+        ):
             raise ValueError(f"{self.name}: transition rows must be probability vectors")
         rho = np.asarray(self.init_dist, np.float64)
         if rho.shape != (S,):
-            raise ValueError(f"{self.name}: init_dist must have shape ({S},) ({src}), "
-                             f"got {rho.shape}")
+            raise ValueError(
+                f"{self.name}: init_dist must have shape ({S},) ({src}), got {rho.shape}"
+            )
         if np.any(rho < -1e-9) or not np.isclose(rho.sum(), 1.0, atol=1e-6):
             raise ValueError(f"{self.name}: init_dist must be a probability vector summing to 1")
         for name in ("follower_reward", "leader_reward"):
             r = np.asarray(getattr(self, name), np.float64)
             if r.shape != (S, A, B):
-                raise ValueError(f"{self.name}: {name} must have shape {(S, A, B)} ({src}), "
-                                 f"got {r.shape}")
+                raise ValueError(
+                    f"{self.name}: {name} must have shape {(S, A, B)} ({src}), got {r.shape}"
+                )
             if not np.all(np.isfinite(r)):
                 raise ValueError(f"{self.name}: {name} must be finite")
         return self

@@ -1,5 +1,6 @@
 """Episodes of a tabular Markov game (record convention: ``s``, ``a``, ``b`` [E, T], time
 axis 1)."""
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -23,13 +24,12 @@ class GameEpisodes(NamedTuple):
       b: [E, T] follower actions.
     """
 
-    s: Array   # [E, T]
-    a: Array   # [E, T]
-    b: Array   # [E, T]
+    s: Array  # [E, T]
+    a: Array  # [E, T]
+    b: Array  # [E, T]
 
 
-def rollout(key: Array, game, f: Array, g: Array, num_episodes: int,
-                 horizon: int) -> GameEpisodes:
+def rollout(key: Array, game, f: Array, g: Array, num_episodes: int, horizon: int) -> GameEpisodes:
     """Episodes from ``init_dist``: a ~ f(.|s), b ~ g(.|s, a), s' ~ p(.|s, a, b).
 
     The batch B of Algorithm 1 (line 4) in the Markov-game setting, one ``lax.scan`` over time.
@@ -55,8 +55,9 @@ def rollout(key: Array, game, f: Array, g: Array, num_episodes: int,
         raise ValueError(f"num_episodes and horizon must be >= 1, got {num_episodes}, {horizon}")
     P = jnp.asarray(game.transition, f.dtype)
     k0, kl = jax.random.split(key)
-    s0 = jax.random.categorical(k0, jnp.log(jnp.asarray(game.init_dist, f.dtype)),
-                                shape=(num_episodes,))
+    s0 = jax.random.categorical(
+        k0, jnp.log(jnp.asarray(game.init_dist, f.dtype)), shape=(num_episodes,)
+    )
 
     def body(s, k):
         ka, kb, ks = jax.random.split(k, 3)

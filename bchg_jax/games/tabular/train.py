@@ -25,6 +25,7 @@ paper grid is one vmapped program. Metrics: the exact undiscounted and discounte
 of (f_theta, g) (:func:`bchg_jax.games.tabular.exact.leader_return`), the batch's mean
 undiscounted return, p = f(0|s=1) and g(.|s=0, a=0).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,10 +35,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bchg_jax.core.buffers import (EpisodeBuffer, buffer_add, buffer_init, sample_discounted,
-                                   sample_uniform)
-from bchg_jax.core.loop import (Trainer, adam_step, check_setup, masked_steps, polyak,
-                                 build_trainer)
+from bchg_jax.core.buffers import (
+    EpisodeBuffer,
+    buffer_add,
+    buffer_init,
+    sample_discounted,
+    sample_uniform,
+)
+from bchg_jax.core.loop import Trainer, adam_step, build_trainer, check_setup, masked_steps, polyak
 from bchg_jax.core.networks import MLP
 from bchg_jax.core.validate import check_config
 from bchg_jax.games.estimators import influence_weights, score_objective
@@ -80,31 +85,45 @@ class TrainConfig:
 
     iterations: int = 500
     episodes: int = 3
-    buffer: str = "on"                 # "on": the newest batch only; "off": every episode so far
+    buffer: str = "on"  # "on": the newest batch only; "off": every episode so far
     minibatch: int = 64
-    max_steps: int = 20                # upper bound of the actor / critic step grids
-    actor: str = "mlp"                 # "mlp" (64-64 on one-hot s) or "tabular" (softmax logits)
+    max_steps: int = 20  # upper bound of the actor / critic step grids
+    actor: str = "mlp"  # "mlp" (64-64 on one-hot s) or "tabular" (softmax logits)
     hidden: Tuple[int, ...] = (64, 64)
-    init: str = "torch"                # "torch": U(+-1/sqrt(fan_in)) kernels (the reference);
-                                       # "flax": flax's lecun_normal default
+    init: str = "torch"  # "torch": U(+-1/sqrt(fan_in)) kernels (the reference);
+    # "flax": flax's lecun_normal default
     actor_lr: float = 1e-4
     critic_lr: float = 1e-3
     tau: float = 0.01
-    critic_target: str = "reference"   # "reference" (modes) or "paper" (sampled next actions)
+    critic_target: str = "reference"  # "reference" (modes) or "paper" (sampled next actions)
     direct_baseline: str = "reference"  # "reference": sum_a' f(a'|s) Q(s,a',b); "none"
-    backup: str = "reference"          # the follower's soft-Q backup (games/tabular/follower.py)
+    backup: str = "reference"  # the follower's soft-Q backup (games/tabular/follower.py)
     follower_tol: float = 1e-6
     follower_max_sweeps: int = 1000
-    dtype: str = "float32"             # of the actor, the critic and every computed quantity
+    dtype: str = "float32"  # of the actor, the critic and every computed quantity
 
     def validate(self) -> "TrainConfig":
         """Host-side range and choice checks; returns ``self`` (``ValueError`` otherwise)."""
-        check_config(self, positive_ints=("iterations", "episodes", "minibatch", "max_steps",
-                                          "follower_max_sweeps"),
-                     positive=("actor_lr", "critic_lr", "follower_tol"), unit=("tau",),
-                     choices={"buffer": ("on", "off"), "actor": ("mlp", "tabular"),
-                              "init": ("torch", "flax"), "critic_target": ("reference", "paper"),
-                              "direct_baseline": ("reference", "none"), "backup": BACKUPS})
+        check_config(
+            self,
+            positive_ints=(
+                "iterations",
+                "episodes",
+                "minibatch",
+                "max_steps",
+                "follower_max_sweeps",
+            ),
+            positive=("actor_lr", "critic_lr", "follower_tol"),
+            unit=("tau",),
+            choices={
+                "buffer": ("on", "off"),
+                "actor": ("mlp", "tabular"),
+                "init": ("torch", "flax"),
+                "critic_target": ("reference", "paper"),
+                "direct_baseline": ("reference", "none"),
+                "backup": BACKUPS,
+            },
+        )
         return self
 
 
@@ -119,7 +138,7 @@ class GameTrainState(NamedTuple):
     critic_targ: object
     actor_opt: object
     critic_opt: object
-    Q_F: Array          # follower soft Q (warm start)
+    Q_F: Array  # follower soft Q (warm start)
     buffer: EpisodeBuffer
     key: Array
     step: Array
@@ -129,8 +148,9 @@ class GameTrainState(NamedTuple):
 HParams = game_hparams("tabular game", __name__, actor_steps=1, critic_steps=1, beta=0.05)
 
 
-def make_train(game: TabularGame, method: str = "bchg",
-               config: TrainConfig = TrainConfig()) -> Trainer:
+def make_train(
+    game: TabularGame, method: str = "bchg", config: TrainConfig = TrainConfig()
+) -> Trainer:
     """Pure training functions of an actor-critic leader in a tabular Markov game.
 
     Algorithm 1 under ``lax.scan`` (module docstring); the actor ascends Theorem 2's estimate
@@ -168,7 +188,7 @@ def make_train(game: TabularGame, method: str = "bchg",
 
     def log_policy(params):
         logits = params if config.actor == "tabular" else actor_net.apply(params, eyeS)
-        return jax.nn.log_softmax(logits, -1)                               # [S, A]
+        return jax.nn.log_softmax(logits, -1)  # [S, A]
 
     def policy(params):
         return jnp.exp(log_policy(params))
@@ -179,32 +199,52 @@ def make_train(game: TabularGame, method: str = "bchg",
     def init(key, hp: HParams):
         hp = hp.cast(dtype)
         ka, kc, kr = jax.random.split(key, 3)
-        actor = (jnp.zeros((S, A), dtype) if config.actor == "tabular"
-                 else actor_net.init(ka, jnp.zeros((1, S), dtype)))
+        actor = (
+            jnp.zeros((S, A), dtype)
+            if config.actor == "tabular"
+            else actor_net.init(ka, jnp.zeros((1, S), dtype))
+        )
         critic = critic_net.init(kc, jnp.zeros((1, S + B), dtype))
         br = follower(policy(actor), hp.beta)
-        return GameTrainState(actor, actor, critic, critic, a_opt.init(actor), c_opt.init(critic),
-                              br.Q, buffer_init(N, T), kr, jnp.zeros((), jnp.int32))
+        return GameTrainState(
+            actor,
+            actor,
+            critic,
+            critic,
+            a_opt.init(actor),
+            c_opt.init(critic),
+            br.Q,
+            buffer_init(N, T),
+            kr,
+            jnp.zeros((), jnp.int32),
+        )
 
     def follower(f, beta, Q0=None):
         """The follower's best response to f: soft Q-iteration, warm-started from Q0."""
-        return soft_q_iteration(game, f, beta, config.backup, Q0=Q0, tol=config.follower_tol,
-                                max_sweeps=config.follower_max_sweeps)
+        return soft_q_iteration(
+            game,
+            f,
+            beta,
+            config.backup,
+            Q0=Q0,
+            tol=config.follower_tol,
+            max_sweeps=config.follower_max_sweeps,
+        )
 
     def collect(key, state, f, g):
         """Episodes under (f, g) (uniform leader actions in the very first batch) -> buffer."""
         f_roll = jnp.where(state.step == 0, jnp.full_like(f, 1.0 / A), f)
         ep = rollout(key, game, f_roll, g, E, T)
         s_last = jax.vmap(lambda k, s, a, b: jax.random.categorical(k, jnp.log(P[s, a, b])))(
-            jax.random.split(jax.random.fold_in(key, 7), E), ep.s[:, -1], ep.a[:, -1],
-            ep.b[:, -1])
+            jax.random.split(jax.random.fold_in(key, 7), E), ep.s[:, -1], ep.a[:, -1], ep.b[:, -1]
+        )
         s_full = jnp.concatenate([ep.s, s_last[:, None]], 1)
         return ep, buffer_add(state.buffer, s_full, ep.a, ep.b, config.buffer)
 
     def critic_loss(params, targ_actor, targ_critic, g, s, a, b, s2, key):
         Qt = q_table(targ_critic)
         if method == "biac":
-            b_star = jnp.argmax(g[s2], -1)                                  # [M, A]
+            b_star = jnp.argmax(g[s2], -1)  # [M, A]
             nxt = jnp.max(jnp.take_along_axis(Qt[s2], b_star[..., None], -1)[..., 0], -1)
         elif config.critic_target == "reference":
             a_star = jnp.argmax(policy(targ_actor)[s2], -1)
@@ -225,9 +265,17 @@ def make_train(game: TabularGame, method: str = "bchg",
         def body(i, c):
             params, opt = c
             e, t = sample_uniform(jax.random.fold_in(key, i), buf, config.minibatch)
-            grads = jax.grad(critic_loss)(params, state.actor_targ, state.critic_targ, g,
-                                          bs[e, t], ba[e, t], bb[e, t], bs[e, t + 1],
-                                          jax.random.fold_in(key, 10_000 + i))
+            grads = jax.grad(critic_loss)(
+                params,
+                state.actor_targ,
+                state.critic_targ,
+                g,
+                bs[e, t],
+                ba[e, t],
+                bb[e, t],
+                bs[e, t + 1],
+                jax.random.fold_in(key, 10_000 + i),
+            )
             return adam_step(c_opt, params, opt, grads)
 
         return masked_steps(body, config.max_steps, num_steps, (state.critic, state.critic_opt))
@@ -242,10 +290,18 @@ def make_train(game: TabularGame, method: str = "bchg",
         q = Q[s, a, b]
         base = jnp.sum(fs[s] * Q[s, :, b], -1) if config.direct_baseline == "reference" else 0.0
         ben = q - jnp.sum(g[s, a] * Q[s, a], -1)
-        adv_F = V_F - jnp.sum(fs * V_F, -1, keepdims=True)                   # [S, A]
-        se, ae = bs[e, :T], ba[e, :T]                                        # [M, T]
-        return score_objective(logf[s, a], q - base, ben, logf[se, ae], adv_F[se, ae],
-                               influence_weights(t, T, gF, dtype), beta, guide)
+        adv_F = V_F - jnp.sum(fs * V_F, -1, keepdims=True)  # [S, A]
+        se, ae = bs[e, :T], ba[e, :T]  # [M, T]
+        return score_objective(
+            logf[s, a],
+            q - base,
+            ben,
+            logf[se, ae],
+            adv_F[se, ae],
+            influence_weights(t, T, gF, dtype),
+            beta,
+            guide,
+        )
 
     def actor_grad(params, Q, g, V_F, beta, e, t, buf):
         """Theorem 2's estimate on the minibatch (an ascent direction, pytree of params)."""
@@ -254,6 +310,7 @@ def make_train(game: TabularGame, method: str = "bchg",
     def actor_update(key, state, Q, g, V_F, beta, buf, num_steps):
         """``num_steps`` Adam steps of the actor along Theorem 2's estimate (minibatches drawn
         with probability ~ gamma_L^t)."""
+
         def body(i, c):
             params, opt = c
             e, t = sample_discounted(jax.random.fold_in(key, i), buf, config.minibatch, gL)
@@ -290,17 +347,40 @@ def make_train(game: TabularGame, method: str = "bchg",
             "follower_sweeps": br.sweeps,
             # the follower's soft Q-iteration stopped at its sweep cap (its answer still used)
             "solve_capped": (~(br.residual <= config.follower_tol)).astype(jnp.int32),
-            "update_skipped": jnp.zeros((), jnp.int32),      # this trainer never drops one
+            "update_skipped": jnp.zeros((), jnp.int32),  # this trainer never drops one
         }
-        new_state = GameTrainState(actor, actor_targ, critic,
-                                   polyak(critic, state.critic_targ, config.tau), a_state,
-                                   c_state, br.Q, buf, key, state.step + 1)
+        new_state = GameTrainState(
+            actor,
+            actor_targ,
+            critic,
+            polyak(critic, state.critic_targ, config.tau),
+            a_state,
+            c_state,
+            br.Q,
+            buf,
+            key,
+            state.step + 1,
+        )
         return new_state, metrics
 
-    steps = {"log_policy": log_policy, "policy": policy, "q_table": q_table, "follower": follower,
-             "collect": collect, "critic_update": critic_update,
-             "actor_objective": actor_objective, "actor_grad": actor_grad,
-             "actor_update": actor_update}
-    return build_trainer(game, method, config, init, step,
-                         lambda grid: HParams.from_grid(grid, dtype, max_steps=config.max_steps),
-                         lambda hp: HParams.validate(hp, max_steps=config.max_steps), steps)
+    steps = {
+        "log_policy": log_policy,
+        "policy": policy,
+        "q_table": q_table,
+        "follower": follower,
+        "collect": collect,
+        "critic_update": critic_update,
+        "actor_objective": actor_objective,
+        "actor_grad": actor_grad,
+        "actor_update": actor_update,
+    }
+    return build_trainer(
+        game,
+        method,
+        config,
+        init,
+        step,
+        lambda grid: HParams.from_grid(grid, dtype, max_steps=config.max_steps),
+        lambda hp: HParams.validate(hp, max_steps=config.max_steps),
+        steps,
+    )

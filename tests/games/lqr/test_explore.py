@@ -1,5 +1,6 @@
 """The learned-critic design of the LQR-game trainer: exploration episodes, the critic's replay
 ring, sampled TD targets, input scales, and the exact_direct reference."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,15 +12,28 @@ from bchg_jax.games.lqr.exact import hypergradient_split, leader_q
 from bchg_jax.games.lqr.train import input_scale
 from bchg_jax.problems.lqr_game import lqr_game
 
-EXPLORE = dict(episodes=2, explore_episodes=2, explore_std=0.5, replay=40, critic_minibatch=256,
-               target_samples=8, normalize=True, q_scale=10.0, tau=0.05, critic_lr=1e-3,
-               warmup_steps=0, benefit_samples=16, baseline_samples=8,
-               direct_baseline="same_noise", influence="baseline")
+EXPLORE = dict(
+    episodes=2,
+    explore_episodes=2,
+    explore_std=0.5,
+    replay=40,
+    critic_minibatch=256,
+    target_samples=8,
+    normalize=True,
+    q_scale=10.0,
+    tau=0.05,
+    critic_lr=1e-3,
+    warmup_steps=0,
+    benefit_samples=16,
+    baseline_samples=8,
+    direct_baseline="same_noise",
+    influence="baseline",
+)
 
 
 def test_ring_buffer_keeps_the_newest_episodes():
     buf = buffer_init(4, 3, jnp.float32, (1, 1, 1))
-    for i in range(3):                       # batches of 2 episodes filled with 0, 1, 2
+    for i in range(3):  # batches of 2 episodes filled with 0, 1, 2
         x = jnp.full((2, 4, 1), float(i))
         buf = buffer_add(buf, x, x[:, :3], x[:, :3], "ring")
     assert int(buf.count) == 6
@@ -74,7 +88,7 @@ def test_exploration_data_feed_the_critic_ring():
     ring = state.replay
     assert int(ring.count) == 12
     s, a, b = ring.s[:, :-1], ring.a, ring.b
-    dev = np.asarray(a - s @ theta.reshape(1, 2).T)[..., 0]          # [12, T]
+    dev = np.asarray(a - s @ theta.reshape(1, 2).T)[..., 0]  # [12, T]
     sd = dev.std(1)
     target, behaviour = sd[[0, 1, 4, 5, 8, 9]], sd[[2, 3, 6, 7, 10, 11]]
     assert np.all(target < 5e-3) and np.all(np.abs(behaviour - 0.5) < 0.1), sd
@@ -121,8 +135,13 @@ def test_exact_direct_ascends_the_direct_part_only():
         full, direct = hypergradient_split(lqr_game(), theta, 0.1, gamma=0.99)
         assert np.sign(full[0]) != np.sign(direct[0])
         for method, g in (("exact", full), ("exact_direct", direct)):
-            tr = lqr.make_train(lqr_game(), method, lqr.TrainConfig(
-                iterations=1, warmup_steps=0, dtype="float64", actor_lr=0.01, clip=0.0))
+            tr = lqr.make_train(
+                lqr_game(),
+                method,
+                lqr.TrainConfig(
+                    iterations=1, warmup_steps=0, dtype="float64", actor_lr=0.01, clip=0.0
+                ),
+            )
             hp = lqr.HParams(actor_steps=1, critic_steps=1, beta=0.1)
             resp = tr.steps["follower"](theta, jnp.float64(0.1))
             s0 = tr.init(jax.random.key(0), hp)._replace(theta=theta, theta_targ=theta, P=resp.P)
@@ -153,5 +172,6 @@ def test_guide_bound_shrinks_only_the_guiding_term(cv):
     guide = full - direct
     assert np.linalg.norm(guide) > 1e-3 * np.linalg.norm(direct)
     np.testing.assert_allclose(grad("bchg_det", 1e9), full, rtol=1e-5, atol=1e-9)
-    np.testing.assert_allclose(grad("bchg_det", 1e-7), direct, rtol=1e-4,
-                               atol=1e-5 * np.linalg.norm(guide))
+    np.testing.assert_allclose(
+        grad("bchg_det", 1e-7), direct, rtol=1e-4, atol=1e-5 * np.linalg.norm(guide)
+    )

@@ -1,13 +1,25 @@
 """The bi-level LQR Markov game: Proposition 2 follower, exact evaluator, both estimators."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bchg_jax.games.lqr.exact import (exact_critic_estimate, exact_hypergradient, leader_q,
-                                     leader_objective)
-from bchg_jax.games.lqr import (best_response, follower_q, follower_state_value, follower_value,
-                                leader_policy, leader_reward, rollout)
+from bchg_jax.games.lqr import (
+    best_response,
+    follower_q,
+    follower_state_value,
+    follower_value,
+    leader_policy,
+    leader_reward,
+    rollout,
+)
+from bchg_jax.games.lqr.exact import (
+    exact_critic_estimate,
+    exact_hypergradient,
+    leader_objective,
+    leader_q,
+)
 from bchg_jax.problems.lqr_game import lqr_game
 
 
@@ -19,7 +31,8 @@ def x64():
 
 
 def test_spec_instance_returns():
-    """The reference numbers (docs/experiments.md): ~0.015 at the random start, 0.07 at K=(-4,0), 0.27 at (-6,0)."""
+    """The reference numbers (docs/experiments.md): ~0.015 at the random start, 0.07 at
+    K=(-4,0), 0.27 at (-6,0)."""
     game = lqr_game()
     J = lambda K: float(leader_objective(game, jnp.array(K), 0.1))  # noqa: E731
     assert abs(J([-4.0, 0.0]) - 0.07) < 0.005
@@ -37,7 +50,7 @@ def test_proposition2_soft_bellman():
     resp = best_response(game, th, beta, tol=1e-13, max_iters=10_000)
     assert bool(resp.converged)
     k = jax.random.split(jax.random.PRNGKey(0), 4)
-    s, a, b = (jax.random.normal(kk, (20, d)) for kk, d in zip(k[:3], (2, 1, 1)))
+    s, a, b = (jax.random.normal(kk, (20, d)) for kk, d in zip(k[:3], (2, 1, 1), strict=False))
     lhs = follower_q(game, resp, th, s, a, b) - beta * resp.log_prob(s, a, b)
     np.testing.assert_allclose(lhs, follower_value(game, resp, s, a), atol=1e-10)
     # V_F(s, a) = beta log int exp(Q_F / beta) db by quadrature over b
@@ -47,8 +60,9 @@ def test_proposition2_soft_bellman():
     np.testing.assert_allclose(v, follower_value(game, resp, s[:3], a[:3]), atol=1e-6)
     aa = leader_policy(game, th, s[:1]).sample(seed=k[3], sample_shape=(100_000,))
     vals = follower_value(game, resp, s[:1], aa)
-    assert abs(float(vals.mean() - follower_state_value(game, resp, th, s[:1])[0])) < \
-        4 * float(vals.std()) / np.sqrt(vals.size)
+    assert abs(float(vals.mean() - follower_state_value(game, resp, th, s[:1])[0])) < 4 * float(
+        vals.std()
+    ) / np.sqrt(vals.size)
 
 
 def test_exact_return_matches_monte_carlo():
@@ -61,8 +75,9 @@ def test_exact_return_matches_monte_carlo():
         se = float(R.std()) / np.sqrt(R.size)
         assert abs(float(R.mean()) - float(leader_objective(game, th, 0.1))) < 4 * se
         Rd = (leader_reward(game, tr.s[:, :100]) * 0.99 ** jnp.arange(100)).sum(1)
-        assert abs(float(Rd.mean()) - float(leader_objective(game, th, 0.1, gamma=0.99))) < \
-            4 * float(Rd.std()) / np.sqrt(Rd.size)
+        assert abs(
+            float(Rd.mean()) - float(leader_objective(game, th, 0.1, gamma=0.99))
+        ) < 4 * float(Rd.std()) / np.sqrt(Rd.size)
 
 
 def test_exact_critic_matches_monte_carlo():
@@ -77,8 +92,9 @@ def test_exact_critic_matches_monte_carlo():
     # episodes of h - 1 steps started from the next state s1 (the game's s0 overridden)
     game1 = lqr_game(U=np.array([[0.3]]), s0=np.asarray(s1[0]))
     tr = rollout(jax.random.PRNGKey(2), game1, th, resp, 50_000, h - 1)
-    R = leader_reward(game, s)[0] + g * (leader_reward(game, tr.s[:, :h - 1])
-                                         * g ** jnp.arange(h - 1)).sum(1)
+    R = leader_reward(game, s)[0] + g * (
+        leader_reward(game, tr.s[:, : h - 1]) * g ** jnp.arange(h - 1)
+    ).sum(1)
     assert abs(float(R.mean()) - exact) < 4 * float(R.std()) / np.sqrt(R.size) + 1e-12
 
 
@@ -87,8 +103,15 @@ def test_exact_hypergradient_matches_finite_differences():
     for stochastic in (True, False):
         th = jnp.array([-6.5, 0.3])
         grad = jax.jit(lambda t: exact_hypergradient(game, t, 0.1, stochastic=stochastic))(th)
-        f = jax.jit(lambda t: leader_objective(game, t, 0.1, gamma=0.99,  # noqa: E731
-                                               stochastic=stochastic))
+        f = jax.jit(
+            lambda t: leader_objective(
+                game,
+                t,
+                0.1,
+                gamma=0.99,  # noqa: E731
+                stochastic=stochastic,
+            )
+        )
         fd = jnp.array([(f(th + e) - f(th - e)) / 2e-5 for e in 1e-5 * jnp.eye(2)])
         np.testing.assert_allclose(grad, fd, rtol=1e-5, atol=1e-9)
 
@@ -101,10 +124,18 @@ def _estimates(stochastic: bool, guide: str, batches=40, E=100, **kw):
     game = lqr_game(U=np.array([[0.3]]), gamma_L=GL, gamma_F=GF)
     th = jnp.array([-3.0, 0.5])
     one = lambda key: exact_critic_estimate(  # noqa: E731
-        game, th, BETA, key, episodes=E, leader_steps=T, extra_steps=L, stochastic=stochastic,
-        guide=guide, **kw)
-    est = jax.jit(lambda ks: jax.lax.map(one, ks))(jax.random.split(jax.random.PRNGKey(0),
-                                                                    batches))
+        game,
+        th,
+        BETA,
+        key,
+        episodes=E,
+        leader_steps=T,
+        extra_steps=L,
+        stochastic=stochastic,
+        guide=guide,
+        **kw,
+    )
+    est = jax.jit(lambda ks: jax.lax.map(one, ks))(jax.random.split(jax.random.PRNGKey(0), batches))
     exact = exact_hypergradient(game, th, BETA, horizon=T, gamma=GL, stochastic=stochastic)
     mean, se = est.mean(0), est.std(0, ddof=1) / np.sqrt(batches)
     return np.asarray((mean - exact) / se)
@@ -135,14 +166,16 @@ def test_validation_errors():
     with pytest.raises(ValueError, match="Rbar"):
         lqr_game(Rbar=np.array([[-1.0]]))
     with pytest.raises(ValueError, match="stabilisable"):
-        lqr_game().validate(theta=np.array([-20.0, -10.0]))   # A + C K = [[-2, 0], [0, 0]]
+        lqr_game().validate(theta=np.array([-20.0, -10.0]))  # A + C K = [[-2, 0], [0, 0]]
     with pytest.raises(ValueError, match="theta"):
         lqr_game().validate(theta=np.zeros(3))
 
 
 # ---- the actor-critic trainer ----------------------------------------------------------------
 def _train(method, iterations, **kw):
-    from bchg_jax.games.lqr.train import TrainConfig as LQRGameTrainConfig, make_train as make_train_lqr_game
+    from bchg_jax.games.lqr.train import TrainConfig as LQRGameTrainConfig
+    from bchg_jax.games.lqr.train import make_train as make_train_lqr_game
+
     jax.config.update("jax_enable_x64", False)
     config = LQRGameTrainConfig(iterations=iterations, **kw)
     trainer = make_train_lqr_game(lqr_game(), method, config)
@@ -161,7 +194,14 @@ def test_exact_method_climbs():
 
 def test_unconverged_follower_skips_updates():
     """With too few Riccati iterations every actor update is skipped: theta never moves."""
-    state, m = _train("bchg", 3, warmup_steps=0, follower_max_iters=1, minibatch=8,
-                      benefit_samples=4, baseline_samples=4)
+    state, m = _train(
+        "bchg",
+        3,
+        warmup_steps=0,
+        follower_max_iters=1,
+        minibatch=8,
+        benefit_samples=4,
+        baseline_samples=4,
+    )
     assert np.all(np.asarray(m["update_skipped"]) == 1)
     assert np.all(np.asarray(m["K1"]) == np.asarray(m["K1"])[0])

@@ -1,4 +1,5 @@
 """Toy Markov game: the reference ground-truth values from the exact evaluator; follower backups."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,10 +14,12 @@ from bchg_jax.problems.toy_game import leader_policy_from_p, toy_game
 def _rets(game, ps, backup="reference"):
     """Exact 150-step leader returns and g(.|S, A) at leader policies p in ``ps`` (one vmapped,
     jitted program: eager calls would compile every operation)."""
+
     def one(p):
         f = leader_policy_from_p(p, jnp.float64)
         br = best_response(game, f, 0.05, backup)
         return leader_return(game, f, br.policy), br.policy[0, 0]
+
     r, g = jax.jit(jax.vmap(one))(jnp.asarray(ps, jnp.float64))
     return np.asarray(r), np.asarray(g)
 
@@ -48,10 +51,12 @@ def test_soft_q_iteration_fixed_point_and_warm_start(x64):
     exact = best_response(game, f, 0.05)
     br = soft_q_iteration(game, f, 0.05, tol=1e-10, max_sweeps=100_000)
     np.testing.assert_allclose(br.Q, exact.Q, atol=1e-8)
-    warm = soft_q_iteration(game, leader_policy_from_p(0.46, jnp.float64), 0.05, Q0=br.Q,
-                            tol=1e-10, max_sweeps=100_000)
-    cold = soft_q_iteration(game, leader_policy_from_p(0.46, jnp.float64), 0.05, tol=1e-10,
-                            max_sweeps=100_000)
+    warm = soft_q_iteration(
+        game, leader_policy_from_p(0.46, jnp.float64), 0.05, Q0=br.Q, tol=1e-10, max_sweeps=100_000
+    )
+    cold = soft_q_iteration(
+        game, leader_policy_from_p(0.46, jnp.float64), 0.05, tol=1e-10, max_sweeps=100_000
+    )
     assert int(warm.sweeps) < int(cold.sweeps)
     np.testing.assert_allclose(warm.Q, cold.Q, atol=1e-7)
 
@@ -76,21 +81,33 @@ def test_leader_values_satisfy_bellman(x64):
     V, Q = leader_values(game, f, g)
     np.testing.assert_allclose(V, jnp.sum(f[:, :, None] * g * Q, axis=(1, 2)), atol=1e-10)
     # infinite-horizon discounted value from S equals the long discounted exact return
-    np.testing.assert_allclose(V[0], leader_return(game, f, g, horizon=5000, gamma=0.99),
-                               rtol=1e-8)
+    np.testing.assert_allclose(V[0], leader_return(game, f, g, horizon=5000, gamma=0.99), rtol=1e-8)
 
 
 def test_game_validation():
     game = toy_game()
     with pytest.raises(ValueError, match="transition"):
-        TabularGame(game.transition[..., :2], game.init_dist, game.follower_reward,
-                    game.leader_reward, 0.99, 0.99).validate()
+        TabularGame(
+            game.transition[..., :2],
+            game.init_dist,
+            game.follower_reward,
+            game.leader_reward,
+            0.99,
+            0.99,
+        ).validate()
     with pytest.raises(ValueError, match="gamma_F"):
-        TabularGame(game.transition, game.init_dist, game.follower_reward, game.leader_reward,
-                    1.0, 0.99).validate()
+        TabularGame(
+            game.transition, game.init_dist, game.follower_reward, game.leader_reward, 1.0, 0.99
+        ).validate()
     with pytest.raises(ValueError, match="leader_reward"):
-        TabularGame(game.transition, game.init_dist, game.follower_reward,
-                    game.leader_reward[:, :1], 0.99, 0.99).validate()
+        TabularGame(
+            game.transition,
+            game.init_dist,
+            game.follower_reward,
+            game.leader_reward[:, :1],
+            0.99,
+            0.99,
+        ).validate()
     with pytest.raises(ValueError, match="backup"):
         soft_q_iteration(game, leader_policy_from_p(0.5), 0.05, backup="mine")
 
@@ -98,9 +115,15 @@ def test_game_validation():
 def _random_game(seed=0, S=4, A=2, B=3, gamma=0.8):
     rng = np.random.default_rng(seed)
     P = rng.dirichlet(np.ones(S), size=(S, A, B))
-    return TabularGame(jnp.asarray(P), jnp.asarray(rng.dirichlet(np.ones(S))),
-                       jnp.asarray(rng.normal(size=(S, A, B))),
-                       jnp.asarray(rng.normal(size=(S, A, B))), gamma, gamma, 60).validate()
+    return TabularGame(
+        jnp.asarray(P),
+        jnp.asarray(rng.dirichlet(np.ones(S))),
+        jnp.asarray(rng.normal(size=(S, A, B))),
+        jnp.asarray(rng.normal(size=(S, A, B))),
+        gamma,
+        gamma,
+        60,
+    ).validate()
 
 
 def test_theorem2_estimator_unbiased_with_exact_critics(x64):
@@ -109,6 +132,7 @@ def test_theorem2_estimator_unbiased_with_exact_critics(x64):
     Naive-PGD (direct term only) is far from it."""
     from bchg_jax.games.estimators import hypergradient
     from bchg_jax.games.tabular.rollout import rollout
+
     game = _random_game()
     beta = 0.5
     theta = jnp.asarray(np.random.default_rng(1).normal(size=(4, 2)))
@@ -127,11 +151,24 @@ def test_theorem2_estimator_unbiased_with_exact_critics(x64):
 
     def est(key, guide):
         ep = rollout(key, game, f, br.policy, 200, game.time_limit)
-        return hypergradient(policy_fn, theta, ep, br.policy, Q_L, br.V, beta, game.gamma_L,
-                        game.gamma_F, guide, V_L=V_L)
+        return hypergradient(
+            policy_fn,
+            theta,
+            ep,
+            br.policy,
+            Q_L,
+            br.V,
+            beta,
+            game.gamma_L,
+            game.gamma_F,
+            guide,
+            V_L=V_L,
+        )
 
-    for guide, check in (("benefit", lambda z: np.all(np.abs(z) < 4)),
-                         ("none", lambda z: np.max(np.abs(z)) > 8)):
+    for guide, check in (
+        ("benefit", lambda z: np.all(np.abs(z) < 4)),
+        ("none", lambda z: np.max(np.abs(z)) > 8),
+    ):
         g = jax.jit(jax.vmap(lambda k: est(k, guide)))(jax.random.split(jax.random.PRNGKey(2), 200))
         z = (np.asarray(g.mean(0)) - exact) / (np.asarray(g.std(0)) / np.sqrt(200) + 1e-12)
         assert check(z), (guide, z)
@@ -142,7 +179,9 @@ def test_actor_critic_training_bchg_holds_naive_falls():
     optimum, Naive-PGD (on-policy, 1 actor / 20 critic steps) drifts to the follower-avoids-A
     regime (the paper's figure)."""
     from bchg_jax.core.sweep import run_grid
-    from bchg_jax.games.tabular.train import TrainConfig as GameTrainConfig, make_train as make_train_game
+    from bchg_jax.games.tabular.train import TrainConfig as GameTrainConfig
+    from bchg_jax.games.tabular.train import make_train as make_train_game
+
     out = {}
     for method, steps in (("bchg", (1, 1)), ("naive", (1, 20))):
         tr = make_train_game(toy_game(2.0), method, GameTrainConfig(iterations=150))
@@ -155,7 +194,9 @@ def test_actor_critic_training_bchg_holds_naive_falls():
 
 
 def test_game_trainer_validation():
-    from bchg_jax.games.tabular.train import TrainConfig as GameTrainConfig, make_train as make_train_game
+    from bchg_jax.games.tabular.train import TrainConfig as GameTrainConfig
+    from bchg_jax.games.tabular.train import make_train as make_train_game
+
     with pytest.raises(ValueError, match="method"):
         make_train_game(toy_game(), "sobirl")
     with pytest.raises(ValueError, match="buffer"):
