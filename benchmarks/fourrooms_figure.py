@@ -23,10 +23,13 @@ more than it gives at these sizes; docs/performance.md).
 each method's best grid point, and the wall time of every panel.
 
 ``compare --reference DIR`` checks the panels under ``--compact`` against another set of compact
-copies (e.g. a GPU run against the committed CPU figure): per panel and method, both means, their
+copies (e.g. a GPU run against the CPU figure's): per panel and method, both means, their
 difference in units of the combined standard error, and the wall times; it exits with status 3 if
 any difference exceeds ``--max-se`` (default 2) combined SEs and ``--abs-tol`` (default 1e-4, the
 table's precision: methods whose 10 seeds end at the same J have an SE near 0).
+
+The repository keeps only ``figure.png`` and ``table.md`` of the compact folder (the compact
+copies are 29 MB): ``figure`` and ``compare`` need the panels regenerated with ``run`` first.
 
 On a GPU one panel (every method + exact, 10 seeds x 10,000 iterations) is
 ``python -m benchmarks.fourrooms_figure run --panels 100:1e-3 --out OUT --compact OUT/compact``
@@ -123,7 +126,8 @@ def write_figure(compact: str) -> None:
     from experiments.plot import final_table, panel_figure
     found = panels_found(compact)
     if not found:
-        raise SystemExit(f"error: no panel folders under {compact}")
+        raise SystemExit(f"error: no panel folders under {compact} (compact copies are not kept "
+                         f"in git: regenerate them with the 'run' action)")
     dirs = [os.path.join(compact, panel_name(b, e)) for b, e in found]
     save_figure(os.path.join(compact, "figure.png"), panel_figure(dirs))
     parts = ["Mean +- SE over the seeds of the last 1000 iterations, each method at its best "
@@ -161,7 +165,8 @@ def compare(compact: str, reference: str, max_se: float, abs_tol: float = 1e-4) 
     from experiments.plot import load_run
     found = [pe for pe in panels_found(compact) if pe in panels_found(reference)]
     if not found:
-        raise SystemExit(f"error: no panel is in both {compact} and {reference}")
+        raise SystemExit(f"error: no panel is in both {compact} and {reference} (compact "
+                         f"copies are not kept in git: regenerate them with the 'run' action)")
     ok = True
     print("| panel | method | this run | reference | difference / SE | within |")
     print("|---|---|---:|---:|---:|---|")
@@ -206,8 +211,8 @@ def main(argv=None):
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--iterations", type=int, default=10000)
     p.add_argument("--reference", default="benchmarks/results/fourrooms_figure",
-                   help="compare: the compact copies to compare with (default: the committed "
-                        "CPU figure)")
+                   help="compare: the compact copies to compare with (default: the CPU "
+                        "figure's folder, filled by 'run'; git keeps only its figure and table)")
     p.add_argument("--max-se", type=float, default=2.0,
                    help="compare: the largest difference allowed, in combined SEs (default 2)")
     p.add_argument("--abs-tol", type=float, default=1e-4,
