@@ -570,8 +570,8 @@ def final_table(run_dirs) -> str:
 def export_best(run_dir: str, dest: str) -> None:
     """Writes a compact copy of a run folder: per method only its best grid point (G = 1).
 
-    The copy is itself a run folder (plots and tables work on it); it is small enough to keep
-    in the repository (``benchmarks/results``), unlike full grids.
+    The copy is itself a run folder (plots and tables work on it), a few hundred KB per method
+    instead of the full grid's megabytes.
     """
     import shutil
 
