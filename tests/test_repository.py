@@ -4,6 +4,7 @@ Only the tables and figures that the documentation shows are tracked under ``ben
 (``.gitignore`` lists them); every tracked file there is at most 1 MB and all of them together
 at most 5 MB. Skipped outside a git checkout (an unpacked source distribution).
 """
+
 import os
 import pathlib
 import shutil
@@ -12,20 +13,21 @@ import subprocess
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-MAX_FILE = 1_000_000          # bytes, any one tracked file under benchmarks/
-MAX_TOTAL = 5_000_000         # bytes, every tracked file under benchmarks/ together
+MAX_FILE = 1_000_000  # bytes, any one tracked file under benchmarks/
+MAX_TOTAL = 5_000_000  # bytes, every tracked file under benchmarks/ together
 
 
 def tracked_files(folder: str):
     """Paths of the files git tracks under ``folder`` (skips the test outside a checkout)."""
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
-    done = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--", folder],
-                          capture_output=True, timeout=60)
+    done = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "-z", "--", folder], capture_output=True, timeout=60
+    )
     if done.returncode != 0:
         pytest.skip("not a git checkout: " + done.stderr.decode(errors="replace").strip())
     names = [n for n in done.stdout.decode().split("\0") if n]
-    return [ROOT / n for n in names if (ROOT / n).is_file()]   # deleted but not yet committed
+    return [ROOT / n for n in names if (ROOT / n).is_file()]  # deleted but not yet committed
 
 
 def sizes(folder: str):
@@ -34,8 +36,10 @@ def sizes(folder: str):
 
 def test_no_tracked_benchmark_file_exceeds_1_mb():
     big = {name: size for name, size in sizes("benchmarks").items() if size > MAX_FILE}
-    assert not big, (f"tracked files over {MAX_FILE} bytes under benchmarks/ (regenerate them "
-                     f"instead, and ignore them in .gitignore): {big}")
+    assert not big, (
+        f"tracked files over {MAX_FILE} bytes under benchmarks/ (regenerate them "
+        f"instead, and ignore them in .gitignore): {big}"
+    )
 
 
 def test_tracked_benchmarks_total_at_most_5_mb():
@@ -43,16 +47,21 @@ def test_tracked_benchmarks_total_at_most_5_mb():
     assert found, "no tracked file under benchmarks/"
     total = sum(found.values())
     largest = sorted(found.items(), key=lambda kv: -kv[1])[:5]
-    assert total <= MAX_TOTAL, (f"{total} bytes tracked under benchmarks/ (limit {MAX_TOTAL}); "
-                                f"largest: {largest}")
+    assert total <= MAX_TOTAL, (
+        f"{total} bytes tracked under benchmarks/ (limit {MAX_TOTAL}); largest: {largest}"
+    )
 
 
 def test_the_documents_show_only_tracked_figures():
     """Every image README.md, benchmarks/RESULTS.md and docs/*.md embed is a tracked file."""
     import re
+
     tracked = {str(p.relative_to(ROOT)) for p in tracked_files(".")}
-    docs = [ROOT / "README.md", ROOT / "benchmarks" / "RESULTS.md",
-            *sorted((ROOT / "docs").glob("*.md"))]
+    docs = [
+        ROOT / "README.md",
+        ROOT / "benchmarks" / "RESULTS.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+    ]
     missing = []
     for doc in docs:
         for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", doc.read_text()):
@@ -66,13 +75,17 @@ def test_the_documents_link_only_to_files_in_the_repository():
     """Every relative Markdown link of README.md, benchmarks/RESULTS.md and docs/*.md names a
     file or folder of this checkout (no link leaves the repository)."""
     import re
-    docs = [ROOT / "README.md", ROOT / "benchmarks" / "RESULTS.md",
-            *sorted((ROOT / "docs").glob("*.md"))]
+
+    docs = [
+        ROOT / "README.md",
+        ROOT / "benchmarks" / "RESULTS.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+    ]
     broken = []
     for doc in docs:
         for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
             if re.match(r"[a-z]+:", target) or target.startswith("#"):
-                continue                                    # a web address or an anchor
+                continue  # a web address or an anchor
             path = (doc.parent / target.split("#")[0]).resolve()
             if not path.exists() or ROOT not in path.parents and path != ROOT:
                 broken.append(f"{doc.relative_to(ROOT)}: {target}")
