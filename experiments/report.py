@@ -13,7 +13,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 # summary entries that are not hyperparameters of the best grid point
-NOT_HPARAMS = ("method", "mean", "se", "wall_s", "health")
+NOT_HPARAMS = ("method", "mean", "se", "wall_s", "health", "window")
 # summary.csv columns of the solver-health flags (bchg_jax.core.health)
 HEALTH_COLUMNS = ["capped_share", "skipped_updates"]
 
@@ -94,6 +94,7 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
         **{k: float(grid[k][best]) for k in keys},
         "mean": float(mean[best]),
         "se": float(se[best]),
+        "window": int(min(window, J.shape[-1])),  # the iterations the mean is over
         "health": health,
     }
 
@@ -165,8 +166,10 @@ def finish_run(
         save_figure(os.path.join(run_dir, "figure.png"), panel_figure([run_dir]))
     if extra_figures is not None:
         extra_figures(run_dir)
+    # the iterations each mean is over (the summary window, or the whole of a shorter run)
+    shown = " / ".join(str(w) for w in sorted({s.get("window", window) for s in summaries}))
     print(
-        f"\n{'method':>12}  best grid point                 mean(last {window})      se"
+        f"\n{'method':>12}  best grid point                 mean(last {shown})      se"
         "  solver health"
     )
     for s in summaries:

@@ -292,3 +292,39 @@ def test_learning_curve_figure_keeps_its_signature(tmp_path):
     assert plot.pretty_label("bchg") == "BC-HG" and plot.pretty_label("other x=1") == "other x=1"
     assert set(plot.YLABELS) == {"fourrooms", "thermal", "toy_game", "lqr_game"}
     assert plot.YLABEL == plot.YLABELS["fourrooms"]
+
+
+def test_fourrooms_figure_compare_reads_the_committed_table(tmp_path, capsys):
+    """A GPU panel is checked against the committed CPU table (its compact copies are not in
+    git): equal means pass, a mean 10 SE away fails with status 3."""
+    from benchmarks import fourrooms_figure as ff
+
+    table = os.path.join(
+        os.path.dirname(__file__),
+        "..",
+        "..",
+        "benchmarks",
+        "results",
+        "fourrooms_figure",
+        "table.md",
+    )
+    want = ff.read_table(table)["batch100_beta1e-3"]
+    assert want["bchg"] == {"mean": 0.662, "se": 0.005}
+
+    def panel(shift):
+        root = tmp_path / f"shift{shift}"
+        run = root / "batch100_beta1e-3"
+        write_run(run, methods=("bchg",))
+        J = np.full((1, 10, 40), want["bchg"]["mean"] + shift * want["bchg"]["se"])
+        np.savez(
+            run / "bchg" / "metrics.npz",
+            J=J,
+            grid_lr=np.array([0.1]),
+            summary_window=np.asarray(10),
+        )
+        return str(root)
+
+    assert ff.compare(panel(0.0), table, 2.0)
+    with pytest.raises(SystemExit) as e:
+        ff.main(["compare", "--compact", panel(10.0), "--reference", table])
+    assert e.value.code == 3 and "| NO |" in capsys.readouterr().out
