@@ -6,10 +6,12 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
 
+@pytest.mark.slow
 def test_custom_cmdp_example_runs_as_a_script_from_anywhere(tmp_path):
     """``python <repo>/examples/custom_cmdp.py`` from another folder (the installed package,
     no repository on the path)."""
@@ -29,6 +31,7 @@ def test_custom_cmdp_example_runs_as_a_script_from_anywhere(tmp_path):
     assert j1 > j0 + 1.0  # the trained leader pays for progress
 
 
+@pytest.mark.slow
 def test_custom_game_example():
     from examples.custom_game import main
 

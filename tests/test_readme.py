@@ -4,6 +4,7 @@ import os
 import re
 
 import numpy as np
+import pytest
 
 
 def test_readme_example_runs_and_learns():
@@ -17,6 +18,7 @@ def test_readme_example_runs_and_learns():
     assert abs(float(ns["g"][1])) > 0.5
 
 
+@pytest.mark.slow
 def test_readme_on_chunk_example_streams_every_chunk(capsys):
     """The README's ``run_grid(on_chunk=...)`` logging example (second python block) runs on
     the first block's trainer and is called once per chunk."""

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import jaxlib
+import pytest
 
 from bchg_jax.core import compile_options
 
@@ -28,6 +29,7 @@ def _flags_after_import(extra_env, code=SHOW):
     return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
 
 
+@pytest.mark.slow
 def test_import_sets_the_flag_only_when_safe():
     checked = jaxlib.__version__.startswith(compile_options.CHECKED_JAXLIB_PREFIXES)
     assert (_flags_after_import({}) == compile_options.FLAG) == checked

@@ -63,6 +63,7 @@ def _float_dtypes(tree):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["tabular", "lq", "games.tabular", "games.lqr"])
 def test_float64_run_stays_float64(family, x64):
     state, metrics = _run(family, jnp.float64)

@@ -3,6 +3,7 @@ progress line shows them and a run with more than 1% warns loudly (on stderr).""
 
 import jax
 import numpy as np
+import pytest
 
 from bchg_jax import games, lq, problems, run_grid, tabular
 from bchg_jax.core.health import health_text, health_warning, solver_health
@@ -74,6 +75,7 @@ def test_lq_cap_is_flagged_skipped_and_warned(capsys):
     m = _run_healthy(lq.make_train(th, "exact", lq.TrainConfig(**cfg)), grid, capsys)
 
 
+@pytest.mark.slow
 def test_tabular_game_cap_is_flagged(capsys):
     game = problems.toy_game()
     cfg = dict(episodes=2, minibatch=8, iterations=2)
@@ -89,6 +91,7 @@ def test_tabular_game_cap_is_flagged(capsys):
     assert m["solve_capped"].all() and "WARNING" in out.err
 
 
+@pytest.mark.slow
 def test_lqr_game_cap_is_flagged_and_skipped(capsys):
     game = problems.lqr_game()
     cfg = dict(iterations=2, warmup_steps=0, replay=0, explore_episodes=0)

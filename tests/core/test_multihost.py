@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 WORKER = textwrap.dedent("""
     import sys
@@ -41,6 +42,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_share_one_grid(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)

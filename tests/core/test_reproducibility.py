@@ -60,6 +60,7 @@ def _trainers():
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fourrooms", "thermal", "toy_game", "lqr_game"])
 def test_same_seed_same_bits_and_one_compile(name):
     trainer, grid = _trainers()[name]
@@ -81,6 +82,7 @@ def test_same_seed_same_bits_and_one_compile(name):
     assert run._cache_size() == 1  # every chunk reused one compilation
 
 
+@pytest.mark.slow
 def test_run_grid_chunking_is_invisible():
     """run_grid in chunks of 2 (the program of the test above) and in one chunk give the same
     bits (the lqr game trainer)."""
@@ -91,6 +93,7 @@ def test_run_grid_chunking_is_invisible():
         assert np.array_equal(a[k], b[k], equal_nan=True), k
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["tabular", "lq"])
 def test_float32_run_is_the_same_with_x64_on_or_off(family):
     """Random draws and constants take the run's dtype, not JAX's default float."""

@@ -7,6 +7,7 @@ import textwrap
 
 import jax
 import numpy as np
+import pytest
 
 from bchg_jax.core.io import load_state, save_state
 from bchg_jax.core.sweep import grid_functions, product_grid, run_grid, seed_keys
@@ -35,6 +36,7 @@ SHARD_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sharded_grid_equals_unsharded_on_four_cpu_devices():
     env = dict(
         os.environ,

@@ -116,6 +116,7 @@ def test_resume_of_a_folder_without_config_is_an_error(tmp_path, capsys):
     assert e.value.code == 2 and "config.json" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_plot_cli_draws_panels_and_table(tmp_path, capsys):
     from experiments import plot
 
@@ -167,6 +168,7 @@ def test_methods_can_be_added_to_a_run_folder_but_settings_cannot_change(tmp_pat
         ),
     ],
 )
+@pytest.mark.slow
 def test_other_experiments_smoke_and_resume_skip(module, extra, metrics, tmp_path, capsys):
     import importlib
 

@@ -154,6 +154,7 @@ def test_config_file_overrides_and_checks(finished_run, tmp_path, capsys):
     assert (a.method, a.iterations, a.seeds, a.beta) == ("naive", 20, 2, 0.003)
 
 
+@pytest.mark.slow
 def test_ctrl_c_exits_130_with_a_resumable_checkpoint(tmp_path):
     run = str(tmp_path / "run")
     env = {**os.environ, "PYTHONPATH": REPO}

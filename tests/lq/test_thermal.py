@@ -101,6 +101,7 @@ def _exact_critic_estimates(p, w, beta, guide, pathwise, batches, episodes, seed
     return np.asarray(g.mean(0)), np.asarray(g.std(0)) / np.sqrt(batches)
 
 
+@pytest.mark.slow
 def test_bchg_unbiased_on_thermal_with_exact_critics(x64):
     """Pathwise FollowerQGrad + state baseline (exact critics): mean within 4 SE of the exact
     hypergradient; the partial term alone (Naive-PGD) is far from it."""
@@ -149,6 +150,7 @@ def _small_lq(dtype=jnp.float64):
     ).validate()
 
 
+@pytest.mark.slow
 def test_score_form_bchg_unbiased_on_small_problem(x64):
     """The paper's score-function FollowerQGrad (Eq. (nablaQF)) with exact critics."""
     p = _small_lq()
@@ -178,6 +180,7 @@ def test_quadratic_critic_recovers_exact_leader_q(x64):
     assert np.sqrt(np.mean(v_err**2)) < 0.02 * np.sqrt(np.mean(np.asarray(qv.value(s)) ** 2))
 
 
+@pytest.mark.slow
 def test_training_improves_and_beats_naive():
     """Short vmapped run (2 seeds, 120 iterations, lr 0.1, quadratic critic): BC-HG climbs from
     the start value and ends above Naive-PGD; exact ascent is the ceiling."""
@@ -237,6 +240,7 @@ def test_config_and_hparam_validation():
         run_grid(tr, {"lr": np.array([-0.1])}, seeds=1, iterations=2, verbose=False)
 
 
+@pytest.mark.slow
 def test_mlp_td_critic_fits_exact_leader_q():
     """The MLP TD critic (normalised, 1500 Adam steps at 1e-3) explains > 90% of the variance of
     the exact Q_L on the small LQ problem; the un-normalised paper setting (lr 1e-4) fits worse."""

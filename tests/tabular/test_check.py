@@ -17,6 +17,7 @@ def _problem():
     return type(prob)(**{**prob.__dict__, "terminal": terminal})
 
 
+@pytest.mark.slow
 def test_check_problem_passes_the_unbiased_forms_and_flags_the_ratio_forms(x64, capsys):
     prob = _problem()
     thetas = [prob.theta0, prob.theta0 + 0.3]

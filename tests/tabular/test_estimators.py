@@ -43,6 +43,7 @@ def _batch_estimates(prob, th, br, Q_L, beta, horizon, num_batches, envs, **kw):
     return np.asarray(jax.jit(jax.vmap(one))(keys))
 
 
+@pytest.mark.slow
 def test_bchg_mean_agrees_with_exact_hypergradient_and_naive_does_not(x64):
     """Theorem 1: with exact critics and a long horizon, E[BC-HG] = grad J_L (4 SE per coord)."""
     beta, H = 0.5, 150  # gamma_L = 0.9: truncation gamma^H ~ 1e-7
@@ -82,6 +83,7 @@ def test_bchg_mean_agrees_with_exact_hypergradient_and_naive_does_not(x64):
     assert np.max(np.abs(zn)) > 10.0, f"naive should be biased, z-scores {zn}"
 
 
+@pytest.mark.slow
 def test_first_episode_forms_unbiased_with_few_episodes_per_stream_ratio_forms_not(x64):
     """Issue 27: 32 streams x 30 steps, no time limit, ~5 episodes per stream. Each stream's
     first episode over the number of streams (``first_episode``) is unbiased (4 SE per
@@ -266,6 +268,7 @@ def test_unknown_options_raise():
         hypergradient(prob, th, batch, br, jnp.zeros((5, 3)), 0.5, partial="first_visit")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("oracle", [True, False])
 def test_hpgd_mean_agrees_with_exact_hypergradient(x64, oracle):
     """HPGD (Eq. (11) with Q_L - V_L): every-visit dQF - dVF, from oracle rollouts (uniform

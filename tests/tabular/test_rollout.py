@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from bchg_jax.problems import random_tabular_cmdp
 from bchg_jax.tabular import rollout
@@ -27,6 +28,7 @@ def test_time_index_resets_and_done_flags():
     assert done.any() and terminal.any()
 
 
+@pytest.mark.slow
 def test_empirical_frequencies_match_policy_and_transitions():
     prob = random_tabular_cmdp(jax.random.key(2), num_states=3, num_actions=2)
     th = prob.theta0

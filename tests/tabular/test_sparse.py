@@ -107,6 +107,7 @@ def test_auto_uses_dense_for_a_support_that_moves_with_theta():
     assert abs(J_auto[0, 0] - want) < 1e-3 and not lost_auto.any()
 
 
+@pytest.mark.slow
 def test_sparse_trainer_checks_the_table_every_iteration():
     """A support change no probe sees (teleport only when theta[0] > 100): ``auto`` takes the
     sparse form, and the trainer finds the lost mass itself. Runs at theta[0] = 102 are flagged
@@ -368,6 +369,7 @@ def test_solver_choice_and_bad_settings():
         make_train(fr, "bchg", TrainConfig(linear_sweeps=-1))
 
 
+@pytest.mark.slow
 def test_sparse_trainer_follows_the_dense_one():
     """Same seeds, 300 iterations of BC-HG on Four-Rooms at lr 0.1: the two solvers give the
     same J curves up to tolerance-level differences. (Training is chaotic at larger steps: at
@@ -435,6 +437,7 @@ def test_gauss_seidel_colouring_accuracy_and_sweeps(x64):
         assert abs(int(nb[0]) - int(n)) < sparse.ONE_RUN_SWEEPS_PER_TEST
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("problem", ["fourrooms", "ring"])
 def test_rollout_on_the_successor_table_draws_the_same_states(problem):
     """Drawing the next state among the successors (inverse CDF over the J entries, in

@@ -64,6 +64,7 @@ def test_validation_errors_before_compilation():
         product_grid(lr=[], sarsa_alpha=[0.5], beta=[1e-3])
 
 
+@pytest.mark.slow
 def test_bchg_learns_to_incentivise_on_fourrooms():
     """From the no-incentive start (J ~ -0.74), BC-HG raises the exact objective. A run takes
     off at a random iteration (the paper grid's best point, 10 seeds, dense and sparse solvers

@@ -97,6 +97,7 @@ def test_exploration_data_feed_the_critic_ring():
     np.testing.assert_array_equal(np.asarray(state.buffer.s), np.asarray(ring.s[8:10]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("K", [(-4.0, 0.0), (-7.0, 0.0)])
 def test_learned_critic_gives_theorem3_direct_term(K):
     """After 200 iterations of exploration data at a fixed leader K (replay 200 episodes), the
@@ -125,6 +126,7 @@ def test_learned_critic_gives_theorem3_direct_term(K):
     assert np.linalg.norm(dl - de) < 0.4 * np.linalg.norm(de), (de, dl)
 
 
+@pytest.mark.slow
 def test_exact_direct_ascends_the_direct_part_only():
     """The first Adam step of ``exact`` / ``exact_direct`` moves each coordinate by the actor
     learning rate along the sign of the full / direct exact hypergradient; at this K the two
@@ -151,6 +153,7 @@ def test_exact_direct_ascends_the_direct_part_only():
         jax.config.update("jax_enable_x64", False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cv", [False, True])
 def test_guide_bound_shrinks_only_the_guiding_term(cv):
     """``guide_bound``: a bound far above every sample's guiding gradient changes nothing; a bound

@@ -141,6 +141,7 @@ def _estimates(stochastic: bool, guide: str, batches=40, E=100, **kw):
     return np.asarray((mean - exact) / se)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stochastic", [True, False])
 def test_hypergradient_estimators_unbiased(stochastic):
     """Theorem 2 (Gaussian leader) and the appendix theorem (deterministic leader) with exact
@@ -151,6 +152,7 @@ def test_hypergradient_estimators_unbiased(stochastic):
     assert np.max(np.abs(z_naive)) > 8, z_naive
 
 
+@pytest.mark.slow
 def test_same_noise_baseline_and_raw_influence_unbiased():
     """The trainer's options: the direct baseline that keeps the follower's noise and the raw
     V_F influence (the reference's) leave Theorem 2's estimate unbiased."""

@@ -126,6 +126,7 @@ def _random_game(seed=0, S=4, A=2, B=3, gamma=0.8):
     ).validate()
 
 
+@pytest.mark.slow
 def test_theorem2_estimator_unbiased_with_exact_critics(x64):
     """BC-HG (Theorem 2) with exact Q_L, V_F and a tabular-softmax leader: mean within 4 SE of
     the exact hypergradient (implicit differentiation through soft Q-iteration, paper backup);
@@ -174,6 +175,7 @@ def test_theorem2_estimator_unbiased_with_exact_critics(x64):
         assert check(z), (guide, z)
 
 
+@pytest.mark.slow
 def test_actor_critic_training_bchg_holds_naive_falls():
     """3 seeds x 150 iterations (reference settings): BC-HG keeps the exact return near the
     optimum, Naive-PGD (on-policy, 1 actor / 20 critic steps) drifts to the follower-avoids-A
