@@ -44,21 +44,57 @@ import numpy as np
 from bchg_jax.core.buffers import buffer_add, sample_discounted
 from bchg_jax.games import lqr
 from bchg_jax.problems.lqr_game import lqr_game
-from experiments.lqr_game import PRESET_FLAGS
+from benchmarks.lqr_game_controls import median_bound, with_guide
 
 GAINS = ((-1.0, 0.0), (-4.0, 0.0), (-7.0, 0.0), (-9.0, -9.0))
 METHODS = ("bchg", "bchg_det", "naive", "naive_det")
 
 
-def explore_config(iterations: int, **changes) -> lqr.TrainConfig:
-    """The explore preset's TrainConfig as ``python -m experiments.lqr_game`` builds it (no
-    warm-up, a constant actor step: the gains are held fixed here), with ``changes``."""
-    from experiments import lqr_game as cli
+# the flat TrainConfig field names of the commands in benchmarks/RESULTS.md (before the config
+# was nested) -> their place today
+FIELDS = {
+    "explore_episodes": "exploration.episodes",
+    "explore_std": "exploration.std",
+    "warmup_steps": "exploration.warmup_steps",
+    "replay": "critic.replay",
+    "critic_lr": "critic.lr",
+    "critic_minibatch": "critic.minibatch",
+    "target_samples": "critic.target_samples",
+    "normalize": "critic.normalize",
+    "q_scale": "critic.q_scale",
+    "actor_lr": "actor.lr",
+    "influence_cv": "estimator.influence_cv",
+    "benefit_samples": "estimator.benefit_samples",
+    "baseline_samples": "estimator.baseline_samples",
+    "direct_baseline": "estimator.direct_baseline",
+    "influence": "estimator.influence",
+}
 
-    a = cli.parse_args(
-        ["--iterations", str(iterations), "--warmup-steps", "0", "--actor-lr-schedule", "constant"]
+
+def with_settings(config: lqr.TrainConfig, changes: dict) -> lqr.TrainConfig:
+    """``config`` with ``changes`` {field or part.field (or a name of :data:`FIELDS`): value},
+    each value converted to the field's type."""
+    for name, value in changes.items():
+        part, _, field = FIELDS.get(name, name).rpartition(".")
+        holder = getattr(config, part) if part else config
+        old = getattr(holder, field)
+        value = (value == "True") if isinstance(old, bool) else type(old)(value)
+        holder = dataclasses.replace(holder, **{field: value})
+        config = dataclasses.replace(config, **{part: holder}) if part else holder
+    return config.validate()
+
+
+def explore_config(iterations: int, changes: dict) -> lqr.TrainConfig:
+    """The explore preset's TrainConfig (``bchg_jax.games.lqr.presets.explore``; no warm-up, a
+    constant actor step: the gains are held fixed here), with ``changes``."""
+    c = lqr.presets.explore().config
+    c = dataclasses.replace(
+        c,
+        iterations=iterations,
+        actor=dataclasses.replace(c.actor, lr_schedule="constant"),
+        exploration=dataclasses.replace(c.exploration, warmup_steps=0),
     )
-    return dataclasses.replace(cli.train_config(a, "bchg"), **changes).validate()
+    return with_settings(c, changes)
 
 
 def exact_parts(game, theta):
@@ -83,7 +119,7 @@ def main(argv=None):
     p.add_argument(
         "--critic-steps",
         type=int,
-        default=PRESET_FLAGS["explore"]["critic_steps"],
+        default=int(lqr.presets.explore().hparams.critic_steps),
         help="critic updates per training iteration (default: the preset's)",
     )
     p.add_argument(
@@ -108,7 +144,9 @@ def main(argv=None):
         nargs="*",
         default=[],
         metavar="FIELD=VALUE",
-        help="TrainConfig fields to change from the explore preset (e.g. influence_cv=False)",
+        help="TrainConfig fields to change from the explore preset (e.g. "
+        "estimator.influence_cv=False, critic.replay=40; the flat names of older commands "
+        "too, e.g. replay=40; guide_bound=B adds benchmarks.lqr_game_controls.median_bound(B))",
     )
     a = p.parse_args(argv)
     methods = a.methods.split(",")
@@ -120,13 +158,15 @@ def main(argv=None):
     game, beta = lqr_game(), jnp.float32(0.1)
     gains = [tuple(float(x) for x in g.split(",")) for g in a.gains.split(";")]
     exact = {K: exact_parts(game, K) for K in gains}
-    changes = {}
-    for item in a.set:
-        name, value = item.split("=", 1)
-        default = getattr(lqr.TrainConfig(), name)
-        changes[name] = (value == "True") if isinstance(default, bool) else type(default)(value)
-    config = explore_config(a.train, **{"max_steps": max(10, a.critic_steps), **changes})
-    trainers = {m: lqr.make_train(game, m, config) for m in ("bchg",) + tuple(methods)}
+    changes = dict(item.split("=", 1) for item in a.set)
+    bound = changes.pop("guide_bound", None)
+    config = explore_config(a.train, {"max_steps": max(10, a.critic_steps), **changes})
+    est = lqr.estimator(config.estimator)
+    if bound is not None and float(bound) > 0:
+        est = with_guide(est, median_bound(float(bound)))
+    trainers = {
+        m: lqr.make_train(game, m, config, estimator_pieces=est) for m in ("bchg",) + tuple(methods)
+    }
     hp = lqr.HParams(actor_steps=0, critic_steps=a.critic_steps, beta=0.1)
     T = game.horizon
     Z = float(np.sum(game.gamma_L ** np.arange(T)))
@@ -142,14 +182,14 @@ def main(argv=None):
         "cosine of mean to direct | SNR per coordinate |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    print(f"# changes from the explore preset: {changes or 'none'}")
+    print(f"# changes from the explore preset: {a.set or 'none'}")
     for K in gains:
         theta = jnp.asarray(K, jnp.float32)
         tr0 = trainers["bchg"]
         resp = tr0.steps["follower"](theta, beta)
 
         def trained(key):
-            s0 = tr0.init(key, hp)._replace(theta=theta, theta_targ=theta, P=resp.P)
+            s0 = tr0.init(key, hp)._replace(actor=theta, actor_targ=theta, follower=resp.P)
             if a.same_data:  # one stream of episodes and minibatches; the inits differ
                 s0 = s0._replace(key=jax.random.key(2))
             return tr0.run(s0, hp, a.train)[0]

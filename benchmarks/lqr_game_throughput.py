@@ -28,14 +28,15 @@ from benchmarks._timing import time_chunks
 def measure(name: str, seeds: int, iterations: int, preset: str, actor_steps=None):
     """(compile s, s per outer iteration) of variant ``name`` for ``seeds`` vmapped seeds."""
     from bchg_jax.games import lqr
-    from bchg_jax.problems.lqr_game import lqr_game
+    from bchg_jax.problems.lqr_game import gain_metrics, lqr_game
     from experiments import lqr_game as cli
 
     argv = ["--preset", preset, "--warmup-steps", "0", "--method", name]
     if actor_steps is not None:
         argv += ["--actor-steps", str(actor_steps)]
     a = cli.parse_args(argv)
-    trainer = lqr.make_train(lqr_game(), cli.VARIANTS[name][0], cli.train_config(a, name))
+    config = cli.train_config(a, name)
+    trainer = lqr.make_train(lqr_game(), cli.VARIANTS[name][0], config, metrics_fn=gain_metrics)
     return time_chunks(trainer, cli.method_grid(a), seeds, iterations)
 
 

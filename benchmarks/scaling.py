@@ -61,7 +61,11 @@ def _trainer(name: str, runs: int):
         method = "bchg" if runs <= 100 else "naive"
         return (
             method,
-            lqr.make_train(lqr_game(), method, lqr.TrainConfig(warmup_steps=0)),
+            lqr.make_train(
+                lqr_game(),
+                method,
+                lqr.TrainConfig(exploration=lqr.ExplorationConfig(warmup_steps=0)),
+            ),
             {"actor_steps": np.array([10])},
         )
     raise ValueError(f"unknown experiment {name!r}")

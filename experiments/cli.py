@@ -252,18 +252,22 @@ def check_counts(a, *flags: str) -> None:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
 
 
-def flag_names(message: str, a) -> str:
+def flag_names(message: str, a, config_flags=None) -> str:
     """An error message from a library config check, with each ``TrainConfig.<field>`` that is
-    also a command-line flag named as the flag (``--tau (TrainConfig.tau)``), so the user sees
+    also a command-line flag named as the flag (``--tau (TrainConfig.tau)``), and each
+    ``<Part>Config.<field>`` that ``config_flags`` maps to a flag's dest likewise
+    (``{"CriticConfig.lr": "critic_lr"}``: ``--critic-lr (CriticConfig.lr)``), so the user sees
     what to change."""
 
     def named(m):
-        field = m.group(1)
-        if field in vars(a):
-            return f"--{field.replace('_', '-')} ({m.group(0)})"
+        dest = (config_flags or {}).get(m.group(0))
+        if dest is None and m.group(1) == "TrainConfig":
+            dest = m.group(2)
+        if dest is not None and dest in vars(a):
+            return f"--{dest.replace('_', '-')} ({m.group(0)})"
         return m.group(0)
 
-    return re.sub(r"\bTrainConfig\.(\w+)", named, message)
+    return re.sub(r"\b(\w*Config)\.(\w+)", named, message)
 
 
 def resume_args(a, experiment: str):

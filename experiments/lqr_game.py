@@ -1,6 +1,7 @@
 """The bi-level LQR Markov game with actor-critic leaders: ``python -m experiments.lqr_game``.
 
-Two presets (``docs/experiments.md``, "Bi-level LQR Markov game"):
+Two presets, defined in the library (``bchg_jax/games/lqr/presets.py``; ``docs/experiments.md``,
+"Bi-level LQR Markov game"):
 
 * ``--preset explore`` (default): the learned-critic design. Every iteration collects 2 episodes
   of the leader's own policy (the actor's data) and 6 episodes of a behaviour leader
@@ -25,14 +26,16 @@ direct part only: the follower's policy held fixed, what Naive-PGD estimates).
 ``--grid paper`` runs actor_steps in {1, 2, 5, 10} per variant as one vmapped program. The
 metric of every iteration is the *exact* undiscounted 100-step leader return of the current
 leader against its best response (``J``), with the discounted one, the batch's sampled return,
-K_theta (``K1``, ``K2``) and skipped updates.
+K_theta (``K1``, ``K2``: ``bchg_jax.problems.lqr_game.gain_metrics``) and skipped updates.
 ``--estimator unbiased`` (the default, set by the explore preset) subtracts only baselines that
 keep the estimate unbiased; ``--estimator reference`` (the reference preset's default) is the
-reference implementation's estimator (``docs/experiments.md``); ``--estimator shuffled`` is a
-control (the reference estimator whose guiding term keeps its noise but loses its mean). Every
-method's gradient is clipped (``--clip-scope all``, the explore preset's default); the
-reference preset clips only BC-HG's (``--clip-scope reference``). A run whose ``--iterations``
-end inside the critic-only warm-up (``--warmup-steps``) never updates the leader: the CLI warns.
+reference implementation's estimator (``docs/experiments.md``); the control that pairs each
+influence with another sample's Benefit is ``python -m benchmarks.lqr_game_controls``. Every
+variant runs under either preset (BC-HG's control variate, which needs the on-policy buffer,
+does not concern Naive-PGD). Every method's gradient is clipped (``--clip-scope all``, the
+explore preset's default); the reference preset clips only BC-HG's (``--clip-scope
+reference``). A run whose ``--iterations`` end inside the critic-only warm-up
+(``--warmup-steps``) never updates the leader: the CLI warns.
 Outputs as for the other experiments.
 """
 
@@ -57,60 +60,17 @@ ALL = {
     "explore": ("bchg", "bchg_det", "naive", "naive_det", "exact", "exact_direct"),
     "reference": ("bchg", "naive_on", "naive_off", "bchg_det"),
 }
-# the flags' defaults under each preset
-PRESET_FLAGS = {
-    "explore": dict(
-        iterations=2000,
-        actor_steps=[1],
-        critic_steps=20,
-        estimator="unbiased",
-        warmup_steps=160000,
-        clip_scope="all",
-        actor_lr=0.02,
-        actor_lr_schedule="cosine",
-        critic_lr=1e-3,
-        explore_std=0.5,
-        explore_episodes=6,
-        replay=80,
-        tau=0.2,
-        minibatch=64,
-    ),
-    "reference": dict(
-        iterations=500,
-        actor_steps=[10],
-        critic_steps=5,
-        estimator="reference",
-        warmup_steps=4000,
-        clip_scope="reference",
-        actor_lr=0.1,
-        actor_lr_schedule="constant",
-        critic_lr=0.1,
-        explore_std=0.5,
-        explore_episodes=0,
-        replay=0,
-        tau=0.01,
-        minibatch=64,
-    ),
-}
-# the TrainConfig fields each preset sets beyond the flags
-PRESET_CONFIG = {
-    "explore": dict(
-        episodes=2,
-        critic_minibatch=256,
-        target_samples=8,
-        normalize=True,
-        q_scale=10.0,
-        influence_cv=True,
-        benefit_samples=64,
-        baseline_samples=16,
-    ),
-    "reference": dict(),
-}
-ESTIMATORS = {
-    "reference": dict(direct_baseline="reference", influence="raw"),
-    "unbiased": dict(direct_baseline="same_noise", influence="baseline"),
-    # control experiment: the reference estimator with the Benefit of another sample
-    "shuffled": dict(direct_baseline="reference", influence="raw", shuffle_benefit=True),
+# the flag that sets each nested TrainConfig field (errors of the library's checks name it)
+CONFIG_FLAGS = {
+    "ActorConfig.lr": "actor_lr",
+    "ActorConfig.lr_schedule": "actor_lr_schedule",
+    "ActorConfig.clip": "clip",
+    "CriticConfig.lr": "critic_lr",
+    "CriticConfig.init": "init",
+    "CriticConfig.replay": "replay",
+    "ExplorationConfig.warmup_steps": "warmup_steps",
+    "ExplorationConfig.episodes": "explore_episodes",
+    "ExplorationConfig.std": "explore_std",
 }
 SUMMARY_WINDOW = 50
 SETTING_KEYS = (
@@ -142,16 +102,17 @@ def parse_args(argv=None):
     import argparse
     import sys
 
+    from bchg_jax.games.lqr.presets import ESTIMATORS, PRESETS
     from experiments.cli import base_parser
 
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--preset", choices=tuple(PRESET_FLAGS), default="explore")
+    pre.add_argument("--preset", choices=tuple(PRESETS), default="explore")
     preset = pre.parse_known_args(sys.argv[1:] if argv is None else list(argv))[0].preset
     p = base_parser(
         "lqr_game",
         __doc__,
         seeds=20,
-        iterations=PRESET_FLAGS[preset]["iterations"],
+        iterations=PRESETS[preset]().config.iterations,
         chunk=50,
         methods=ALL[preset],
         noun="variant",
@@ -164,11 +125,12 @@ def parse_args(argv=None):
     g = p.add_argument_group("LQR game options")
     g.add_argument(
         "--preset",
-        choices=tuple(PRESET_FLAGS),
+        choices=tuple(PRESETS),
         default="explore",
         help="'explore': learned critics with exploration, replay and unbiased "
         "estimators (the default design); 'reference': the reference "
-        "implementation's settings; each sets the defaults of the flags below",
+        "implementation's settings (bchg_jax/games/lqr/presets.py); each sets the defaults "
+        "of the flags below",
     )
     g.add_argument("--actor-lr", type=float, help="Adam learning rate of theta")
     g.add_argument(
@@ -218,9 +180,7 @@ def parse_args(argv=None):
         choices=tuple(ESTIMATORS),
         default="reference",
         help="'reference': the reference code's estimator; 'unbiased': only "
-        "baselines that keep it unbiased; 'shuffled': a control (the guiding "
-        "term keeps its noise, loses its mean) (default: the preset's, "
-        "%(default)s)",
+        "baselines that keep it unbiased (default: the preset's, %(default)s)",
     )
     g.add_argument(
         "--warmup-steps",
@@ -245,11 +205,39 @@ def parse_args(argv=None):
         help="network initialisation: PyTorch's nn.Linear default (the reference) or "
         "flax's lecun_normal",
     )
-    p.set_defaults(**PRESET_FLAGS[preset])
+    p.set_defaults(**preset_flags(preset))
     a = p.parse_args(argv)
     if a.smoke:
         a.warmup_steps = min(a.warmup_steps, 800)
     return a
+
+
+def preset_flags(name: str) -> dict:
+    """The flags' defaults under the library's preset ``name``
+    (:mod:`bchg_jax.games.lqr.presets`)."""
+    from bchg_jax.games.lqr.presets import PRESETS
+
+    p = PRESETS[name]()
+    c = p.config
+    return dict(
+        iterations=c.iterations,
+        actor_steps=[int(p.hparams.actor_steps)],
+        critic_steps=int(p.hparams.critic_steps),
+        beta=float(p.hparams.beta),
+        estimator=p.estimator,
+        warmup_steps=c.exploration.warmup_steps,
+        clip=c.actor.clip,
+        clip_scope=p.clip_scope,
+        init=c.critic.init,
+        actor_lr=c.actor.lr,
+        actor_lr_schedule=c.actor.lr_schedule,
+        critic_lr=c.critic.lr,
+        explore_std=c.exploration.std,
+        explore_episodes=c.exploration.episodes,
+        replay=c.critic.replay,
+        tau=c.tau,
+        minibatch=c.minibatch,
+    )
 
 
 def methods_of(spec: str, preset: str = "explore"):
@@ -269,39 +257,54 @@ def method_grid(a):
 
 
 def train_config(a, name: str):
-    from bchg_jax.games import lqr
+    """The TrainConfig of variant ``name``: the preset's, with the flags' values."""
+    from dataclasses import replace
+
+    from bchg_jax.games.lqr.presets import ESTIMATORS, PRESETS, clipped
 
     method, buffer = VARIANTS[name]
-    clip = a.clip if (a.clip_scope == "all" or method.startswith("bchg")) else 0.0
-    return lqr.TrainConfig(
+    c = PRESETS[a.preset]().config
+    return replace(
+        c,
         iterations=a.iterations,
         buffer=buffer,
-        warmup_steps=a.warmup_steps,
-        clip=clip,
-        init=a.init,
-        max_steps=max(10, a.critic_steps),
-        actor_lr=a.actor_lr,
-        actor_lr_schedule=a.actor_lr_schedule,
-        critic_lr=a.critic_lr,
-        explore_std=a.explore_std,
-        explore_episodes=a.explore_episodes,
-        replay=a.replay,
-        tau=a.tau,
         minibatch=a.minibatch,
-        **PRESET_CONFIG[a.preset],
-        **ESTIMATORS[a.estimator],
+        max_steps=max(10, a.critic_steps),
+        tau=a.tau,
+        actor=replace(
+            c.actor,
+            lr=a.actor_lr,
+            lr_schedule=a.actor_lr_schedule,
+            clip=a.clip if clipped(method, a.clip_scope) else 0.0,
+        ),
+        critic=replace(c.critic, init=a.init, lr=a.critic_lr, replay=a.replay),
+        exploration=replace(
+            c.exploration,
+            warmup_steps=a.warmup_steps,
+            episodes=a.explore_episodes,
+            std=a.explore_std,
+        ),
+        estimator=replace(c.estimator, **ESTIMATORS[a.estimator]),
     ).validate()
 
 
 def validate_args(a):
-    from bchg_jax.games.lqr.train import HParams
+    from bchg_jax.games.lqr.presets import ESTIMATORS
+    from bchg_jax.games.lqr.train import GUIDED, HParams
     from bchg_jax.problems.lqr_game import lqr_game
     from experiments.cli import check_counts
 
     methods = methods_of(a.method, a.preset)
     check_counts(a, "seeds", "iterations", "chunk")
+    if a.estimator not in ESTIMATORS:  # e.g. 'shuffled', a control that went to benchmarks/
+        raise ValueError(
+            f"--estimator must be one of {tuple(ESTIMATORS)}, got {a.estimator!r} (the "
+            "'shuffled' control runs as python -m benchmarks.lqr_game_controls)"
+        )
     for m in methods:
         config = train_config(a, m)
+        if VARIANTS[m][0] in GUIDED:
+            config.check_guide()
     HParams.from_grid(method_grid(a), max_steps=config.max_steps)
     lqr_game()
     warmup = warmup_iterations(config)
@@ -327,30 +330,28 @@ def warmup_iterations(config) -> int:
     behaviour episodes), rounded up (as ``games.lqr.make_train`` counts them)."""
     from bchg_jax.problems.lqr_game import lqr_game
 
-    per_iteration = (config.episodes + config.explore_episodes) * lqr_game().horizon
-    return -(-config.warmup_steps // per_iteration)
+    per_iteration = (config.episodes + config.exploration.episodes) * lqr_game().horizon
+    return -(-config.exploration.warmup_steps // per_iteration)
 
 
 def run_method(name: str, a, run_dir: str):
+    import dataclasses
+
     from bchg_jax.games import lqr
-    from bchg_jax.problems.lqr_game import lqr_game
+    from bchg_jax.problems.lqr_game import gain_metrics, lqr_game
     from experiments.plot import YLABELS, pretty_label
     from experiments.run_folder import run_method_folder
 
     method, buffer = VARIANTS[name]
     config = train_config(a, name)
-    trainer = lqr.make_train(lqr_game(), method, config)
+    trainer = lqr.make_train(lqr_game(), method, config, metrics_fn=gain_metrics)
     return run_method_folder(
         os.path.join(run_dir, name),
         name,
         trainer,
         method_grid(a),
         a,
-        record={
-            "train_config": {
-                k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(config).items()
-            }
-        },
+        record={"train_config": dataclasses.asdict(config)},
         title=f"bi-level LQR game, {pretty_label(name)}: β={a.beta:g}, {a.seeds} seeds",
         window=SUMMARY_WINDOW,
         ylabel=YLABELS["lqr_game"],
@@ -361,9 +362,8 @@ def run_method(name: str, a, run_dir: str):
 def main(argv=None) -> str:
     from experiments.run_folder import run_experiment
 
-    return run_experiment(
-        "lqr_game", argv, parse_args, validate_args, run_method, SETTING_KEYS, SUMMARY_WINDOW
-    )
+    steps = (parse_args, validate_args, run_method, SETTING_KEYS, SUMMARY_WINDOW)
+    return run_experiment("lqr_game", argv, *steps, config_flags=CONFIG_FLAGS)
 
 
 if __name__ == "__main__":

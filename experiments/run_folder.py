@@ -47,10 +47,13 @@ def run_experiment(
     setting_keys: Sequence[str],
     window: int,
     extra_figures: Optional[Callable[[str], None]] = None,
+    config_flags: Optional[Dict[str, str]] = None,
 ) -> str:
     """The main() of every experiment CLI: parse, resume, validate everything before anything
-    compiles (bad input exits 2 with ``error: ...``), run each method, write the run summary.
-    Ctrl-C exits 130 with the iteration of the last checkpoint and the command to resume."""
+    compiles (bad input exits 2 with ``error: ...``, the library's config fields named as the
+    flags that set them: ``config_flags``, see :func:`experiments.cli.flag_names`), run each
+    method, write the run summary. Ctrl-C exits 130 with the iteration of the last checkpoint
+    and the command to resume."""
     PROGRESS["method"] = None
     a = parse_args(argv)
     if a.resume is not None:
@@ -60,7 +63,7 @@ def run_experiment(
     try:
         methods = validate(a)
     except ValueError as err:
-        fail(flag_names(str(err), a))
+        fail(flag_names(str(err), a, config_flags))
     run_dir = prepare_run_dir(a, experiment, methods, setting_keys, argv)
     try:
         summaries = [run_method(m, a, run_dir) for m in methods]

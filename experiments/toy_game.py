@@ -5,7 +5,8 @@ Method variants: ``bchg`` (BC-HG, on-policy buffer), ``bchg_off``, ``naive_on`` 
 naive_off, biac_on, biac_off. ``--grid paper`` runs actor_steps x critic_steps in
 {1, 2, 5, 10, 20}^2 (25 settings) per variant as one vmapped program. The metric of every
 iteration is the *exact* undiscounted 150-step leader return of (f_theta, g) (``J``), with the
-discounted one, the batch's sampled return, p = f(0|A) and g(.|S) (``p``, ``g_S``). Outputs as
+discounted one, the batch's sampled return, p = f(0|A) and g(.|S) (``p``, ``g_S``:
+``bchg_jax.problems.toy_game.toy_game_metrics``). Outputs as
 for the other experiments (``experiments/run_folder.py``).
 """
 
@@ -160,13 +161,13 @@ def validate_args(a):
 
 def run_method(name: str, a, run_dir: str):
     from bchg_jax.games import tabular as games
-    from bchg_jax.problems.toy_game import toy_game
+    from bchg_jax.problems.toy_game import toy_game, toy_game_metrics
     from experiments.plot import YLABELS, pretty_label
     from experiments.run_folder import run_method_folder
 
     method, buffer = VARIANTS[name]
     config = train_config(a, buffer)
-    trainer = games.make_train(toy_game(a.R), method, config)
+    trainer = games.make_train(toy_game(a.R), method, config, metrics_fn=toy_game_metrics)
     return run_method_folder(
         os.path.join(run_dir, name),
         name,

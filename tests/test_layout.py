@@ -14,6 +14,8 @@ REPO = ROOT.parent
 CODE = ("bchg_jax", "experiments", "benchmarks")  # the packages checked for cycles
 FAMILIES = ("bchg_jax.tabular", "bchg_jax.lq", "bchg_jax.games.tabular", "bchg_jax.games.lqr")
 GAMES_SHARED = (
+    "bchg_jax.games.actor_critic",
+    "bchg_jax.games.guide",
     "bchg_jax.games.estimators",
     "bchg_jax.games.hparams",
     "bchg_jax.games.control_variate",

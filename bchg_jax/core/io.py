@@ -199,6 +199,19 @@ def _grows(saved, wanted) -> bool:
     return len(diff) == 1 and diff[0][0] < diff[0][1]
 
 
+def _saved_name(name: str, index, like) -> str:
+    """``name``, or the path its leaf had in an older version of ``like``'s type: a state type
+    may list ``LEGACY_PATHS`` ((new path prefix, old path prefix), ...), tried in order when the
+    checkpoint lacks ``name``."""
+    if name in index:
+        return name
+    for new, old in getattr(type(like), "LEGACY_PATHS", ()):
+        if name == new or (name.startswith(new) and name[len(new)] in ".["):
+            if old + name[len(new) :] in index:
+                return old + name[len(new) :]
+    return name
+
+
 def load_state(directory: str, like, grow: bool = False):
     """Restores the latest checkpoint of :func:`save_state` into the structure of ``like``.
 
@@ -210,6 +223,8 @@ def load_state(directory: str, like, grow: bool = False):
       grow: accept a saved leaf that is shorter than ``like``'s along exactly one axis and
         complete it with ``like``'s values there (an off-policy episode buffer, sized by the
         number of iterations, when a run is extended; its ``count`` keeps the saved episodes).
+      A leaf the checkpoint lacks is read from its old path if ``like``'s type names one in
+      ``LEGACY_PATHS`` (a state type renamed since the checkpoint was saved).
     Returns:
       a pytree of ``like``'s structure holding the saved arrays.
     Raises:
@@ -229,7 +244,7 @@ def load_state(directory: str, like, grow: bool = False):
     index = {n: i for i, n in enumerate(names)}
     leaves = []
     for kp, ref in _leaves(like):
-        name = jax.tree_util.keystr(kp)
+        name = _saved_name(jax.tree_util.keystr(kp), index, like)
         if name not in index:
             raise ValueError(
                 f"checkpoint {directory}: no field {name} (a different method or config?)"

@@ -1,4 +1,5 @@
-"""Problem instances (data only; their types live in the families)."""
+"""Problem instances (data, and each game's own training metrics; their types live in the
+families)."""
 
 from bchg_jax.problems.fourrooms import fourrooms
 from bchg_jax.problems.lqr_game import lqr_game

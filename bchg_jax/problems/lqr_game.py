@@ -37,3 +37,17 @@ def lqr_game(**overrides) -> LQRGame:
     )
     base.update(overrides)
     return LQRGame(**base).validate()
+
+
+def gain_metrics(theta, response) -> dict:
+    """The leader's gains as training metrics (``make_train(..., metrics_fn=gain_metrics)``):
+    ``K1``, ``K2``, ... the entries of K_theta = theta.reshape(k, n), row-major (the paper's
+    instance: K1 on the position s_1, K2 on the velocity s_2).
+
+    Args:
+      theta: [k * n] the leader's parameters.
+      response: the follower's response (unused).
+    Returns:
+      ``{"K1": [], ..., "K<k n>": []}``.
+    """
+    return {f"K{i + 1}": theta[i] for i in range(theta.shape[0])}

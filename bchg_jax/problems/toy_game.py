@@ -82,3 +82,17 @@ def leader_policy_from_p(p, dtype=jnp.float32):
     p = jnp.asarray(p, dtype)
     half = jnp.full((2,), 0.5, dtype)
     return jnp.stack([half, jnp.stack([p, 1.0 - p]), half])
+
+
+def toy_game_metrics(f, response) -> dict:
+    """The toy game's own training metrics (``make_train(..., metrics_fn=toy_game_metrics)``):
+    ``p`` = f(0|A), the only leader probability that matters, and ``g_S`` [3] = g(.|S, a=0),
+    the follower's policy in the start state S (the same for both leader actions).
+
+    Args:
+      f: [3, 2] the leader's policy f(a|s).
+      response: the follower's :class:`~bchg_jax.games.tabular.follower.GameBestResponse`.
+    Returns:
+      ``{"p": [], "g_S": [3]}``.
+    """
+    return {"p": f[A_, 0], "g_S": response.policy[S_, 0]}

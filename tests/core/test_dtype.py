@@ -44,10 +44,9 @@ def _run(family, dtype):
             "bchg",
             lqr.TrainConfig(
                 iterations=2,
-                warmup_steps=0,
-                theta0_std=0.0,
-                benefit_samples=16,
-                baseline_samples=4,
+                exploration=lqr.ExplorationConfig(warmup_steps=0),
+                actor=lqr.ActorConfig(theta0_std=0.0),
+                estimator=lqr.EstimatorConfig(benefit_samples=16, baseline_samples=4),
                 dtype=jnp.dtype(dtype).name,
             ),
         )

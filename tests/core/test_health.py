@@ -94,7 +94,7 @@ def test_tabular_game_cap_is_flagged(capsys):
 @pytest.mark.slow
 def test_lqr_game_cap_is_flagged_and_skipped(capsys):
     game = problems.lqr_game()
-    cfg = dict(iterations=2, warmup_steps=0, replay=0, explore_episodes=0)
+    cfg = dict(iterations=2, exploration=games.lqr.ExplorationConfig(warmup_steps=0))
     grid = {"actor_steps": [1], "critic_steps": [1], "beta": [0.1]}
     m, out = _run_capped(
         games.lqr.make_train(game, "exact", games.lqr.TrainConfig(follower_max_iters=1, **cfg)),

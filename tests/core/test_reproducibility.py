@@ -14,7 +14,9 @@ from bchg_jax.core.sweep import grid_functions, grid_hparams, run_grid, seed_key
 
 
 def _trainers():
-    from bchg_jax.games.lqr.train import TrainConfig as LQRGameTrainConfig
+    from bchg_jax.games.lqr.config import EstimatorConfig as LQRGameEstimator
+    from bchg_jax.games.lqr.config import ExplorationConfig as LQRGameExploration
+    from bchg_jax.games.lqr.config import TrainConfig as LQRGameTrainConfig
     from bchg_jax.games.lqr.train import make_train as make_train_lqr_game
     from bchg_jax.games.tabular.train import TrainConfig as GameTrainConfig
     from bchg_jax.games.tabular.train import make_train as make_train_game
@@ -49,10 +51,9 @@ def _trainers():
                 "bchg",
                 LQRGameTrainConfig(
                     iterations=4,
-                    warmup_steps=400,
+                    exploration=LQRGameExploration(warmup_steps=400),
                     minibatch=16,
-                    benefit_samples=8,
-                    baseline_samples=4,
+                    estimator=LQRGameEstimator(benefit_samples=8, baseline_samples=4),
                 ),
             ),
             {"actor_steps": np.array([1, 3])},

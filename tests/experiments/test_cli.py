@@ -238,6 +238,9 @@ def test_every_flag_has_help_and_shows_its_default(module, monkeypatch, capsys):
 def test_lqr_game_presets():
     """``--preset explore`` (default) and ``--preset reference`` set the flags' defaults and the
     trainer's config; explicit flags still win."""
+    import dataclasses
+
+    from bchg_jax.games.lqr import presets
     from experiments import lqr_game as cli
 
     a = cli.parse_args([])
@@ -251,22 +254,22 @@ def test_lqr_game_presets():
         "exact_direct",
     ]
     c = cli.train_config(a, "naive")
-    assert (c.explore_episodes, c.replay, c.tau, c.normalize, c.influence_cv, c.clip) == (
+    assert c == presets.explore().config_for("naive")  # the flags' defaults are the preset's
+    assert (c.exploration.episodes, c.critic.replay, c.tau, c.critic.normalize) == (
         6,
         80,
         0.2,
         True,
-        True,
-        1.0,
     )
-    assert (c.actor_lr, c.actor_lr_schedule, c.warmup_steps) == (0.02, "cosine", 160000)
+    assert (c.estimator.influence_cv, c.actor.clip) == (True, 1.0)
+    assert (c.actor.lr, c.actor.lr_schedule, c.exploration.warmup_steps) == (0.02, "cosine", 160000)
     assert (c.minibatch, c.max_steps, a.critic_steps) == (64, 20, 20)
     c = cli.train_config(
         cli.parse_args(["--replay", "200", "--tau", "0.05", "--minibatch", "256"]), "bchg"
     )
-    assert (c.replay, c.tau, c.minibatch) == (200, 0.05, 256)
+    assert (c.critic.replay, c.tau, c.minibatch) == (200, 0.05, 256)
     c = cli.train_config(cli.parse_args(["--explore-episodes", "2", "--replay", "40"]), "naive")
-    assert (c.episodes, c.explore_episodes, c.replay) == (2, 2, 40)
+    assert (c.episodes, c.exploration.episodes, c.critic.replay) == (2, 2, 40)
     with pytest.raises(ValueError, match="multiple of the 6 episodes"):
         cli.validate_args(cli.parse_args(["--explore-episodes", "4"]))  # 80 % (2 + 4) != 0
     with pytest.raises(ValueError, match="needs a replay ring"):
@@ -279,15 +282,32 @@ def test_lqr_game_presets():
     assert (r.iterations, r.estimator, r.warmup_steps, r.actor_lr) == (500, "reference", 4000, 0.2)
     assert cli.methods_of("all", r.preset) == ["bchg", "naive_on", "naive_off", "bchg_det"]
     c = cli.train_config(r, "naive_on")
-    assert (
-        c.episodes,
-        c.explore_episodes,
-        c.replay,
-        c.normalize,
-        c.clip,
-        c.critic_lr,
-        c.minibatch,
-    ) == (4, 0, 0, False, 0.0, 0.1, 64)
+    assert (c.episodes, c.exploration.episodes, c.critic.replay, c.critic.normalize) == (
+        4,
+        0,
+        0,
+        False,
+    )
+    assert (c.actor.clip, c.critic.lr, c.minibatch, c.actor.lr) == (0.0, 0.1, 64, 0.2)
+    r = cli.parse_args(["--preset", "reference"])
+    for name in ("bchg", "naive_on", "naive_off", "bchg_det"):
+        want = presets.reference().config_for(name)
+        assert cli.train_config(r, name) == dataclasses.replace(want, buffer=cli.VARIANTS[name][1])
+
+
+@pytest.mark.parametrize("preset", ["explore", "reference"])
+def test_lqr_game_every_variant_runs_under_every_preset(preset, tmp_path, capsys):
+    """Every variant the CLI offers passes every check under both presets (naive_off under the
+    explore preset too: the control variate concerns only a guiding term), and a flag value
+    the library refuses is named as the flag."""
+    from experiments import lqr_game as cli
+
+    a = cli.parse_args(["--preset", preset, "--method", ",".join(cli.VARIANTS)])
+    assert cli.validate_args(a) == list(cli.VARIANTS)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--preset", preset, "--critic-lr", "0", "--out", str(tmp_path)])
+    assert e.value.code == 2
+    assert "error: --critic-lr (CriticConfig.lr) must be > 0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -313,10 +333,27 @@ def test_lqr_game_run_saved_before_the_replay_and_tau_flags_resumes_with_its_val
     (run / "config.json").write_text(json.dumps({"experiment": "lqr_game", "args": saved}))
     a = resume_args(cli.parse_args(["--resume", str(run)]), "lqr_game")
     c = cli.train_config(a, "bchg")
-    assert (a.preset, c.replay, c.tau, c.explore_episodes) == (preset, replay, tau, explore)
+    got = (a.preset, c.critic.replay, c.tau, c.exploration.episodes)
+    assert got == (preset, replay, tau, explore)
     a = cli.parse_args(["--config", str(run / "config.json")])  # --config: the same values
     c = cli.train_config(a, "bchg")
-    assert (a.preset, c.replay, c.tau, c.explore_episodes) == (preset, replay, tau, explore)
+    assert (a.preset, c.critic.replay, c.tau, c.exploration.episodes) == got
+
+
+def test_lqr_game_run_of_the_removed_shuffled_control_is_refused(tmp_path, capsys):
+    """``--estimator shuffled`` (a control, now ``benchmarks/lqr_game_controls.py``): resuming
+    such a run exits 2 and says where the control went."""
+    from experiments import lqr_game as cli
+
+    saved = {**vars(cli.parse_args(["--preset", "reference"])), "estimator": "shuffled"}
+    saved.pop("_explicit")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"experiment": "lqr_game", "args": saved}))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--resume", str(run)])
+    assert e.value.code == 2
+    assert "benchmarks.lqr_game_controls" in capsys.readouterr().err
 
 
 def test_a_failed_write_stops_with_the_resume_command(tmp_path, monkeypatch, capsys):

@@ -14,6 +14,8 @@ from bchg_jax.core.buffers import buffer_add, buffer_init, sample_discounted
 from bchg_jax.games import lqr
 from bchg_jax.games import tabular as tgame
 from bchg_jax.games.estimators import deterministic_objective, influence_weights, score_objective
+from bchg_jax.games.lqr.estimator import leader_sample
+from bchg_jax.games.tabular.follower import response_from_q
 from bchg_jax.problems import lqr_game, toy_game
 
 
@@ -26,11 +28,10 @@ def _tabular_setup(method):
     k1, k2, k3, k4 = jax.random.split(jax.random.key(1), 4)
     S, A, B = game.num_states, game.num_leader_actions, game.num_follower_actions
     params = 0.7 * jax.random.normal(k1, (S, A), jnp.float64)
-    g = jax.nn.softmax(state.Q_F / beta, -1)
-    V_F = beta * jax.nn.logsumexp(state.Q_F / beta, -1)
-    _, buf = jax.jit(st["collect"])(
-        k2, state._replace(step=jnp.ones((), jnp.int32)), st["policy"](params), g
-    )
+    resp = response_from_q(state.follower, beta, 0, 0.0)  # g and V_F of the follower's Q
+    g, V_F = resp.policy, resp.V
+    state = state._replace(step=jnp.ones((), jnp.int32), actor=params)
+    buf = jax.jit(st["collect"])(k2, state, resp)[0].buffer
     Q = jax.random.normal(k3, (S, A, B), jnp.float64)
     e, t = sample_discounted(k4, buf, 24, game.gamma_L)
     return game, st, params, g, V_F, beta, buf, Q, e, t
@@ -88,7 +89,11 @@ def _lqr_setup(method):
     tr = lqr.make_train(
         game,
         method,
-        lqr.TrainConfig(dtype="float64", warmup_steps=0, benefit_samples=32, baseline_samples=8),
+        lqr.TrainConfig(
+            dtype="float64",
+            exploration=lqr.ExplorationConfig(warmup_steps=0),
+            estimator=lqr.EstimatorConfig(benefit_samples=32, baseline_samples=8),
+        ),
     )
     st = tr.steps
     beta = jnp.asarray(0.1)
@@ -115,9 +120,11 @@ def test_lqr_game_actor_gradient_is_theorem2(x64):
         s, a, b = buf.s[e, t], buf.a[e, t], buf.b[e, t]
         se, ae = buf.s[e, :T], buf.a[e]
         kb, kj = jax.random.split(key)
-        q = st["Q"](critic, s, a, b)
-        base = st["direct_baseline"](theta, critic, resp, kb, s, a, b)
-        ben = st["benefit"](critic, resp, kj, s, a, b, q)
+        Q = lambda ss, aa, bb: st["Q"](critic, ss, aa, bb)  # noqa: E731
+        q = Q(s, a, b)
+        sample = lambda k, ss: leader_sample(game, theta, k, ss)  # noqa: E731
+        base = st["estimator"].baseline(Q, resp, sample, kb, s, a, b)
+        ben = st["estimator"].benefit(Q, resp, kj, s, a, b, q)
         adv = lqr.follower_value(game, resp, se, ae)
         W = influence_weights(t, T, game.gamma_F, jnp.float64)
         ref = jax.grad(
@@ -149,7 +156,8 @@ def test_lqr_game_deterministic_actor_gradient_is_the_appendix_theorem(x64):
         se, be = buf.s[e, :T], buf.b[e]
         a_pi = s @ K.T
         dQL = jax.vmap(jax.grad(lambda aa, ss, bb: st["Q"](critic, ss, aa, bb)))(a_pi, s, b)
-        ben = st["benefit"](critic, resp, key, s, a_pi, b, st["Q"](critic, s, a_pi, b))
+        Q = lambda ss, aa, bb: st["Q"](critic, ss, aa, bb)  # noqa: E731
+        ben = st["estimator"].benefit(Q, resp, key, s, a_pi, b, Q(s, a_pi, b))
         dQF = jax.grad(lambda aa: jnp.sum(lqr.follower_q(game, resp, theta, se, aa, be)))(se @ K.T)
         W = influence_weights(t, T, game.gamma_F, jnp.float64)
         ref = jax.grad(

@@ -2,7 +2,10 @@
 follower, which observes the leader's action.
 
 Family protocol: ``best_response``, ``rollout``, ``hypergradient``, ``leader_objective``,
-``exact_hypergradient``, ``make_train``, ``TrainConfig``, ``HParams``, ``METHODS``.
+``exact_hypergradient``, ``make_train``, ``TrainConfig``, ``HParams``, ``METHODS``. The trainer's
+settings nest ``ActorConfig``, ``CriticConfig``, ``ExplorationConfig`` and ``EstimatorConfig``;
+the estimate's options are the pieces of an ``Estimator`` (``estimator(config)``); named
+settings are in ``presets`` (``explore``, ``reference``).
 ``hypergradient`` is Theorem 2's whole-episode score form for continuous actions
 (:func:`bchg_jax.games.estimators.continuous_hypergradient`), ``deterministic_hypergradient`` the
 appendix theorem for a deterministic leader (Theorem 3, Eq. (hg_MG_det)). The task is the paper's
@@ -11,6 +14,15 @@ bi-level LQR game (Section "2-Player Markov Games (Continuous)").
 
 from bchg_jax.games.estimators import continuous_hypergradient as hypergradient
 from bchg_jax.games.estimators import deterministic_hypergradient, game_score_weights
+from bchg_jax.games.lqr import presets
+from bchg_jax.games.lqr.config import (
+    ActorConfig,
+    CriticConfig,
+    EstimatorConfig,
+    ExplorationConfig,
+    TrainConfig,
+)
+from bchg_jax.games.lqr.estimator import Estimator, estimator
 from bchg_jax.games.lqr.exact import (
     exact_critic_estimate,
     exact_hypergradient,
@@ -35,7 +47,7 @@ from bchg_jax.games.lqr.game import (
     transition,
 )
 from bchg_jax.games.lqr.rollout import GameTrajectories, rollout
-from bchg_jax.games.lqr.train import METHODS, HParams, TrainConfig, make_train
+from bchg_jax.games.lqr.train import METHODS, HParams, make_train
 
 __all__ = [
     "hypergradient",
@@ -63,5 +75,12 @@ __all__ = [
     "METHODS",
     "HParams",
     "TrainConfig",
+    "ActorConfig",
+    "CriticConfig",
+    "ExplorationConfig",
+    "EstimatorConfig",
+    "Estimator",
+    "estimator",
+    "presets",
     "make_train",
 ]

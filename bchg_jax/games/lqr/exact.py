@@ -395,13 +395,7 @@ def exact_critic_estimate(
 
 @full_precision
 def hypergradient_split(
-    game: LQRGame,
-    theta: Array,
-    beta,
-    *,
-    horizon: int | None = None,
-    gamma=None,
-    stochastic: bool = True,
+    game: LQRGame, theta: Array, beta, *, horizon: int | None = None, gamma=None, stochastic=True
 ):
     """(full, direct): the exact hypergradient and its part with the follower's policy held
     fixed (what Naive-PGD estimates); ``full - direct`` is the follower-response part, which the

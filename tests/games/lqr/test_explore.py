@@ -1,5 +1,6 @@
 """The learned-critic design of the LQR-game trainer: exploration episodes, the critic's replay
-ring, sampled TD targets, input scales, and the exact_direct reference."""
+ring, sampled TD targets, input scales, the config checks, a guide piece, and the exact_direct
+reference."""
 
 import jax
 import jax.numpy as jnp
@@ -7,28 +8,31 @@ import numpy as np
 import pytest
 
 from bchg_jax.core.buffers import buffer_add, buffer_init, sample_uniform
-from bchg_jax.games import lqr
+from bchg_jax.games import guide, lqr
 from bchg_jax.games.lqr.exact import hypergradient_split, leader_q
 from bchg_jax.games.lqr.train import input_scale
 from bchg_jax.problems.lqr_game import lqr_game
 
-EXPLORE = dict(
-    episodes=2,
-    explore_episodes=2,
-    explore_std=0.5,
-    replay=40,
-    critic_minibatch=256,
-    target_samples=8,
-    normalize=True,
-    q_scale=10.0,
-    tau=0.05,
-    critic_lr=1e-3,
-    warmup_steps=0,
-    benefit_samples=16,
-    baseline_samples=8,
-    direct_baseline="same_noise",
-    influence="baseline",
-)
+
+def explore_config(iterations, replay=40, influence_cv=False, **kw):
+    """The explore design with 2 behaviour episodes, no warm-up and fewer Monte Carlo samples."""
+    return lqr.TrainConfig(
+        iterations=iterations,
+        episodes=2,
+        tau=0.05,
+        critic=lqr.CriticConfig(
+            lr=1e-3, minibatch=256, replay=replay, target_samples=8, normalize=True, q_scale=10.0
+        ),
+        exploration=lqr.ExplorationConfig(warmup_steps=0, episodes=2, std=0.5),
+        estimator=lqr.EstimatorConfig(
+            direct_baseline="same_noise",
+            influence="baseline",
+            benefit_samples=16,
+            baseline_samples=8,
+            influence_cv=influence_cv,
+        ),
+        **kw,
+    )
 
 
 def test_ring_buffer_keeps_the_newest_episodes():
@@ -58,24 +62,31 @@ def test_input_scale_uses_the_filled_slots_only():
 
 
 def test_config_checks():
+    explore = lqr.ExplorationConfig(episodes=2)
     with pytest.raises(ValueError, match="replay ring"):
-        lqr.TrainConfig(explore_episodes=2).validate()
+        lqr.TrainConfig(exploration=explore).validate()
     with pytest.raises(ValueError, match="multiple"):
-        lqr.TrainConfig(episodes=2, explore_episodes=2, replay=10).validate()
-    with pytest.raises(ValueError, match="explore_std"):
-        lqr.TrainConfig(explore_std=0.0).validate()
-    with pytest.raises(ValueError, match="guide_bound"):
-        lqr.TrainConfig(guide_bound=-1.0).validate()
+        lqr.TrainConfig(
+            episodes=2, exploration=explore, critic=lqr.CriticConfig(replay=10)
+        ).validate()
+    with pytest.raises(ValueError, match=r"ExplorationConfig\.std"):
+        lqr.TrainConfig(exploration=lqr.ExplorationConfig(std=0.0)).validate()
+    with pytest.raises(ValueError, match=r"CriticConfig\.q_scale"):
+        lqr.TrainConfig(critic=lqr.CriticConfig(q_scale=0.0)).validate()
+    # the control variate needs the newest batch as its groups, but only BC-HG has a guiding term
+    off = lqr.TrainConfig(buffer="off", estimator=lqr.EstimatorConfig(influence_cv=True))
+    with pytest.raises(ValueError, match="influence_cv needs TrainConfig.buffer='on'"):
+        lqr.make_train(lqr_game(), "bchg", off)
+    lqr.make_train(lqr_game(), "naive", off)
 
 
 def _trained_at(theta, iterations, method="bchg_det", seed=0, **kw):
     """A trainer whose leader stays at ``theta`` (actor_steps = 0) for ``iterations``."""
     game = lqr_game()
-    config = lqr.TrainConfig(iterations=iterations, **{**EXPLORE, **kw})
-    tr = lqr.make_train(game, method, config)
+    tr = lqr.make_train(game, method, explore_config(iterations, **kw))
     hp = lqr.HParams(actor_steps=0, critic_steps=10, beta=0.1)
     resp = tr.steps["follower"](theta, jnp.float32(0.1))
-    s0 = tr.init(jax.random.key(seed), hp)._replace(theta=theta, theta_targ=theta, P=resp.P)
+    s0 = tr.init(jax.random.key(seed), hp)._replace(actor=theta, actor_targ=theta, follower=resp.P)
     state, _ = jax.jit(tr.run, static_argnums=2)(s0, hp, iterations)
     return game, tr, state, resp
 
@@ -141,40 +152,46 @@ def test_exact_direct_ascends_the_direct_part_only():
                 lqr_game(),
                 method,
                 lqr.TrainConfig(
-                    iterations=1, warmup_steps=0, dtype="float64", actor_lr=0.01, clip=0.0
+                    iterations=1,
+                    dtype="float64",
+                    actor=lqr.ActorConfig(lr=0.01, clip=0.0),
+                    exploration=lqr.ExplorationConfig(warmup_steps=0),
                 ),
             )
             hp = lqr.HParams(actor_steps=1, critic_steps=1, beta=0.1)
             resp = tr.steps["follower"](theta, jnp.float64(0.1))
-            s0 = tr.init(jax.random.key(0), hp)._replace(theta=theta, theta_targ=theta, P=resp.P)
+            s0 = tr.init(jax.random.key(0), hp)
+            s0 = s0._replace(actor=theta, actor_targ=theta, follower=resp.P)
             state, _ = tr.run(s0, hp, 1)
-            np.testing.assert_allclose(state.theta - theta, 0.01 * np.sign(g), rtol=1e-5)
+            np.testing.assert_allclose(state.actor - theta, 0.01 * np.sign(g), rtol=1e-5)
     finally:
         jax.config.update("jax_enable_x64", False)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cv", [False, True])
-def test_guide_bound_shrinks_only_the_guiding_term(cv):
-    """``guide_bound``: a bound far above every sample's guiding gradient changes nothing; a bound
-    near 0 removes the guiding term, leaving the direct term (= ``naive_det`` on the same
-    minibatch)."""
+def test_a_clip_piece_changes_only_the_guiding_term(cv):
+    """``guide.clip`` (the example piece of docs/architecture.md), after the control variate or
+    alone: a bound far above every sample's guiding gradient changes nothing; a bound near 0
+    removes the guiding term, leaving the direct term (= ``naive_det`` on the same minibatch)."""
     theta = jnp.array([-9.0, -6.0])
     game, tr, state, resp = _trained_at(theta, 3, influence_cv=cv)
     T, beta = game.horizon, jnp.float32(0.1)
     tj = lqr.rollout(jax.random.key(3), game, theta, resp, 2, T, stochastic=True)
     buf = buffer_add(state.buffer, tj.s, tj.a, tj.b, "on")
     e, t = sample_uniform(jax.random.key(4), buf, 64)
+    config = explore_config(3, influence_cv=cv)
 
-    def grad(method, bound):
-        config = lqr.TrainConfig(iterations=3, influence_cv=cv, guide_bound=bound, **EXPLORE)
-        step = lqr.make_train(game, method, config).steps["actor_grad"]
+    def grad(method, *pieces):
+        est = lqr.estimator(config.estimator)
+        est = est._replace(guide=est.guide + pieces)
+        step = lqr.make_train(game, method, config, estimator_pieces=est).steps["actor_grad"]
         return np.asarray(step(theta, state.critic, resp, beta, jax.random.key(5), e, t, buf))
 
-    direct, full = grad("naive_det", 0.0), grad("bchg_det", 0.0)
-    guide = full - direct
-    assert np.linalg.norm(guide) > 1e-3 * np.linalg.norm(direct)
-    np.testing.assert_allclose(grad("bchg_det", 1e9), full, rtol=1e-5, atol=1e-9)
+    direct, full = grad("naive_det"), grad("bchg_det")
+    guiding = full - direct
+    assert np.linalg.norm(guiding) > 1e-3 * np.linalg.norm(direct)
+    np.testing.assert_allclose(grad("bchg_det", guide.clip(1e9)), full, rtol=1e-5, atol=1e-9)
     np.testing.assert_allclose(
-        grad("bchg_det", 1e-7), direct, rtol=1e-4, atol=1e-5 * np.linalg.norm(guide)
+        grad("bchg_det", guide.clip(1e-9)), direct, rtol=1e-4, atol=1e-5 * np.linalg.norm(guiding)
     )

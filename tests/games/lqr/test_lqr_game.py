@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bchg_jax.games import lqr
 from bchg_jax.games.lqr import (
     best_response,
     follower_q,
@@ -175,12 +176,13 @@ def test_validation_errors():
 
 # ---- the actor-critic trainer ----------------------------------------------------------------
 def _train(method, iterations, **kw):
-    from bchg_jax.games.lqr.train import TrainConfig as LQRGameTrainConfig
-    from bchg_jax.games.lqr.train import make_train as make_train_lqr_game
+    from bchg_jax.problems.lqr_game import gain_metrics
 
     jax.config.update("jax_enable_x64", False)
-    config = LQRGameTrainConfig(iterations=iterations, **kw)
-    trainer = make_train_lqr_game(lqr_game(), method, config)
+    config = lqr.TrainConfig(
+        iterations=iterations, exploration=lqr.ExplorationConfig(warmup_steps=0), **kw
+    )
+    trainer = lqr.make_train(lqr_game(), method, config, metrics_fn=gain_metrics)
     hp = jax.tree.map(lambda x: x[0], trainer.hparams({"actor_steps": np.array([10])}))
     return jax.jit(trainer.train)(jax.random.PRNGKey(3), hp)
 
@@ -188,7 +190,7 @@ def _train(method, iterations, **kw):
 def test_exact_method_climbs():
     """Adam on the exact hypergradient leaves the flat start (J ~ 0.015; at most 0.05 for any
     theta0 ~ N(0, I) in practice) and climbs above 1 within 60 iterations."""
-    state, m = _train("exact", 60, warmup_steps=0)
+    state, m = _train("exact", 60)
     J = np.asarray(m["J"])
     assert J[-1] > 1.0, J[-1]
     assert np.all(np.asarray(m["update_skipped"]) == 0)
@@ -199,11 +201,9 @@ def test_unconverged_follower_skips_updates():
     state, m = _train(
         "bchg",
         3,
-        warmup_steps=0,
         follower_max_iters=1,
         minibatch=8,
-        benefit_samples=4,
-        baseline_samples=4,
+        estimator=lqr.EstimatorConfig(benefit_samples=4, baseline_samples=4),
     )
     assert np.all(np.asarray(m["update_skipped"]) == 1)
     assert np.all(np.asarray(m["K1"]) == np.asarray(m["K1"])[0])

@@ -1,0 +1,336 @@
+"""The actor-critic leader of Algorithm 1 in 2-player Markov games, shared by both game families.
+
+One outer iteration (Algorithm 1 with the Markov-game modules: the TD critic with target networks,
+Algorithm 3; the direct term, Algorithm 5; FollowerQGrad, Algorithm 7, Eq. (nablaQF_MG)):
+
+  1. ``respond``: the follower's best response to the current leader (warm-started);
+  2. ``collect``: episodes into the actor's buffer (and the critic's replay ring, if any);
+  3. ``update_critic``: ``critic_steps`` Adam steps of the critic on uniform minibatches;
+  4. ``update_actor``: ``actor_steps`` Adam steps of the leader along the gradient of a
+     surrogate objective (Theorem 2, Eq. (hg_MG), or Theorem 3, Eq. (hg_MG_det)) on minibatches
+     drawn with probability ~ gamma_L^t;
+  5. the follower re-solves at the new leader (an update it cannot answer may be undone);
+     Polyak (``tau``) updates of the target actor and the target critic; metrics.
+
+:func:`assemble` builds the trainer (``init``, ``step`` and the per-phase functions) from a
+:class:`Leader`: the pure pieces a family supplies (its follower, ``collect``, critic loss,
+actor objective and metrics). :func:`critic_steps` and :func:`actor_steps` are the two
+minibatch loops (a traced number of steps, :func:`bchg_jax.core.loop.masked_steps`); the state
+of every game trainer is one :class:`LeaderState`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import operator
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from bchg_jax.core.buffers import EpisodeBuffer, buffer_add
+from bchg_jax.core.loop import Trainer, adam_step, build_trainer, masked_steps, polyak
+from bchg_jax.core.validate import check_config
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaderConfig:
+    """The static settings every game trainer has; each family's ``TrainConfig`` extends it
+    (with its own defaults) and its ``validate()`` checks these fields too.
+
+    Attributes:
+      iterations: number of outer iterations of ``train``.
+      episodes: E, episodes of the leader's own policy collected per iteration.
+      buffer: the actor's buffer, ``"on"`` (the newest batch only) or ``"off"`` (every episode).
+      minibatch: M, segment starts per actor step (and transitions per critic step).
+      max_steps: upper bound of the traced ``actor_steps`` / ``critic_steps``.
+      tau: Polyak factor of the target actor and the target critic, in (0, 1].
+      follower_tol: stopping tolerance of the follower's best-response solver.
+      dtype: dtype of the leader, the critic and every computed quantity.
+    """
+
+    iterations: int = 500
+    episodes: int = 4
+    buffer: str = "on"
+    minibatch: int = 64
+    max_steps: int = 10
+    tau: float = 0.01
+    follower_tol: float = 1e-6
+    dtype: str = "float32"
+
+    # check_config arguments (the fields of this class); a part config lists its own
+    CHECKS = dict(
+        positive_ints=("iterations", "episodes", "minibatch", "max_steps"),
+        positive=("follower_tol",),
+        unit=("tau",),
+        choices={"buffer": ("on", "off")},
+    )
+
+    def validate(self):
+        """Host-side checks of every class's ``CHECKS`` up the class tree; returns ``self``
+        (``ValueError`` naming the field otherwise)."""
+        return validate_checks(self)
+
+
+def validate_checks(config):
+    """``check_config`` with the ``CHECKS`` of ``config``'s class and of every base class that
+    has them (most general first); returns ``config``."""
+    for cls in reversed(type(config).__mro__):
+        if "CHECKS" in vars(cls):
+            check_config(config, **vars(cls)["CHECKS"])
+    return config
+
+
+class Critic(NamedTuple):
+    """The leader's critic Q_L(s, a, b): the network's parameters and its input scales.
+
+    Attributes:
+      params: the network's parameters (the only part the critic's Adam updates).
+      scale: ``None`` (raw inputs) or ``(mean, std)`` of the inputs, which the critic then
+        standardises as ``(x - mean) / std`` (the LQR game's ``CriticConfig.normalize``).
+    """
+
+    params: Any
+    scale: Any = None
+
+
+class LeaderState(NamedTuple):
+    """The carry of the outer ``lax.scan`` of every game trainer.
+
+    Attributes:
+      actor: the leader's parameters (a policy network or logits; theta [k * n] in the LQR game).
+      actor_targ: its Polyak-averaged target.
+      critic: the :class:`Critic`.
+      critic_targ: the target critic's parameters.
+      actor_opt, critic_opt: the two Adam states.
+      follower: the follower's warm start (soft Q_F [S, A, B]; the Riccati solution P [n, n]).
+      buffer: the actor's :class:`~bchg_jax.core.buffers.EpisodeBuffer`.
+      replay: the critic's replay ring (an EpisodeBuffer), or None (the critic uses ``buffer``).
+      key: the PRNG key. step: [] int32, outer iterations done.
+    """
+
+    actor: Any
+    actor_targ: Any
+    critic: Critic
+    critic_targ: Any
+    actor_opt: Any
+    critic_opt: Any
+    follower: Array
+    buffer: EpisodeBuffer
+    replay: Any
+    key: Array
+    step: Array
+
+    # (new path, old path) of the leaves of checkpoints saved before the two game trainers
+    # shared this state (tabular: GameTrainState, LQR: TrainState); core.io.load_state reads a
+    # missing leaf from its old path, so such runs resume
+    LEGACY_PATHS = (
+        (".actor", ".theta"),
+        (".actor_targ", ".theta_targ"),
+        (".follower", ".P"),
+        (".follower", ".Q_F"),
+        (".critic.params", ".critic"),
+    )
+
+
+class Leader(NamedTuple):
+    """The pieces of one family's actor-critic leader: pure functions closed over its static
+    settings (no hidden state). ``response`` is the family's follower response object.
+
+    Attributes:
+      init_actor: ``init_actor(key)`` -> the leader's initial parameters.
+      init_critic: ``init_critic(key)`` -> the initial :class:`Critic`.
+      buffers: ``buffers()`` -> (the actor's empty buffer, the critic's empty ring or None).
+      follower: ``follower(actor, beta, warm)`` -> the follower's best response to the leader
+        ``actor``, warm-started from ``warm`` (None: a cold start).
+      warm: ``warm(response)`` -> what :attr:`LeaderState.follower` keeps of it.
+      respond: ``respond(state, beta)`` -> the response to ``state.actor`` at the iteration's
+        start.
+      collect: ``collect(key, state, response)`` -> (state with the new episodes in its buffers,
+        the episodes).
+      critic: ``critic(state, response)`` -> (the :class:`Critic` to train, ``loss(params,
+        batch, key)``, ``draw(key)`` -> batch), or None (no learned critic).
+      actor: ``actor(state, critic, response, beta)`` -> (``objective(params, batch, key)``
+        to ascend, ``draw(key)`` -> batch or None (no minibatch), [] bool whether to update).
+      metrics: ``metrics(state, response, episodes, beta, grad_norm, accepted)`` -> dict of
+        [] arrays, from the new state and the new response.
+      accepted: ``accepted(response)`` -> [] bool: keep the actor update (else it is undone);
+        None: always kept.
+    """
+
+    init_actor: Callable
+    init_critic: Callable
+    buffers: Callable
+    follower: Callable
+    warm: Callable
+    respond: Callable
+    collect: Callable
+    critic: Optional[Callable]
+    actor: Callable
+    metrics: Callable
+    accepted: Optional[Callable] = None
+
+
+def store(state: LeaderState, episodes, mode: str, ring_episodes=None) -> LeaderState:
+    """Adds ``episodes`` (``.s`` [E, T+1, ...], ``.a``, ``.b`` [E, T, ...]) to the actor's buffer
+    (``mode`` ``"on"`` / ``"off"``) and ``ring_episodes`` (default: the same) to the critic's
+    replay ring, if the state has one."""
+    buffer = buffer_add(state.buffer, episodes.s, episodes.a, episodes.b, mode)
+    replay = state.replay
+    if replay is not None:
+        ring = episodes if ring_episodes is None else ring_episodes
+        replay = buffer_add(replay, ring.s, ring.a, ring.b, "ring")
+    return state._replace(buffer=buffer, replay=replay)
+
+
+def critic_data(state: LeaderState) -> EpisodeBuffer:
+    """The episodes the critic trains on: its replay ring, or the actor's buffer."""
+    return state.buffer if state.replay is None else state.replay
+
+
+def transitions(buf: EpisodeBuffer, e: Array, t: Array):
+    """(s, a, b, s') of the minibatch (episode ``e``, step ``t``) [M] of ``buf``."""
+    return buf.s[e, t], buf.a[e, t], buf.b[e, t], buf.s[e, t + 1]
+
+
+def critic_steps(opt, loss, draw, key, params, opt_state, num_steps, max_steps: int):
+    """``num_steps`` (traced, <= ``max_steps``) Adam steps of the critic (Algorithm 3).
+
+    Step i minimises ``loss(params, draw(fold_in(key, i)), fold_in(key, 10_000 + i))``: a
+    minibatch and the key of the loss's own draws (e.g. sampled TD targets).
+
+    Returns:
+      (params, opt_state).
+    """
+
+    def body(i, c):
+        params, o = c
+        batch = draw(jax.random.fold_in(key, i))
+        grads = jax.grad(loss)(params, batch, jax.random.fold_in(key, 10_000 + i))
+        return adam_step(opt, params, o, grads)
+
+    return masked_steps(body, max_steps, num_steps, (params, opt_state))
+
+
+def actor_steps(opt, objective, draw, key, params, opt_state, num_steps, max_steps, active=True):
+    """``num_steps`` (traced, <= ``max_steps``) Adam steps of the leader up ``objective``.
+
+    Step i ascends ``objective(params, batch, fold_in(key, 10_000 + i))`` with ``batch =
+    draw(fold_in(key, i))`` (None when ``draw`` is None): the gradient of the objective is the
+    hypergradient estimate on the minibatch (Theorem 2 / 3). The loss is the negated objective
+    (differentiating it, rather than negating the gradient, keeps XLA's arithmetic that of a
+    plain loss minimisation). ``active`` False: no step.
+
+    Returns:
+      (params, opt_state, global norm of the last step's gradient).
+    """
+
+    def body(i, c):
+        params, o, _ = c
+        batch = None if draw is None else draw(jax.random.fold_in(key, i))
+        k = jax.random.fold_in(key, 10_000 + i)
+        grads = jax.grad(lambda p: -objective(p, batch, k))(params)
+        params, o = adam_step(opt, params, o, grads)
+        sq = [jnp.sum(g**2) for g in jax.tree.leaves(grads)]
+        return params, o, jnp.sqrt(functools.reduce(operator.add, sq))
+
+    gnorm = jnp.zeros((), jax.tree.leaves(params)[0].dtype)
+    return masked_steps(body, max_steps, num_steps, (params, opt_state, gnorm), active)
+
+
+def assemble(
+    problem, method: str, config, leader: Leader, hparams, actor_opt, critic_opt, steps
+) -> Trainer:
+    """The :class:`~bchg_jax.core.loop.Trainer` of Algorithm 1 (module docstring) from a family's
+    :class:`Leader`: ``init`` and ``step``, and the per-phase pure functions ``update_critic`` /
+    ``update_actor`` added to ``steps``.
+
+    Args:
+      problem, method: recorded on the trainer.
+      config: the family's frozen config (``max_steps``: the static bound of the traced step
+        counts; ``tau``: the Polyak factor of both targets; ``dtype``).
+      leader: the family's pieces.
+      hparams: the family's HParams class (``actor_steps``, ``critic_steps``, ``beta``).
+      actor_opt, critic_opt: optax transformations of the leader and the critic.
+      steps: the family's named pure steps (for inspection and tests).
+    Returns:
+      the :class:`~bchg_jax.core.loop.Trainer`.
+    """
+    dtype, max_steps, tau = jnp.dtype(config.dtype), config.max_steps, config.tau
+
+    def init(key, hp):
+        hp = hp.cast(dtype)
+        ka, kc, kr = jax.random.split(key, 3)
+        actor, critic = leader.init_actor(ka), leader.init_critic(kc)
+        buffer, replay = leader.buffers()
+        warm = leader.warm(leader.follower(actor, hp.beta, None))
+        a_state, c_state = actor_opt.init(actor), critic_opt.init(critic.params)
+        step = jnp.zeros((), jnp.int32)
+        return LeaderState(
+            actor, actor, critic, critic.params, a_state, c_state, warm, buffer, replay, kr, step
+        )
+
+    def update_critic(key, state, resp, num_steps):
+        """``num_steps`` critic steps -> (:class:`Critic`, Adam state)."""
+        if leader.critic is None:
+            return state.critic, state.critic_opt
+        critic, loss, draw = leader.critic(state, resp)
+        params, c_state = critic_steps(
+            critic_opt, loss, draw, key, critic.params, state.critic_opt, num_steps, max_steps
+        )
+        return critic._replace(params=params), c_state
+
+    def update_actor(key, state, critic, resp, beta, num_steps):
+        """``num_steps`` actor steps -> (actor, Adam state, last gradient norm)."""
+        objective, draw, active = leader.actor(state, critic, resp, beta)
+        params, opt_state = state.actor, state.actor_opt
+        return actor_steps(
+            actor_opt, objective, draw, key, params, opt_state, num_steps, max_steps, active
+        )
+
+    def step(state: LeaderState, hp):
+        hp = hp.cast(dtype)
+        key, k_roll, k_c, k_a = jax.random.split(state.key, 4)
+        resp = leader.respond(state, hp.beta)
+        state, episodes = leader.collect(k_roll, state, resp)
+        critic, c_state = update_critic(k_c, state, resp, hp.critic_steps)
+        actor, a_state, gnorm = update_actor(k_a, state, critic, resp, hp.beta, hp.actor_steps)
+        new = leader.follower(actor, hp.beta, leader.warm(resp))
+        ok = None if leader.accepted is None else leader.accepted(new)
+        if ok is not None:  # an update the follower cannot answer is undone
+            keep = lambda x, y: jnp.where(ok, x, y)  # noqa: E731
+            actor, a_state = jax.tree.map(keep, (actor, a_state), (state.actor, state.actor_opt))
+            new = jax.tree.map(keep, new, resp)
+        state = LeaderState(
+            actor,
+            polyak(actor, state.actor_targ, tau),
+            critic,
+            polyak(critic.params, state.critic_targ, tau),
+            a_state,
+            c_state,
+            leader.warm(new),
+            state.buffer,
+            state.replay,
+            key,
+            state.step + 1,
+        )
+        return state, leader.metrics(state, new, episodes, hp.beta, gnorm, ok)
+
+    def from_grid(grid):
+        return hparams.from_grid(grid, dtype, max_steps=max_steps)
+
+    def check(hp):
+        return hparams.validate(hp, max_steps=max_steps)
+
+    steps = {**steps, "init": init, "step": step}
+    steps.update(update_critic=update_critic, update_actor=update_actor)
+    return build_trainer(problem, method, config, init, step, from_grid, check, steps)
+
+
+def problem_metrics(metrics_fn: Optional[Callable], leader, response) -> dict:
+    """``metrics_fn(leader, response)`` (a problem's own metrics, e.g. the toy game's p), or
+    ``{}`` without one."""
+    return {} if metrics_fn is None else dict(metrics_fn(leader, response))
