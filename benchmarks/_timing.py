@@ -48,3 +48,23 @@ def time_call(fn, *args, repeats: int = 1, with_output: bool = False):
         out = jax.block_until_ready(fn(*args))
         best = min(best, time.perf_counter() - t0)
     return (max(first - best, 0.0), best) + ((out,) if with_output else ())
+
+
+def unhealthy(health) -> bool:
+    """A timed run whose solves hit their cap or whose updates were skipped
+    (:func:`bchg_jax.core.health.solver_health`): its speed figure is not a valid one."""
+    return bool(health.get("solve_capped", 0) or health.get("update_skipped", 0))
+
+
+def report_unhealthy(bad, fail_on_cap: bool) -> None:
+    """After a benchmark's table: name the rows in ``bad`` (capped solves, skipped updates) and,
+    with ``fail_on_cap``, exit with status 3 (what ``benchmarks/device_check.sh`` relies on)."""
+    if not bad:
+        return
+    print(
+        "FAILED: solves hit their cap, updates were skipped or J was not finite in: "
+        + "; ".join(bad),
+        flush=True,
+    )
+    if fail_on_cap:
+        raise SystemExit(3)

@@ -30,7 +30,7 @@ from bchg_jax.core.health import solver_health
 from bchg_jax.core.sweep import grid_functions
 from bchg_jax.problems import fourrooms
 from bchg_jax.tabular import HParams, TrainConfig, make_train
-from benchmarks._timing import time_call
+from benchmarks._timing import report_unhealthy, time_call, unhealthy
 from experiments.fourrooms import PAPER_ALPHA, PAPER_LR
 
 
@@ -123,12 +123,9 @@ def main(argv=None):
                 f"{health['update_skipped']} |",
                 flush=True,
             )
-            if health["solve_capped"] or health["update_skipped"]:
+            if unhealthy(health):
                 bad.append(f"beta {beta:g} {solver}")
-    if bad:
-        print("FAILED: solves hit their cap or updates were skipped in: " + ", ".join(bad))
-        if a.fail_on_cap:
-            raise SystemExit(3)
+    report_unhealthy(bad, a.fail_on_cap)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 
 from bchg_jax.core.health import health_text, solver_health
-from benchmarks._timing import time_chunks
+from benchmarks._timing import report_unhealthy, time_chunks, unhealthy
 
 
 def _trainer(name: str, runs: int):
@@ -108,19 +108,9 @@ def main(argv=None):
                 f"{J:.4g} |",
                 flush=True,
             )
-            if (
-                health.get("solve_capped", 0)
-                or health.get("update_skipped", 0)
-                or not (np.isfinite(J))
-            ):
+            if unhealthy(health) or not np.isfinite(J):
                 bad.append(f"{name} at {runs} runs ({health_text(health)}, J {J:.4g})")
-    if bad:
-        print(
-            "FAILED: solves hit their cap, updates skipped or J not finite in: " + "; ".join(bad),
-            flush=True,
-        )
-        if a.fail_on_cap:
-            raise SystemExit(3)
+    report_unhealthy(bad, a.fail_on_cap)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import numpy as np
 from bchg_jax import lq
 from bchg_jax.core.health import solver_health
 from bchg_jax.problems.thermal import thermal
-from benchmarks._timing import time_chunks
+from benchmarks._timing import report_unhealthy, time_chunks, unhealthy
 
 
 def measure(method, config, seeds, iterations):
@@ -80,12 +80,9 @@ def main(argv=None):
                     f" {h['capped_share']:.2%} | {h['update_skipped']} |",
                     flush=True,
                 )
-                if h["solve_capped"] or h["update_skipped"]:
+                if unhealthy(h):
                     bad.append(f"{method} {name} {seeds} seeds")
-    if bad:
-        print("FAILED: Riccati solves hit their cap or updates were skipped in: " + ", ".join(bad))
-        if a.fail_on_cap:
-            raise SystemExit(3)
+    report_unhealthy(bad, a.fail_on_cap)
 
 
 if __name__ == "__main__":
