@@ -213,6 +213,13 @@ def _response(P, A, B, Rbar, U, gamma, beta, info, observable: bool):
     return GaussianBestResponse(P, S, K, K_w, cov, jnp.linalg.cholesky(cov), M, v, info)
 
 
+def _solve(A, B, Qbar, Rbar, U, gamma, beta, P0, tol, max_iters, observable: bool):
+    """The Riccati solution and the best response of Proposition 1 or 2 built from it."""
+    P, info = riccati(A, B, Qbar, Rbar, gamma, P0, tol, max_iters)
+    A, B, Rbar, U = (jnp.asarray(x) for x in (A, B, Rbar, U))
+    return _response(P, A, B, Rbar, U, gamma, beta, info, observable=observable)
+
+
 @full_precision
 def maxent_lqr(
     A, B, Qbar, Rbar, U, gamma, beta, P0=None, tol: float = 1e-6, max_iters: int = 50_000
@@ -233,18 +240,7 @@ def maxent_lqr(
       :class:`GaussianBestResponse` (``P``, ``S``, ``M`` ..., ``K`` [m, n], ``K_w`` = 0
       [m, n], ``cov`` and ``chol`` [m, m], ``v`` [], ``info``).
     """
-    P, info = riccati(A, B, Qbar, Rbar, gamma, P0, tol, max_iters)
-    return _response(
-        P,
-        jnp.asarray(A),
-        jnp.asarray(B),
-        jnp.asarray(Rbar),
-        jnp.asarray(U),
-        gamma,
-        beta,
-        info,
-        observable=False,
-    )
+    return _solve(A, B, Qbar, Rbar, U, gamma, beta, P0, tol, max_iters, observable=False)
 
 
 @full_precision
@@ -262,18 +258,7 @@ def maxent_lqr_observable(
       :class:`GaussianBestResponse` (``K`` [m, n], ``K_w`` [m, n], ``M`` [n, n], ``cov`` and
       ``chol`` [m, m], ``v`` = v_w [], ``info``).
     """
-    P, info = riccati(A, B, Qbar, Rbar, gamma, P0, tol, max_iters)
-    return _response(
-        P,
-        jnp.asarray(A),
-        jnp.asarray(B),
-        jnp.asarray(Rbar),
-        jnp.asarray(U),
-        gamma,
-        beta,
-        info,
-        observable=True,
-    )
+    return _solve(A, B, Qbar, Rbar, U, gamma, beta, P0, tol, max_iters, observable=True)
 
 
 @full_precision
