@@ -233,6 +233,60 @@ def add_scale_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_follower_args(p: argparse.ArgumentParser) -> None:
+    """``--follower`` and its settings (:class:`bchg_jax.core.follower_model.FollowerModel`)."""
+    from bchg_jax.core.follower_model import FOLLOWERS
+
+    g = p.add_argument_group("follower model (docs/followers.md)")
+    g.add_argument(
+        "--follower",
+        choices=FOLLOWERS,
+        default="best_response",
+        help="the simulated follower: 'best_response' (solved every iteration, the paper), "
+        "'k_step' (K soft Bellman backups per iteration from its last Q), 'lag' (mixes "
+        "its last policy with the best response), 'q_learning' (soft Q-learning on its own "
+        "transitions of the leader's batch, a black box)",
+    )
+    g.add_argument(
+        "--follower-steps", type=int, default=1, help="K of --follower k_step (>= 1)"
+    )
+    g.add_argument(
+        "--follower-mix",
+        type=float,
+        default=0.1,
+        help="--follower lag: the weight of the new best response, in (0, 1]",
+    )
+    g.add_argument(
+        "--follower-lr",
+        type=float,
+        default=0.1,
+        help="--follower q_learning: the step size, in (0, 1]",
+    )
+    g.add_argument(
+        "--follower-explore",
+        type=float,
+        default=0.0,
+        help="--follower q_learning: probability of a uniformly random action, in [0, 1]",
+    )
+
+
+def follower_model(a):
+    """The validated :class:`~bchg_jax.core.follower_model.FollowerModel` of the flags; the
+    error names the flag."""
+    from bchg_jax.core.follower_model import FollowerModel
+
+    model = FollowerModel(
+        a.follower, a.follower_steps, a.follower_mix, a.follower_lr, a.follower_explore
+    )
+    try:
+        return model.validate()
+    except ValueError as e:
+        message = re.sub(
+            r"FollowerModel\.(\w+)", lambda m: f"--follower-{m.group(1)} ({m.group(0)})", str(e)
+        )
+        raise ValueError(message.replace("--follower-kind", "--follower")) from None
+
+
 def parse_methods(spec: str, all_methods: Sequence[str], valid: Sequence[str]):
     """``--method`` value -> list of names: 'all', one name or a comma-separated list."""
     names = (
