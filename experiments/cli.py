@@ -247,9 +247,7 @@ def add_follower_args(p: argparse.ArgumentParser) -> None:
         "its last policy with the best response), 'q_learning' (soft Q-learning on its own "
         "transitions of the leader's batch, a black box)",
     )
-    g.add_argument(
-        "--follower-steps", type=int, default=1, help="K of --follower k_step (>= 1)"
-    )
+    g.add_argument("--follower-steps", type=int, default=1, help="K of --follower k_step (>= 1)")
     g.add_argument(
         "--follower-mix",
         type=float,

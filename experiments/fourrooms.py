@@ -11,6 +11,7 @@ stopped run from its last chunk.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -31,6 +32,12 @@ SETTING_KEYS = (
     "slip_model",
     "lr",
     "sarsa_alpha",
+    "follower",
+    "follower_steps",
+    "follower_mix",
+    "follower_lr",
+    "follower_explore",
+    "track_reference",
 )
 
 
@@ -48,7 +55,7 @@ def batch_shape(batch: int):
 
 
 def parse_args(argv=None):
-    from experiments.cli import base_parser
+    from experiments.cli import add_follower_args, base_parser
 
     p = base_parser(
         "fourrooms",
@@ -107,6 +114,14 @@ def parse_args(argv=None):
         "successor table (same tolerance), 'auto' sparse when every state has at "
         "most S/4 successors, as in Four-Rooms (docs/performance.md)",
     )
+    g.add_argument(
+        "--track-reference",
+        action="store_true",
+        help="also record each iteration's cosine and projection of the estimate against the "
+        "two exact references of a follower off its best response (cos_target, proj_target, "
+        "cos_through, proj_through; docs/followers.md); two exact gradients per iteration",
+    )
+    add_follower_args(p)
     return p.parse_args(argv)
 
 
@@ -118,13 +133,14 @@ def methods_of(spec: str):
 
 
 def validate_args(a):
-    from experiments.cli import check_counts
+    from experiments.cli import check_counts, follower_model
 
     methods_of(a.method)
     check_counts(a, "seeds", "iterations", "chunk")
     if a.beta <= 0:
         raise ValueError(f"--beta must be > 0, got {a.beta}")
     batch_shape(a.batch)
+    follower_model(a)
 
 
 def method_grid(method: str, a):
@@ -148,25 +164,35 @@ def run_method(method: str, a, run_dir: str):
     """Trains (or resumes, or skips if complete) one method's grid; returns its summary dict."""
     from bchg_jax.problems.fourrooms import fourrooms
     from bchg_jax.tabular.train import TrainConfig, make_train
+    from experiments.cli import follower_model
     from experiments.plot import YLABEL, pretty_label
     from experiments.run_folder import run_method_folder
 
     grid = method_grid(method, a)  # validated by main() before any method ran
     envs, steps = batch_shape(a.batch)
-    config = TrainConfig(num_envs=envs, num_steps=steps, iterations=a.iterations, solver=a.solver)
+    config = TrainConfig(
+        num_envs=envs,
+        num_steps=steps,
+        iterations=a.iterations,
+        solver=a.solver,
+        follower=follower_model(a),
+        track_reference=a.track_reference,
+    )
     trainer = make_train(fourrooms(a.slip_model), method, config)
+    follower = "" if config.follower.best_response else f", follower {config.follower.label}"
     return run_method_folder(
         os.path.join(run_dir, method),
         method,
         trainer,
         grid,
         a,
-        record={"train_config": vars(config)},
+        record={"train_config": dataclasses.asdict(config)},
         title=f"Four-Rooms, {pretty_label(method)}: β={a.beta:g}, batch {a.batch}, "
-        f"slip model {a.slip_model}, {a.seeds} seeds",
+        f"slip model {a.slip_model}, {a.seeds} seeds{follower}",
         window=SUMMARY_WINDOW,
         ylabel=YLABEL,
-        describe=f"Four-Rooms [{a.slip_model}] beta={a.beta} batch={a.batch} ({envs}x{steps})",
+        describe=f"Four-Rooms [{a.slip_model}] beta={a.beta} batch={a.batch} ({envs}x{steps})"
+        + follower,
     )
 
 

@@ -20,12 +20,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 
 from bchg_jax.core import hparams as hparams_lib
+from bchg_jax.core.follower_model import FollowerModel, lag_mix
 from bchg_jax.core.loop import Trainer, build_trainer, check_setup, sgd_ascent
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import check_beta, check_config, check_positive, check_unit_interval
@@ -33,6 +34,18 @@ from bchg_jax.tabular import critics, estimators
 from bchg_jax.tabular.cmdp import TabularCMDP
 from bchg_jax.tabular.exact import exact_hypergradient, policy_evaluation_sweeps
 from bchg_jax.tabular.follower import continuation, soft_value_iteration
+from bchg_jax.tabular.follower_models import (
+    k_step_response,
+    observed_follower,
+    policy_gap,
+    q_learning_policy,
+    q_learning_update,
+)
+from bchg_jax.tabular.follower_references import (
+    as_if_optimal_hypergradient,
+    k_step_hypergradient,
+    lag_hypergradient,
+)
 from bchg_jax.tabular.rollout import rollout
 from bchg_jax.tabular.sparse import (
     cond_on_any_lane,
@@ -90,6 +103,11 @@ class TrainConfig:
         on the same tolerance ``vi_tol``; an iteration whose model puts mass outside the
         successor table is solved densely and flagged (metric ``support_lost``).
       linear_sweeps: expectation sweeps after each soft sweep of the sparse follower solver.
+      follower: the simulated follower (:class:`~bchg_jax.core.follower_model.FollowerModel`;
+        default the best response, the paper's setting; docs/followers.md).
+      track_reference: also record, every iteration, the estimate's cosine and projection
+        against the two exact references of a follower off its best response
+        (:mod:`bchg_jax.tabular.follower_references`; costs two exact gradients per iteration).
     """
 
     num_envs: int = 1
@@ -106,6 +124,8 @@ class TrainConfig:
     oracle_steps: int = 200
     solver: str = "auto"
     linear_sweeps: int = 16
+    follower: FollowerModel = FollowerModel()
+    track_reference: bool = False
 
     def validate(self) -> "TrainConfig":
         """Host-side field checks; returns ``self`` (raises ``ValueError`` on a bad field)."""
@@ -127,6 +147,9 @@ class TrainConfig:
                 "solver": SOLVERS,
             },
         )
+        if not isinstance(self.follower, FollowerModel):
+            raise ValueError(f"TrainConfig.follower must be a FollowerModel, got {self.follower!r}")
+        self.follower.validate()
         return self
 
 
@@ -139,6 +162,9 @@ class TrainState(NamedTuple):
     V_L: Array  # leader value (warm start of the exact evaluation)
     key: Array
     step: Array
+    # a follower off its best response: k_step its value V [S], lag its policy [S, B],
+    # q_learning its soft Q [S, B]; None for the best response (V_F is then all it keeps)
+    follower: Optional[Any] = None
 
 
 class _Fields(NamedTuple):
@@ -226,6 +252,19 @@ def resolve_solver(problem: TabularCMDP, solver: str = "auto", explain: bool = F
     return out if explain else out[:2]
 
 
+def agreement(estimate, reference, name: str) -> dict:
+    """``cos_<name>``: the cosine of ``estimate`` and ``reference`` (pytrees of one structure);
+    ``proj_<name>``: ``<estimate, reference> / |reference|^2`` (1 for an estimate whose mean
+    along the reference is the reference)."""
+    e = jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(estimate)])
+    r = jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(reference)]).astype(e.dtype)
+    dot, rr = jnp.dot(e, r), jnp.dot(r, r)
+    return {
+        f"cos_{name}": dot / jnp.sqrt(jnp.dot(e, e) * rr),
+        f"proj_{name}": dot / rr,
+    }
+
+
 def make_train(
     problem: TabularCMDP, method: str = "bchg", config: TrainConfig = TrainConfig()
 ) -> Trainer:
@@ -280,7 +319,60 @@ def make_train(
         theta = theta0 + config.theta_init_std * jax.random.normal(k_theta, theta0.shape, dtype)
         critic = critics.init_tabular_critic(k_critic, S, B, config.critic_init_std, dtype)
         zeros = jnp.zeros((S,), dtype)
-        return TrainState(theta, critic, zeros, zeros, k_run, jnp.zeros((), jnp.int32))
+        step0 = jnp.zeros((), jnp.int32)
+        return TrainState(theta, critic, zeros, zeros, k_run, step0, init_follower())
+
+    fm = config.follower
+
+    def init_follower():
+        """The learning follower's own state at the start (module ``TrainState``)."""
+        if fm.kind == "k_step":
+            return jnp.zeros((S,), dtype)  # its value V_0 = 0
+        if fm.kind == "lag":
+            return jnp.full((S, B), 1.0 / B, dtype)  # a uniformly random first policy
+        if fm.kind == "q_learning":
+            return jnp.zeros((S, B), dtype)
+        return None
+
+    def play(theta, beta, br, own):
+        """(the policy the follower plays at theta [S, B], its state after the play): the best
+        response ``br``, or the learner's move (``k_step``: K backups from its value;
+        ``lag``: mixed with its last policy; ``q_learning``: its current soft-greedy policy,
+        learned further after the batch)."""
+        if fm.kind == "k_step":
+            P, rF = problem.transition(theta), problem.follower_reward(theta)
+            own_br = k_step_response(P, rF, beta, problem.gamma_F, terminal, own, fm.steps)
+            return own_br.policy, own_br.V
+        if fm.kind == "lag":
+            policy = lag_mix(own, br.policy, jnp.asarray(fm.mix, dtype))
+            return policy, policy
+        if fm.kind == "q_learning":
+            return q_learning_policy(own, beta, jnp.asarray(fm.explore, dtype)), own
+        return br.policy, own
+
+    def seen(theta, beta, policy, sweeps):
+        """What the estimators get of a follower off its best response: its policy with
+        ``V^g`` (:func:`~bchg_jax.tabular.follower_models.observed_follower`)."""
+        P, rF = problem.transition(theta), problem.follower_reward(theta)
+        cont = continuation(terminal, S, dtype)
+        return observed_follower(P, rF, policy, beta, problem.gamma_F, cont, sweeps)
+
+    def references(theta, beta, br, policy, own):
+        """(the as-if-optimal reference, the reference through the follower's update) at
+        theta (:mod:`bchg_jax.tabular.follower_references`); NaN where none is defined."""
+        if fm.best_response:
+            exact = exact_hypergradient(
+                problem, theta, beta, V0=br.V, newton_iters=0, polish_sweeps=3
+            )
+            return exact, exact
+        target = as_if_optimal_hypergradient(problem, theta, policy, beta)
+        if fm.kind == "k_step":
+            through = k_step_hypergradient(problem, theta, own, beta, fm.steps)
+        elif fm.kind == "lag":
+            through = lag_hypergradient(problem, theta, own, beta, fm.mix, V0=br.V)
+        else:
+            through = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), target)
+        return target, through
 
     @full_precision
     def follower(theta, beta, V0, kind=solver):
@@ -339,11 +431,13 @@ def make_train(
         J = jnp.dot(problem.init_dist(theta), V_L) + problem.regularizer(theta)
         return J.astype(dtype), V_L, res
 
-    def solves(theta, beta, V_F, V_L, kind=solver):
-        """(best response, J, V_L, metric residual): the follower and the metric, one kind."""
+    def solves(theta, beta, V_F, V_L, own, kind=solver):
+        """(best response, the policy played, the learner's state, J, V_L, metric residual):
+        the follower and the metric (at the policy played), one kind."""
         br = follower(theta, beta, V_F, kind)
-        J, V_L, res = evaluate(theta, br.policy, V_L, kind)
-        return br, J, V_L, res
+        policy, own = play(theta, beta, br, own)
+        J, V_L, res = evaluate(theta, policy, V_L, kind)
+        return br, policy, own, J, V_L, res
 
     def support_lost(theta):
         """([] bool model lost mass, [] bool sampler lost mass): with the sparse solvers, the
@@ -364,14 +458,15 @@ def make_train(
             return model, model
         return model, lost(problem.sample_transition, sample_successors)
 
-    def checked_solves(theta, beta, V_F, V_L):
+    def checked_solves(theta, beta, V_F, V_L, own=None):
         """:func:`solves` with the trainer's solver; with the sparse one, the dense solves for a
         run whose model lost mass at theta (:func:`~bchg_jax.tabular.sparse.cond_on_any_lane`:
         under vmap the dense solves run only in iterations where some run lost mass). Returns
-        (br, J, V_L, residual, (model lost mass [] bool, sampler lost mass [] bool))."""
+        (br, policy, own, J, V_L, residual, (model lost mass [] bool, sampler lost mass [] bool));
+        ``own`` is the learning follower's state (None for the best response)."""
         lost = support_lost(theta)
         if solver == "dense" or not depends_on_input(problem.transition, problem.theta0):
-            return solves(theta, beta, V_F, V_L) + (lost,)
+            return solves(theta, beta, V_F, V_L, own) + (lost,)
         out = cond_on_any_lane(
             lost[0],
             functools.partial(solves, kind="dense"),
@@ -380,6 +475,7 @@ def make_train(
             beta,
             V_F,
             V_L,
+            own,
         )
         return tuple(out) + (lost,)
 
@@ -458,20 +554,26 @@ def make_train(
         hp = hp.cast(dtype)
         theta, beta = state.theta, hp.beta
         key, k_roll, k_sarsa = jax.random.split(state.key, 3)
-        br, J, V_L, metric_res, (model_lost, sampler_lost) = checked_solves(
-            theta, beta, state.V_F, state.V_L
+        br, policy, own, J, V_L, metric_res, (model_lost, sampler_lost) = checked_solves(
+            theta, beta, state.V_F, state.V_L, state.follower
         )
-        critic = state.critic
+        view = br if fm.best_response else seen(theta, beta, policy, br.sweeps)
+        critic, learns = state.critic, fm.kind == "q_learning"
         if method == "exact":
             grad = exact_hypergradient(
                 problem, theta, beta, V0=br.V, newton_iters=0, polish_sweeps=3
             )
+            if learns:  # the follower acts (and learns) whatever the leader's gradient
+                batch, _ = checked_collect(k_roll, theta, policy, sampler_lost)
         else:
-            batch, segments = checked_collect(k_roll, theta, br.policy, sampler_lost)
+            batch, segments = checked_collect(k_roll, theta, policy, sampler_lost)
             critic, Q_L, V_L_hat = leader_critic(
                 k_sarsa, critic, theta, batch, segments, hp.sarsa_alpha
             )
-            grad = estimate(theta, beta, batch, segments, br, Q_L, V_L_hat)
+            grad = estimate(theta, beta, batch, segments, view, Q_L, V_L_hat)
+        if learns:
+            rF, lr = problem.follower_reward(theta), jnp.asarray(fm.lr, dtype)
+            own = q_learning_update(own, batch, rF, beta, problem.gamma_F, lr)
         grad_norm = jnp.sqrt(sum(jnp.sum(x**2) for x in jax.tree.leaves(grad)))
         # a non-finite estimate is dropped (flagged), never spread into theta; a follower or
         # metric solve that hit its sweep cap is flagged (its approximate answer is still used)
@@ -490,10 +592,20 @@ def make_train(
             "update_skipped": skipped.astype(jnp.int32),
             "support_lost": (model_lost | sampler_lost).astype(jnp.int32),
         }
-        return TrainState(new_theta, critic, br.V, V_L, key, state.step + 1), metrics
+        if not fm.best_response:
+            metrics["follower_gap"] = policy_gap(policy, br.policy)
+        if config.track_reference:
+            refs = references(theta, beta, br, policy, state.follower)
+            metrics.update(agreement(grad, refs[0], "target"))
+            metrics.update(agreement(grad, refs[1], "through"))
+        new_state = TrainState(new_theta, critic, br.V, V_L, key, state.step + 1, own)
+        return new_state, metrics
 
     steps = {
         "follower": follower,
+        "play": play,
+        "seen": seen,
+        "references": references,
         "evaluate": evaluate,
         "support_lost": support_lost,
         "solves": checked_solves,

@@ -1,0 +1,108 @@
+"""Exact references for a follower that is not at its best response (tabular CMDP).
+
+Two gradients bound what an estimator can be asked for when the follower plays some policy g
+at theta instead of g^{theta dagger}:
+
+* :func:`as_if_optimal_hypergradient` - the follower's current policy treated as optimal:
+  Theorem 1 (Eq. (hg_configurable)) with g, its leader values and its own soft values,
+  ``d/dtheta J_L(theta, g_theta)`` with ``g_theta = softmax(log g + (Q^g_theta -
+  sg(Q^g_theta)) / beta)``. ``Q^g_theta`` is the entropy-regularised Q of the *fixed* g in
+  M_theta, so ``g_theta = g`` and ``dg_theta = (1/beta) g (dQ^g - E_g dQ^g)``: the
+  Boltzmann response's derivative with the fixed-policy derivative in place of the optimal one
+  (equal at the best response, by the envelope theorem). This is what BC-HG and the other
+  trajectory estimators target when they sample under g: the segment estimator of Eq. (nablaQF)
+  with ``V^g`` estimates ``dQ^g`` at fixed g.
+* the derivative through the follower's *actual* update, its state held fixed:
+  :func:`k_step_hypergradient` (``J_L(theta, softmax(T_theta^K Q_prev / beta))``, unrolled) and
+  :func:`lag_hypergradient` (``J_L(theta, (1 - mix) g_prev + mix g^{theta dagger})``, the best
+  response implicitly differentiated). This is the leader's true one-step gradient against
+  that learner. A sample-based learner (``q_learning``) has no such model derivative: its update
+  depends on theta only through the random transitions it sees.
+
+At the best response all three equal :func:`~bchg_jax.tabular.exact.exact_hypergradient`
+(K -> infinity, mix = 1; tested).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from bchg_jax.core.precision import full_precision
+from bchg_jax.tabular.cmdp import TabularCMDP
+from bchg_jax.tabular.exact import best_response, leader_values
+from bchg_jax.tabular.follower import continuation, soft_q, soft_value_iteration
+from bchg_jax.tabular.follower_models import soft_policy_value
+
+Array = jax.Array
+
+
+@full_precision
+def policy_objective(problem: TabularCMDP, theta: Array, policy: Array) -> Array:
+    """J_L(theta, g) = rho_0^theta . V_L^g + Phi_L(theta) for a given follower policy [S, B]
+    (Eq. (leader-utility)); differentiable in ``theta`` and ``policy``."""
+    V_L, _ = leader_values(problem, theta, policy)
+    return jnp.dot(problem.init_dist(theta), V_L) + problem.regularizer(theta)
+
+
+def _follower_tables(problem: TabularCMDP, theta: Array):
+    P, r = problem.transition(theta), problem.follower_reward(theta)
+    return P, r, continuation(problem.terminal, r.shape[0], r.dtype)
+
+
+@full_precision
+def as_if_optimal_hypergradient(problem: TabularCMDP, theta: Array, policy: Array, beta) -> Array:
+    """Theorem 1's hypergradient at the follower's current ``policy`` g [S, B], as if optimal.
+
+    Args:
+      problem: the CMDP. theta: leader parameters. policy: g [S, B] (rows sum to 1).
+      beta: the follower's entropy weight.
+    Returns:
+      the gradient, shaped like ``theta`` (module docstring).
+    """
+    g = jax.lax.stop_gradient(policy)
+    log_g = jnp.log(jnp.maximum(g, jnp.finfo(g.dtype).tiny))
+
+    def objective(th):
+        P, r, cont = _follower_tables(problem, th)
+        Q = soft_q(
+            P, r, soft_policy_value(P, r, g, beta, problem.gamma_F, cont), problem.gamma_F, cont
+        )
+        g_th = jax.nn.softmax(log_g + (Q - jax.lax.stop_gradient(Q)) / beta, axis=-1)
+        return policy_objective(problem, th, jnp.where(g > 0, g_th, 0.0))
+
+    return jax.grad(objective)(theta)
+
+
+@full_precision
+def k_step_hypergradient(problem: TabularCMDP, theta: Array, V_prev: Array, beta, K: int) -> Array:
+    """d/dtheta J_L(theta, g_K(theta)) through K soft Bellman backups from ``V_prev`` (held fixed).
+
+    ``g_K`` is :func:`~bchg_jax.tabular.follower_models.k_step_response`'s policy: K - 1 soft
+    value-iteration sweeps of M_theta from ``V_prev`` [S], one backup, Boltzmann. Unrolled
+    (reverse mode through the K sweeps).
+    """
+
+    def objective(th):
+        P, r, _ = _follower_tables(problem, th)
+        br = soft_value_iteration(
+            P, r, beta, problem.gamma_F, problem.terminal, V0=V_prev, num_sweeps=K - 1
+        )
+        return policy_objective(problem, th, br.policy)
+
+    return jax.grad(objective)(theta)
+
+
+@full_precision
+def lag_hypergradient(
+    problem: TabularCMDP, theta: Array, previous: Array, beta, mix, V0=None
+) -> Array:
+    """d/dtheta J_L(theta, (1 - mix) g_prev + mix g^{theta dagger}) with ``previous`` = g_prev
+    [S, B] fixed; the best response implicitly differentiated (``V0``: its warm start)."""
+
+    def objective(th):
+        solve = {} if V0 is None else dict(newton_iters=0, polish_sweeps=3)
+        best = best_response(problem, th, beta, V0, **solve).policy
+        return policy_objective(problem, th, (1.0 - mix) * previous + mix * best)
+
+    return jax.grad(objective)(theta)
