@@ -29,6 +29,18 @@ from bchg_jax.tabular.exact import (
     policy_evaluation,
 )
 from bchg_jax.tabular.follower import BestResponse, soft_value_iteration
+from bchg_jax.tabular.follower_models import (
+    k_step_response,
+    q_learning_policy,
+    q_learning_update,
+    soft_policy_value,
+)
+from bchg_jax.tabular.follower_references import (
+    as_if_optimal_hypergradient,
+    k_step_hypergradient,
+    lag_hypergradient,
+    policy_objective,
+)
 from bchg_jax.tabular.rollout import Batch, rollout
 from bchg_jax.tabular.sparse import (
     Successors,
@@ -57,6 +69,14 @@ __all__ = [
     "policy_evaluation",
     "BestResponse",
     "soft_value_iteration",
+    "k_step_response",
+    "q_learning_policy",
+    "q_learning_update",
+    "soft_policy_value",
+    "as_if_optimal_hypergradient",
+    "k_step_hypergradient",
+    "lag_hypergradient",
+    "policy_objective",
     "Batch",
     "rollout",
     "Successors",

@@ -286,9 +286,14 @@ def make_train(
       ``support_lost`` (1: with the sparse solvers, ``transition(theta_i)`` or the sampler's
       table put more than rounding-level mass outside the successor table; that iteration's
       follower and metric were then solved densely, so ``J`` and ``sweeps`` are the dense
-      solves', and its rollouts drew from the whole table), each [n] per run of
+      solves', and its rollouts drew from the whole table); with a follower off its best
+      response (``config.follower``, docs/followers.md) ``J`` is J_L at the policy it plays and
+      ``follower_gap`` its distance max |g - g^{theta dagger}|; with ``config.track_reference``
+      also ``cos_target``, ``proj_target``, ``cos_through``, ``proj_through`` (:func:`agreement`
+      of the estimate with the two exact references); each [n] per run of
       ``run(state, hp, n)``. The state is a ``TrainState`` (``theta`` shaped like
-      ``problem.theta0``, ``critic`` [S, B], ``V_F`` [S], ``V_L`` [S], ``key``, ``step``).
+      ``problem.theta0``, ``critic`` [S, B], ``V_F`` [S], ``V_L`` [S], ``key``, ``step``,
+      ``follower``: the learner's own state or None).
     Raises:
       ValueError: an unknown method, an invalid problem or config, or an HPGD method with
         ``config.grouping != "every_visit"``.
