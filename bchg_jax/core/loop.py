@@ -77,14 +77,15 @@ def build_trainer(
     config,
     init: Callable,
     step: Callable,
-    hparams: Callable,
-    validate: Callable,
+    hparams: type,
+    dtype,
     steps=None,
+    **validate_kw,
 ) -> Trainer:
     """The :class:`Trainer` of ``init`` and ``step`` (via :func:`scan_loop`) whose ``init``,
     ``run`` and ``train`` check concrete hyperparameters on the host first.
 
-    ``validate(hp)`` (e.g. ``HParams.validate``) runs when every leaf of ``hp`` is concrete, so
+    ``hparams.validate(hp, **validate_kw)`` runs when every leaf of ``hp`` is concrete, so
     ``trainer.train(key, HParams(beta=0.0))`` raises a clear ``ValueError`` instead of training
     on NaN; traced hyperparameters (a grid under ``vmap``, a user's ``jit``) are checked where
     they were made (``run_grid`` / ``HParams.from_grid``). ``train`` is jitted.
@@ -93,23 +94,29 @@ def build_trainer(
       problem, method, config: recorded on the trainer.
       init: ``init(key, hp) -> state``.
       step: ``step(state, hp) -> (state, metrics)``.
-      hparams: ``hparams(grid) -> HParams`` (validated, cast).
-      validate: ``validate(hp)``, raises ``ValueError`` on bad values.
+      hparams: the family's ``HParams`` class (``from_grid`` and ``validate``, e.g. a
+        :class:`~bchg_jax.core.hparams.HParamsMixin` subclass).
+      dtype: the float dtype of the trainer: ``trainer.hparams(grid)`` is
+        ``hparams.from_grid(grid, dtype, **validate_kw)`` (validated, cast).
       steps: the named pure steps, or None.
+      **validate_kw: passed to ``hparams.validate`` (e.g. ``max_steps`` of the game trainers).
     Returns:
       the :class:`Trainer`.
     """
     run, train = scan_loop(init, step, config.iterations)
     train = jax.jit(train)
 
+    def from_grid(grid):
+        return hparams.from_grid(grid, dtype, **validate_kw)
+
     def checked(fn, takes_key):
         def wrapped(x, hp, *rest):
             if isinstance(hp, Mapping):  # {"lr": 0.1, ...}: one point, as HParams
-                hp = jax.tree.map(lambda v: v[0], hparams({k: [v] for k, v in hp.items()}))
+                hp = jax.tree.map(lambda v: v[0], from_grid({k: [v] for k, v in hp.items()}))
             if takes_key:
                 check_key(x)
             if is_concrete(hp):
-                validate(hp)
+                hparams.validate(hp, **validate_kw)
             return fn(x, hp, *rest)
 
         wrapped.__name__, wrapped.__doc__ = fn.__name__, fn.__doc__
@@ -122,7 +129,7 @@ def build_trainer(
         checked(init, True),
         checked(run, False),
         checked(train, True),
-        hparams,
+        from_grid,
         steps,
     )
 

@@ -319,15 +319,11 @@ def assemble(
         )
         return state, leader.metrics(state, new, episodes, hp.beta, gnorm, ok)
 
-    def from_grid(grid):
-        return hparams.from_grid(grid, dtype, max_steps=max_steps)
-
-    def check(hp):
-        return hparams.validate(hp, max_steps=max_steps)
-
     steps = {**steps, "init": init, "step": step}
     steps.update(update_critic=update_critic, update_actor=update_actor)
-    return build_trainer(problem, method, config, init, step, from_grid, check, steps)
+    return build_trainer(
+        problem, method, config, init, step, hparams, dtype, steps, max_steps=max_steps
+    )
 
 
 def problem_metrics(metrics_fn: Optional[Callable], leader, response) -> dict:

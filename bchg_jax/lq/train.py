@@ -388,13 +388,4 @@ def make_train(
         "follower_terms": follower_terms,
         "estimate": estimate,
     }
-    return build_trainer(
-        problem,
-        method,
-        config,
-        init,
-        step,
-        lambda grid: HParams.from_grid(grid, dtype),
-        lambda hp: HParams.validate(hp),
-        steps,
-    )
+    return build_trainer(problem, method, config, init, step, HParams, dtype, steps)

@@ -145,6 +145,14 @@ def soft_newton(P: Array, r: Array, beta, gamma, cont: Array, V0: Array, iters: 
     return V
 
 
+def _check_inputs(problem: TabularCMDP, theta: Array, beta) -> None:
+    """The checks of :func:`best_response` and the functions built on it: the scalar settings of
+    ``problem``, a concrete ``beta`` and ``theta`` (shape, finiteness when concrete)."""
+    check_problem_settings(problem)
+    check_beta_if_concrete(beta)
+    check_theta(problem, theta)
+
+
 @full_precision
 def best_response(
     problem: TabularCMDP,
@@ -176,9 +184,7 @@ def best_response(
         ``problem`` (a discount outside [0, 1), a bad ``time_limit``), or ``theta`` not shaped
         like ``problem.theta0`` or not finite.
     """
-    check_problem_settings(problem)
-    check_beta_if_concrete(beta)
-    check_theta(problem, theta)
+    _check_inputs(problem, theta, beta)
     P = problem.transition(theta)
     r = problem.follower_reward(theta)
     cont = continuation(problem.terminal, r.shape[0], r.dtype)
@@ -250,61 +256,40 @@ def leader_values(problem: TabularCMDP, theta: Array, policy: Array):
 
 
 @full_precision
-def leader_objective(
-    problem: TabularCMDP,
-    theta: Array,
-    beta,
-    V0: Optional[Array] = None,
-    newton_iters: int = 30,
-    polish_sweeps: int = 200,
-) -> Array:
+def leader_objective(problem: TabularCMDP, theta: Array, beta, **solve) -> Array:
     """Exact J_L(theta, g^{theta dagger}) = rho_0^theta . V_L + Phi_L(theta) (Eq. (leader-utility)).
 
     Args:
       problem: the :class:`TabularCMDP`.
       theta: leader parameters, shaped like ``problem.theta0``.
       beta: the follower's entropy weight (> 0).
-      V0, newton_iters, polish_sweeps: the follower solve of :func:`best_response`
-        (``V0``: [S] or None).
+      **solve: the follower solve, passed to :func:`best_response` by keyword: ``V0`` ([S] or
+        None), ``newton_iters``, ``polish_sweeps``.
     Returns:
       [] scalar J_L, differentiable in ``theta`` through the follower's fixed point.
     Raises:
-      ValueError: a concrete ``beta`` not finite and > 0, a bad scalar setting of
-        ``problem`` (a discount outside [0, 1), a bad ``time_limit``), or ``theta`` not shaped
-        like ``problem.theta0`` or not finite.
+      ValueError: as :func:`best_response`.
     """
-    check_problem_settings(problem)
-    check_beta_if_concrete(beta)
-    check_theta(problem, theta)
-    br = best_response(problem, theta, beta, V0, newton_iters, polish_sweeps)
+    br = best_response(problem, theta, beta, **solve)  # checks the inputs first
     V_L, _ = leader_values(problem, theta, br.policy)
     return jnp.dot(problem.init_dist(theta), V_L) + problem.regularizer(theta)
 
 
 @full_precision
-def exact_hypergradient(
-    problem: TabularCMDP,
-    theta: Array,
-    beta,
-    V0: Optional[Array] = None,
-    newton_iters: int = 30,
-    polish_sweeps: int = 200,
-) -> Array:
+def exact_hypergradient(problem: TabularCMDP, theta: Array, beta, **solve) -> Array:
     """grad_theta J_L(theta, g^{theta dagger}) through the follower's fixed point.
 
     The exact hypergradient that Theorem 1 (Eq. (hg_configurable)) expresses; ``jax.grad`` of
     :func:`leader_objective` with implicit differentiation of :func:`best_response`.
 
     Args:
-      problem, theta, beta, V0, newton_iters, polish_sweeps: as :func:`leader_objective`.
+      problem, theta, beta, **solve: as :func:`leader_objective` (``solve``: ``V0``,
+        ``newton_iters``, ``polish_sweeps`` of :func:`best_response`, by keyword).
     Returns:
       the gradient, shaped like ``theta`` (includes grad Phi_L).
     Raises:
-      ValueError: as :func:`leader_objective`.
+      ValueError: as :func:`best_response`.
     """
-    check_problem_settings(problem)
-    check_beta_if_concrete(beta)
-    check_theta(problem, theta)
-    return jax.grad(leader_objective, argnums=1)(
-        problem, theta, beta, V0, newton_iters, polish_sweeps
-    )
+    # checked here, where theta is concrete (under grad it is a tracer: no finiteness check)
+    _check_inputs(problem, theta, beta)
+    return jax.grad(leader_objective, argnums=1)(problem, theta, beta, **solve)

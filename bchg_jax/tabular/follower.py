@@ -112,6 +112,34 @@ def boltzmann(Q: Array, V: Array, beta) -> Array:
     return jnp.exp((Q - V[:, None]) / beta)
 
 
+def check_follower_inputs(P, r, beta, gamma, terminal=None, V0=None, successors=None) -> int:
+    """The input checks of the follower's solvers (:func:`soft_value_iteration` and the sparse
+    :func:`~bchg_jax.tabular.sparse.sparse_soft_value_iteration`).
+
+    Args:
+      P: [S, B, S] transition; r: [S, B] follower reward; beta: entropy weight; gamma: discount
+      gamma_F; terminal: [S] mask or None; V0: [S] warm start or None; successors: a successor
+      table (``index`` [S, J], ``width`` J) or None.
+    Returns:
+      S, the number of states.
+    Raises:
+      ValueError: a concrete ``beta`` not finite and > 0, a concrete ``gamma`` outside [0, 1),
+        or ``r`` / ``successors.index`` / ``terminal`` / ``V0`` not shaped by ``P``'s S, B.
+    """
+    check_beta_if_concrete(beta)
+    check_if_concrete(check_discount, "gamma (the follower's discount)", gamma)
+    S, B = transition_sizes("P (transition)", P)
+    src = f"S={S}, B={B} from P [S, B, S]"
+    check_shape("r (follower reward)", r, (S, B), src)
+    if successors is not None:
+        check_shape("successors.index", successors.index, (S, successors.width), src)
+    if terminal is not None:
+        check_shape("terminal", terminal, (S,), src)
+    if V0 is not None:
+        check_shape("V0", V0, (S,), src)
+    return S
+
+
 @full_precision
 def soft_value_iteration(
     P: Array,
@@ -151,15 +179,7 @@ def soft_value_iteration(
       ValueError: a concrete ``beta`` not finite and > 0, a concrete ``gamma`` outside [0, 1),
         or ``r`` / ``terminal`` / ``V0`` not shaped by ``P``'s S, B.
     """
-    check_beta_if_concrete(beta)
-    check_if_concrete(check_discount, "gamma (the follower's discount)", gamma)
-    S, B = transition_sizes("P (transition)", P)
-    src = f"S={S}, B={B} from P [S, B, S]"
-    check_shape("r (follower reward)", r, (S, B), src)
-    if terminal is not None:
-        check_shape("terminal", terminal, (S,), src)
-    if V0 is not None:
-        check_shape("V0", V0, (S,), src)
+    S = check_follower_inputs(P, r, beta, gamma, terminal, V0)
     cont = continuation(terminal, S, r.dtype)
     V0 = jnp.zeros((S,), r.dtype) if V0 is None else V0.astype(r.dtype)
 

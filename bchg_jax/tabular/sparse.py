@@ -61,15 +61,9 @@ from jax.extend import core as jax_core
 
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.run_last import add_run_axis, compacting_while_loop, run_last
-from bchg_jax.core.validate import (
-    check_beta_if_concrete,
-    check_discount,
-    check_if_concrete,
-    check_shape,
-    transition_sizes,
-)
+from bchg_jax.core.validate import check_discount, check_if_concrete, check_shape, transition_sizes
 from bchg_jax.tabular.cmdp import TabularCMDP
-from bchg_jax.tabular.follower import BestResponse, continuation
+from bchg_jax.tabular.follower import BestResponse, check_follower_inputs, continuation
 
 Array = jax.Array
 
@@ -190,16 +184,11 @@ def probe_support(
     return SupportProbe(successors_from_support(union), fixed, len(thetas) - skipped, skipped)
 
 
-def problem_successors(
-    problem: TabularCMDP,
-    draws: int = PROBE_DRAWS,
-    scales: Sequence[float] = PROBE_SCALES,
-    seed: int = 0,
-    sampler: bool = False,
-) -> Successors:
+def problem_successors(problem: TabularCMDP, **probe) -> Successors:
     """The successor table of ``problem.transition`` (of ``problem.sampler_transition`` with
     ``sampler=True``): the union of the supports at ``theta0`` and at ``draws`` random thetas
-    ``theta0 + scale N(0, I)`` per scale of ``scales`` (:func:`probe_support`).
+    ``theta0 + scale N(0, I)`` per scale of ``scales`` (:func:`probe_support`; ``**probe``, its
+    ``draws``, ``scales``, ``seed`` and ``sampler``, are passed on to it by keyword).
 
     The rule: the table holds every state reachable at a probed theta, nothing more. A model
     whose support moves with theta may put mass outside it at other thetas; the solvers measure
@@ -207,7 +196,7 @@ def problem_successors(
     (``support_lost``) and solves that iteration densely. ``TrainConfig(solver="auto")`` takes
     the sparse form only when every probe had the same support (and J <= S/4).
     """
-    return probe_support(problem, draws, scales, seed, sampler).successors
+    return probe_support(problem, **probe).successors
 
 
 def prefers_sparse(successors: Successors, num_states: int) -> bool:
@@ -647,16 +636,7 @@ def sparse_soft_value_iteration(
       ValueError: as ``soft_value_iteration``, a negative ``linear_sweeps`` or a successor table
         not of S rows.
     """
-    check_beta_if_concrete(beta)
-    check_if_concrete(check_discount, "gamma (the follower's discount)", gamma)
-    S, B = transition_sizes("P (transition)", P)
-    src = f"S={S}, B={B} from P [S, B, S]"
-    check_shape("r (follower reward)", r, (S, B), src)
-    check_shape("successors.index", successors.index, (S, successors.width), src)
-    if terminal is not None:
-        check_shape("terminal", terminal, (S,), src)
-    if V0 is not None:
-        check_shape("V0", V0, (S,), src)
+    S = check_follower_inputs(P, r, beta, gamma, terminal, V0, successors)
     if int(linear_sweeps) < 0:
         raise ValueError(f"linear_sweeps must be >= 0, got {linear_sweeps}")
     dtype = r.dtype

@@ -619,13 +619,4 @@ def make_train(
         "leader_critic": leader_critic,
         "estimate": estimate,
     }
-    return build_trainer(
-        problem,
-        method,
-        config,
-        init,
-        step,
-        lambda grid: HParams.from_grid(grid, dtype),
-        lambda hp: HParams.validate(hp),
-        steps,
-    )
+    return build_trainer(problem, method, config, init, step, HParams, dtype, steps)
