@@ -233,39 +233,45 @@ def add_scale_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_follower_args(p: argparse.ArgumentParser) -> None:
-    """``--follower`` and its settings (:class:`bchg_jax.core.follower_model.FollowerModel`)."""
+def add_follower_args(p: argparse.ArgumentParser, kinds=None) -> None:
+    """``--follower`` and its settings (:class:`bchg_jax.core.follower_model.FollowerModel`);
+    ``kinds``: the follower models the experiment's family simulates (default all), whose
+    settings get flags."""
     from bchg_jax.core.follower_model import FOLLOWERS
 
+    kinds = tuple(kinds or FOLLOWERS)
     g = p.add_argument_group("follower model (docs/followers.md)")
     g.add_argument(
         "--follower",
-        choices=FOLLOWERS,
+        choices=kinds,
         default="best_response",
         help="the simulated follower: 'best_response' (solved every iteration, the paper), "
-        "'k_step' (K soft Bellman backups per iteration from its last Q), 'lag' (mixes "
+        "'k_step' (K soft Bellman backups per iteration from its last value), 'lag' (mixes "
         "its last policy with the best response), 'q_learning' (soft Q-learning on its own "
-        "transitions of the leader's batch, a black box)",
+        "transitions of the leader's batch, a black box); here: " + ", ".join(kinds),
     )
-    g.add_argument("--follower-steps", type=int, default=1, help="K of --follower k_step (>= 1)")
-    g.add_argument(
-        "--follower-mix",
-        type=float,
-        default=0.1,
-        help="--follower lag: the weight of the new best response, in (0, 1]",
-    )
-    g.add_argument(
-        "--follower-lr",
-        type=float,
-        default=0.1,
-        help="--follower q_learning: the step size, in (0, 1]",
-    )
-    g.add_argument(
-        "--follower-explore",
-        type=float,
-        default=0.0,
-        help="--follower q_learning: probability of a uniformly random action, in [0, 1]",
-    )
+    if "k_step" in kinds:
+        g.add_argument("--follower-steps", type=int, default=1, help="K of --follower k_step")
+    if "lag" in kinds:
+        g.add_argument(
+            "--follower-mix",
+            type=float,
+            default=0.1,
+            help="--follower lag: the weight of the new best response, in (0, 1]",
+        )
+    if "q_learning" in kinds:
+        g.add_argument(
+            "--follower-lr",
+            type=float,
+            default=0.1,
+            help="--follower q_learning: the step size, in (0, 1]",
+        )
+        g.add_argument(
+            "--follower-explore",
+            type=float,
+            default=0.0,
+            help="--follower q_learning: probability of a uniformly random action, in [0, 1]",
+        )
 
 
 def follower_model(a):
@@ -273,8 +279,11 @@ def follower_model(a):
     error names the flag."""
     from bchg_jax.core.follower_model import FollowerModel
 
+    defaults = FollowerModel()
     model = FollowerModel(
-        a.follower, a.follower_steps, a.follower_mix, a.follower_lr, a.follower_explore
+        a.follower,
+        *(getattr(a, f"follower_{k}", getattr(defaults, k)) for k in ("steps", "mix", "lr")),
+        getattr(a, "follower_explore", defaults.explore),
     )
     try:
         return model.validate()

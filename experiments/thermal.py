@@ -14,6 +14,7 @@ selects the paper's form throughout (MLP critics, score function, no baseline/co
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 PAPER_LR = (0.1, 0.01, 0.001)
@@ -39,11 +40,14 @@ SETTING_KEYS = (
     "mlp_lr",
     "mlp_minibatch",
     "mlp_normalize",
+    "follower",
+    "follower_steps",
+    "track_reference",
 )
 
 
 def parse_args(argv=None):
-    from experiments.cli import base_parser
+    from experiments.cli import add_follower_args, base_parser
 
     p = base_parser(
         "thermal",
@@ -129,6 +133,13 @@ def parse_args(argv=None):
         help="MLP critics continue from the last iteration's fit (the paper "
         "re-initialises them every iteration)",
     )
+    g.add_argument(
+        "--track-reference",
+        action="store_true",
+        help="also record each iteration's cosine and projection of the estimate against the "
+        "two exact references of a follower off its best response (docs/followers.md)",
+    )
+    add_follower_args(p, ("best_response", "k_step"))
     a = p.parse_args(argv)
     if a.faithful:
         a.critic, a.follower_grad, a.no_baseline, a.no_control_variates = (
@@ -152,6 +163,7 @@ def methods_of(spec: str):
 
 def train_config(a):
     from bchg_jax import lq
+    from experiments.cli import follower_model
 
     return lq.TrainConfig(
         num_episodes=a.episodes,
@@ -167,6 +179,8 @@ def train_config(a):
         mlp_lr=a.mlp_lr,
         mlp_minibatch=a.mlp_minibatch,
         mlp_normalize=a.mlp_normalize,
+        follower=follower_model(a),
+        track_reference=a.track_reference,
     ).validate()
 
 
@@ -204,11 +218,7 @@ def run_method(method: str, a, run_dir: str):
         trainer,
         method_grid(a),
         a,
-        record={
-            "train_config": {
-                k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(config).items()
-            }
-        },
+        record={"train_config": dataclasses.asdict(config)},
         title=f"building thermal control, {pretty_label(method)}: {a.critic} critic, "
         f"β={a.beta:g}, {a.seeds} seeds",
         window=SUMMARY_WINDOW,

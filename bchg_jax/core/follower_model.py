@@ -113,3 +113,16 @@ def soft_q_learning(Q: Array, index, reward, next_value, cont, lr, gamma) -> Arr
 
     Q, _ = jax.lax.scan(body, Q, jnp.arange(index.shape[0]))
     return Q
+
+
+def agreement(estimate, reference, name: str) -> dict:
+    """``cos_<name>``: the cosine of ``estimate`` and ``reference`` (pytrees of one structure);
+    ``proj_<name>``: ``<estimate, reference> / |reference|^2`` (1 for an estimate whose mean
+    along the reference is the reference)."""
+    e = jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(estimate)])
+    r = jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(reference)]).astype(e.dtype)
+    dot, rr = jnp.dot(e, r), jnp.dot(r, r)
+    return {
+        f"cos_{name}": dot / jnp.sqrt(jnp.dot(e, e) * rr),
+        f"proj_{name}": dot / rr,
+    }

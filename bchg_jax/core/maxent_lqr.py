@@ -213,6 +213,18 @@ def _response(P, A, B, Rbar, U, gamma, beta, info, observable: bool):
     return GaussianBestResponse(P, S, K, K_w, cov, jnp.linalg.cholesky(cov), M, v, info)
 
 
+@full_precision
+def response_from_value(P, A, B, Rbar, U, gamma, beta, observable: bool = False):
+    """The Boltzmann policy of ``Q = r_F + gamma E V_P(s')`` for any value matrix ``P`` [n, n]
+    (``V_P(s) = -s^T P s``), packed as a :class:`GaussianBestResponse`: at the Riccati solution
+    it is Proposition 1's (``observable``: 2's) best response; at an iterate, a learner's policy
+    (:mod:`bchg_jax.lq.follower_models`). ``info`` records no iteration."""
+    zero = jnp.zeros((), P.dtype)
+    info = RiccatiInfo(jnp.zeros((), jnp.int32), zero, jnp.isfinite(jnp.sum(P)))
+    A, B, Rbar, U = (jnp.asarray(x, P.dtype) for x in (A, B, Rbar, U))
+    return _response(P, A, B, Rbar, U, gamma, beta, info, observable=observable)
+
+
 def _solve(A, B, Qbar, Rbar, U, gamma, beta, P0, tol, max_iters, observable: bool):
     """The Riccati solution and the best response of Proposition 1 or 2 built from it."""
     P, info = riccati(A, B, Qbar, Rbar, gamma, P0, tol, max_iters)

@@ -17,6 +17,8 @@ from bchg_jax.lq.estimators import (
 )
 from bchg_jax.lq.exact import components, exact_hypergradient, leader_objective
 from bchg_jax.lq.follower import GaussianBestResponse, best_response, riccati, soft_q, soft_value
+from bchg_jax.lq.follower_models import k_step_response, observed_follower, policy_value
+from bchg_jax.lq.follower_references import as_if_optimal_hypergradient, k_step_hypergradient
 from bchg_jax.lq.rollout import Trajectories, rollout
 from bchg_jax.lq.train import METHODS, HParams, TrainConfig, make_train
 
@@ -36,6 +38,11 @@ __all__ = [
     "riccati",
     "soft_q",
     "soft_value",
+    "k_step_response",
+    "observed_follower",
+    "policy_value",
+    "as_if_optimal_hypergradient",
+    "k_step_hypergradient",
     "Trajectories",
     "rollout",
     "METHODS",

@@ -23,13 +23,14 @@ Hyperparameters a grid may vary (``lr``, ``beta``) are traced; everything else i
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from bchg_jax.core import hparams as hparams_lib
+from bchg_jax.core.follower_model import FollowerModel, agreement
 from bchg_jax.core.loop import Trainer, build_trainer, check_setup, sgd_ascent
 from bchg_jax.core.maxent_lqr import soft_q, soft_value
 from bchg_jax.core.networks import MLP
@@ -43,6 +44,8 @@ from bchg_jax.lq.estimators import (
     per_step_follower_grad,
     per_step_follower_grad_pathwise,
 )
+from bchg_jax.lq.follower_models import gain_gap, k_step_response, observed_follower
+from bchg_jax.lq.follower_references import as_if_optimal_hypergradient, k_step_hypergradient
 from bchg_jax.lq.rollout import rollout
 
 Array = jax.Array
@@ -59,6 +62,7 @@ METHOD_SPECS = {
 }
 METHODS = tuple(METHOD_SPECS)  # the method names make_train accepts
 CRITICS = ("quadratic", "mlp", "exact")
+FOLLOWERS = ("best_response", "k_step")  # the follower models of this family
 FOLLOWER_GRADS = ("score", "pathwise")
 
 
@@ -86,6 +90,10 @@ class TrainConfig:
       ridge: LSTD ridge of the quadratic critics.
       riccati_tol: relative-change tolerance of the follower's Riccati iteration.
       riccati_max_iters: its iteration cap.
+      follower: the simulated follower: the best response (default) or ``k_step`` (K Riccati
+        steps per iteration from its last value; :mod:`bchg_jax.lq.follower_models`).
+      track_reference: also record the estimate's cosine and projection against the two exact
+        references of :mod:`bchg_jax.lq.follower_references` every iteration.
     """
 
     num_episodes: int = 100
@@ -106,6 +114,8 @@ class TrainConfig:
     ridge: float = 1e-6
     riccati_tol: float = 1e-6
     riccati_max_iters: int = 50_000
+    follower: FollowerModel = FollowerModel()
+    track_reference: bool = False
 
     def validate(self) -> "TrainConfig":
         """Host-side range and choice checks; returns ``self`` (``ValueError`` otherwise)."""
@@ -125,6 +135,13 @@ class TrainConfig:
         )
         if not self.mlp_hidden or any(int(h) < 1 for h in self.mlp_hidden):
             raise ValueError(f"mlp_hidden must be positive layer sizes, got {self.mlp_hidden!r}")
+        if not isinstance(self.follower, FollowerModel):
+            raise ValueError(f"TrainConfig.follower must be a FollowerModel, got {self.follower!r}")
+        if self.follower.validate().kind not in FOLLOWERS:
+            raise ValueError(
+                f"TrainConfig.follower: the LQ family simulates {FOLLOWERS}, got "
+                f"{self.follower.kind!r} (lag and q_learning: the tabular families)"
+            )
         return self
 
 
@@ -136,6 +153,7 @@ class TrainState(NamedTuple):
     critic: object  # MLP critics' starting parameters (q, dVF) for the next iteration, or ()
     key: Array
     step: Array
+    follower: Optional[Array] = None  # the k_step learner's value matrix P [n, n], else None
 
 
 class _Fields(NamedTuple):
@@ -204,9 +222,28 @@ def make_train(
                 q_model.init(k_q, jnp.zeros((1, n + m), dtype)),
                 v_model.init(k_v, jnp.zeros((1, n), dtype)),
             )
-        return TrainState(
-            theta, jnp.asarray(problem.Qbar, dtype), critic_init, k_run, jnp.zeros((), jnp.int32)
-        )
+        own = jnp.zeros((n, n), dtype) if fm.kind == "k_step" else None  # knows nothing yet
+        Qbar = jnp.asarray(problem.Qbar, dtype)
+        return TrainState(theta, Qbar, critic_init, k_run, jnp.zeros((), jnp.int32), own)
+
+    fm = config.follower
+
+    def play(theta, beta, br, own):
+        """(the policy played, what the estimators see of it, the learner's next state): the
+        best response, or the K-step learner's policy with ``V^g``."""
+        if fm.kind != "k_step":
+            return br, br, own
+        played, own = k_step_response(problem, theta, beta, own, fm.steps)
+        return played, observed_follower(problem, theta, played, beta), own
+
+    def references(theta, beta, played, own):
+        """(as-if-optimal reference, reference through the learner's update) at theta."""
+        if fm.kind != "k_step":
+            kw = dict(tol=config.riccati_tol, max_iters=config.riccati_max_iters)
+            exact = exact_lq.exact_hypergradient(problem, theta, beta, **kw)
+            return exact, exact
+        target = as_if_optimal_hypergradient(problem, theta, played, beta)
+        return target, k_step_hypergradient(problem, theta, own, beta, fm.steps)
 
     def leader_critic(key, theta, br, traj, rL, critic_init):
         """(V_L [E,T+1], Q_L [E,T], EV_L [E,T] or None, fitted MLP params or None)."""
@@ -284,15 +321,17 @@ def make_train(
             theta, beta, P0=P0, tol=config.riccati_tol, max_iters=config.riccati_max_iters
         )
 
-    def evaluate(theta, beta, br):
-        """Metrics of theta: the exact 100-step J_L, its components, the follower's status."""
+    def evaluate(theta, beta, br, played=None):
+        """Metrics of theta: the exact 100-step J_L and its components at the policy played
+        (``played``, default the best response ``br``), the best response's solve status."""
+        played = br if played is None else played
         metrics = {
-            "J": exact_lq.leader_objective(problem, theta, beta, br=br),
+            "J": exact_lq.leader_objective(problem, theta, beta, br=played),
             "ok": br.converged.astype(jnp.int32),
             "riccati_iters": br.info.iterations,
         }
         if comp_fn is not None:
-            metrics.update(exact_lq.components(problem, theta, br, comp_fn(theta)))
+            metrics.update(exact_lq.components(problem, theta, played, comp_fn(theta)))
         return metrics
 
     def follower_terms(key, theta, br, traj, critic_init):
@@ -357,18 +396,20 @@ def make_train(
         critic = state.critic
         key, k_roll, k_crit = jax.random.split(state.key, 3)
         br = follower(theta, beta, state.P)
-        metrics = evaluate(theta, beta, br)
+        played, view, own = play(theta, beta, br, state.follower)
+        metrics = evaluate(theta, beta, br, played)
         if method == "exact":
             grad = exact_lq.exact_hypergradient(
                 problem, theta, beta, tol=config.riccati_tol, max_iters=config.riccati_max_iters
             )
         else:
-            grad, q_params, v_params = estimate(k_roll, k_crit, theta, beta, br, state.critic)
+            grad, q_params, v_params = estimate(k_roll, k_crit, theta, beta, view, state.critic)
             if use_mlp and config.mlp_warm_start:
                 critic = (
                     state.critic[0] if q_params is None else q_params,
                     state.critic[1] if v_params is None else v_params,
                 )
+        raw = grad
         ok = br.converged & jnp.all(jnp.isfinite(grad))
         grad = jnp.where(ok, grad, 0.0)  # flagged, skipped: never a silent NaN update
         new_theta = sgd_ascent(theta, grad, hp.lr, config.clip_norm)
@@ -376,13 +417,22 @@ def make_train(
         metrics["solve_capped"] = (~br.converged).astype(jnp.int32)
         metrics["update_skipped"] = (~ok).astype(jnp.int32)
         metrics["grad_norm"] = jnp.linalg.norm(grad)
+        if fm.kind == "k_step":
+            metrics["follower_gap"] = gain_gap(played, br)
+            own = jnp.where(jnp.all(jnp.isfinite(own)), own, jnp.zeros_like(own))
+        if config.track_reference:
+            target, through = references(theta, beta, played, state.follower)
+            metrics.update(agreement(raw, target, "target"))
+            metrics.update(agreement(raw, through, "through"))
         P_next = jnp.where(
             br.converged, jax.lax.stop_gradient(br.P), jnp.asarray(problem.Qbar, dtype)
         )
-        return TrainState(new_theta, P_next, critic, key, state.step + 1), metrics
+        return TrainState(new_theta, P_next, critic, key, state.step + 1, own), metrics
 
     steps = {
         "follower": follower,
+        "play": play,
+        "references": references,
         "evaluate": evaluate,
         "leader_critic": leader_critic,
         "follower_terms": follower_terms,

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core import hparams as hparams_lib
-from bchg_jax.core.follower_model import FollowerModel, lag_mix
+from bchg_jax.core.follower_model import FollowerModel, agreement, lag_mix
 from bchg_jax.core.loop import Trainer, build_trainer, check_setup, sgd_ascent
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import check_beta, check_config, check_positive, check_unit_interval
@@ -252,19 +252,6 @@ def resolve_solver(problem: TabularCMDP, solver: str = "auto", explain: bool = F
     return out if explain else out[:2]
 
 
-def agreement(estimate, reference, name: str) -> dict:
-    """``cos_<name>``: the cosine of ``estimate`` and ``reference`` (pytrees of one structure);
-    ``proj_<name>``: ``<estimate, reference> / |reference|^2`` (1 for an estimate whose mean
-    along the reference is the reference)."""
-    e = jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(estimate)])
-    r = jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(reference)]).astype(e.dtype)
-    dot, rr = jnp.dot(e, r), jnp.dot(r, r)
-    return {
-        f"cos_{name}": dot / jnp.sqrt(jnp.dot(e, e) * rr),
-        f"proj_{name}": dot / rr,
-    }
-
-
 def make_train(
     problem: TabularCMDP, method: str = "bchg", config: TrainConfig = TrainConfig()
 ) -> Trainer:
@@ -289,8 +276,9 @@ def make_train(
       solves', and its rollouts drew from the whole table); with a follower off its best
       response (``config.follower``, docs/followers.md) ``J`` is J_L at the policy it plays and
       ``follower_gap`` its distance max |g - g^{theta dagger}|; with ``config.track_reference``
-      also ``cos_target``, ``proj_target``, ``cos_through``, ``proj_through`` (:func:`agreement`
-      of the estimate with the two exact references); each [n] per run of
+      also ``cos_target``, ``proj_target``, ``cos_through``, ``proj_through``
+      (:func:`~bchg_jax.core.follower_model.agreement` of the estimate with the two exact
+      references); each [n] per run of
       ``run(state, hp, n)``. The state is a ``TrainState`` (``theta`` shaped like
       ``problem.theta0``, ``critic`` [S, B], ``V_F`` [S], ``V_L`` [S], ``key``, ``step``,
       ``follower``: the learner's own state or None).

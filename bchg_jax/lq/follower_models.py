@@ -1,0 +1,83 @@
+"""A follower that is not at its best response, in a linear-Gaussian configurable MDP.
+
+The ``k_step`` learner of :class:`~bchg_jax.core.follower_model.FollowerModel` in the LQ family:
+it keeps its value matrix ``P`` (``V(s) = -s^T P s``) and at iteration i takes K Riccati steps
+(soft Bellman backups, Eq. (riccati_equation)'s map) of M_{theta_i} from it: with
+``P_{K-1} = riccati_map^{K-1}(P_{i-1})`` it plays the Boltzmann policy of
+``Q_K = r_F + gamma_F E V_{P_{K-1}}(s')`` (:func:`~bchg_jax.core.maxent_lqr.response_from_value`)
+and keeps ``P_i = riccati_map(P_{K-1})``: the tabular learner's K backups, in closed form.
+K -> infinity is Proposition 1's best response.
+
+What the leader knows: it reads the follower's policy (its gain and covariance) and pairs it
+with ``V^g``, the entropy-regularised value of that fixed policy on the model
+(:func:`observed_follower`: a discounted Lyapunov equation), never the learner's own ``P``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bchg_jax.core.maxent_lqr import GaussianBestResponse, response_from_value, riccati_map
+from bchg_jax.core.precision import full_precision
+from bchg_jax.lq.cmdp import LQConfigurableMDP
+from bchg_jax.lq.exact import discounted_lyapunov
+
+Array = jax.Array
+
+
+def _model(problem: LQConfigurableMDP, theta: Array):
+    dt = theta.dtype
+    A, B = problem.A_fn(theta), problem.B_fn(theta)
+    Qbar, Rbar, U = (jnp.asarray(x, dt) for x in (problem.Qbar, problem.Rbar, problem.U))
+    return A, B, Qbar, Rbar, U
+
+
+@full_precision
+def k_step_response(problem: LQConfigurableMDP, theta: Array, beta, P_prev: Array, K: int):
+    """(the policy played, the learner's next value matrix) after K Riccati steps from ``P_prev``.
+
+    Returns:
+      (:class:`~bchg_jax.core.maxent_lqr.GaussianBestResponse` of ``P_{K-1}``, ``P_K`` [n, n]).
+    """
+    A, B, Qbar, Rbar, U = _model(problem, theta)
+    step = lambda _, P: riccati_map(P, A, B, Qbar, Rbar, problem.gamma_F)  # noqa: E731
+    P = jax.lax.fori_loop(0, K - 1, step, P_prev)
+    played = response_from_value(P, A, B, Rbar, U, problem.gamma_F, beta)
+    return played, riccati_map(P, A, B, Qbar, Rbar, problem.gamma_F)
+
+
+@full_precision
+def policy_value(problem: LQConfigurableMDP, theta: Array, policy: GaussianBestResponse, beta):
+    """(P_g, c_g): ``V^g(s) = -(s^T P_g s + c_g)`` of the fixed policy ``N(-K s, cov)``.
+
+    ``P_g = Qbar + K^T Rbar K + gamma F^T P_g F`` with ``F = A - B K``, and
+    ``(1 - gamma) c_g = tr(Rbar cov) - beta H(cov) + gamma tr(B^T P_g B cov) + gamma tr(U^T P_g U)``
+    (H: the Gaussian entropy); at the best response they are Proposition 1's ``P`` and ``v``.
+    """
+    A, B, Qbar, Rbar, U = _model(problem, theta)
+    g, m = problem.gamma_F, policy.K.shape[0]
+    F = A - B @ policy.K
+    P = discounted_lyapunov(F.T, Qbar + policy.K.T @ Rbar @ policy.K, g)
+    entropy = 0.5 * (m * np.log(2 * np.pi * np.e) + jnp.linalg.slogdet(policy.cov)[1])
+    c = (
+        jnp.trace(Rbar @ policy.cov)
+        - beta * entropy
+        + g * jnp.trace(B.T @ P @ B @ policy.cov)
+        + g * jnp.trace(U.T @ P @ U)
+    ) / (1.0 - g)
+    return P, c
+
+
+def observed_follower(problem: LQConfigurableMDP, theta: Array, policy: GaussianBestResponse, beta):
+    """What the estimators get of a follower playing ``policy``: its gain and covariance with
+    the value ``V^g`` (``P``, ``v`` replaced by :func:`policy_value`'s), so ``soft_value`` and
+    ``soft_q`` of the result are ``V^g`` and ``Q^g``."""
+    P, c = policy_value(problem, theta, policy, beta)
+    return policy._replace(P=P, v=c)
+
+
+def gain_gap(policy: GaussianBestResponse, best: GaussianBestResponse) -> Array:
+    """max |K - K^dagger|: how far the follower's gain is from the best response's."""
+    return jnp.max(jnp.abs(policy.K - best.K))

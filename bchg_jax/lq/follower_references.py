@@ -1,0 +1,71 @@
+"""Exact references for an LQ follower off its best response (the LQ analogue of
+:mod:`bchg_jax.tabular.follower_references`).
+
+* :func:`as_if_optimal_hypergradient`: Theorem 1 at the follower's current Gaussian policy g as if
+  it were optimal: ``d/dtheta J_L(theta, g_theta)`` with
+  ``g_theta(b|s) ~ g(b|s) exp((Q^g_theta - sg(Q^g_theta))(s, b) / beta)``, ``Q^g_theta`` the soft Q
+  of the fixed g in M_theta. Q^g is quadratic, ``-[s; b]^T H [s; b] + const``, so g_theta stays
+  Gaussian: with ``dH = H_theta - sg(H_theta)``, precision ``cov^-1 + (2/beta) dH_bb`` and gain
+  ``cov_theta (cov^-1 K + (2/beta) dH_bs)``: equal to g, with the Boltzmann derivative.
+* :func:`k_step_hypergradient`: ``d/dtheta J_L(theta, g_K(theta))`` through the learner's K
+  Riccati steps from ``P_prev`` (held fixed), unrolled.
+
+Both equal :func:`~bchg_jax.lq.exact.exact_hypergradient` at the best response (tested).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from bchg_jax.core.maxent_lqr import GaussianBestResponse
+from bchg_jax.core.precision import full_precision
+from bchg_jax.lq.cmdp import LQConfigurableMDP
+from bchg_jax.lq.exact import leader_objective
+from bchg_jax.lq.follower_models import k_step_response, policy_value
+
+Array = jax.Array
+
+
+def _q_matrices(problem: LQConfigurableMDP, theta: Array, P: Array):
+    """(H_bb [m, m], H_bs [m, n]) of Q(s, b) = -[s; b]^T H [s; b] + const for the value
+    ``-s^T P s``: ``H_bb = Rbar + gamma B^T P B``, ``H_bs = gamma B^T P A``."""
+    A, B = problem.A_fn(theta), problem.B_fn(theta)
+    Rbar = jnp.asarray(problem.Rbar, theta.dtype)
+    g = problem.gamma_F
+    return Rbar + g * B.T @ P @ B, g * B.T @ P @ A
+
+
+@full_precision
+def as_if_optimal_hypergradient(
+    problem: LQConfigurableMDP, theta: Array, policy: GaussianBestResponse, beta, horizon="default"
+) -> Array:
+    """Theorem 1's hypergradient at the follower's current ``policy`` (gain ``K``, ``cov``) as if
+    it were optimal (module docstring); ``horizon`` as :func:`~bchg_jax.lq.exact.leader_objective`.
+    """
+    g = jax.lax.stop_gradient(policy)
+    prec = jnp.linalg.inv(g.cov)
+
+    def objective(th):
+        P, _ = policy_value(problem, th, g, beta)
+        H_bb, H_bs = _q_matrices(problem, th, P)
+        d_bb, d_bs = H_bb - jax.lax.stop_gradient(H_bb), H_bs - jax.lax.stop_gradient(H_bs)
+        cov = jnp.linalg.inv(prec + (2.0 / beta) * d_bb)
+        K = cov @ (prec @ g.K + (2.0 / beta) * d_bs)
+        moved = g._replace(K=K, cov=0.5 * (cov + cov.T))
+        return leader_objective(problem, th, beta, horizon, br=moved)
+
+    return jax.grad(objective)(theta)
+
+
+@full_precision
+def k_step_hypergradient(
+    problem: LQConfigurableMDP, theta: Array, P_prev: Array, beta, K: int, horizon="default"
+) -> Array:
+    """d/dtheta J_L(theta, g_K(theta)), g_K the K-step learner's policy from ``P_prev`` [n, n]."""
+
+    def objective(th):
+        played, _ = k_step_response(problem, th, beta, P_prev, K)
+        return leader_objective(problem, th, beta, horizon, br=played)
+
+    return jax.grad(objective)(theta)

@@ -1,0 +1,89 @@
+"""The LQ K-step follower (issue 30): its policy, V^g, the exact references, the trainer."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bchg_jax import lq
+from bchg_jax.core.follower_model import FollowerModel
+from bchg_jax.lq.follower_models import k_step_response, observed_follower, policy_value
+from bchg_jax.lq.follower_references import as_if_optimal_hypergradient, k_step_hypergradient
+from bchg_jax.problems.thermal import thermal
+
+BETA = 1.0
+
+
+def _setup():
+    prob = thermal(jnp.float64)
+    theta = prob.theta0 + 0.3 * jax.random.normal(jax.random.key(0), prob.theta0.shape)
+    return prob, theta
+
+
+def test_references_and_value_at_the_best_response(x64):
+    """At Proposition 1's best response (Riccati solved to 1e-13): V^g is (P, v) and the
+    as-if-optimal reference is the exact hypergradient; K -> infinity steps give the best
+    response's gain."""
+    prob, theta = _setup()
+    br = prob.best_response(theta, BETA, tol=1e-13)
+    P, c = policy_value(prob, theta, br, BETA)
+    np.testing.assert_allclose(P, br.P, rtol=1e-9)
+    np.testing.assert_allclose(c, br.v, rtol=1e-9)
+    exact = lq.exact_hypergradient(prob, theta, BETA, tol=1e-13)
+    np.testing.assert_allclose(as_if_optimal_hypergradient(prob, theta, br, BETA), exact, 1e-7)
+    played, _ = k_step_response(prob, theta, BETA, jnp.zeros((4, 4)), 2000)
+    np.testing.assert_allclose(played.K, br.K, atol=1e-9)
+
+
+@pytest.mark.parametrize("K", [1, 3])
+def test_k_step_derivative_matches_finite_differences(x64, K):
+    prob, theta = _setup()
+    P_prev = jnp.asarray(prob.Qbar)
+
+    def J(th):
+        played, _ = k_step_response(prob, th, BETA, P_prev, K)
+        return lq.leader_objective(prob, th, BETA, br=played)
+
+    grad = np.asarray(k_step_hypergradient(prob, theta, P_prev, BETA, K))
+    eps = 1e-6
+    fd = [(J(theta.at[i].add(eps)) - J(theta.at[i].add(-eps))) / (2 * eps) for i in range(8)]
+    np.testing.assert_allclose(grad, fd, rtol=1e-5, atol=1e-6)
+    assert np.abs(grad - np.asarray(lq.exact_hypergradient(prob, theta, BETA))).max() > 1e-2
+
+
+def test_observed_follower_values_the_played_policy(x64):
+    """V^g of a K-step policy solves its Bellman expectation equation: Q^g(s, b) averaged over
+    b ~ g plus beta H(g) equals V^g(s) (by sampling, 200k actions at 3 states)."""
+    prob, theta = _setup()
+    played, _ = k_step_response(prob, theta, BETA, jnp.zeros((4, 4)), 2)
+    view = observed_follower(prob, theta, played, BETA)
+    A, B = prob.A_fn(theta), prob.B_fn(theta)
+    s = jax.random.normal(jax.random.key(1), (3, 4))
+    b = played.sample(jax.random.key(2), jnp.broadcast_to(s, (200_000, 3, 4)))
+    q = lq.soft_q(view, A, B, prob.Qbar, prob.Rbar, prob.U, prob.gamma_F, s, b)
+    entropy = -played.log_prob(jnp.broadcast_to(s, b.shape[:-1] + (4,)), b)
+    lhs = np.asarray(jnp.mean(q + BETA * entropy, 0))
+    np.testing.assert_allclose(lhs, np.asarray(lq.soft_value(view, s)), rtol=2e-3)
+
+
+def test_trainer_with_a_k_step_follower():
+    """The thermal trainer with a 2-step learner: finite J at the played policy, its gain gap
+    to the best response shrinking, cos / proj against both references recorded."""
+    config = lq.TrainConfig(
+        num_episodes=8,
+        iterations=30,
+        follower=FollowerModel("k_step", steps=2),
+        track_reference=True,
+    )
+    tr = lq.make_train(thermal(), "bchg", config)
+    _, m = jax.jit(tr.train)(jax.random.key(0), lq.HParams(lr=0.1, beta=0.1))
+    m = jax.tree.map(np.asarray, m)
+    assert np.all(np.isfinite(m["J"])) and np.all(m["update_skipped"] == 0)
+    assert m["follower_gap"][-1] < 0.1 * m["follower_gap"][0]
+    for k in ("cos_target", "cos_through"):
+        assert np.all(np.abs(m[k]) <= 1 + 1e-5)
+
+
+def test_lq_refuses_the_tabular_followers():
+    with pytest.raises(ValueError, match="lag and q_learning"):
+        lq.TrainConfig(follower=FollowerModel("lag")).validate()
