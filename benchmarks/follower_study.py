@@ -17,9 +17,11 @@ not tunings.
 ``table`` reads the runs (the first N iterations of each) and writes ``table.md`` and
 ``figure.png`` to ``--compact``: per follower and method, the final J_L (mean +- SE over
 seeds of the last 500 iterations; J_L at the policy the follower actually plays) and the
-estimate's mean cosine / projection ``<est, ref> / |ref|^2`` against the two exact references
-(``target``: the follower's current policy as if optimal; ``through``: the derivative through
-the follower's actual update; docs/followers.md), averaged over iterations and seeds.
+estimate's mean cosine and median projection ``<est, ref> / |ref|^2`` against the two exact
+references (``target``: the follower's current policy as if optimal; ``through``: the
+derivative through the follower's actual update; docs/followers.md) over iterations and seeds
+(a zero estimate has no cosine and is left out; the projection is heavy-tailed where the
+reference is small, hence the median).
 """
 
 from __future__ import annotations
@@ -101,7 +103,11 @@ def summarize(metrics: str, iterations: int, window: int) -> dict:
     final = J[:, -window:].mean(1)
     out = {"J": final.mean(), "J_se": final.std(ddof=1) / np.sqrt(final.size), "n": J.shape[1]}
     for k in ("cos_target", "proj_target", "cos_through", "proj_through", "follower_gap"):
-        out[k] = float(np.mean(x[k][0][:, :iterations])) if k in x.files else np.nan
+        v = x[k][0][:, :iterations] if k in x.files else np.full(1, np.nan)
+        # cos: mean over the iterations with a nonzero estimate; proj: median (heavy-tailed
+        # where the reference is small)
+        stat = np.nanmedian if k.startswith("proj") else np.nanmean
+        out[k] = float(stat(v)) if np.any(np.isfinite(v)) else np.nan
     out["curve"] = J.mean(0)
     return out
 
@@ -129,8 +135,9 @@ def table(out: str, compact: str, iterations: dict) -> None:
         f"{iterations['fourrooms']} iterations (toy game: {WINDOW['toy_game']} of "
         f"{iterations['toy_game']}) of J_L at the "
         "policy the follower plays; cos / proj: the estimate against the as-if-optimal "
-        "reference (T) and the derivative through the follower's update (U), mean over "
-        "iterations and seeds (proj = <est, ref> / |ref|^2); gap: mean max |g - g^dagger|.",
+        "reference (T) and the derivative through the follower's update (U): mean cosine and "
+        "median proj = <est, ref> / |ref|^2 over iterations and seeds; gap: mean "
+        "max |g - g^dagger| (LQ: of the gains).",
         "",
     ]
     fig, axes = plt.subplots(

@@ -29,7 +29,25 @@ LEGACY_SETTINGS = {
     "replay": lambda saved: 200 if saved.get("preset") == "explore" else 0,
     "tau": lambda saved: 0.05 if saved.get("preset") == "explore" else 0.01,
     "explore_episodes": lambda saved: 2 if saved.get("preset") == "explore" else 0,
+    # the follower model (issue 30): runs before it had the paper's best-response follower
+    "follower": "best_response",
+    "follower_steps": 1,
+    "follower_mix": 0.1,
+    "follower_lr": 0.1,
+    "follower_explore": 0.0,
+    "track_reference": False,
 }
+
+
+def with_legacy(saved: dict, dests) -> dict:
+    """``saved`` (a config.json's arguments) completed with the :data:`LEGACY_SETTINGS` value of
+    every setting among ``dests`` (the CLI's flags) that it was saved without."""
+    legacy = {
+        k: v(saved) if callable(v) else v
+        for k, v in LEGACY_SETTINGS.items()
+        if k in dests and k not in saved
+    }
+    return {**legacy, **saved}
 
 
 def fail(message: str) -> None:
@@ -363,7 +381,7 @@ def resume_args(a, experiment: str):
             f"--resume {a.resume} holds a {cfg['experiment']} run; resume it with "
             f"python -m experiments.{cfg['experiment']} --resume {a.resume}"
         )
-    saved = cfg["args"]
+    saved = with_legacy(cfg["args"], vars(a))
     changed = [
         f"--{k.replace('_', '-')} {saved.get(k)!r} there, {jsonable(getattr(a, k))!r} given"
         for k in sorted(a._explicit)
@@ -390,10 +408,7 @@ def resume_args(a, experiment: str):
     if "chunk" in a._explicit:
         keep["chunk"] = a.chunk
     explicit = a._explicit
-    legacy = {
-        k: v(saved) if callable(v) else v for k, v in LEGACY_SETTINGS.items() if hasattr(a, k)
-    }
-    a = argparse.Namespace(**{**vars(a), **legacy, **saved, **keep})
+    a = argparse.Namespace(**{**vars(a), **saved, **keep})
     a.resume, a.out, a.exact_out, a.config = run_dir, run_dir, True, None
     a.iterations, a._explicit = iterations, explicit
     return a

@@ -34,6 +34,7 @@ from experiments.cli import (
     read_run_config,
     resume_args,
     saved_args,
+    with_legacy,
 )
 from experiments.report import finish_method, finish_run
 
@@ -149,7 +150,8 @@ def prepare_run_dir(
                 else "one method's results of a run"
             )
             fail(f"--out {run_dir} holds {what}; use another --out")
-        diff = [k for k in setting_keys if old["args"].get(k) != jsonable(args.get(k))]
+        saved = with_legacy(old["args"], args)
+        diff = [k for k in setting_keys if saved.get(k) != jsonable(args.get(k))]
         if diff:
             fail(
                 f"{run_dir} holds a run with other settings ({', '.join(diff)}); use another --out"

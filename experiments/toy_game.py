@@ -8,10 +8,17 @@ iteration is the *exact* undiscounted 150-step leader return of (f_theta, g) (``
 discounted one, the batch's sampled return, p = f(0|A) and g(.|S) (``p``, ``g_S``:
 ``bchg_jax.problems.toy_game.toy_game_metrics``). Outputs as
 for the other experiments (``experiments/run_folder.py``).
+
+``--follower`` simulates a follower that is not at its best response (``k_step``, ``lag``,
+``q_learning``; ``docs/followers_games.md``): its runs add ``follower_gap``, the sup-norm distance
+of its policy from the best response. ``--track-reference`` adds the cosine and projection of
+the leader's hypergradient estimate on the exact references (``cos_target``, ``proj_target``,
+``cos_through``, ``proj_through``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -27,6 +34,7 @@ VARIANTS = {
 }
 ALL = ("bchg", "naive_on", "naive_off", "biac_on", "biac_off")
 SUMMARY_WINDOW = 50
+TRACK_MINIBATCH = 1024  # bchg_jax.games.tabular.train.TRACK_MINIBATCH (not imported: fast --help)
 SETTING_KEYS = (
     "seeds",
     "seed",
@@ -41,11 +49,17 @@ SETTING_KEYS = (
     "beta",
     "direct_baseline",
     "init",
+    "follower",
+    "follower_steps",
+    "follower_mix",
+    "follower_lr",
+    "follower_explore",
+    "track_reference",
 )
 
 
 def parse_args(argv=None):
-    from experiments.cli import base_parser
+    from experiments.cli import add_follower_args, base_parser
 
     p = base_parser(
         "toy_game",
@@ -109,6 +123,15 @@ def parse_args(argv=None):
         help="network initialisation: PyTorch's nn.Linear default (the reference) or "
         "flax's lecun_normal",
     )
+    g.add_argument(
+        "--track-reference",
+        action="store_true",
+        help="every iteration, compare the leader's hypergradient estimate (its surrogate's "
+        f"gradient on {TRACK_MINIBATCH} segment starts, at the iteration's start) with the exact "
+        "references: metrics cos_target, proj_target (Theorem 2 at the follower's policy as if "
+        "optimal), cos_through, proj_through (through the follower's actual reaction)",
+    )
+    add_follower_args(p)
     return p.parse_args(argv)
 
 
@@ -131,6 +154,7 @@ def method_grid(a):
 
 def train_config(a, buffer: str):
     from bchg_jax.games import tabular as games
+    from experiments.cli import follower_model
 
     return games.TrainConfig(
         iterations=a.iterations,
@@ -140,6 +164,8 @@ def train_config(a, buffer: str):
         direct_baseline=a.direct_baseline,
         backup=a.backup,
         init=a.init,
+        follower=follower_model(a),
+        track_reference=a.track_reference,
     ).validate()
 
 
@@ -174,16 +200,19 @@ def run_method(name: str, a, run_dir: str):
         trainer,
         method_grid(a),
         a,
-        record={
-            "train_config": {
-                k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(config).items()
-            }
-        },
-        title=f"toy Markov game (R={a.R:g}), {pretty_label(name)}: β={a.beta:g}, {a.seeds} seeds",
+        record={"train_config": dataclasses.asdict(config)},
+        title=f"toy Markov game (R={a.R:g}), {pretty_label(name)}: β={a.beta:g}, {a.seeds} seeds"
+        + follower_note(config, ", follower "),
         window=SUMMARY_WINDOW,
         ylabel=YLABELS["toy_game"],
-        describe=f"toy game R={a.R:g} {method} buffer={buffer}",
+        describe=f"toy game R={a.R:g} {method} buffer={buffer}"
+        + follower_note(config, " follower="),
     )
+
+
+def follower_note(config, prefix: str) -> str:
+    """``prefix`` + the follower model's label, or "" for the best response (as before)."""
+    return "" if config.follower.best_response else prefix + config.follower.label
 
 
 def main(argv=None) -> str:

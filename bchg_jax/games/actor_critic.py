@@ -4,8 +4,11 @@ One outer iteration (Algorithm 1 with the Markov-game modules: the TD critic wit
 Algorithm 3; the direct term, Algorithm 5; FollowerQGrad, Algorithm 7, Eq. (nablaQF_MG)):
 
   1. ``respond``: the follower's best response to the current leader (warm-started);
-  2. ``collect``: episodes into the actor's buffer (and the critic's replay ring, if any);
+  2. ``collect``: episodes into the actor's buffer (and the critic's replay ring, if any); a
+     follower that learns from samples (``learn``) updates its memory from them;
   3. ``update_critic``: ``critic_steps`` Adam steps of the critic on uniform minibatches;
+     optional ``diagnostics`` of the iteration's start (e.g. the estimate against exact
+     references), which touch neither the state nor the training's random draws;
   4. ``update_actor``: ``actor_steps`` Adam steps of the leader along the gradient of a
      surrogate objective (Theorem 2, Eq. (hg_MG), or Theorem 3, Eq. (hg_MG_det)) on minibatches
      drawn with probability ~ gamma_L^t;
@@ -34,6 +37,9 @@ from bchg_jax.core.loop import Trainer, adam_step, build_trainer, masked_steps, 
 from bchg_jax.core.validate import check_config
 
 Array = jax.Array
+# fold_in constant of the diagnostics' key (the actor's minibatch loop folds 0 .. max_steps - 1
+# and 10_000 + i into the same key)
+DIAGNOSTICS_KEY = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +112,9 @@ class LeaderState(NamedTuple):
       critic: the :class:`Critic`.
       critic_targ: the target critic's parameters.
       actor_opt, critic_opt: the two Adam states.
-      follower: the follower's warm start (soft Q_F [S, A, B]; the Riccati solution P [n, n]).
+      follower: the follower's warm start (soft Q_F [S, A, B]; the Riccati solution P [n, n]),
+        or the memory of a follower model that is not at its best response (a pytree: the
+        tabular game's :class:`~bchg_jax.games.tabular.follower_models.FollowerResponse`).
       buffer: the actor's :class:`~bchg_jax.core.buffers.EpisodeBuffer`.
       replay: the critic's replay ring (an EpisodeBuffer), or None (the critic uses ``buffer``).
       key: the PRNG key. step: [] int32, outer iterations done.
@@ -118,7 +126,7 @@ class LeaderState(NamedTuple):
     critic_targ: Any
     actor_opt: Any
     critic_opt: Any
-    follower: Array
+    follower: Any
     buffer: EpisodeBuffer
     replay: Any
     key: Array
@@ -159,6 +167,13 @@ class Leader(NamedTuple):
         [] arrays, from the new state and the new response.
       accepted: ``accepted(response)`` -> [] bool: keep the actor update (else it is undone);
         None: always kept.
+      learn: ``learn(state, response, episodes, beta)`` -> the follower's memory after learning from
+        the batch just collected (passed to ``follower`` as its warm start); None: the follower
+        learns nothing from samples and ``warm(response)`` is passed.
+      diagnostics: ``diagnostics(key, state, critic, response, beta)`` -> dict of [] arrays
+        added to the metrics, from the iteration's start (``state`` after ``collect``, with the
+        actor before its update), the updated :class:`Critic` and the response the batch was
+        collected with; ``key`` is its own (the training's draws do not change); None: none.
     """
 
     init_actor: Callable
@@ -172,6 +187,8 @@ class Leader(NamedTuple):
     actor: Callable
     metrics: Callable
     accepted: Optional[Callable] = None
+    learn: Optional[Callable] = None
+    diagnostics: Optional[Callable] = None
 
 
 def store(state: LeaderState, episodes, mode: str, ring_episodes=None) -> LeaderState:
@@ -296,9 +313,14 @@ def assemble(
         key, k_roll, k_c, k_a = jax.random.split(state.key, 4)
         resp = leader.respond(state, hp.beta)
         state, episodes = leader.collect(k_roll, state, resp)
+        learnt = None if leader.learn is None else leader.learn(state, resp, episodes, hp.beta)
         critic, c_state = update_critic(k_c, state, resp, hp.critic_steps)
+        extra = {}
+        if leader.diagnostics is not None:  # its own key: fold_in leaves k_a's draws alone
+            k_d = jax.random.fold_in(k_a, DIAGNOSTICS_KEY)
+            extra = leader.diagnostics(k_d, state, critic, resp, hp.beta)
         actor, a_state, gnorm = update_actor(k_a, state, critic, resp, hp.beta, hp.actor_steps)
-        new = leader.follower(actor, hp.beta, leader.warm(resp))
+        new = leader.follower(actor, hp.beta, leader.warm(resp) if learnt is None else learnt)
         ok = None if leader.accepted is None else leader.accepted(new)
         if ok is not None:  # an update the follower cannot answer is undone
             keep = lambda x, y: jnp.where(ok, x, y)  # noqa: E731
@@ -317,7 +339,7 @@ def assemble(
             key,
             state.step + 1,
         )
-        return state, leader.metrics(state, new, episodes, hp.beta, gnorm, ok)
+        return state, {**leader.metrics(state, new, episodes, hp.beta, gnorm, ok), **extra}
 
     steps = {**steps, "init": init, "step": step}
     steps.update(update_critic=update_critic, update_actor=update_actor)

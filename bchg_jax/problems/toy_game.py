@@ -91,7 +91,9 @@ def toy_game_metrics(f, response) -> dict:
 
     Args:
       f: [3, 2] the leader's policy f(a|s).
-      response: the follower's :class:`~bchg_jax.games.tabular.follower.GameBestResponse`.
+      response: the follower's :class:`~bchg_jax.games.tabular.follower.GameBestResponse`
+        (or the :class:`~bchg_jax.games.tabular.follower_models.FollowerResponse` of a
+        follower that is not at its best response: ``g_S`` is then the policy it plays).
     Returns:
       ``{"p": [], "g_S": [3]}``.
     """

@@ -156,6 +156,21 @@ def test_tabular_game_follower_and_exact():
         f,
     )
     _full(jax.grad(lambda f_: game_exact.leader_objective(game, f_, 0.05)), f)
+    # the references for followers that are not at their best response (issue 30)
+    br = game_exact.best_response(game, f, 0.05)
+    _full(lambda f_: game_exact.soft_policy_evaluation(game, f_, br.policy, 0.05)[1], f)
+    pf, th = (lambda t: jax.nn.softmax(t, -1)), jnp.zeros((3, 2))
+    _full(lambda t: game_exact.as_if_optimal_hypergradient(pf, t, game, br.policy, 0.05), th)
+    _full(lambda t: game_exact.k_step_hypergradient(pf, t, game, br.Q, 0.05, 2), th)
+    _full(
+        lambda t: game_exact.lag_hypergradient(pf, t, game, br.policy, 0.05, 0.5, Q_star=br.Q), th
+    )
+    from bchg_jax.core.follower_model import FollowerModel
+    from bchg_jax.games.tabular.follower_models import follower_pieces
+
+    for model in (FollowerModel("k_step", steps=2), FollowerModel("lag")):
+        pieces = follower_pieces(game, model, "reference", 1e-6, 50)
+        _full(lambda f_: pieces.follower(f_, 0.05, pieces.follower(f, 0.05)).V, f)
 
 
 def test_lqr_game_follower_and_exact():

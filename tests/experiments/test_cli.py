@@ -195,6 +195,8 @@ def test_other_experiments_smoke_and_resume_skip(module, extra, metrics, tmp_pat
         ("toy_game", ["--method", "bchg_on"]),
         ("toy_game", ["--actor-steps", "50"]),
         ("toy_game", ["--beta", "-0.1"]),
+        ("toy_game", ["--follower", "k_step", "--follower-steps", "0"]),
+        ("toy_game", ["--follower", "q_learning", "--follower-explore", "2"]),
         ("lqr_game", ["--method", "hpgd"]),
         ("lqr_game", ["--actor-steps", "21"]),
         ("lqr_game", ["--beta", "0"]),
@@ -354,6 +356,35 @@ def test_lqr_game_run_of_the_removed_shuffled_control_is_refused(tmp_path, capsy
         cli.main(["--resume", str(run)])
     assert e.value.code == 2
     assert "benchmarks.lqr_game_controls" in capsys.readouterr().err
+
+
+def test_toy_game_follower_flags_are_settings_a_resume_keeps(tmp_path, capsys):
+    """The follower model reaches the trainer's config; a run folder's follower cannot change on
+    --resume; a run saved before the flags existed had the best-response follower, and resumes
+    with it (LEGACY_SETTINGS)."""
+    from bchg_jax.core.follower_model import FollowerModel
+    from experiments import toy_game as cli
+    from experiments.cli import resume_args
+
+    argv = ["--follower", "k_step", "--follower-steps", "3", "--track-reference"]
+    a = cli.parse_args(argv)
+    c = cli.train_config(a, "on")
+    assert c.follower == FollowerModel("k_step", steps=3) and c.track_reference
+    assert {"follower", "follower_steps", "track_reference"} <= set(cli.SETTING_KEYS)
+    for name, saved in [("new", vars(a)), ("old", vars(cli.parse_args([])))]:
+        saved = {k: v for k, v in saved.items() if k != "_explicit"}
+        if name == "old":  # saved before the follower flags
+            saved = {k: v for k, v in saved.items() if "follower" not in k}
+            saved.pop("track_reference")
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.json").write_text(json.dumps({"experiment": "toy_game", "args": saved}))
+        r = resume_args(cli.parse_args(["--resume", str(run)]), "toy_game")
+        want = FollowerModel("k_step", steps=3) if name == "new" else FollowerModel()
+        assert cli.train_config(r, "on").follower == want
+        with pytest.raises(SystemExit) as e:
+            resume_args(cli.parse_args(["--resume", str(run), "--follower", "lag"]), "toy_game")
+        assert e.value.code == 2 and "--follower" in capsys.readouterr().err
 
 
 def test_a_failed_write_stops_with_the_resume_command(tmp_path, monkeypatch, capsys):

@@ -10,13 +10,18 @@ Family protocol: ``best_response``, ``rollout``, ``hypergradient``, ``leader_obj
 
 from bchg_jax.games.estimators import hypergradient
 from bchg_jax.games.tabular.exact import (
+    as_if_optimal_hypergradient,
     best_response,
     exact_hypergradient,
+    k_step_hypergradient,
+    lag_hypergradient,
     leader_objective,
     leader_return,
     leader_values,
+    soft_policy_evaluation,
 )
 from bchg_jax.games.tabular.follower import GameBestResponse, soft_q_iteration
+from bchg_jax.games.tabular.follower_models import FollowerResponse
 from bchg_jax.games.tabular.game import TabularGame
 from bchg_jax.games.tabular.rollout import GameEpisodes, rollout
 from bchg_jax.games.tabular.train import METHODS, HParams, TrainConfig, make_train
@@ -28,7 +33,12 @@ __all__ = [
     "leader_objective",
     "leader_return",
     "leader_values",
+    "soft_policy_evaluation",
+    "as_if_optimal_hypergradient",
+    "k_step_hypergradient",
+    "lag_hypergradient",
     "GameBestResponse",
+    "FollowerResponse",
     "soft_q_iteration",
     "TabularGame",
     "GameEpisodes",

@@ -6,6 +6,13 @@
   propagating the state distribution of the joint Markov chain: ``horizon`` steps, undiscounted
   or discounted (``gamma``), exactly (no sampling).
 * :func:`leader_values`: infinite-horizon V_L(s), Q_L(s, a, b) under (f, g) (linear solve).
+* :func:`soft_policy_evaluation`: the follower's entropy-regularised values Q^g, V^g of a fixed
+  policy g against f (linear solve): what the leader pairs with a follower that is not at its
+  best response (:mod:`bchg_jax.games.tabular.follower_models`).
+* References for followers that are not at their best response (``docs/followers_games.md``):
+  :func:`as_if_optimal_hypergradient` (Theorem 2's formula at the follower's current policy, as
+  if it were optimal), :func:`k_step_hypergradient` (through K unrolled soft-Q backups) and
+  :func:`lag_hypergradient` (through the lagging follower's mix).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.follower_model import lag_mix
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
@@ -24,9 +32,11 @@ from bchg_jax.core.validate import (
     check_problem_settings,
 )
 from bchg_jax.games.tabular.follower import (
+    BACKUPS,
     GameBestResponse,
     response_from_q,
     soft_q_backup,
+    soft_q_backups,
     soft_q_iteration,
 )
 from bchg_jax.games.tabular.game import check_policy_shapes
@@ -64,10 +74,24 @@ def best_response(
     check_problem_settings(game)
     check_beta_if_concrete(beta)
     check_policy_shapes(game, f)
-    P = jnp.asarray(game.transition, f.dtype)
-    r = jnp.asarray(game.follower_reward, f.dtype)
     sg = jax.lax.stop_gradient
     Q_star = soft_q_iteration(game, sg(f), sg(beta), backup, tol=tol, max_sweeps=max_sweeps).Q
+    return implicit_response(game, f, beta, Q_star, backup)
+
+
+@full_precision
+def implicit_response(game, f: Array, beta, Q_star: Array, backup: str = "reference"):
+    """The best response at an already solved soft-Q fixed point ``Q_star`` [S, A, B] (its value
+    as given), with the implicit-function-theorem derivative in ``f`` and beta attached
+    (``lax.custom_root`` on ``Q = backup(Q; f, beta)``; :func:`best_response` without the
+    forward solve: a trainer passes the solution it already has).
+
+    Returns:
+      :class:`~bchg_jax.games.tabular.follower.GameBestResponse` (``sweeps`` 0, ``residual``
+      the fixed-point residual at ``Q_star``).
+    """
+    P = jnp.asarray(game.transition, f.dtype)
+    r = jnp.asarray(game.follower_reward, f.dtype)
 
     def F(Q):
         return soft_q_backup(P, r, Q, f, beta, game.gamma_F, backup) - Q
@@ -177,12 +201,21 @@ def leader_objective(game, f: Array, beta, backup: str = "reference") -> Array:
     check_problem_settings(game)
     check_beta_if_concrete(beta)
     br = best_response(game, f, beta, backup)
-    V, _ = leader_values(game, f, br.policy)
+    return leader_objective_at(game, f, br.policy)
+
+
+@full_precision
+def leader_objective_at(game, f: Array, g: Array) -> Array:
+    """J_L(f, g) = sum_s rho_0(s) V_L(s) under the given follower policy g [S, A, B]
+    (infinite-horizon, discounted by gamma_L; differentiable in f and g)."""
+    V, _ = leader_values(game, f, g)
     return jnp.dot(jnp.asarray(game.init_dist, f.dtype), V)
 
 
 @full_precision
-def exact_hypergradient(policy_fn, theta, game, beta, backup: str = "reference"):
+def exact_hypergradient(
+    policy_fn, theta, game, beta, backup: str = "reference", Q_star: Optional[Array] = None
+):
     """d J_L(policy_fn(theta)) / d theta exactly (autodiff through :func:`leader_objective`).
 
     The exact hypergradient that Theorem 2's estimate (Eq. (hg_MG),
@@ -194,6 +227,9 @@ def exact_hypergradient(policy_fn, theta, game, beta, backup: str = "reference")
       game: a :class:`~bchg_jax.games.tabular.game.TabularGame`.
       beta: the follower's entropy weight (> 0), scalar.
       backup: the follower's soft-Q backup (``"reference"`` or ``"paper"``).
+      Q_star: optional [S, A, B] soft-Q fixed point at ``policy_fn(theta)`` already solved (a
+        trainer's warm-started solution): no forward solve (:func:`implicit_response`);
+        None: solved here to 1e-12 (:func:`best_response`).
     Returns:
       a pytree like ``theta``.
     Raises:
@@ -202,4 +238,182 @@ def exact_hypergradient(policy_fn, theta, game, beta, backup: str = "reference")
     """
     check_problem_settings(game)
     check_beta_if_concrete(beta)
-    return jax.grad(lambda th: leader_objective(game, policy_fn(th), beta, backup))(theta)
+
+    def J(th):
+        f = policy_fn(th)
+        return leader_objective_at(game, f, _response(game, f, beta, backup, Q_star).policy)
+
+    return jax.grad(J)(theta)
+
+
+def _response(game, f, beta, backup, Q_star):
+    """The differentiable best response to f, solved here or at the given ``Q_star``."""
+    if Q_star is None:
+        return best_response(game, f, beta, backup)
+    return implicit_response(game, f, beta, jax.lax.stop_gradient(Q_star), backup)
+
+
+def safe_log(p: Array) -> Array:
+    """log p with p clipped at the dtype's smallest normal number (a policy's zeros give a large
+    negative finite number, so ``0 * log 0`` terms vanish instead of giving NaN)."""
+    return jnp.log(jnp.maximum(p, jnp.finfo(p.dtype).tiny))
+
+
+@full_precision
+def soft_policy_evaluation(game, f: Array, g: Array, beta, backup: str = "reference"):
+    """The follower's entropy-regularised values of a *fixed* policy g against the leader's f.
+
+    The linear Bellman equation of policy g (solved exactly, a dense [SAB, SAB] system):
+
+        Q^g(s, a, b) = r_F(s, a, b) + gamma_F sum_{s'} p(s'|s, a, b) v^g(s')
+        V^g(s, a)    = sum_b g(b|s, a) (Q^g(s, a, b) - beta log g(b|s, a))
+
+    with the next-state value in the form of the follower's ``backup``
+    (:mod:`bchg_jax.games.tabular.follower`):
+
+    * ``"paper"``: ``v^g(s') = sum_{a'} f(a'|s') V^g(s', a')``, the soft value of g in the game;
+    * ``"reference"``: ``v^g(s') = sum_{b'} h(b'|s') (sum_{a'} f(a'|s') Q^g(s', a', b') - beta
+      log h(b'|s'))`` with ``h(.|s') = softmax_b'(sum_{a'} f(a'|s') log g(b'|s', a'))``, the
+      policy the reference backup's follower plays at s' (it acts on the f-averaged Q; written
+      in g, that policy is the f-weighted geometric mean of g).
+
+    Each form's fixed point at the best response ``g = softmax(Q_F / beta)`` is the soft
+    Q-iteration's Q_F (and V^g is ``beta logsumexp(Q_F / beta)``, Theorem 2's V_F), and the
+    derivatives in f agree there too (the entropy terms are stationary at the softmax), so a
+    follower at its best response gets the values of before. Differentiable in f and g.
+
+    Args:
+      game: a :class:`~bchg_jax.games.tabular.game.TabularGame`.
+      f: [S, A] leader policy. g: [S, A, B] follower policy (rows on the simplex).
+      beta: the follower's entropy weight (> 0). backup: ``"reference"`` or ``"paper"``.
+    Returns:
+      (Q^g [S, A, B], V^g [S, A]).
+    Raises:
+      ValueError: an unknown ``backup``, a bad scalar setting of ``game``, or ``f`` / ``g`` not
+        shaped by ``game.transition``.
+    """
+    if backup not in BACKUPS:
+        raise ValueError(f"backup must be one of {BACKUPS}, got {backup!r}")
+    check_problem_settings(game)
+    check_policy_shapes(game, f, g)
+    P = jnp.asarray(game.transition, f.dtype)
+    r = jnp.asarray(game.follower_reward, f.dtype)
+    S, A, B = r.shape
+    log_g = safe_log(g)
+    if backup == "paper":  # v(s') = sum_{a'b'} w Q(s', a', b') + c(s')
+        w = f[:, :, None] * g
+        c = -beta * jnp.sum(w * log_g, (1, 2))
+    else:
+        h = jax.nn.softmax(jnp.einsum("sa,sab->sb", f, log_g), -1)  # [S, B]
+        w = f[:, :, None] * h[:, None, :]
+        c = -beta * jnp.sum(h * safe_log(h), -1)
+    n = S * A * B
+    M = (P.reshape(n, S, 1) * w.reshape(1, S, A * B)).reshape(n, n)
+    rhs = r.reshape(n) + game.gamma_F * P.reshape(n, S) @ c
+    Q = jnp.linalg.solve(jnp.eye(n, dtype=f.dtype) - game.gamma_F * M, rhs).reshape(S, A, B)
+    return Q, jnp.sum(g * (Q - beta * log_g), -1)
+
+
+@full_precision
+def as_if_optimal_hypergradient(policy_fn, theta, game, g: Array, beta, backup="reference"):
+    """Theorem 2's hypergradient at the follower's *current* policy g, as if g were optimal.
+
+    Theorem 2 (Eq. (hg_MG)) differentiates ``J_L(f_theta, g^{theta dagger})`` with the
+    follower's response ``d log g = (1/beta) (dQ_F - E_g dQ_F)``. Here the same formula is
+    evaluated at a policy g that need not be the best response, with g's own soft values: the
+    gradient of ``J_L(f_theta, g_theta)`` where
+
+        g_theta = softmax_b(log g + (Q^g_theta - stop_gradient(Q^g_theta)) / beta),
+
+    ``Q^g_theta`` the soft policy evaluation of the fixed g against ``f_theta``
+    (:func:`soft_policy_evaluation`): ``g_theta`` equals g, and its derivative is
+    ``(1/beta) g (dQ^g - E_g dQ^g)``. This is what the leader's estimator targets when it reads
+    g and pairs it with V^g (the ``target`` reference of the trainer's ``track_reference``); at
+    the best response it equals :func:`exact_hypergradient`.
+
+    Args:
+      policy_fn: theta -> f [S, A]. theta: the leader's parameters (pytree).
+      game: the tabular game. g: [S, A, B] the follower's policy (held fixed).
+      beta: the follower's entropy weight (> 0). backup: the follower's backup form.
+    Returns:
+      a pytree like ``theta``.
+    """
+    check_problem_settings(game)
+    check_beta_if_concrete(beta)
+    g, sg = jax.lax.stop_gradient(g), jax.lax.stop_gradient
+
+    def J(th):
+        f = policy_fn(th)
+        Q, _ = soft_policy_evaluation(game, f, g, beta, backup)
+        g_th = jax.nn.softmax(safe_log(g) + (Q - sg(Q)) / beta, -1)
+        return leader_objective_at(game, f, g_th)
+
+    return jax.grad(J)(theta)
+
+
+@full_precision
+def k_step_hypergradient(policy_fn, theta, game, Q_prev: Array, beta, K: int, backup="reference"):
+    """The total derivative of ``J_L(f_theta, softmax(T_theta^K Q_prev / beta))`` with
+    ``Q_prev`` [S, A, B] held fixed: the ``k_step`` follower's reaction to the leader, K soft
+    Bellman backups (:func:`~bchg_jax.games.tabular.follower.soft_q_backups`) unrolled.
+
+    K -> infinity gives :func:`exact_hypergradient` (the backups contract to the best
+    response, whatever ``Q_prev``).
+
+    Args:
+      policy_fn: theta -> f [S, A]. theta: the leader's parameters (pytree).
+      game: the tabular game. Q_prev: [S, A, B] the follower's soft Q before the backups.
+      beta: the follower's entropy weight (> 0). K: backups (static int >= 1).
+      backup: the follower's backup form.
+    Returns:
+      a pytree like ``theta``.
+    """
+    check_problem_settings(game)
+    check_beta_if_concrete(beta)
+    check_count("K", K)
+    Q_prev = jax.lax.stop_gradient(Q_prev)
+
+    def J(th):
+        f = policy_fn(th)
+        P = jnp.asarray(game.transition, f.dtype)
+        r = jnp.asarray(game.follower_reward, f.dtype)
+        Q = soft_q_backups(P, r, Q_prev, f, beta, game.gamma_F, backup, K)
+        return leader_objective_at(game, f, jax.nn.softmax(Q / beta, -1))
+
+    return jax.grad(J)(theta)
+
+
+@full_precision
+def lag_hypergradient(
+    policy_fn,
+    theta,
+    game,
+    g_prev: Array,
+    beta,
+    mix,
+    backup: str = "reference",
+    Q_star: Optional[Array] = None,
+):
+    """The total derivative of ``J_L(f_theta, (1 - mix) g_prev + mix g^{theta dagger})`` with
+    ``g_prev`` [S, A, B] held fixed: the ``lag`` follower's reaction, ``mix`` times the best
+    response's (implicit differentiation, :func:`best_response`; ``Q_star``: its fixed point
+    at ``policy_fn(theta)`` if already solved). ``mix = 1`` gives :func:`exact_hypergradient`.
+
+    Args:
+      policy_fn: theta -> f [S, A]. theta: the leader's parameters (pytree).
+      game: the tabular game. g_prev: [S, A, B] the follower's previous policy.
+      beta: the follower's entropy weight (> 0). mix: the weight of the new best response.
+      backup: the follower's backup form. Q_star: optional solved [S, A, B] fixed point.
+    Returns:
+      a pytree like ``theta``.
+    """
+    check_problem_settings(game)
+    check_beta_if_concrete(beta)
+    g_prev = jax.lax.stop_gradient(g_prev)
+
+    def J(th):
+        f = policy_fn(th)
+        best = _response(game, f, beta, backup, Q_star).policy
+        return leader_objective_at(game, f, lag_mix(g_prev, best, mix))
+
+    return jax.grad(J)(theta)

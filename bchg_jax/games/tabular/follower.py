@@ -100,6 +100,19 @@ def soft_q_backup(P: Array, r: Array, Q: Array, f: Array, beta, gamma, backup: s
     return r + gamma * jnp.einsum("sabt,t->sab", P, next_value(Q, f, beta, backup))
 
 
+@full_precision
+def soft_q_backups(P: Array, r: Array, Q: Array, f: Array, beta, gamma, backup: str, K: int):
+    """``K`` soft Bellman backups ``T_f^K Q`` [S, A, B] (:func:`soft_q_backup` applied ``K`` times,
+    a ``fori_loop`` with a static trip count, so reverse-mode differentiable in ``f``, ``Q``).
+
+    The ``k_step`` follower's update (:mod:`bchg_jax.core.follower_model`) and the map that
+    :func:`bchg_jax.games.tabular.exact.k_step_hypergradient` differentiates.
+    """
+    return jax.lax.fori_loop(
+        0, int(K), lambda _, q: soft_q_backup(P, r, q, f, beta, gamma, backup), Q
+    )
+
+
 def response_from_q(Q: Array, beta, sweeps, residual) -> GameBestResponse:
     """The Boltzmann policy softmax_b(Q / beta) [S, A, B] and V = beta logsumexp_b(Q / beta) [S, A]
     of a soft Q [S, A, B], packed with the solver's ``sweeps`` and ``residual``."""

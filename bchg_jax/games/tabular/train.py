@@ -26,6 +26,14 @@ paper grid is one vmapped program. Metrics: the exact undiscounted and discounte
 of (f_theta, g) (:func:`bchg_jax.games.tabular.exact.leader_return`), the batch's mean
 undiscounted return, and what the caller's ``metrics_fn`` adds (the toy game's CLI: p = f(0|A)
 and g(.|S)).
+
+The follower is the best response of the paper unless ``TrainConfig.follower`` names another
+model (``k_step``, ``lag``, ``q_learning``: :mod:`bchg_jax.games.tabular.follower_models`,
+``docs/followers_games.md``). The leader then still reads the follower's policy g (Assumption 1)
+and pairs it with V_F = V^g, the soft value of that fixed g against f on the known model
+(:func:`~bchg_jax.games.tabular.exact.soft_policy_evaluation`), never the follower's private
+table; at the best response V^g is Theorem 2's V_F, and the best-response path is the code of
+before (bit-identical runs).
 """
 
 from __future__ import annotations
@@ -35,9 +43,12 @@ from typing import Callable, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+from jax.flatten_util import ravel_pytree
 
 from bchg_jax.core.buffers import buffer_init, sample_discounted, sample_uniform
+from bchg_jax.core.follower_model import FollowerModel
 from bchg_jax.core.loop import Trainer, check_setup
 from bchg_jax.core.networks import MLP
 from bchg_jax.games.actor_critic import (
@@ -48,11 +59,19 @@ from bchg_jax.games.actor_critic import (
     problem_metrics,
     store,
     transitions,
+    validate_checks,
 )
 from bchg_jax.games.estimators import influence_weights, score_objective
 from bchg_jax.games.hparams import game_hparams
-from bchg_jax.games.tabular.exact import leader_return
+from bchg_jax.games.tabular.exact import (
+    as_if_optimal_hypergradient,
+    exact_hypergradient,
+    k_step_hypergradient,
+    lag_hypergradient,
+    leader_return,
+)
 from bchg_jax.games.tabular.follower import BACKUPS, response_from_q, soft_q_iteration
+from bchg_jax.games.tabular.follower_models import follower_pieces
 from bchg_jax.games.tabular.game import TabularGame
 from bchg_jax.games.tabular.rollout import rollout
 
@@ -81,6 +100,12 @@ class TrainConfig(LeaderConfig):
       direct_baseline: ``"reference"`` (sum_a' f(a'|s) Q(s, a', b)) or ``"none"``.
       backup: the follower's soft-Q backup (:mod:`bchg_jax.games.tabular.follower`).
       follower_max_sweeps: the soft Q-iteration's sweep cap.
+      follower: the simulated follower
+        (:class:`~bchg_jax.core.follower_model.FollowerModel`; default: the best response, the
+        paper's setting; the others: :mod:`bchg_jax.games.tabular.follower_models`).
+      track_reference: add per-iteration metrics comparing the leader's hypergradient estimate
+        with the exact references (``cos_target``, ``proj_target``, ``cos_through``,
+        ``proj_through``; :func:`make_train`).
     """
 
     episodes: int = 3
@@ -95,6 +120,8 @@ class TrainConfig(LeaderConfig):
     direct_baseline: str = "reference"  # "reference": sum_a' f(a'|s) Q(s,a',b); "none"
     backup: str = "reference"  # the follower's soft-Q backup (games/tabular/follower.py)
     follower_max_sweeps: int = 1000
+    follower: FollowerModel = FollowerModel()
+    track_reference: bool = False
 
     CHECKS = dict(
         positive_ints=("follower_max_sweeps",),
@@ -108,6 +135,22 @@ class TrainConfig(LeaderConfig):
         },
     )
 
+    def validate(self) -> "TrainConfig":
+        """Host-side checks of every field, the nested ``follower`` included; returns ``self``
+        (``ValueError`` naming the field otherwise, e.g. ``FollowerModel.steps``)."""
+        validate_checks(self)
+        if not isinstance(self.follower, FollowerModel):
+            raise ValueError(f"TrainConfig.follower must be a FollowerModel, got {self.follower!r}")
+        self.follower.validate()
+        if not isinstance(self.track_reference, (bool, np.bool_)):
+            raise ValueError(
+                f"TrainConfig.track_reference must be True or False, got {self.track_reference!r}"
+            )
+        return self
+
+
+# segment starts of the one minibatch (drawn ~ gamma_L^t) of track_reference's estimate
+TRACK_MINIBATCH = 1024
 
 # the traced hyperparameters (actor_steps, critic_steps, beta), see bchg_jax.games.hparams
 HParams = game_hparams("tabular game", __name__, actor_steps=1, critic_steps=1, beta=0.05)
@@ -154,6 +197,20 @@ def surrogate(logf, Q, g, V_F, beta, e, t, buf, gamma_F, direct_baseline: str, g
     return score_objective(logf[s, a], q - base, ben, logf[se, ae], adv_F[se, ae], W, beta, guide)
 
 
+def alignment(name: str, estimate, reference) -> dict:
+    """``cos_<name>`` and ``proj_<name>`` = <estimate, reference> / |reference|^2 of two
+    gradient pytrees (NaN for a ``reference`` of None)."""
+    e = ravel_pytree(estimate)[0]
+    if reference is None:
+        nan = jnp.full((), jnp.nan, e.dtype)
+        return {f"cos_{name}": nan, f"proj_{name}": nan}
+    r = ravel_pytree(reference)[0].astype(e.dtype)
+    tiny = jnp.finfo(e.dtype).tiny
+    dot, rr = jnp.dot(e, r), jnp.dot(r, r)
+    cos = dot / jnp.maximum(jnp.sqrt(jnp.dot(e, e)) * jnp.sqrt(rr), tiny)
+    return {f"cos_{name}": cos, f"proj_{name}": dot / jnp.maximum(rr, tiny)}
+
+
 def make_train(
     game: TabularGame,
     method: str = "bchg",
@@ -176,15 +233,30 @@ def make_train(
         :func:`bchg_jax.problems.toy_game.toy_game_metrics`).
     Returns:
       a :class:`~bchg_jax.core.loop.Trainer`; its ``hparams(grid)`` builds :class:`HParams`
-      and ``run`` yields per-iteration metrics (``J``, ``J_target_actor``, ``J_discounted``,
-      ``batch_return``, ``follower_sweeps``, ``solve_capped`` (1: the follower's soft
-      Q-iteration hit ``follower_max_sweeps`` before ``follower_tol``), ``update_skipped``
-      (always 0: no update is dropped), and those of ``metrics_fn``).
+      and ``run`` yields per-iteration metrics (``J``, ``J_target_actor``, ``J_discounted``:
+      exact returns of the leader's f and the follower's actual g; ``batch_return``,
+      ``follower_sweeps``, ``solve_capped`` (1: the best response's soft Q-iteration hit
+      ``follower_max_sweeps`` before ``follower_tol``: the follower's own solve, or for
+      ``k_step`` / ``q_learning`` the one behind ``follower_gap``; K backups have no tolerance
+      to miss), ``update_skipped`` (always 0: no update is dropped), and those of
+      ``metrics_fn``). A follower that is not the best response adds ``follower_gap``
+      (max |g - g^dagger(f)|). ``config.track_reference`` adds, from each iteration's start,
+      the cosine ``cos_<ref>`` and the projection ``proj_<ref>`` = <est, ref> / |ref|^2 of the
+      estimate ``est`` (the gradient of the method's own actor objective at the starting actor
+      with the iteration's updated critic, on one minibatch of :data:`TRACK_MINIBATCH`
+      segment starts ~ gamma_L^t drawn from a key of its own: the same for every method)
+      against ``target`` (:func:`~bchg_jax.games.tabular.exact.as_if_optimal_hypergradient`
+      at the follower's current g) and ``through`` (the derivative through the follower's
+      actual reaction: :func:`~bchg_jax.games.tabular.exact.exact_hypergradient` for the best
+      response, :func:`~bchg_jax.games.tabular.exact.k_step_hypergradient` from its current
+      Q, :func:`~bchg_jax.games.tabular.exact.lag_hypergradient` from its current g; NaN for
+      ``q_learning``, whose update is sample-based). The references are exact (the known
+      model) in the config's dtype, at the follower's warm-started solution.
     Raises:
       ValueError: an unknown method or a failed ``validate()`` of the game or the config.
     """
     check_setup(game, method, config, METHODS)
-    dtype = jnp.dtype(config.dtype)
+    dtype, model = jnp.dtype(config.dtype), config.follower
     S, A, B = game.num_states, game.num_leader_actions, game.num_follower_actions
     T, E, M, gL = int(game.time_limit or 150), config.episodes, config.minibatch, game.gamma_L
     N = E if config.buffer == "on" else E * config.iterations
@@ -213,15 +285,19 @@ def make_train(
         tol, cap = config.follower_tol, config.follower_max_sweeps
         return soft_q_iteration(game, policy(actor), beta, config.backup, Q0, tol, cap)
 
+    def behaviour(state):
+        """The leader's policy in the batch: f, or uniform actions in the very first batch."""
+        return jnp.where(state.step == 0, 1.0 / A, policy(state.actor))
+
     def collect(key, state, resp):
-        """Episodes under (f, g) (uniform leader actions in the very first batch) -> buffer."""
-        f = policy(state.actor)
-        ep = rollout(key, game, jnp.where(state.step == 0, 1.0 / A, f), resp.policy, E, T)
+        """Episodes under (f, g) (uniform leader actions in the very first batch) -> buffer;
+        returns them with the last next state (``s`` [E, T+1])."""
+        ep = rollout(key, game, behaviour(state), resp.policy, E, T)
         s_last = jax.vmap(lambda k, s, a, b: jax.random.categorical(k, jnp.log(P[s, a, b])))(
             jax.random.split(jax.random.fold_in(key, 7), E), ep.s[:, -1], ep.a[:, -1], ep.b[:, -1]
         )
         full = ep._replace(s=jnp.concatenate([ep.s, s_last[:, None]], 1))
-        return store(state, full, config.buffer), ep
+        return store(state, full, config.buffer), full
 
     def critic_task(state, resp):
         """The critic, its TD loss and uniform minibatches of transitions."""
@@ -252,35 +328,83 @@ def make_train(
 
     def metrics(state, br, ep, beta, grad_norm, accepted):
         f, capped = policy(state.actor), ~(br.residual <= config.follower_tol)
+        gap = {} if model.best_response else {"follower_gap": br.gap}
         return {
             "J": leader_return(game, f, br.policy),
             # the slowly moving target actor against the same follower (the reference's
             # evaluation policy is its target actor: "AverageTargetReturn")
             "J_target_actor": leader_return(game, policy(state.actor_targ), br.policy),
             "J_discounted": leader_return(game, f, br.policy, gamma=gL),
-            "batch_return": jnp.mean(jnp.sum(rL[ep.s, ep.a, ep.b], -1)),
+            "batch_return": jnp.mean(jnp.sum(rL[ep.s[:, :T], ep.a, ep.b], -1)),
             "follower_sweeps": br.sweeps,
             "solve_capped": capped.astype(jnp.int32),  # at its sweep cap (the answer still used)
             "update_skipped": jnp.zeros((), jnp.int32),  # this trainer never drops one
+            **gap,
             **problem_metrics(metrics_fn, f, br),
         }
 
-    zero = jnp.zeros((), jnp.int32)
+    def through_reference(actor, resp, beta):
+        """The exact derivative of J_L through the simulated follower's reaction to the leader
+        (None for ``q_learning``, whose update is sample-based)."""
+        args = (policy, actor, game)
+        if model.kind == "best_response":
+            return exact_hypergradient(*args, beta, config.backup, Q_star=resp.Q)
+        if model.kind == "k_step":
+            return k_step_hypergradient(*args, resp.own, beta, model.steps, config.backup)
+        if model.kind == "lag":
+            g = resp.policy
+            return lag_hypergradient(*args, g, beta, model.mix, config.backup, resp.best)
+        return None
+
+    def diagnostics(key, state, critic, resp, beta):
+        """``track_reference``: the estimate against the exact references (:func:`make_train`)."""
+        buf = state.buffer
+        e, t = sample_discounted(key, buf, TRACK_MINIBATCH, gL)
+        Q = jax.lax.stop_gradient(q_table(critic.params))
+        est = jax.grad(actor_objective)(state.actor, Q, resp.policy, resp.V, beta, e, t, buf)
+        target = as_if_optimal_hypergradient(
+            policy, state.actor, game, resp.policy, beta, config.backup
+        )
+        through = through_reference(state.actor, resp, beta)
+        return {**alignment("target", est, target), **alignment("through", est, through)}
+
+    def follower_model():
+        """(follower, warm, respond, learn) pieces of ``config.follower``."""
+        if model.best_response:  # the paper's follower: the code path of before
+            zero = jnp.zeros((), jnp.int32)
+            # g and V_F of the follower's soft Q, kept from the last solve
+            respond = lambda state, beta: response_from_q(state.follower, beta, zero, 0.0)  # noqa: E731
+            return follower, (lambda br: br.Q), respond, None
+        tol, cap = config.follower_tol, config.follower_max_sweeps
+        pieces = follower_pieces(game, model, config.backup, tol, cap)
+
+        def follow(actor, beta, memory=None):
+            return pieces.follower(policy(actor), beta, memory)
+
+        def learn(state, resp, episodes, beta):  # under the f that acted in the batch
+            return pieces.learn(behaviour(state), resp, episodes, beta)
+
+        # the memory is the whole FollowerResponse
+        respond = lambda state, beta: state.follower  # noqa: E731
+        return follow, (lambda resp: resp), respond, (None if pieces.learn is None else learn)
+
+    follow, warm, respond, learn = follower_model()
     leader = Leader(
         init_actor=init_actor,
         init_critic=lambda key: Critic(net.init(key, jnp.zeros((1, S + B), dtype))),
         buffers=lambda: (buffer_init(N, T), None),
-        follower=follower,
-        warm=lambda br: br.Q,
-        # g and V_F of the follower's soft Q, kept from the last solve
-        respond=lambda state, beta: response_from_q(state.follower, beta, zero, 0.0),
+        follower=follow,
+        warm=warm,
+        respond=respond,
         collect=collect,
         critic=critic_task,
         actor=actor_task,
         metrics=metrics,
+        learn=learn,
+        diagnostics=diagnostics if config.track_reference else None,
     )
     a_opt, c_opt = optax.adam(config.actor_lr), optax.adam(config.critic_lr)
-    steps = dict(log_policy=log_policy, policy=policy, q_table=q_table, follower=follower)
-    steps.update(collect=collect, actor_objective=actor_objective)
+    steps = dict(log_policy=log_policy, policy=policy, q_table=q_table, follower=follow)
+    steps.update(collect=collect, actor_objective=actor_objective, diagnostics=diagnostics)
     steps["actor_grad"] = jax.grad(actor_objective)
     return assemble(game, method, config, leader, HParams, a_opt, c_opt, steps)
