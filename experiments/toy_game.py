@@ -10,7 +10,7 @@ discounted one, the batch's sampled return, p = f(0|A) and g(.|S) (``p``, ``g_S`
 for the other experiments (``experiments/run_folder.py``).
 
 ``--follower`` simulates a follower that is not at its best response (``k_step``, ``lag``,
-``q_learning``; ``docs/followers_games.md``): its runs add ``follower_gap``, the sup-norm distance
+``q_learning``; ``docs/followers.md``): its runs add ``follower_gap``, the sup-norm distance
 of its policy from the best response. ``--track-reference`` adds the cosine and projection of
 the leader's hypergradient estimate on the exact references (``cos_target``, ``proj_target``,
 ``cos_through``, ``proj_through``).

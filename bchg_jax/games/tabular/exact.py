@@ -9,7 +9,7 @@
 * :func:`soft_policy_evaluation`: the follower's entropy-regularised values Q^g, V^g of a fixed
   policy g against f (linear solve): what the leader pairs with a follower that is not at its
   best response (:mod:`bchg_jax.games.tabular.follower_models`).
-* References for followers that are not at their best response (``docs/followers_games.md``):
+* References for followers that are not at their best response (``docs/followers.md``):
   :func:`as_if_optimal_hypergradient` (Theorem 2's formula at the follower's current policy, as
   if it were optimal), :func:`k_step_hypergradient` (through K unrolled soft-Q backups) and
   :func:`lag_hypergradient` (through the lagging follower's mix).

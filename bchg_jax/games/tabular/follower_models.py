@@ -1,7 +1,7 @@
 """Followers that are not at their best response, in a tabular Markov game (issue 30).
 
 The tabular game trainer simulates the follower that its ``TrainConfig.follower`` names
-(:class:`~bchg_jax.core.follower_model.FollowerModel`; ``docs/followers_games.md``). With f_i the
+(:class:`~bchg_jax.core.follower_model.FollowerModel`; ``docs/followers.md``). With f_i the
 leader's policy after outer iteration i:
 
 * ``best_response``: not here; the trainer keeps the soft Q-iteration of before

@@ -29,7 +29,7 @@ and g(.|S)).
 
 The follower is the best response of the paper unless ``TrainConfig.follower`` names another
 model (``k_step``, ``lag``, ``q_learning``: :mod:`bchg_jax.games.tabular.follower_models`,
-``docs/followers_games.md``). The leader then still reads the follower's policy g (Assumption 1)
+``docs/followers.md``). The leader then still reads the follower's policy g (Assumption 1)
 and pairs it with V_F = V^g, the soft value of that fixed g against f on the known model
 (:func:`~bchg_jax.games.tabular.exact.soft_policy_evaluation`), never the follower's private
 table; at the best response V^g is Theorem 2's V_F, and the best-response path is the code of
