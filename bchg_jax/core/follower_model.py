@@ -25,6 +25,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bchg_jax.core.validate import check_config
 
@@ -77,6 +78,38 @@ class FollowerModel:
             "q_learning": f"q_learning{self.lr:g}"
             + (f"_eps{self.explore:g}" if self.explore else ""),
         }[self.kind]
+
+
+@dataclasses.dataclass(frozen=True)
+class FollowerSettings:
+    """The follower settings every family's frozen ``TrainConfig`` inherits.
+
+    Attributes:
+      follower: the simulated :class:`FollowerModel` (default: the best response, the paper).
+      track_reference: record, every iteration, the estimate's cosine and projection against the
+        family's two exact references of a follower off its best response (:func:`agreement`).
+    """
+
+    follower: FollowerModel = FollowerModel()
+    track_reference: bool = False
+
+    # the follower models the family simulates (a subclass may restrict them)
+    FOLLOWER_KINDS = FOLLOWERS
+
+    def check_follower(self) -> None:
+        """``ValueError`` naming the field for a bad ``follower`` / ``track_reference`` or a
+        follower model the family does not simulate."""
+        if not isinstance(self.follower, FollowerModel):
+            raise ValueError(f"TrainConfig.follower must be a FollowerModel, got {self.follower!r}")
+        if self.follower.validate().kind not in self.FOLLOWER_KINDS:
+            raise ValueError(
+                f"TrainConfig.follower: this family simulates {self.FOLLOWER_KINDS}, got "
+                f"{self.follower.kind!r} (lag and q_learning: the tabular families)"
+            )
+        if not isinstance(self.track_reference, (bool, np.bool_)):
+            raise ValueError(
+                f"TrainConfig.track_reference must be True or False, got {self.track_reference!r}"
+            )
 
 
 def lag_mix(previous: Array, best: Array, mix) -> Array:

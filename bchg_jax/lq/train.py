@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bchg_jax.core import hparams as hparams_lib
-from bchg_jax.core.follower_model import FollowerModel, agreement
+from bchg_jax.core.follower_model import FollowerSettings, agreement
 from bchg_jax.core.loop import Trainer, build_trainer, check_setup, sgd_ascent
 from bchg_jax.core.maxent_lqr import soft_q, soft_value
 from bchg_jax.core.networks import MLP
@@ -67,7 +67,7 @@ FOLLOWER_GRADS = ("score", "pathwise")
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(FollowerSettings):
     """Static (non-traced) settings of the LQ trainer; ``validate()`` checks them.
 
     Attributes:
@@ -114,8 +114,7 @@ class TrainConfig:
     ridge: float = 1e-6
     riccati_tol: float = 1e-6
     riccati_max_iters: int = 50_000
-    follower: FollowerModel = FollowerModel()
-    track_reference: bool = False
+    FOLLOWER_KINDS = FOLLOWERS
 
     def validate(self) -> "TrainConfig":
         """Host-side range and choice checks; returns ``self`` (``ValueError`` otherwise)."""
@@ -135,13 +134,7 @@ class TrainConfig:
         )
         if not self.mlp_hidden or any(int(h) < 1 for h in self.mlp_hidden):
             raise ValueError(f"mlp_hidden must be positive layer sizes, got {self.mlp_hidden!r}")
-        if not isinstance(self.follower, FollowerModel):
-            raise ValueError(f"TrainConfig.follower must be a FollowerModel, got {self.follower!r}")
-        if self.follower.validate().kind not in FOLLOWERS:
-            raise ValueError(
-                f"TrainConfig.follower: the LQ family simulates {FOLLOWERS}, got "
-                f"{self.follower.kind!r} (lag and q_learning: the tabular families)"
-            )
+        self.check_follower()
         return self
 
 

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core import hparams as hparams_lib
-from bchg_jax.core.follower_model import FollowerModel, agreement, lag_mix
+from bchg_jax.core.follower_model import FollowerSettings, agreement, lag_mix
 from bchg_jax.core.loop import Trainer, build_trainer, check_setup, sgd_ascent
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import check_beta, check_config, check_positive, check_unit_interval
@@ -79,7 +79,7 @@ SOLVERS = ("auto", "dense", "sparse")
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(FollowerSettings):
     """Static configuration of one training run (hashable; changing it recompiles).
 
     Attributes:
@@ -124,8 +124,6 @@ class TrainConfig:
     oracle_steps: int = 200
     solver: str = "auto"
     linear_sweeps: int = 16
-    follower: FollowerModel = FollowerModel()
-    track_reference: bool = False
 
     def validate(self) -> "TrainConfig":
         """Host-side field checks; returns ``self`` (raises ``ValueError`` on a bad field)."""
@@ -147,9 +145,7 @@ class TrainConfig:
                 "solver": SOLVERS,
             },
         )
-        if not isinstance(self.follower, FollowerModel):
-            raise ValueError(f"TrainConfig.follower must be a FollowerModel, got {self.follower!r}")
-        self.follower.validate()
+        self.check_follower()
         return self
 
 

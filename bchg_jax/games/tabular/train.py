@@ -43,12 +43,11 @@ from typing import Callable, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.flatten_util import ravel_pytree
 
 from bchg_jax.core.buffers import buffer_init, sample_discounted, sample_uniform
-from bchg_jax.core.follower_model import FollowerModel
+from bchg_jax.core.follower_model import FollowerSettings
 from bchg_jax.core.loop import Trainer, check_setup
 from bchg_jax.core.networks import MLP
 from bchg_jax.games.actor_critic import (
@@ -82,7 +81,7 @@ METHODS = ("bchg", "naive", "biac")
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig(LeaderConfig):
+class TrainConfig(FollowerSettings, LeaderConfig):
     """Static (non-traced) settings of the tabular game trainer; ``validate()`` checks them.
 
     Attributes:
@@ -120,8 +119,6 @@ class TrainConfig(LeaderConfig):
     direct_baseline: str = "reference"  # "reference": sum_a' f(a'|s) Q(s,a',b); "none"
     backup: str = "reference"  # the follower's soft-Q backup (games/tabular/follower.py)
     follower_max_sweeps: int = 1000
-    follower: FollowerModel = FollowerModel()
-    track_reference: bool = False
 
     CHECKS = dict(
         positive_ints=("follower_max_sweeps",),
@@ -139,13 +136,7 @@ class TrainConfig(LeaderConfig):
         """Host-side checks of every field, the nested ``follower`` included; returns ``self``
         (``ValueError`` naming the field otherwise, e.g. ``FollowerModel.steps``)."""
         validate_checks(self)
-        if not isinstance(self.follower, FollowerModel):
-            raise ValueError(f"TrainConfig.follower must be a FollowerModel, got {self.follower!r}")
-        self.follower.validate()
-        if not isinstance(self.track_reference, (bool, np.bool_)):
-            raise ValueError(
-                f"TrainConfig.track_reference must be True or False, got {self.track_reference!r}"
-            )
+        self.check_follower()
         return self
 
 
