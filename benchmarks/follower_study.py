@@ -173,7 +173,8 @@ def table(out: str, compact: str, iterations: dict) -> None:
                 ax.plot(s["curve"], label=m, lw=0.8)
             ax.tick_params(labelsize=6)
         lines.append("")
-    axes[0][0].legend(fontsize=6)
+    for row in axes:
+        row[0].legend(fontsize=6)
     os.makedirs(compact, exist_ok=True)
     fig.tight_layout()
     fig.savefig(os.path.join(compact, "figure.png"), dpi=110)
