@@ -251,6 +251,17 @@ def add_scale_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+# the follower-model flags (add_follower_args), settings of every run folder that has them
+FOLLOWER_SETTINGS = (
+    "follower",
+    "follower_steps",
+    "follower_mix",
+    "follower_lr",
+    "follower_explore",
+    "track_reference",
+)
+
+
 def add_follower_args(p: argparse.ArgumentParser, kinds=None) -> None:
     """``--follower`` and its settings (:class:`bchg_jax.core.follower_model.FollowerModel`);
     ``kinds``: the follower models the experiment's family simulates (default all), whose

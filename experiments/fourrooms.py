@@ -16,6 +16,8 @@ import os
 
 import numpy as np
 
+from experiments.cli import FOLLOWER_SETTINGS
+
 PAPER_LR = (0.5, 0.1, 0.05, 0.01)
 PAPER_ALPHA = (0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
 SUMMARY_WINDOW = 1000
@@ -32,13 +34,8 @@ SETTING_KEYS = (
     "slip_model",
     "lr",
     "sarsa_alpha",
-    "follower",
-    "follower_steps",
-    "follower_mix",
-    "follower_lr",
-    "follower_explore",
-    "track_reference",
 )
+SETTING_KEYS += FOLLOWER_SETTINGS
 
 
 def batch_shape(batch: int):

@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from experiments.cli import FOLLOWER_SETTINGS
+
 PAPER_LR = (0.1, 0.01, 0.001)
 ALL_METHODS = ("bchg", "hpgd_td", "hpgd_mc", "naive")
 SUMMARY_WINDOW = 100
@@ -40,10 +42,8 @@ SETTING_KEYS = (
     "mlp_lr",
     "mlp_minibatch",
     "mlp_normalize",
-    "follower",
-    "follower_steps",
-    "track_reference",
 )
+SETTING_KEYS += FOLLOWER_SETTINGS
 
 
 def parse_args(argv=None):

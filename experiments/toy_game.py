@@ -23,6 +23,8 @@ import os
 
 import numpy as np
 
+from experiments.cli import FOLLOWER_SETTINGS
+
 PAPER_STEPS = (1, 2, 5, 10, 20)
 VARIANTS = {
     "bchg": ("bchg", "on"),
@@ -49,13 +51,8 @@ SETTING_KEYS = (
     "beta",
     "direct_baseline",
     "init",
-    "follower",
-    "follower_steps",
-    "follower_mix",
-    "follower_lr",
-    "follower_explore",
-    "track_reference",
 )
+SETTING_KEYS += FOLLOWER_SETTINGS
 
 
 def parse_args(argv=None):

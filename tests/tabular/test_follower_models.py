@@ -9,20 +9,9 @@ import pytest
 from bchg_jax.core.follower_model import FollowerModel
 from bchg_jax.problems import fourrooms, random_tabular_cmdp
 from bchg_jax.tabular import exact, hypergradient, rollout
+from bchg_jax.tabular import follower_models as fm
+from bchg_jax.tabular import follower_references as refs
 from bchg_jax.tabular.follower import continuation
-from bchg_jax.tabular.follower_models import (
-    k_step_response,
-    observed_follower,
-    q_learning_policy,
-    q_learning_update,
-    soft_policy_value,
-)
-from bchg_jax.tabular.follower_references import (
-    as_if_optimal_hypergradient,
-    k_step_hypergradient,
-    lag_hypergradient,
-    policy_objective,
-)
 from bchg_jax.tabular.train import HParams, TrainConfig, make_train
 
 BETA = 0.5
@@ -58,10 +47,10 @@ def test_references_equal_the_exact_hypergradient_at_the_best_response(x64):
         P, r, cont = _tables(prob, theta)
         return (
             exact.exact_hypergradient(prob, theta, BETA),
-            as_if_optimal_hypergradient(prob, theta, br.policy, BETA),
-            k_step_hypergradient(prob, theta, br.V, BETA, 300),
-            lag_hypergradient(prob, theta, uniform, BETA, 1.0),
-            soft_policy_value(P, r, br.policy, BETA, prob.gamma_F, cont) - br.V,
+            refs.as_if_optimal_hypergradient(prob, theta, br.policy, BETA),
+            refs.k_step_hypergradient(prob, theta, br.V, BETA, 300),
+            refs.lag_hypergradient(prob, theta, uniform, BETA, 1.0),
+            fm.soft_policy_value(P, r, br.policy, BETA, prob.gamma_F, cont) - br.V,
         )
 
     g, *references, value_gap = gradients(theta)
@@ -78,10 +67,10 @@ def test_k_step_derivative_matches_finite_differences(x64, K):
 
     def J(th):
         P, r, _ = _tables(prob, th)
-        played = k_step_response(P, r, BETA, prob.gamma_F, prob.terminal, V_prev, K)
-        return policy_objective(prob, th, played.policy)
+        played = fm.k_step_response(P, r, BETA, prob.gamma_F, prob.terminal, V_prev, K)
+        return refs.policy_objective(prob, th, played.policy)
 
-    grad = np.asarray(k_step_hypergradient(prob, theta, V_prev, BETA, K))
+    grad = np.asarray(refs.k_step_hypergradient(prob, theta, V_prev, BETA, K))
     eps = 1e-6
     fd = [(J(theta.at[i].add(eps)) - J(theta.at[i].add(-eps))) / (2 * eps) for i in range(4)]
     np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-8)
@@ -95,9 +84,9 @@ def test_lag_derivative_matches_finite_differences(x64):
 
     def J(th):
         best = exact.best_response(prob, th, BETA).policy
-        return policy_objective(prob, th, 0.7 * previous + 0.3 * best)
+        return refs.policy_objective(prob, th, 0.7 * previous + 0.3 * best)
 
-    grad = np.asarray(lag_hypergradient(prob, theta, previous, BETA, 0.3))
+    grad = np.asarray(refs.lag_hypergradient(prob, theta, previous, BETA, 0.3))
     eps = 1e-6
     fd = [(J(theta.at[i].add(eps)) - J(theta.at[i].add(-eps))) / (2 * eps) for i in range(4)]
     np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-8)
@@ -108,12 +97,12 @@ def test_k_step_response_is_K_backups(x64):
     prob, theta = _problem()
     P, r, cont = _tables(prob, theta)
     V_prev = jnp.asarray(np.random.RandomState(1).randn(5))
-    one = k_step_response(P, r, BETA, prob.gamma_F, None, V_prev, 1)
+    one = fm.k_step_response(P, r, BETA, prob.gamma_F, None, V_prev, 1)
     Q = r + prob.gamma_F * jnp.einsum("sbt,t->sb", P, V_prev)
     np.testing.assert_allclose(one.policy, jax.nn.softmax(Q / BETA, -1), rtol=1e-10)
-    two = k_step_response(P, r, BETA, prob.gamma_F, None, one.V, 1)
+    two = fm.k_step_response(P, r, BETA, prob.gamma_F, None, one.V, 1)
     np.testing.assert_allclose(
-        k_step_response(P, r, BETA, prob.gamma_F, None, V_prev, 2).policy, two.policy, 1e-10
+        fm.k_step_response(P, r, BETA, prob.gamma_F, None, V_prev, 2).policy, two.policy, 1e-10
     )
 
 
@@ -126,10 +115,10 @@ def test_bchg_targets_the_as_if_optimal_hypergradient_under_a_k_step_follower(x6
     prob, theta = _problem(H)
     P, r, cont = _tables(prob, theta)
     V_prev = jnp.zeros(5)
-    g = k_step_response(P, r, BETA, prob.gamma_F, None, V_prev, 1).policy
-    view = observed_follower(P, r, g, BETA, prob.gamma_F, cont, 0)
+    g = fm.k_step_response(P, r, BETA, prob.gamma_F, None, V_prev, 1).policy
+    view = fm.observed_follower(P, r, g, BETA, prob.gamma_F, cont, 0)
     _, Q_L = exact.leader_values(prob, theta, g)
-    target = np.asarray(as_if_optimal_hypergradient(prob, theta, g, BETA))
+    target = np.asarray(refs.as_if_optimal_hypergradient(prob, theta, g, BETA))
 
     @jax.jit
     def estimates(keys):
@@ -146,7 +135,7 @@ def test_bchg_targets_the_as_if_optimal_hypergradient_under_a_k_step_follower(x6
     assert np.all(np.abs(z) < 4.0), f"z-scores against the as-if-optimal reference {z}"
     for other in (
         exact.exact_hypergradient(prob, theta, BETA),
-        k_step_hypergradient(prob, theta, V_prev, BETA, 1),
+        refs.k_step_hypergradient(prob, theta, V_prev, BETA, 1),
     ):
         assert np.abs((mean - np.asarray(other)) / se).max() > 10.0
 
@@ -162,17 +151,17 @@ def test_q_learning_follower_converges_to_the_best_response_with_a_fixed_leader(
 
     def learn(Q, key_lr):
         key, lr = key_lr
-        policy = q_learning_policy(Q, BETA, 0.2)
+        policy = fm.q_learning_policy(Q, BETA, 0.2)
         batch = rollout(key, policy, P, prob.init_dist(theta), None, 25, 4, 25)
-        Q = q_learning_update(Q, batch, r, BETA, prob.gamma_F, lr)
-        return Q, jnp.abs(q_learning_policy(Q, BETA, 0.0) - best).max()
+        Q = fm.q_learning_update(Q, batch, r, BETA, prob.gamma_F, lr)
+        return Q, jnp.abs(fm.q_learning_policy(Q, BETA, 0.0) - best).max()
 
     Q0 = jnp.zeros((5, 3))
     lrs = jnp.repeat(jnp.array([0.05, 0.01]), 4000)
     _, gaps = jax.jit(lambda k: jax.lax.scan(learn, Q0, (jax.random.split(k, 8000), lrs)))(
         jax.random.key(0)
     )
-    start = np.abs(q_learning_policy(Q0, BETA, 0.0) - best).max()
+    start = np.abs(fm.q_learning_policy(Q0, BETA, 0.0) - best).max()
     gaps = np.asarray(gaps)
     assert start > 0.2 and gaps[-1] < 0.03, (start, gaps[3999], gaps[-1])
     assert gaps[-500:].mean() < gaps[3500:4000].mean()
@@ -267,7 +256,7 @@ def test_trainer_with_a_learning_follower(model):
     step = tr.steps["play"]
     br = tr.steps["follower"](state.theta, jnp.float32(BETA), state.V_F)
     played, _ = step(state.theta, jnp.float32(BETA), br, state.follower)
-    J0 = policy_objective(prob, state.theta, played)
+    J0 = refs.policy_objective(prob, state.theta, played)
     np.testing.assert_allclose(m["J"][0], J0, rtol=1e-4)
 
 
