@@ -70,6 +70,7 @@ def policy_value(problem: LQConfigurableMDP, theta: Array, policy: GaussianBestR
     return P, c
 
 
+@full_precision
 def observed_follower(problem: LQConfigurableMDP, theta: Array, policy: GaussianBestResponse, beta):
     """What the estimators get of a follower playing ``policy``: its gain and covariance with
     the value ``V^g`` (``P``, ``v`` replaced by :func:`policy_value`'s), so ``soft_value`` and

@@ -56,6 +56,7 @@ def soft_policy_value(P: Array, r: Array, policy: Array, beta, gamma, cont: Arra
     return jnp.linalg.solve(A, rhs)
 
 
+@full_precision
 def observed_follower(P: Array, r: Array, policy: Array, beta, gamma, cont: Array, sweeps):
     """The :class:`~bchg_jax.tabular.follower.BestResponse`-shaped view the estimators get of a
     follower playing ``policy``: the policy, ``V^g`` (:func:`soft_policy_value`) and

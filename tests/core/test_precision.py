@@ -105,6 +105,32 @@ def test_tabular_trainer_follower_and_metric_steps(solver):
     _full(trainer.steps["evaluate"], theta, jnp.full((S, 4), 0.25), jnp.zeros(S))
 
 
+def test_tabular_followers_off_their_best_response(cmdp):
+    """The learners' solves, the leader's view V^g and the references (issue 30)."""
+    from bchg_jax.tabular import follower_models as fm
+    from bchg_jax.tabular import follower_references as refs
+
+    theta, beta = jnp.asarray(cmdp.theta0), 0.1
+    P, rF = cmdp.transition(theta), cmdp.follower_reward(theta)
+    S, B = cmdp.num_states, cmdp.num_actions
+    cont, pol, V = continuation(None, S, jnp.float32), jnp.full((S, B), 1.0 / B), jnp.zeros(S)
+    _full(lambda r: fm.k_step_response(P, r, beta, cmdp.gamma_F, None, V, 3).policy, rF)
+    _full(lambda r: fm.observed_follower(P, r, pol, beta, cmdp.gamma_F, cont, 0).Q, rF)
+    _full(lambda t: refs.as_if_optimal_hypergradient(cmdp, t, pol, beta), theta)
+    _full(lambda t: refs.k_step_hypergradient(cmdp, t, V, beta, 3), theta)
+    _full(lambda t: refs.lag_hypergradient(cmdp, t, pol, beta, 0.5), theta)
+
+
+def test_lq_k_step_follower():
+    th = problems.thermal()
+    theta, beta, P0 = jnp.asarray(th.theta0), 0.1, jnp.zeros((4, 4))
+    played, _ = lq.k_step_response(th, theta, beta, P0, 3)
+    _full(lambda t: lq.k_step_response(th, t, beta, P0, 3)[0].K, theta)
+    _full(lambda t: lq.observed_follower(th, t, played, beta).P, theta)
+    _full(lambda t: lq.as_if_optimal_hypergradient(th, t, played, beta), theta)
+    _full(lambda t: lq.k_step_hypergradient(th, t, P0, beta, 3), theta)
+
+
 def test_lq_riccati_propositions_exact_and_lstd():
     th = problems.thermal()
     theta, beta = jnp.asarray(th.theta0), 0.1
