@@ -66,6 +66,7 @@ def test_observed_follower_values_the_played_policy(x64):
     np.testing.assert_allclose(lhs, np.asarray(lq.soft_value(view, s)), rtol=2e-3)
 
 
+@pytest.mark.slow
 def test_trainer_with_a_k_step_follower():
     """The thermal trainer with a 2-step learner: finite J at the played policy, its gain gap
     to the best response shrinking, cos / proj against both references recorded."""

@@ -223,6 +223,7 @@ def test_best_response_follower_reproduces_the_trainer_before_follower_models(me
     assert "follower_gap" not in m
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "model",
     [
