@@ -262,10 +262,11 @@ FOLLOWER_SETTINGS = (
 )
 
 
-def add_follower_args(p: argparse.ArgumentParser, kinds=None) -> None:
-    """``--follower`` and its settings (:class:`bchg_jax.core.follower_model.FollowerModel`);
-    ``kinds``: the follower models the experiment's family simulates (default all), whose
-    settings get flags."""
+def add_follower_args(p: argparse.ArgumentParser, kinds=None, estimate="the estimate") -> None:
+    """``--follower`` and its settings (:class:`bchg_jax.core.follower_model.FollowerModel`),
+    and ``--track-reference``; ``kinds``: the follower models the experiment's family simulates
+    (default all), whose settings get flags; ``estimate``: what the experiment compares with
+    the references (for the help text)."""
     from bchg_jax.core.follower_model import FOLLOWERS
 
     kinds = tuple(kinds or FOLLOWERS)
@@ -278,6 +279,14 @@ def add_follower_args(p: argparse.ArgumentParser, kinds=None) -> None:
         "'k_step' (K soft Bellman backups per iteration from its last value), 'lag' (mixes "
         "its last policy with the best response), 'q_learning' (soft Q-learning on its own "
         "transitions of the leader's batch, a black box); here: " + ", ".join(kinds),
+    )
+    g.add_argument(
+        "--track-reference",
+        action="store_true",
+        help=f"every iteration, compare {estimate} with the two exact references of a "
+        "follower off its best response: metrics cos_target, proj_target (the follower's "
+        "policy as if optimal), cos_through, proj_through (through its actual update); "
+        "two exact gradients per iteration",
     )
     if "k_step" in kinds:
         g.add_argument("--follower-steps", type=int, default=1, help="K of --follower k_step")

@@ -111,14 +111,7 @@ def parse_args(argv=None):
         "successor table (same tolerance), 'auto' sparse when every state has at "
         "most S/4 successors, as in Four-Rooms (docs/performance.md)",
     )
-    g.add_argument(
-        "--track-reference",
-        action="store_true",
-        help="also record each iteration's cosine and projection of the estimate against the "
-        "two exact references of a follower off its best response (cos_target, proj_target, "
-        "cos_through, proj_through; docs/followers.md); two exact gradients per iteration",
-    )
-    add_follower_args(p)
+    add_follower_args(p, estimate="the estimate (before clipping)")
     return p.parse_args(argv)
 
 

@@ -133,13 +133,7 @@ def parse_args(argv=None):
         help="MLP critics continue from the last iteration's fit (the paper "
         "re-initialises them every iteration)",
     )
-    g.add_argument(
-        "--track-reference",
-        action="store_true",
-        help="also record each iteration's cosine and projection of the estimate against the "
-        "two exact references of a follower off its best response (docs/followers.md)",
-    )
-    add_follower_args(p, ("best_response", "k_step"))
+    add_follower_args(p, ("best_response", "k_step"), "the estimate (before clipping)")
     a = p.parse_args(argv)
     if a.faithful:
         a.critic, a.follower_grad, a.no_baseline, a.no_control_variates = (

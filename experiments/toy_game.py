@@ -120,15 +120,11 @@ def parse_args(argv=None):
         help="network initialisation: PyTorch's nn.Linear default (the reference) or "
         "flax's lecun_normal",
     )
-    g.add_argument(
-        "--track-reference",
-        action="store_true",
-        help="every iteration, compare the leader's hypergradient estimate (its surrogate's "
-        f"gradient on {TRACK_MINIBATCH} segment starts, at the iteration's start) with the exact "
-        "references: metrics cos_target, proj_target (Theorem 2 at the follower's policy as if "
-        "optimal), cos_through, proj_through (through the follower's actual reaction)",
+    add_follower_args(
+        p,
+        estimate=f"the leader's estimate (its surrogate's gradient on {TRACK_MINIBATCH} segment "
+        "starts, at the iteration's start)",
     )
-    add_follower_args(p)
     return p.parse_args(argv)
 
 
