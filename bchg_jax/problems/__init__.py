@@ -3,8 +3,15 @@ families)."""
 
 from bchg_jax.problems.fourrooms import fourrooms
 from bchg_jax.problems.lqr_game import lqr_game
-from bchg_jax.problems.random_tabular import random_tabular_cmdp
+from bchg_jax.problems.random_tabular import random_tabular_cmdp, random_tabular_game
 from bchg_jax.problems.thermal import thermal
 from bchg_jax.problems.toy_game import toy_game
 
-__all__ = ["fourrooms", "lqr_game", "random_tabular_cmdp", "thermal", "toy_game"]
+__all__ = [
+    "fourrooms",
+    "lqr_game",
+    "random_tabular_cmdp",
+    "random_tabular_game",
+    "thermal",
+    "toy_game",
+]

@@ -1,14 +1,15 @@
-"""A random TabularCMDP whose transitions, initial distribution and both rewards depend on theta.
-
-Used by the tests as the general case of Theorem 1 (every term of Eq. (hg_configurable) and
-Eq. (nablaQF) is non-zero).
+"""Random problems for the tests: a TabularCMDP whose transitions, initial distribution and both
+rewards depend on theta (the general case of Theorem 1: every term of Eq. (hg_configurable) and
+Eq. (nablaQF) is non-zero), and a random TabularGame (dense transitions, Gaussian rewards).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from bchg_jax.games.tabular.game import TabularGame
 from bchg_jax.tabular.cmdp import TabularCMDP
 
 
@@ -63,3 +64,21 @@ def random_tabular_cmdp(
         time_limit=time_limit,
         name="random_tabular",
     )
+
+
+def random_tabular_game(
+    seed: int = 0, S: int = 4, A: int = 2, B: int = 3, gamma: float = 0.8, time_limit: int = 60
+) -> TabularGame:
+    """A random 2-player :class:`~bchg_jax.games.tabular.game.TabularGame` (validated):
+    Dirichlet(1) transitions [S, A, B, S] and initial distribution, N(0, 1) rewards of both
+    players, both discounts ``gamma``, from ``numpy.random.default_rng(seed)``."""
+    rng = np.random.default_rng(seed)
+    return TabularGame(
+        jnp.asarray(rng.dirichlet(np.ones(S), size=(S, A, B))),
+        jnp.asarray(rng.dirichlet(np.ones(S))),
+        jnp.asarray(rng.normal(size=(S, A, B))),
+        jnp.asarray(rng.normal(size=(S, A, B))),
+        gamma,
+        gamma,
+        time_limit,
+    ).validate()

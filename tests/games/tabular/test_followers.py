@@ -14,24 +14,11 @@ from bchg_jax.games import tabular as games
 from bchg_jax.games.tabular import exact as ex
 from bchg_jax.games.tabular.follower import soft_q_backups, soft_q_iteration
 from bchg_jax.games.tabular.follower_models import follower_pieces, q_learning_update
-from bchg_jax.games.tabular.game import TabularGame
 from bchg_jax.games.tabular.rollout import rollout
+from bchg_jax.problems import random_tabular_game
 from bchg_jax.problems.toy_game import leader_policy_from_p, toy_game, toy_game_metrics
 
 BACKUPS = ("reference", "paper")
-
-
-def _random_game(seed=0, S=4, A=2, B=3, gamma=0.8):
-    rng = np.random.default_rng(seed)
-    return TabularGame(
-        jnp.asarray(rng.dirichlet(np.ones(S), size=(S, A, B))),
-        jnp.asarray(rng.dirichlet(np.ones(S))),
-        jnp.asarray(rng.normal(size=(S, A, B))),
-        jnp.asarray(rng.normal(size=(S, A, B))),
-        gamma,
-        gamma,
-        60,
-    ).validate()
 
 
 def _softmax_leader(seed=1, S=4, A=2):
@@ -53,7 +40,7 @@ def _central_differences(J, theta, h=1e-6):
 def test_soft_policy_evaluation_at_the_best_response_is_the_soft_q_fixed_point(x64, backup):
     """V^g of g = g^dagger is Theorem 2's V_F (the leader sees what it saw before), and for any
     other g, Q^g solves g's own Bellman equation (written as an iteration here)."""
-    game = _random_game()
+    game = random_tabular_game()
     theta, policy_fn = _softmax_leader()
     f = policy_fn(theta)
     br = ex.best_response(game, f, 0.5, backup)
@@ -74,7 +61,7 @@ def test_soft_policy_evaluation_at_the_best_response_is_the_soft_q_fixed_point(x
 
 @pytest.mark.parametrize("backup", BACKUPS)
 def test_as_if_optimal_hypergradient_is_the_exact_one_at_the_best_response(x64, backup):
-    game = _random_game()
+    game = random_tabular_game()
     theta, policy_fn = _softmax_leader()
 
     @jax.jit
@@ -96,7 +83,7 @@ def test_as_if_optimal_hypergradient_is_the_exact_one_at_the_best_response(x64, 
 @pytest.mark.parametrize("K", [1, 3])
 @pytest.mark.parametrize("backup", BACKUPS)
 def test_k_step_hypergradient_matches_central_differences(x64, K, backup):
-    game = _random_game()
+    game = random_tabular_game()
     theta, policy_fn = _softmax_leader()
     Q_prev = jnp.asarray(np.random.default_rng(2).normal(size=(4, 2, 3)))
     P, r = game.transition, game.follower_reward
@@ -112,7 +99,7 @@ def test_k_step_hypergradient_matches_central_differences(x64, K, backup):
 
 
 def test_k_step_hypergradient_tends_to_the_exact_one_and_lag_with_mix_1_is_it(x64):
-    game = _random_game()
+    game = random_tabular_game()
     theta, policy_fn = _softmax_leader()
     exact = ex.exact_hypergradient(policy_fn, theta, game, 0.5)
     Q_prev = jnp.zeros((4, 2, 3))
@@ -125,7 +112,7 @@ def test_k_step_hypergradient_tends_to_the_exact_one_and_lag_with_mix_1_is_it(x6
 
 
 def test_lag_hypergradient_matches_central_differences(x64):
-    game = _random_game()
+    game = random_tabular_game()
     theta, policy_fn = _softmax_leader()
     g_prev = jax.nn.softmax(jnp.asarray(np.random.default_rng(2).normal(size=(4, 2, 3))), -1)
 

@@ -8,6 +8,7 @@ import pytest
 from bchg_jax.games.tabular.exact import best_response, leader_return, leader_values
 from bchg_jax.games.tabular.follower import soft_q_iteration
 from bchg_jax.games.tabular.game import TabularGame
+from bchg_jax.problems import random_tabular_game
 from bchg_jax.problems.toy_game import leader_policy_from_p, toy_game
 
 
@@ -112,20 +113,6 @@ def test_game_validation():
         soft_q_iteration(game, leader_policy_from_p(0.5), 0.05, backup="mine")
 
 
-def _random_game(seed=0, S=4, A=2, B=3, gamma=0.8):
-    rng = np.random.default_rng(seed)
-    P = rng.dirichlet(np.ones(S), size=(S, A, B))
-    return TabularGame(
-        jnp.asarray(P),
-        jnp.asarray(rng.dirichlet(np.ones(S))),
-        jnp.asarray(rng.normal(size=(S, A, B))),
-        jnp.asarray(rng.normal(size=(S, A, B))),
-        gamma,
-        gamma,
-        60,
-    ).validate()
-
-
 @pytest.mark.slow
 def test_theorem2_estimator_unbiased_with_exact_critics(x64):
     """BC-HG (Theorem 2) with exact Q_L, V_F and a tabular-softmax leader: mean within 4 SE of
@@ -134,7 +121,7 @@ def test_theorem2_estimator_unbiased_with_exact_critics(x64):
     from bchg_jax.games.estimators import hypergradient
     from bchg_jax.games.tabular.rollout import rollout
 
-    game = _random_game()
+    game = random_tabular_game()
     beta = 0.5
     theta = jnp.asarray(np.random.default_rng(1).normal(size=(4, 2)))
     policy_fn = lambda th: jax.nn.softmax(th, axis=-1)  # noqa: E731
