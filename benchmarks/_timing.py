@@ -9,11 +9,15 @@ import jax
 from bchg_jax.core.sweep import grid_functions, grid_hparams, seed_keys
 
 
-def time_chunks(trainer, grid, runs: int, iterations: int, with_metrics: bool = False):
+def time_chunks(
+    trainer, grid, runs: int, iterations: int, with_metrics: bool = False, profile: bool = False
+):
     """(compile seconds, seconds per outer iteration) for ``runs`` vmapped seeds per grid point:
     the first call of the jitted chunk is compile + run, the second is timed on its own.
     ``with_metrics=True`` adds a third entry: the metrics of both calls (name -> numpy
-    [G, runs, 2 * iterations]), to check the timed runs' solver health beside their speed."""
+    [G, runs, 2 * iterations]), to check the timed runs' solver health beside their speed.
+    ``profile=True`` adds a last entry: a third call of the same chunk under the profiler
+    (:func:`benchmarks.profile_trace.trace_summary`, nothing recompiled)."""
     init, run = grid_functions(trainer)
     hp = grid_hparams(trainer, grid)
     state = init(seed_keys(runs), hp)
@@ -25,12 +29,16 @@ def time_chunks(trainer, grid, runs: int, iterations: int, with_metrics: bool = 
     state, m2 = run(state, hp, iterations)
     jax.block_until_ready(m2)
     per_it = (time.perf_counter() - t0) / iterations
-    if not with_metrics:
-        return first - per_it * iterations, per_it
-    import numpy as np
+    out = (first - per_it * iterations, per_it)
+    if with_metrics:
+        import numpy as np
 
-    both = {k: np.concatenate([np.asarray(m1[k]), np.asarray(m2[k])], -1) for k in m1}
-    return first - per_it * iterations, per_it, both
+        out += ({k: np.concatenate([np.asarray(m1[k]), np.asarray(m2[k])], -1) for k in m1},)
+    if profile:
+        from benchmarks.profile_trace import trace_summary
+
+        out += (trace_summary(run, state, hp, iterations, iterations=iterations),)
+    return out
 
 
 def time_call(fn, *args, repeats: int = 1, with_output: bool = False):

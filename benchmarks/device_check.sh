@@ -2,7 +2,9 @@
 # One short GPU check (under 8 minutes) that fails (exit 1) when any run's solver hits its cap.
 #   1. Four-Rooms throughput: one run and the paper's 240-run grid, dense and sparse solvers.
 #   2. Thermal with the paper's faithful MLP critics, 1 run (their matmuls keep JAX's default).
-#   3. The scaling table of every experiment's trainer at 1 / 100 / 1000 / 10,000 vmapped runs.
+#   3. The scaling table of every experiment's trainer at 1 / 100 / 1000 / 10,000 vmapped runs,
+#      the 1- and 10,000-run chunks also profiled (kernels, device busy time, costliest kernels
+#      per iteration: what bounds them).
 # Every table has the share of run-iterations whose follower (or metric) solve hit its cap and
 # the skipped updates beside the speed; each step runs with --fail-on-cap, and a step that
 # fails, or runs past its own time limit, makes the whole script exit 1 after the others ran.
@@ -10,25 +12,32 @@
 #   bash benchmarks/device_check.sh [OUTDIR] [EXPERIMENTS]
 # EXPERIMENTS: the scaling table's experiments, comma-separated (default:
 # fourrooms,thermal,toy_game,lqr_game; "none" skips steps 2 and 3).
-# The steps' limits add up to 7.3 minutes. If ./.whl holds wheels (packages the GPU machine
-# lacks, e.g. distrax), they are installed into /tmp/site first.
+# The steps' limits add up to 7.8 minutes. If ./.whl holds wheels (packages the GPU machine
+# lacks, e.g. distrax), they are installed into /tmp/site first (unless BCHG_WHEELS_DONE=1:
+# benchmarks/gpu_session.sh installed them). DEVICE_CHECK_SMOKE=1 shrinks every step (a few
+# iterations, 1 and 10 runs, limits x4) to try the script's plumbing on a CPU.
 set -uo pipefail
 out="${1:-${OUT:-/tmp/device_check}}"
 experiments="${2:-fourrooms,thermal,toy_game,lqr_game}"
 mkdir -p "$out"
-if compgen -G ".whl/*.whl" > /dev/null; then
+if [ "${BCHG_WHEELS_DONE:-0}" != 1 ] && compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+fi
+if [ "${DEVICE_CHECK_SMOKE:-0}" = 1 ]; then
+  scale=4 grid_its=3 single_its=5 runs="1 10" profile="1 10"
+else
+  scale=1 grid_its=100 single_its=500 runs="1 100 1000 10000" profile="1 10000"
 fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
 failed=()
 step() {   # step NAME LIMIT_S COMMAND...: run with a time limit, tee to OUT/NAME.txt
   local name="$1" limit="$2"
   shift 2
-  timeout "$limit" "$@" 2>&1 | grep -v Warning | tee "$out/$name.txt"
+  timeout "$((limit * scale))" "$@" 2>&1 | grep -v Warning | tee "$out/$name.txt"
   local rc="${PIPESTATUS[0]}"
   if [ "$rc" -ne 0 ]; then
-    [ "$rc" -eq 124 ] && why="ran past its ${limit} s limit" || why="exit $rc"
+    [ "$rc" -eq 124 ] && why="ran past its $((limit * scale)) s limit" || why="exit $rc"
     failed+=("$name ($why)")
   fi
 }
@@ -36,14 +45,14 @@ step() {   # step NAME LIMIT_S COMMAND...: run with a time limit, tee to OUT/NAM
   date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
   python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
 } 2>&1 | tee "$out/header.txt"
-step fourrooms_throughput 120 python3 -m benchmarks.fourrooms_throughput --iterations 100 \
-  --single-iterations 500 --solvers dense sparse --fail-on-cap
+step fourrooms_throughput 110 python3 -m benchmarks.fourrooms_throughput --iterations "$grid_its" \
+  --single-iterations "$single_its" --solvers dense sparse --fail-on-cap
 if [ "$experiments" != none ]; then
   step thermal_faithful 60 python3 -m benchmarks.thermal_throughput --methods bchg --seeds 1 \
     --only-mlp --mlp-iterations 2 --fail-on-cap
   for e in ${experiments//,/ }; do
-    step "scaling_$e" 65 python3 -m benchmarks.scaling --experiments "$e" \
-      --runs 1 100 1000 10000 --iterations 2 --fail-on-cap
+    step "scaling_$e" 75 python3 -m benchmarks.scaling --experiments "$e" \
+      --runs $runs --iterations 2 --profile-runs $profile --fail-on-cap
   done
 fi
 if [ "${#failed[@]}" -gt 0 ]; then

@@ -30,9 +30,15 @@ the wall times, and exits with status 3 if a difference exceeds both ``--max-se`
 combined SEs and ``--abs-tol`` (default 1e-3, the table's rounding: methods whose 10 seeds end
 at the same J have an SE near 0).
 
+``--method-workers K`` trains each panel's methods as K concurrent processes, each method in its
+own run folder under ``OUT/batchB_betaX/by_method/`` (continued the same way when given again);
+``wall.json`` then also records the panel's elapsed wall-clock time beside the methods' summed
+seconds. ``--chunk N`` sets the iterations per jitted chunk (each chunk ends with a checkpoint).
+
 On a GPU one panel (every method + exact, 10 seeds x 10,000 iterations) is
-``python -m benchmarks.fourrooms_figure run --panels 100:1e-3 --out OUT --compact OUT/compact``
-then ``python -m benchmarks.fourrooms_figure compare --compact OUT/compact``.
+``python -m benchmarks.fourrooms_figure run --panels 100:1e-3 --out OUT --compact OUT/compact
+--method-workers 7 --chunk 2500`` then ``python -m benchmarks.fourrooms_figure compare --compact
+OUT/compact``; ``benchmarks/gpu_session.sh`` runs both after the device check, in one call.
 """
 
 from __future__ import annotations
@@ -83,22 +89,18 @@ def method_seconds(run_dir: str) -> dict:
     return out
 
 
-def run_panel(
-    out: str, compact: str, batch: int, beta: str, methods, seeds: int, iterations: int, core=None
-) -> None:
-    from bchg_jax.core.io import save_json
-    from experiments.plot import export_best
+# the panel's methods, costliest first: with fewer --method-workers than methods the long
+# jobs start at once (bchg and hpgd_sa train the 240-run grid, hpgd_oracle rolls out 10,000
+# extra steps per iteration)
+COST_ORDER = ("bchg", "hpgd_sa", "hpgd_oracle", "hpgd_mc", "exact", "sobirl", "naive")
+BY_METHOD = "by_method"  # the sub-folder of a panel trained one process per method
 
-    run_dir = os.path.join(out, panel_name(batch, beta))
-    dest = os.path.join(compact, panel_name(batch, beta))
-    if os.path.exists(os.path.join(dest, "wall.json")) and not os.path.exists(
-        os.path.join(run_dir, "config.json")
-    ):
-        print(
-            f"== {panel_name(batch, beta)}: done, kept in {dest} (delete it to train again)",
-            flush=True,
-        )
-        return
+
+def panel_command(
+    run_dir: str, methods, batch: int, beta: str, seeds: int, iterations: int, chunk=None
+):
+    """The ``experiments.fourrooms`` command that trains (or, when ``run_dir`` holds a
+    ``config.json``, resumes) ``methods`` of one panel into ``run_dir``."""
     if os.path.exists(os.path.join(run_dir, "config.json")):
         cmd = ["--resume", run_dir]
     else:
@@ -119,28 +121,155 @@ def run_panel(
             "--out",
             run_dir,
         ]
-    cmd = [sys.executable, "-m", "experiments.fourrooms"] + cmd
+    if chunk is not None:
+        cmd += ["--chunk", str(chunk)]
+    return [sys.executable, "-m", "experiments.fourrooms"] + cmd
+
+
+def _train(cmd, run_dir: str, label: str, core=None, env=None) -> None:
+    """Runs ``cmd`` with its output appended to ``run_dir/log.txt``."""
     pin = None if core is None else (lambda: os.sched_setaffinity(0, {core}))
     os.makedirs(run_dir, exist_ok=True)
     log = os.path.join(run_dir, "log.txt")
     print(
-        f"== {panel_name(batch, beta)}"
+        f"== {label}"
         + ("" if core is None else f" (core {core})")
         + f": {' '.join(cmd[1:])} >> {log}",
         flush=True,
     )
     t0 = time.perf_counter()
     with open(log, "a") as f:
-        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT, preexec_fn=pin)
-    print(
-        f"== {panel_name(batch, beta)} done in {time.perf_counter() - t0:.0f} s (this sitting)",
-        flush=True,
+        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT, preexec_fn=pin, env=env)
+    print(f"== {label} done in {time.perf_counter() - t0:.0f} s (this sitting)", flush=True)
+
+
+def _parts(run_dir: str):
+    """{method: its own run folder} of a panel trained one process per method."""
+    root = os.path.join(run_dir, BY_METHOD)
+    if not os.path.isdir(root):
+        return {}
+    return {
+        m: os.path.join(root, m)
+        for m in COST_ORDER
+        if os.path.exists(os.path.join(root, m, "config.json"))
+    }
+
+
+def _train_by_method(run_dir: str, methods, workers: int, args: dict) -> None:
+    """Trains each method of a panel as its own process (``workers`` at a time, costliest
+    first), each into ``run_dir/by_method/<method>``: a run folder of one method, resumed if it
+    exists. On a GPU the processes' compiles overlap and their small kernels share the card;
+    each child is told not to preallocate GPU memory (``XLA_PYTHON_CLIENT_PREALLOCATE=false``,
+    unless set) so that they fit side by side."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    env = dict(os.environ)
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    todo = sorted(methods, key=COST_ORDER.index)
+    failed = []
+
+    def one(m):
+        part = os.path.join(run_dir, BY_METHOD, m)
+        try:
+            _train(
+                panel_command(part, [m], **args), part, f"{os.path.basename(run_dir)} {m}", env=env
+            )
+        except subprocess.CalledProcessError as e:
+            failed.append(f"{m}: {e}")
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(one, todo))
+    if failed:
+        raise subprocess.CalledProcessError(1, "experiments.fourrooms", "; ".join(failed))
+
+
+def _merge_parts(run_dir: str, dest: str, methods) -> dict:
+    """Compact copies of every method's own run folder into ``dest``, with one ``config.json``
+    naming all of them; -> {method: seconds}."""
+    from bchg_jax.core.io import save_json
+    from experiments.plot import export_best
+
+    parts = _parts(run_dir)
+    seconds = {}
+    for m in methods:
+        export_best(parts[m], dest)
+        seconds.update(method_seconds(parts[m]))
+    with open(os.path.join(parts[methods[0]], "config.json")) as f:
+        cfg = json.load(f)
+    cfg["methods"] = list(methods)
+    cfg["args"] = {**cfg["args"], "method": ",".join(methods)}
+    save_json(os.path.join(dest, "config.json"), cfg)
+    return seconds
+
+
+def run_panel(
+    out: str,
+    compact: str,
+    batch: int,
+    beta: str,
+    methods,
+    seeds: int,
+    iterations: int,
+    core=None,
+    chunk=None,
+    method_workers: int = 1,
+) -> None:
+    """Trains one panel (or continues it) and writes its compact copy and ``wall.json``.
+
+    ``method_workers`` > 1 trains the methods as that many concurrent processes, each in its own
+    run folder under ``OUT/batchB_betaX/by_method/`` (:func:`_train_by_method`); a panel started
+    that way is continued that way. ``wall.json`` holds each method's seconds (compile
+    included, every sitting), their ``total`` and the panel's ``elapsed`` wall-clock seconds
+    summed over its sittings (below ``total`` when methods ran side by side)."""
+    from bchg_jax.core.io import save_json
+    from experiments.plot import export_best
+
+    name = panel_name(batch, beta)
+    run_dir = os.path.join(out, name)
+    dest = os.path.join(compact, name)
+    by_method = os.path.isdir(os.path.join(run_dir, BY_METHOD))
+    started = by_method or os.path.exists(os.path.join(run_dir, "config.json"))
+    if os.path.exists(os.path.join(dest, "wall.json")) and not started:
+        print(f"== {name}: done, kept in {dest} (delete it to train again)", flush=True)
+        return
+    if method_workers > 1 and not started:
+        by_method = True
+    elif method_workers > 1 and not by_method:
+        print(f"== {name}: started as one process, continued as one", flush=True)
+    args = dict(batch=batch, beta=beta, seeds=seeds, iterations=iterations, chunk=chunk)
+    sittings_path = os.path.join(run_dir, "sittings.json")
+    sittings = []
+    if os.path.exists(sittings_path):
+        with open(sittings_path) as f:
+            sittings = json.load(f)
+    t0 = time.perf_counter()
+    if by_method:
+        panel_path = os.path.join(run_dir, "panel.json")  # the methods it was started with
+        if os.path.exists(panel_path):
+            with open(panel_path) as f:
+                methods = json.load(f)["methods"]
+        else:
+            save_json(panel_path, {"methods": list(methods)})
+        _train_by_method(run_dir, methods, max(method_workers, 1), args)
+        methods = [m for m in METHODS if m in methods]
+        os.makedirs(dest, exist_ok=True)
+        seconds = _merge_parts(run_dir, dest, methods)
+    else:
+        _train(panel_command(run_dir, methods, **args), run_dir, name, core)
+        export_best(run_dir, dest)
+        seconds = method_seconds(run_dir)
+    sittings.append(
+        {"seconds": round(time.perf_counter() - t0, 1), "method_workers": method_workers}
     )
-    export_best(run_dir, dest)
-    seconds = method_seconds(run_dir)
+    save_json(sittings_path, sittings)
     save_json(
         os.path.join(dest, "wall.json"),
-        {"seconds": seconds, "total": round(sum(seconds.values()), 1)},
+        {
+            "seconds": seconds,
+            "total": round(sum(seconds.values()), 1),
+            "elapsed": round(sum(s["seconds"] for s in sittings), 1),
+            "method_workers": max(s["method_workers"] for s in sittings),
+        },
     )
 
 
@@ -259,7 +388,16 @@ def compare(compact: str, reference: str, max_se: float, abs_tol: float = 1e-3) 
         wall = os.path.join(compact, panel_name(b, e), "wall.json")
         if os.path.exists(wall):
             with open(wall) as f:
-                print(f"wall time {panel_name(b, e)} (this run): {json.load(f)['total']:.0f} s")
+                w = json.load(f)
+            print(
+                f"wall time {panel_name(b, e)} (this run): {w['total']:.0f} s summed over the "
+                "methods, compile included"
+                + (
+                    f"; {w['elapsed']:.0f} s elapsed ({w['method_workers']} method worker(s))"
+                    if "elapsed" in w
+                    else ""
+                )
+            )
     return ok
 
 
@@ -300,6 +438,23 @@ def main(argv=None):
         "unpinned job). On the 2-core CPU two pinned jobs give ~2.7x the grid "
         "throughput of one unpinned job (docs/performance.md)",
     )
+    p.add_argument(
+        "--method-workers",
+        type=int,
+        default=1,
+        help="run: train each panel's methods as this many concurrent processes, each method "
+        "in its own run folder under OUT/batchB_betaX/by_method/ (default 1: one process per "
+        "panel). For a GPU, where the compiles overlap and the methods' small kernels share "
+        "the card",
+    )
+    p.add_argument(
+        "--chunk",
+        type=int,
+        default=None,
+        help="run: iterations per jitted chunk, passed to experiments.fourrooms (default: its "
+        "500). Each chunk ends with a checkpoint and a rewrite of metrics.npz; on a GPU, where "
+        "500 iterations take about a second, 1000 or more keeps those writes from dominating",
+    )
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--iterations", type=int, default=10000)
     p.add_argument(
@@ -331,11 +486,21 @@ def main(argv=None):
     panels = (
         [parse_panel(s) for s in a.panels] if a.panels else [(b, e) for b in BATCHES for e in BETAS]
     )
-    if a.workers < 1:
-        raise SystemExit("error: --workers must be >= 1")
+    methods = a.methods.split(",")
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise SystemExit(f"error: --methods: unknown {unknown}; choose from {', '.join(METHODS)}")
+    for flag in ("workers", "method_workers", "chunk"):
+        if getattr(a, flag) is not None and getattr(a, flag) < 1:
+            raise SystemExit(f"error: --{flag.replace('_', '-')} must be >= 1")
+    if a.workers > 1 and a.method_workers > 1:
+        raise SystemExit(
+            "error: --workers (panels at once) and --method-workers exclude each other"
+        )
+    more = dict(chunk=a.chunk, method_workers=a.method_workers)
     if a.workers == 1:
         for batch, beta in panels:
-            run_panel(a.out, a.compact, batch, beta, a.methods.split(","), a.seeds, a.iterations)
+            run_panel(a.out, a.compact, batch, beta, methods, a.seeds, a.iterations, **more)
     else:
         cores = sorted(os.sched_getaffinity(0))
         todo = queue.Queue()
@@ -355,10 +520,11 @@ def main(argv=None):
                         a.compact,
                         batch,
                         beta,
-                        a.methods.split(","),
+                        methods,
                         a.seeds,
                         a.iterations,
                         core,
+                        chunk=a.chunk,
                     )
                 except subprocess.CalledProcessError as e:
                     failed.append(f"{panel_name(batch, beta)}: {e}")

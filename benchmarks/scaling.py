@@ -1,7 +1,7 @@
 """Scaling with the number of vmapped runs, for every experiment's trainer.
 
 ``python -m benchmarks.scaling [--experiments fourrooms,thermal,toy_game,lqr_game]
-[--runs 1 10 100 1000] [--iterations K] [--fail-on-cap]``
+[--runs 1 10 100 1000] [--iterations K] [--fail-on-cap] [--profile-runs 1 1000]``
 
 For each experiment one method's trainer (the paper's main setting, BC-HG) is run for R vmapped
 seeds (one grid point): the first call of the jitted chunk (compile + K iterations) and a second
@@ -28,9 +28,11 @@ import numpy as np
 
 from bchg_jax.core.health import health_text, solver_health
 from benchmarks._timing import report_unhealthy, time_chunks, unhealthy
+from benchmarks.profile_trace import HEADER, summary_row
 
 
-def _trainer(name: str, runs: int):
+def trainer_for(name: str, runs: int):
+    """(method, trainer, one-point grid) of an experiment's row at ``runs`` vmapped runs."""
     if name == "fourrooms":
         from bchg_jax.problems.fourrooms import fourrooms
         from bchg_jax.tabular.train import TrainConfig, make_train
@@ -71,11 +73,15 @@ def _trainer(name: str, runs: int):
     raise ValueError(f"unknown experiment {name!r}")
 
 
-def measure(name: str, runs: int, iterations: int):
-    """(method, compile s, s per iteration, health dict, mean final J) of one row."""
-    method, trainer, grid = _trainer(name, runs)
-    comp, per, m = time_chunks(trainer, grid, runs, iterations, with_metrics=True)
-    return method, comp, per, solver_health(m), float(np.mean(m["J"][..., -1]))
+def measure(name: str, runs: int, iterations: int, profile: bool = False):
+    """(method, compile s, s per iteration, health dict, mean final J, profile summary or None)
+    of one row."""
+    method, trainer, grid = trainer_for(name, runs)
+    comp, per, m, *prof = time_chunks(
+        trainer, grid, runs, iterations, with_metrics=True, profile=profile
+    )
+    J = float(np.mean(m["J"][..., -1]))
+    return method, comp, per, solver_health(m), J, (prof[0] if prof else None)
 
 
 def main(argv=None):
@@ -88,6 +94,15 @@ def main(argv=None):
         action="store_true",
         help="exit 3 if any run's solve hit its cap, an update was skipped or J is not finite",
     )
+    p.add_argument(
+        "--profile-runs",
+        type=int,
+        nargs="*",
+        default=[],
+        help="rows (numbers of runs) whose chunk is called once more under the profiler; a "
+        "second table gives their kernels, device busy time and costliest kernels per "
+        "iteration (benchmarks.profile_trace)",
+    )
     a = p.parse_args(argv)
     print(
         f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, devices "
@@ -98,10 +113,15 @@ def main(argv=None):
         "run-iterations / s | capped | skipped | mean J |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
-    bad = []
+    bad, profiles, lines_read = [], [], set()
     for name in a.experiments.split(","):
         for runs in a.runs:
-            method, comp, per, health, J = measure(name, runs, a.iterations)
+            method, comp, per, health, J, prof = measure(
+                name, runs, a.iterations, profile=runs in a.profile_runs
+            )
+            if prof is not None:
+                profiles.append(summary_row(f"{name} {method} x{runs}", prof))
+                lines_read.update(prof["where"])
             print(
                 f"| {name} | {method} | {runs} | {comp:.1f} | {per:.4f} | {runs / per:.0f} | "
                 f"{health.get('capped_share', 0.0):.2%} | {health.get('update_skipped', 0)} | "
@@ -110,6 +130,10 @@ def main(argv=None):
             )
             if unhealthy(health) or not np.isfinite(J):
                 bad.append(f"{name} at {runs} runs ({health_text(health)}, J {J:.4g})")
+    if profiles:
+        print("\nProfiled (one more call of the same chunk under jax.profiler):\n" + HEADER)
+        print("\n".join(profiles))
+        print("trace lines read: " + ", ".join(sorted(lines_read)), flush=True)
     report_unhealthy(bad, a.fail_on_cap)
 
 

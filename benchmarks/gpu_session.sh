@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# A whole GPU session in one call, sized for a lease of about 15 minutes (one call of at most
+# 10 minutes, the machine's start included in the lease):
+#   1. benchmarks/device_check.sh: throughput of all four experiments, failing on any capped
+#      solve or skipped update (its steps' limits add up to 7.8 minutes; on an H200 it should
+#      take about half of that), with a profile of each experiment's 1- and 10,000-run chunk;
+#   2. one complete Four-Rooms panel (batch 100, beta 1e-3: every method + exact, 10 seeds x
+#      10,000 iterations), its methods trained side by side (--method-workers 7), in the time
+#      left of the budget; then `fourrooms_figure compare` against the committed CPU table;
+#   3. if time is left, `benchmarks.fourrooms_parts`: where a Four-Rooms iteration goes.
+# Everything comes back as at most five files (the device tool returns 8 files, 2 folders deep):
+# RESULT.txt (one line per part: passed / failed / not finished), header.txt, device_check.txt,
+# panel.txt and gpu_session.tgz (the check's tables, the panel's compact copies, wall.json,
+# per-method logs and chunk timings, the GPU utilisation log).
+#
+# Usage (repository root):
+#   bash benchmarks/gpu_session.sh [--smoke] [--panel-only] [OUTDIR]
+# Without --panel-only the work folder results/gpu_session/ (git-ignored) starts empty.
+# --panel-only skips the device check and continues the panel in that folder: a second call on
+#   the still-warm machine finishes a panel that ran out of time (ignored files stay there while
+#   the machine is warm), e.g. `bash benchmarks/gpu_session.sh --panel-only $OUT`.
+# --smoke tries the plumbing on a CPU in a few minutes: every device-check step shrunk,
+#   a panel of 2 seeds x 30 iterations (its comparison is printed, not judged), in
+#   results/gpu_session_smoke/. Exit status: 0 when every part passed, 1 otherwise.
+# GPU_SESSION_BUDGET (seconds, default 540) is the wall-clock budget of the whole script; the
+# panel gets what the device check leaves, minus 30 s kept for the bundle. GPU_SESSION_WORK
+# overrides the work folder. Fetch the wheels beforehand, on a machine that reaches a package
+# index (bash benchmarks/gpu_wheels.sh), let the call carry ./.whl, and give it 600 s.
+set -uo pipefail
+smoke=0 panel_only=0 out=""
+for arg in "$@"; do
+  case "$arg" in
+    --smoke) smoke=1 ;;
+    --panel-only) panel_only=1 ;;
+    -*) echo "unknown option $arg" >&2; exit 2 ;;
+    *) out="$arg" ;;
+  esac
+done
+out="${out:-${OUT:-/tmp/gpu_session}}"
+mkdir -p "$out" && out="$(cd "$out" && pwd)"
+budget="${GPU_SESSION_BUDGET:-540}"
+t_start=$(date +%s)
+left() { echo $((budget - ($(date +%s) - t_start))); }
+work="${GPU_SESSION_WORK:-results/gpu_session}"
+[ "$smoke" = 1 ] && work="${GPU_SESSION_WORK:-results/gpu_session_smoke}"
+[ "$panel_only" = 1 ] || rm -rf "$work"  # a new session starts afresh; --panel-only continues
+mkdir -p "$out" "$work"
+if [ "$smoke" = 0 ] && compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+fi
+export BCHG_WHEELS_DONE=1 PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+if [ "$smoke" = 1 ]; then
+  export DEVICE_CHECK_SMOKE=1
+  panel_args=(--seeds 2 --iterations 30 --chunk 10)
+else
+  panel_args=(--seeds 10 --iterations 10000 --chunk 2500)
+fi
+: > "$work/RESULT.txt"  # this call's parts only
+result() { echo "$*" | tee -a "$work/RESULT.txt"; }
+{
+  date -u
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader \
+    || echo "no nvidia-smi"
+  python3 -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, \
+jax.devices())"
+  echo "budget ${budget} s, smoke ${smoke}, panel-only ${panel_only}"
+} 2>&1 | tee "$work/header.txt"
+
+# 1. the device check
+if [ "$panel_only" = 0 ]; then
+  t0=$(date +%s)
+  bash benchmarks/device_check.sh "$work/check"
+  rc=$?
+  for f in header fourrooms_throughput thermal_faithful scaling_fourrooms scaling_thermal \
+    scaling_toy_game scaling_lqr_game FAILED PASSED; do
+    [ -f "$work/check/$f.txt" ] && { echo "### $f"; cat "$work/check/$f.txt"; }
+  done > "$work/device_check.txt"
+  if [ "$rc" = 0 ]; then
+    result "device check: passed in $(($(date +%s) - t0)) s"
+  else
+    result "device check: FAILED (exit $rc) in $(($(date +%s) - t0)) s: $(cat "$work/check/FAILED.txt" 2> /dev/null)"
+  fi
+fi
+
+# 2. the panel, in the time left (a panel stopped by the limit continues in the next call)
+panel_limit=$(($(left) - 30))
+dmon=""
+if command -v nvidia-smi > /dev/null; then
+  nvidia-smi dmon -s u -d 5 > "$work/dmon.txt" 2>&1 &
+  dmon=$!
+fi
+if [ "$panel_limit" -lt 60 ]; then
+  result "panel: not started (${panel_limit} s left); continue with --panel-only"
+else
+  t0=$(date +%s)
+  timeout "$panel_limit" python3 -m benchmarks.fourrooms_figure run --panels 100:1e-3 \
+    --out "$work/fig" --compact "$work/compact" --method-workers 7 "${panel_args[@]}" \
+    2>&1 | grep -v Warning | tee -a "$work/panel.txt"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" = 0 ]; then
+    result "panel: complete, this call's part in $(($(date +%s) - t0)) s"
+    python3 -m benchmarks.fourrooms_figure compare --compact "$work/compact" 2>&1 \
+      | tee -a "$work/panel.txt"
+    rc=${PIPESTATUS[0]}
+    if [ "$smoke" = 1 ]; then
+      result "compare: printed, not judged (--smoke: 30 iterations against 10,000)"
+    elif [ "$rc" = 0 ]; then
+      result "compare: every method within 2 SE of the CPU table"
+    else
+      result "compare: FAILED (exit $rc): a method differs by more than 2 SE (panel.txt)"
+    fi
+  elif [ "$rc" = 124 ]; then
+    result "panel: NOT FINISHED, stopped at the ${panel_limit} s limit; continue with --panel-only"
+  else
+    result "panel: FAILED (exit $rc), see panel.txt and the logs in gpu_session.tgz"
+  fi
+fi
+[ -n "$dmon" ] && kill "$dmon" 2> /dev/null
+
+# 3. where a Four-Rooms iteration goes, if time is left
+parts_limit=$(($(left) - 20))
+if [ "$smoke" = 0 ] && [ "$parts_limit" -ge 45 ]; then
+  timeout "$parts_limit" python3 -m benchmarks.fourrooms_parts --runs 1 240 --warmup 50 \
+    --repeats 2 2>&1 | grep -v Warning | tee "$work/fourrooms_parts.txt"
+  result "fourrooms_parts: exit ${PIPESTATUS[0]}"
+fi
+
+# 4. the bundle: at most five files back
+result "total: $(($(date +%s) - t_start)) s of the ${budget} s budget"
+(
+  cd "$work" || exit 1
+  find fig -maxdepth 5 \( -name log.txt -o -name metrics.jsonl -o -name summary.csv \
+    -o -name sittings.json -o -name panel.json \) 2> /dev/null > files.lst
+  ls -d check compact dmon.txt fourrooms_parts.txt 2> /dev/null >> files.lst
+  tar czf "$out/gpu_session.tgz" --exclude='*/checkpoint' -T files.lst
+)
+for f in RESULT.txt header.txt device_check.txt panel.txt; do
+  [ -f "$work/$f" ] && cp "$work/$f" "$out/$f"
+done
+grep -q "FAILED\|NOT FINISHED\|not started" "$work/RESULT.txt" && exit 1
+exit 0

@@ -1,0 +1,111 @@
+"""``benchmarks.fourrooms_figure run --method-workers``: one process per method gives the same
+panel as one process for all, and a stopped panel continues the way it started."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+
+PANEL = "batch100_beta1e-3"
+COMMON = [
+    "run",
+    "--panels",
+    "100:1e-3",
+    "--methods",
+    "sobirl,naive",
+    "--seeds",
+    "2",
+    "--iterations",
+    "20",
+    "--chunk",
+    "10",
+]
+
+
+def _metrics(path):
+    with np.load(path) as d:
+        return {k: d[k] for k in d.files}
+
+
+def test_by_method_panel_equals_one_process_and_records_its_wall_time(tmp_path, capsys):
+    from benchmarks import fourrooms_figure as ff
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    ff.main(COMMON + ["--out", str(one), "--compact", str(one / "compact")])
+    ff.main(
+        COMMON + ["--out", str(two), "--compact", str(two / "compact"), "--method-workers", "2"]
+    )
+    for m in ("sobirl", "naive"):
+        a = _metrics(one / PANEL / m / "metrics.npz")
+        b = _metrics(two / PANEL / "by_method" / m / m / "metrics.npz")
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=f"{m} {k}")
+        # the compact copies (best grid point) agree too
+        a = _metrics(one / "compact" / PANEL / m / "metrics.npz")
+        b = _metrics(two / "compact" / PANEL / m / "metrics.npz")
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=f"compact {m} {k}")
+    cfg = json.loads((two / "compact" / PANEL / "config.json").read_text())
+    assert cfg["methods"] == ["naive", "sobirl"] and cfg["args"]["method"] == "naive,sobirl"
+    wall = json.loads((two / "compact" / PANEL / "wall.json").read_text())
+    assert set(wall["seconds"]) == {"naive", "sobirl"} and wall["method_workers"] == 2
+    assert 0 < wall["elapsed"] and wall["total"] == pytest.approx(sum(wall["seconds"].values()))
+    assert (two / "compact" / "table.md").exists()
+    # compare prints the elapsed time beside the summed one
+    capsys.readouterr()
+    ff.compare(str(two / "compact"), str(one / "compact"), 2.0)
+    out = capsys.readouterr().out
+    assert "elapsed (2 method worker(s))" in out and out.count("| yes |") == 2
+
+
+def test_a_stopped_by_method_panel_continues_with_its_own_methods(tmp_path, capsys):
+    """A panel started one process per method, stopped after one method, is continued with the
+    methods it was started with (not those of the second command), one process per method even
+    when --method-workers is not given again."""
+    from benchmarks import fourrooms_figure as ff
+
+    out, compact = tmp_path / "fig", tmp_path / "compact"
+    args = ["--out", str(out), "--compact", str(compact)]
+    run_dir = out / PANEL
+    run_dir.mkdir(parents=True)
+    (run_dir / "by_method").mkdir()
+    (run_dir / "panel.json").write_text(json.dumps({"methods": ["sobirl", "naive"]}))
+    # sobirl finished, naive never started
+    ff.main(
+        COMMON[:4]
+        + ["sobirl"]
+        + COMMON[5:]
+        + ["--out", str(tmp_path / "s")]
+        + ["--compact", str(tmp_path / "s_compact")]
+    )
+    os.rename(tmp_path / "s" / PANEL, run_dir / "by_method" / "sobirl")
+    capsys.readouterr()
+    ff.main(COMMON[:4] + ["naive"] + COMMON[5:] + args)
+    log = capsys.readouterr().out
+    assert "--resume" in log and "sobirl" in log and "naive" in log
+    cfg = json.loads((compact / PANEL / "config.json").read_text())
+    assert cfg["methods"] == ["naive", "sobirl"]
+    assert (compact / PANEL / "naive" / "metrics.npz").exists()
+    assert (compact / PANEL / "sobirl" / "metrics.npz").exists()
+    assert (run_dir / "by_method" / "naive" / "log.txt").exists()
+    assert not (run_dir / "config.json").exists()
+
+
+def test_bad_flags_exit_before_anything_runs(tmp_path):
+    from benchmarks import fourrooms_figure as ff
+
+    base = ["run", "--out", str(tmp_path / "o"), "--compact", str(tmp_path / "c")]
+    for extra, want in [
+        (["--methods", "bchg,nope"], "unknown"),
+        (["--method-workers", "0"], "--method-workers must be >= 1"),
+        (["--chunk", "0"], "--chunk must be >= 1"),
+        (["--workers", "2", "--method-workers", "2"], "exclude each other"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            ff.main(base + extra)
+        assert want in str(e.value.code)
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,59 @@
+"""``benchmarks/gpu_session.sh --smoke``: the one-call GPU session's plumbing, on the CPU. A GPU
+lease is short and rare; this is what keeps its script from failing on the day."""
+
+import os
+import subprocess
+import tarfile
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _session(out, work, *flags, budget=900):
+    env = {**os.environ, "GPU_SESSION_WORK": str(work), "GPU_SESSION_BUDGET": str(budget)}
+    return subprocess.run(
+        ["bash", "benchmarks/gpu_session.sh", "--smoke", *flags, str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+
+
+def test_smoke_session_checks_trains_the_panel_and_bundles_five_files(tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    proc = _session(out, work)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = (out / "RESULT.txt").read_text()
+    assert "device check: passed" in result and "panel: complete" in result
+    assert sorted(os.listdir(out)) == [
+        "RESULT.txt",
+        "device_check.txt",
+        "gpu_session.tgz",
+        "header.txt",
+        "panel.txt",
+    ]
+    check = (out / "device_check.txt").read_text()
+    for step in ("fourrooms_throughput", "thermal_faithful", "scaling_lqr_game", "PASSED"):
+        assert f"### {step}" in check
+    with tarfile.open(out / "gpu_session.tgz") as t:
+        names = set(t.getnames())
+    assert "compact/batch100_beta1e-3/wall.json" in names and "check/PASSED.txt" in names
+    assert "fig/batch100_beta1e-3/by_method/bchg/bchg/metrics.jsonl" in names
+    assert not any("checkpoint" in n for n in names)
+    assert "7 method worker(s)" in (out / "panel.txt").read_text()
+
+    # a second call continues the (here complete) panel without the device check
+    proc = _session(tmp_path / "out2", work, "--panel-only")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = (tmp_path / "out2" / "RESULT.txt").read_text()
+    assert "panel: complete" in result and "device check" not in result
+
+    # too little time left for the panel: said, and the exit status says it
+    proc = _session(tmp_path / "out3", work, "--panel-only", budget=50)
+    assert proc.returncode == 1
+    assert "panel: not started" in (tmp_path / "out3" / "RESULT.txt").read_text()

@@ -1,0 +1,35 @@
+"""``benchmarks.profile_trace``: the busy time is the union of the events' intervals, and a traced
+call's summary reads the trace back (here the CPU's XLA threads; on a GPU its streams)."""
+
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks.profile_trace import HEADER, _busy_ns, summary_row, trace_summary
+
+
+def _ev(start, end):
+    return SimpleNamespace(start_ns=start, end_ns=end)
+
+
+def test_busy_time_is_the_union_of_the_intervals():
+    assert _busy_ns([]) == 0
+    assert _busy_ns([_ev(0, 10), _ev(5, 15), _ev(20, 30)]) == 25  # overlap counted once
+    assert _busy_ns([_ev(20, 30), _ev(0, 100)]) == 100  # nested, in any order
+    assert _busy_ns([_ev(0, 10), _ev(10, 20)]) == 20  # touching
+
+
+def test_trace_summary_of_a_jitted_loop():
+    @jax.jit
+    def f(x):
+        return jax.lax.fori_loop(0, 50, lambda i, v: jnp.tanh(v @ v.T) / 8.0, x)
+
+    x = jnp.ones((64, 64))
+    f(x).block_until_ready()
+    s = trace_summary(f, x, iterations=2)
+    assert s["wall_ms"] > 0 and s["kernels"] > 0 and s["where"]
+    assert 0 < s["busy_ms"] and 0 <= s["busy_share"]
+    assert s["top"] and all(ms >= 0 and n > 0 for _, ms, n in s["top"])
+    row = summary_row("f", s)
+    assert row.count("|") == HEADER.splitlines()[0].count("|")
