@@ -119,7 +119,9 @@ def main(argv=None):
             method, comp, per, health, J, prof = measure(
                 name, runs, a.iterations, profile=runs in a.profile_runs
             )
-            if prof is not None:
+            if isinstance(prof, str):
+                profiles.append(f"| {name} {method} x{runs} | profile failed: {prof} |")
+            elif prof is not None:
                 profiles.append(summary_row(f"{name} {method} x{runs}", prof))
                 lines_read.update(prof["where"])
             print(

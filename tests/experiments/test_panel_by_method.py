@@ -10,19 +10,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 PANEL = "batch100_beta1e-3"
-COMMON = [
-    "run",
-    "--panels",
-    "100:1e-3",
-    "--methods",
-    "sobirl,naive",
-    "--seeds",
-    "2",
-    "--iterations",
-    "20",
-    "--chunk",
-    "10",
-]
+COMMON = "run --panels 100:1e-3 --methods sobirl,naive --seeds 2 --iterations 20 --chunk 10".split()
 
 
 def _metrics(path):
