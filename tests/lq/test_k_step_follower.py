@@ -20,6 +20,7 @@ def _setup():
     return prob, theta
 
 
+@pytest.mark.slow
 def test_references_and_value_at_the_best_response(x64):
     """At Proposition 1's best response (Riccati solved to 1e-13): V^g is (P, v) and the
     as-if-optimal reference is the exact hypergradient; K -> infinity steps give the best

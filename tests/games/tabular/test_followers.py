@@ -208,6 +208,7 @@ def _train(method="bchg", iterations=3, **kw):
     return state, jax.tree.map(np.asarray, m)
 
 
+@pytest.mark.slow
 def test_best_response_follower_and_tracking_leave_the_training_bit_identical():
     """``follower=FollowerModel()`` is the default (the same program), and ``track_reference``
     only adds metrics: every metric of before is bit-identical, the state keeps one Q_F array
@@ -243,6 +244,7 @@ def test_every_follower_model_trains_with_its_metrics(model, method):
     assert np.all(through_nan) == (model.kind == "q_learning")
 
 
+@pytest.mark.slow
 def test_k_step_trainer_runs_and_records_the_gap():
     """A short run of the k_step follower: its own metrics, finite references."""
     _, m = _train(follower=FollowerModel("k_step", steps=1), track_reference=True)
