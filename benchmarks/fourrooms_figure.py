@@ -348,7 +348,9 @@ def read_table(path: str) -> dict:
 def compare(compact: str, reference: str, max_se: float, abs_tol: float = 1e-3) -> bool:
     """Prints, per panel found in both and per method, the two means +- SE and their difference
     over the combined SE; returns True when every difference is within ``max_se`` combined SEs
-    or within ``abs_tol``. ``reference``: a ``table.md`` or a folder of compact copies."""
+    or within ``abs_tol``. ``reference``: a ``table.md`` or a folder of compact copies. It also
+    prints how often at least one of the comparisons that the SE decides would miss by chance
+    (1 - 0.954^k at 2 SE: 17% for four), to read a single miss by."""
     import math
 
     from experiments.plot import load_run
@@ -366,7 +368,7 @@ def compare(compact: str, reference: str, max_se: float, abs_tol: float = 1e-3) 
     found = [pe for pe in panels_found(compact) if pe in ref_of]
     if not found:
         raise SystemExit(f"error: no panel is in both {compact} and {reference}")
-    ok = True
+    ok, spread = True, 0
     print("| panel | method | this run | reference | difference / SE | within |")
     print("|---|---|---:|---:|---:|---|")
     for b, e in found:
@@ -377,6 +379,7 @@ def compare(compact: str, reference: str, max_se: float, abs_tol: float = 1e-3) 
                 continue
             a, r = mine[m][1], ref[m]
             se = math.hypot(a["se"], r["se"])
+            spread += se * max_se > abs_tol  # the SE test, not the rounding, decides
             diff = abs(a["mean"] - r["mean"])
             z = diff / se if se > 0 else (0.0 if diff == 0 else math.inf)
             within = z <= max_se or diff <= abs_tol
@@ -398,6 +401,13 @@ def compare(compact: str, reference: str, max_se: float, abs_tol: float = 1e-3) 
                     else ""
                 )
             )
+    if spread:  # read a single miss with this in mind
+        p_one = math.erfc(max_se / math.sqrt(2))
+        print(
+            f"{spread} comparisons are decided by their SE. Were both runs draws of the same "
+            f"distribution (normal means), at least one would be beyond {max_se:g} SE by chance "
+            f"with probability {1 - (1 - p_one) ** spread:.0%}."
+        )
     return ok
 
 

@@ -325,6 +325,8 @@ def test_fourrooms_figure_compare_reads_the_committed_table(tmp_path, capsys):
         return str(root)
 
     assert ff.compare(panel(0.0), table, 2.0)
+    # one comparison decided by its SE: a miss beyond 2 SE has a 5% chance under agreement
+    assert "1 comparisons are decided by their SE" in capsys.readouterr().out.replace("\n", " ")
     with pytest.raises(SystemExit) as e:
         ff.main(["compare", "--compact", panel(10.0), "--reference", table])
     assert e.value.code == 3 and "| NO |" in capsys.readouterr().out
