@@ -8,6 +8,9 @@ import jax
 
 from bchg_jax.core.sweep import grid_functions, grid_hparams, seed_keys
 
+# a chunk slower than this is not profiled (the profile would cost its time once more)
+MAX_PROFILED_S = 10.0
+
 
 def time_chunks(
     trainer, grid, runs: int, iterations: int, with_metrics: bool = False, profile: bool = False
@@ -17,8 +20,10 @@ def time_chunks(
     ``with_metrics=True`` adds a third entry: the metrics of both calls (name -> numpy
     [G, runs, 2 * iterations]), to check the timed runs' solver health beside their speed.
     ``profile=True`` adds a last entry: a third call of the same chunk under the profiler
-    (:func:`benchmarks.profile_trace.trace_summary`, nothing recompiled), or the error's text if
-    profiling failed (a machine without the profiler's GPU tracing fails there, not the timing)."""
+    (:func:`benchmarks.profile_trace.trace_summary`, nothing recompiled), or a text saying why
+    there is none: profiling failed (a machine without the profiler's GPU tracing fails there,
+    not the timing), or the chunk takes over :data:`MAX_PROFILED_S` (a time-limited step would
+    pay for it)."""
     init, run = grid_functions(trainer)
     hp = grid_hparams(trainer, grid)
     state = init(seed_keys(runs), hp)
@@ -38,10 +43,17 @@ def time_chunks(
     if profile:
         from benchmarks.profile_trace import trace_summary
 
-        try:
-            out += (trace_summary(run, state, hp, iterations, iterations=iterations),)
-        except Exception as err:  # a profile is a bonus beside the timing: never fatal
-            out += (f"{type(err).__name__}: {err}",)
+        if per_it * iterations > MAX_PROFILED_S:
+            out += (f"skipped: the chunk takes {per_it * iterations:.1f} s (> {MAX_PROFILED_S} s)",)
+        else:
+            try:
+                out += (
+                    trace_summary(
+                        run, state, hp, iterations, iterations=iterations, untraced_s=per_it
+                    ),
+                )
+            except Exception as err:  # a profile is a bonus beside the timing: never fatal
+                out += (f"{type(err).__name__}: {err}",)
     return out
 
 

@@ -37,7 +37,7 @@ seconds. ``--chunk N`` sets the iterations per jitted chunk (each chunk ends wit
 
 On a GPU one panel (every method + exact, 10 seeds x 10,000 iterations) is
 ``python -m benchmarks.fourrooms_figure run --panels 100:1e-3 --out OUT --compact OUT/compact
---method-workers 7 --chunk 2500`` then ``python -m benchmarks.fourrooms_figure compare --compact
+--method-workers 7 --chunk 1000`` then ``python -m benchmarks.fourrooms_figure compare --compact
 OUT/compact``; ``benchmarks/gpu_session.sh`` runs both after the device check, in one call.
 """
 
@@ -47,6 +47,7 @@ import argparse
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -94,6 +95,7 @@ def method_seconds(run_dir: str) -> dict:
 # extra steps per iteration)
 COST_ORDER = ("bchg", "hpgd_sa", "hpgd_oracle", "hpgd_mc", "exact", "sobirl", "naive")
 BY_METHOD = "by_method"  # the sub-folder of a panel trained one process per method
+CHILDREN = set()  # the training processes running now (stopped with this one: _stop)
 
 
 def panel_command(
@@ -139,7 +141,14 @@ def _train(cmd, run_dir: str, label: str, core=None, env=None) -> None:
     )
     t0 = time.perf_counter()
     with open(log, "a") as f:
-        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT, preexec_fn=pin, env=env)
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, preexec_fn=pin, env=env)
+        CHILDREN.add(proc)
+        try:
+            rc = proc.wait()
+        finally:
+            CHILDREN.discard(proc)
+    if rc:
+        raise subprocess.CalledProcessError(rc, cmd)
     print(f"== {label} done in {time.perf_counter() - t0:.0f} s (this sitting)", flush=True)
 
 
@@ -242,26 +251,35 @@ def run_panel(
     if os.path.exists(sittings_path):
         with open(sittings_path) as f:
             sittings = json.load(f)
-    t0 = time.perf_counter()
-    if by_method:
-        panel_path = os.path.join(run_dir, "panel.json")  # the methods it was started with
-        if os.path.exists(panel_path):
-            with open(panel_path) as f:
-                methods = json.load(f)["methods"]
+    t0, complete = time.perf_counter(), False
+    try:  # every sitting is recorded, also one stopped by SIGTERM (_stop)
+        if by_method:
+            panel_path = os.path.join(run_dir, "panel.json")  # the methods it was started with
+            if os.path.exists(panel_path):
+                with open(panel_path) as f:
+                    methods = json.load(f)["methods"]
+            else:
+                save_json(panel_path, {"methods": list(methods)})
+            _train_by_method(run_dir, methods, max(method_workers, 1), args)
         else:
-            save_json(panel_path, {"methods": list(methods)})
-        _train_by_method(run_dir, methods, max(method_workers, 1), args)
+            _train(panel_command(run_dir, methods, **args), run_dir, name, core)
+        complete = True
+    finally:
+        sittings.append(
+            {
+                "seconds": round(time.perf_counter() - t0, 1),
+                "method_workers": method_workers,
+                "complete": complete,
+            }
+        )
+        save_json(sittings_path, sittings)
+    if by_method:
         methods = [m for m in METHODS if m in methods]
         os.makedirs(dest, exist_ok=True)
         seconds = _merge_parts(run_dir, dest, methods)
     else:
-        _train(panel_command(run_dir, methods, **args), run_dir, name, core)
         export_best(run_dir, dest)
         seconds = method_seconds(run_dir)
-    sittings.append(
-        {"seconds": round(time.perf_counter() - t0, 1), "method_workers": method_workers}
-    )
-    save_json(sittings_path, sittings)
     save_json(
         os.path.join(dest, "wall.json"),
         {
@@ -551,5 +569,15 @@ def main(argv=None):
     write_figure(a.compact)
 
 
+def _stop(signum, frame):
+    """SIGTERM (``timeout``, job schedulers): stop the training processes, then leave through
+    the ``finally`` blocks, so that :func:`run_panel` records the sitting (stopped runs resume
+    from their last chunk)."""
+    for proc in list(CHILDREN):
+        proc.terminate()
+    sys.exit(143)
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _stop)
     main()

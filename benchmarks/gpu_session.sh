@@ -8,10 +8,11 @@
 #      10,000 iterations), its methods trained side by side (--method-workers 7), in the time
 #      left of the budget; then `fourrooms_figure compare` against the committed CPU table;
 #   3. if time is left, `benchmarks.fourrooms_parts`: where a Four-Rooms iteration goes.
-# Everything comes back as at most five files (the device tool returns 8 files, 2 folders deep):
+# Everything comes back as at most six files (the device tool returns 8 files, 2 folders deep):
 # RESULT.txt (one line per part: passed / failed / not finished), header.txt, device_check.txt,
-# panel.txt and gpu_session.tgz (the check's tables, the panel's compact copies, wall.json,
-# per-method logs and chunk timings, the GPU utilisation log).
+# panel.txt, compact.tgz (the panel's compact copies and wall.json: `fourrooms_figure figure` and
+# `compare` read them) and gpu_session.tgz (the check's tables, per-method logs and chunk
+# timings, the GPU utilisation log). A machine whose JAX has no GPU backend stops at once.
 #
 # Usage (repository root):
 #   bash benchmarks/gpu_session.sh [--smoke] [--panel-only] [OUTDIR]
@@ -45,16 +46,21 @@ work="${GPU_SESSION_WORK:-results/gpu_session}"
 [ "$smoke" = 1 ] && work="${GPU_SESSION_WORK:-results/gpu_session_smoke}"
 [ "$panel_only" = 1 ] || rm -rf "$work"  # a new session starts afresh; --panel-only continues
 mkdir -p "$out" "$work"
+wheels="no ./.whl"
 if [ "$smoke" = 0 ] && compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+  if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl; then
+    export PYTHONPATH="/tmp/site:${PYTHONPATH:-}" wheels="installed"
+  else
+    wheels="FAILED to install"
+  fi
 fi
 export BCHG_WHEELS_DONE=1 PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
 if [ "$smoke" = 1 ]; then
   export DEVICE_CHECK_SMOKE=1
   panel_args=(--seeds 2 --iterations 30 --chunk 10)
 else
-  panel_args=(--seeds 10 --iterations 10000 --chunk 2500)
+  panel_args=(--seeds 10 --iterations 10000 --chunk 1000)
 fi
 : > "$work/RESULT.txt"  # this call's parts only
 result() { echo "$*" | tee -a "$work/RESULT.txt"; }
@@ -64,8 +70,15 @@ result() { echo "$*" | tee -a "$work/RESULT.txt"; }
     || echo "no nvidia-smi"
   python3 -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, \
 jax.devices())"
-  echo "budget ${budget} s, smoke ${smoke}, panel-only ${panel_only}"
+  echo "budget ${budget} s, smoke ${smoke}, panel-only ${panel_only}, wheels ${wheels}"
 } 2>&1 | tee "$work/header.txt"
+[ "$wheels" = "FAILED to install" ] && result "wheels: FAILED to install (header.txt)"
+backend="$(python3 -c 'import jax; print(jax.default_backend())' 2> /dev/null)"
+if [ "$smoke" = 0 ] && [ "$backend" != gpu ]; then  # JAX fell back to the CPU: stop now
+  result "no GPU: JAX's backend is '${backend}' (header.txt); nothing was run"
+  cp "$work/RESULT.txt" "$work/header.txt" "$out/"
+  exit 1
+fi
 
 # 1. the device check
 if [ "$panel_only" = 0 ]; then
@@ -126,17 +139,20 @@ if [ "$smoke" = 0 ] && [ "$parts_limit" -ge 45 ]; then
   result "fourrooms_parts: exit ${PIPESTATUS[0]}"
 fi
 
-# 4. the bundle: at most five files back
+# 4. the bundle: at most six files back
 result "total: $(($(date +%s) - t_start)) s of the ${budget} s budget"
 (
   cd "$work" || exit 1
   find fig -maxdepth 5 \( -name log.txt -o -name metrics.jsonl -o -name summary.csv \
     -o -name sittings.json -o -name panel.json \) 2> /dev/null > files.lst
-  ls -d check compact dmon.txt fourrooms_parts.txt 2> /dev/null >> files.lst
+  ls -d check dmon.txt fourrooms_parts.txt 2> /dev/null >> files.lst
   tar czf "$out/gpu_session.tgz" --exclude='*/checkpoint' -T files.lst
+  # the compact copies (about 11 MB at 10,000 iterations) in a file of their own: each file
+  # that comes back must stay under 16 MiB
+  [ -d compact ] && tar czf "$out/compact.tgz" compact
 )
 for f in RESULT.txt header.txt device_check.txt panel.txt; do
   [ -f "$work/$f" ] && cp "$work/$f" "$out/$f"
 done
-grep -q "FAILED\|NOT FINISHED\|not started" "$work/RESULT.txt" && exit 1
+grep -q "FAILED\|NOT FINISHED\|not started\|no GPU" "$work/RESULT.txt" && exit 1
 exit 0

@@ -3,10 +3,12 @@
 :func:`trace_summary` runs ``fn(*args)`` under ``jax.profiler.trace`` and reads the trace back
 with ``jax.profiler.ProfileData``. On a GPU the device planes hold one event per kernel and per
 copy: the summary gives, per outer iteration, the kernels launched, the device's busy time (the
-union of its events' intervals), the time in copies (a ``while_loop`` on a GPU copies its
-predicate to the host every trip) and the costliest kernels. Busy time far below the wall time
-with many short kernels means the call is bound by launches and loop trips (latency); busy time
-near the wall time with a few long kernels means arithmetic or memory bandwidth. On a CPU there
+union of its events' intervals) as a share of the untraced call's time, the copies (a
+``while_loop`` on a GPU copies its predicate to the host every trip) and the costliest kernels.
+A low busy share with many short kernels means the call is bound by launches and loop trips
+(latency); a share near 1 with a few long kernels means arithmetic or memory bandwidth. The
+traced call runs slower than the untraced one (tracing adds to every launch, and XLA turns CUDA
+graphs off while profiling), so its wall time is reported apart. On a CPU there
 is no device plane and the XLA worker threads' op events stand in for it (for trying the
 plumbing; the split means little there).
 
@@ -35,20 +37,51 @@ def _busy_ns(events) -> int:
     return total
 
 
+# timelines that a trace viewer derives from the kernels (their events repeat the kernels' time)
+DERIVED_LINES = (
+    "XLA Modules",
+    "XLA Ops",
+    "XLA TraceMe",
+    "Steps",
+    "Framework Name Scope",
+    "Framework Ops",
+    "TensorFlow Name Scope",
+    "TensorFlow Ops",
+    "Source code",
+)
+
+
+def is_copy(name: str) -> bool:
+    """A memory copy or set rather than a kernel (CUPTI names them ``Memcpy...`` /
+    ``Memset...``)."""
+    low = name.lower()
+    return "memcpy" in low or "memset" in low
+
+
 def _device_events(data):
-    """(where, events) of the kernels and copies: the GPU / TPU planes' stream lines if the trace
-    has any, else the CPU's XLA worker threads (compile threads left out)."""
+    """(where, events) of the kernels and copies: every line of the GPU / TPU planes but those a
+    viewer derives (:data:`DERIVED_LINES`); on a CPU backend, the XLA worker threads' op events
+    (compile threads left out). Raises when a non-CPU backend's trace holds no device event (the
+    profiler could not trace the device: zeros would read as a result)."""
     events, where = [], []
     for plane in data.planes:
         if not plane.name.startswith("/device:"):
             continue
-        lines = list(plane.lines)
-        streams = [ln for ln in lines if "Stream" in ln.name] or lines
-        for ln in streams:
-            events += list(ln.events)
-            where.append(f"{plane.name} {ln.name}")
+        for ln in plane.lines:
+            if ln.name in DERIVED_LINES:
+                continue
+            evs = list(ln.events)
+            if evs:
+                events += evs
+                where.append(f"{plane.name} {ln.name}")
     if events:
         return where, events
+    if jax.default_backend() != "cpu":
+        raise RuntimeError(
+            f"no device events in the trace on the {jax.default_backend()} backend (planes: "
+            + ", ".join(p.name for p in data.planes)
+            + ")"
+        )
     for plane in data.planes:
         if plane.name != "/host:CPU":
             continue
@@ -60,13 +93,16 @@ def _device_events(data):
     return where, events
 
 
-def trace_summary(fn, *args, iterations: int = 1, top: int = 5) -> dict:
+def trace_summary(fn, *args, iterations: int = 1, untraced_s=None, top: int = 5) -> dict:
     """Runs ``fn(*args)`` (already compiled: call it once before) under the profiler.
 
     Returns a dict, every time per outer iteration (``iterations`` of them in the call):
-    ``wall_ms``, ``busy_ms`` (device busy), ``busy_share``, ``kernels`` (events per iteration),
-    ``copy_ms`` (events named like a memcpy / memset), ``top`` [(name, ms per iteration, count per
-    iteration)] of the costliest event names, and ``where`` (the trace lines read).
+    ``wall_ms`` (the traced call: tracing slows launches, and XLA turns CUDA graphs off while
+    profiling), ``busy_ms`` (device busy: the union of the events' intervals), ``busy_share``
+    (busy time over ``untraced_s``, the same call's untraced seconds per iteration when given,
+    else over the traced wall time), ``kernels`` and ``copies`` (events per iteration),
+    ``copy_ms``, ``top`` [(name, ms per iteration, count per iteration)] of the costliest event
+    names, and ``where`` (the trace lines read).
     """
     from jax.profiler import ProfileData
 
@@ -85,19 +121,17 @@ def trace_summary(fn, *args, iterations: int = 1, top: int = 5) -> dict:
             ns, n = per.get(e.name, (0, 0))
             per[e.name] = (ns + e.duration_ns, n + 1)
         busy = _busy_ns(events)
-        copy = sum(
-            ns
-            for name, (ns, _) in per.items()
-            if "memcpy" in name.lower() or "memset" in name.lower()
-        )
     it = max(iterations, 1)
+    copies = {name: v for name, v in per.items() if is_copy(name)}
+    base = untraced_s * it if untraced_s else wall
     ranked = sorted(per.items(), key=lambda kv: -kv[1][0])[:top]
     return {
         "wall_ms": 1e3 * wall / it,
         "busy_ms": busy / 1e6 / it,
-        "busy_share": busy / 1e9 / wall if wall > 0 else 0.0,
-        "kernels": len(events) / it,
-        "copy_ms": copy / 1e6 / it,
+        "busy_share": busy / 1e9 / base if base > 0 else 0.0,
+        "kernels": sum(n for name, (_, n) in per.items() if name not in copies) / it,
+        "copies": sum(n for _, n in copies.values()) / it,
+        "copy_ms": sum(ns for ns, _ in copies.values()) / 1e6 / it,
         "top": [(name, ns / 1e6 / it, n / it) for name, (ns, n) in ranked],
         "where": where,
     }
@@ -108,11 +142,12 @@ def summary_row(label: str, s: dict) -> str:
     top = "; ".join(f"{name[:40]} {ms:.3f} ms x{n:g}" for name, ms, n in s["top"])
     return (
         f"| {label} | {s['wall_ms']:.3f} | {s['busy_ms']:.3f} | {s['busy_share']:.0%} | "
-        f"{s['kernels']:.0f} | {s['copy_ms']:.3f} | {top} |"
+        f"{s['kernels']:.0f} | {s['copies']:.0f} | {s['copy_ms']:.3f} | {top} |"
     )
 
 
 HEADER = (
-    "| call | wall ms / it | device busy ms / it | busy share | kernels / it | copies ms / it | "
-    "costliest (ms / it x count / it) |\n|---|---:|---:|---:|---:|---:|---|"
+    "| call | traced wall ms / it | device busy ms / it | busy share of the untraced time | "
+    "kernels / it | copies / it | copies ms / it | costliest (ms / it x count / it) |\n"
+    "|---|---:|---:|---:|---:|---:|---:|---|"
 )

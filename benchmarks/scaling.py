@@ -120,7 +120,7 @@ def main(argv=None):
                 name, runs, a.iterations, profile=runs in a.profile_runs
             )
             if isinstance(prof, str):
-                profiles.append(f"| {name} {method} x{runs} | profile failed: {prof} |")
+                profiles.append(f"| {name} {method} x{runs} | no profile: {prof} |")
             elif prof is not None:
                 profiles.append(summary_row(f"{name} {method} x{runs}", prof))
                 lines_read.update(prof["where"])

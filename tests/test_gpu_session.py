@@ -12,10 +12,10 @@ pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _session(out, work, *flags, budget=900):
+def _session(out, work, *flags, budget=900, smoke=True):
     env = {**os.environ, "GPU_SESSION_WORK": str(work), "GPU_SESSION_BUDGET": str(budget)}
     return subprocess.run(
-        ["bash", "benchmarks/gpu_session.sh", "--smoke", *flags, str(out)],
+        ["bash", "benchmarks/gpu_session.sh", *(["--smoke"] if smoke else []), *flags, str(out)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -24,7 +24,7 @@ def _session(out, work, *flags, budget=900):
     )
 
 
-def test_smoke_session_checks_trains_the_panel_and_bundles_five_files(tmp_path):
+def test_smoke_session_checks_trains_the_panel_and_bundles_six_files(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
     proc = _session(out, work)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -32,6 +32,7 @@ def test_smoke_session_checks_trains_the_panel_and_bundles_five_files(tmp_path):
     assert "device check: passed" in result and "panel: complete" in result
     assert sorted(os.listdir(out)) == [
         "RESULT.txt",
+        "compact.tgz",
         "device_check.txt",
         "gpu_session.tgz",
         "header.txt",
@@ -42,7 +43,9 @@ def test_smoke_session_checks_trains_the_panel_and_bundles_five_files(tmp_path):
         assert f"### {step}" in check
     with tarfile.open(out / "gpu_session.tgz") as t:
         names = set(t.getnames())
-    assert "compact/batch100_beta1e-3/wall.json" in names and "check/PASSED.txt" in names
+    with tarfile.open(out / "compact.tgz") as t:
+        assert "compact/batch100_beta1e-3/wall.json" in t.getnames()
+    assert "check/PASSED.txt" in names
     assert "fig/batch100_beta1e-3/by_method/bchg/bchg/metrics.jsonl" in names
     assert not any("checkpoint" in n for n in names)
     assert "7 method worker(s)" in (out / "panel.txt").read_text()
@@ -57,3 +60,13 @@ def test_smoke_session_checks_trains_the_panel_and_bundles_five_files(tmp_path):
     proc = _session(tmp_path / "out3", work, "--panel-only", budget=50)
     assert proc.returncode == 1
     assert "panel: not started" in (tmp_path / "out3" / "RESULT.txt").read_text()
+
+
+def test_a_machine_without_a_gpu_backend_stops_at_once(tmp_path):
+    """Without --smoke the session needs JAX's GPU backend: on this CPU it says so and runs
+    nothing (a lease is not spent on CPU timings)."""
+    out = tmp_path / "out"
+    proc = _session(out, tmp_path / "work", smoke=False)
+    assert proc.returncode == 1
+    assert "no GPU: JAX's backend is 'cpu'" in (out / "RESULT.txt").read_text()
+    assert not (tmp_path / "work" / "check").exists()

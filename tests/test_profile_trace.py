@@ -51,4 +51,25 @@ def test_a_failed_profile_is_reported_not_fatal(monkeypatch, capsys):
     )
     out = capsys.readouterr().out
     assert "| fourrooms | bchg | 1 |" in out
-    assert "profile failed: RuntimeError: no tracer here" in out
+    assert "no profile: RuntimeError: no tracer here" in out
+
+
+def test_a_device_backend_without_device_events_is_an_error_not_zeros(monkeypatch):
+    """A GPU whose kernels the profiler could not trace must not read as an idle device."""
+    from benchmarks import profile_trace
+
+    host = SimpleNamespace(name="/host:CPU", lines=[])
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    with pytest.raises(RuntimeError, match="no device events"):
+        profile_trace._device_events(SimpleNamespace(planes=[host]))
+    kernel = SimpleNamespace(name="loop_fusion", start_ns=0, end_ns=5, duration_ns=5)
+    copy = SimpleNamespace(name="MemcpyD2H", start_ns=5, end_ns=6, duration_ns=1)
+    lines = [
+        SimpleNamespace(name="Stream #7", events=[kernel, copy]),
+        SimpleNamespace(name="XLA Ops", events=[kernel]),  # derived: repeats the kernel
+    ]
+    where, events = profile_trace._device_events(
+        SimpleNamespace(planes=[SimpleNamespace(name="/device:GPU:0", lines=lines)])
+    )
+    assert events == [kernel, copy] and where == ["/device:GPU:0 Stream #7"]
+    assert profile_trace.is_copy("MemcpyD2H") and not profile_trace.is_copy("loop_fusion")

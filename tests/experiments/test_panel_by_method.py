@@ -97,3 +97,46 @@ def test_bad_flags_exit_before_anything_runs(tmp_path):
             ff.main(base + extra)
         assert want in str(e.value.code)
     assert not (tmp_path / "o").exists()
+
+
+def test_sigterm_stops_the_methods_records_the_sitting_and_the_panel_resumes(tmp_path):
+    """``timeout`` (or a scheduler) stops the runner with SIGTERM, sent here to the runner alone:
+    its training processes stop too, the stopped sitting is recorded, and the same command
+    finishes the panel from the methods' last chunks, its elapsed time summing both sittings."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out, compact = tmp_path / "fig", tmp_path / "compact"
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cmd = [sys.executable, "-m", "benchmarks.fourrooms_figure"] + COMMON[:7]
+    cmd += ["--iterations", "400", "--chunk", "10", "--method-workers", "2"]
+    cmd += ["--out", str(out), "--compact", str(compact)]
+    runner = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    jsonl = out / PANEL / "by_method" / "naive" / "naive" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while not (jsonl.exists() and jsonl.read_text().count("\n") >= 2):
+        assert time.time() < deadline and runner.poll() is None, runner.stdout.read()
+        time.sleep(0.5)
+    children = subprocess.run(
+        ["pgrep", "-P", str(runner.pid)], capture_output=True, text=True
+    ).stdout.split()
+    assert len(children) == 2
+    runner.send_signal(signal.SIGTERM)
+    assert runner.wait(timeout=60) == 143
+    time.sleep(1)
+    for pid in children:  # the training processes are gone too
+        assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read()
+    sittings = json.loads((out / PANEL / "sittings.json").read_text())
+    assert [s["complete"] for s in sittings] == [False] and sittings[0]["seconds"] > 0
+    assert not (compact / PANEL / "wall.json").exists()
+
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    sittings = json.loads((out / PANEL / "sittings.json").read_text())
+    assert [s["complete"] for s in sittings] == [False, True]
+    wall = json.loads((compact / PANEL / "wall.json").read_text())
+    assert wall["elapsed"] == pytest.approx(sum(s["seconds"] for s in sittings), abs=0.2)
+    with np.load(compact / PANEL / "naive" / "metrics.npz") as d:
+        assert d["J"].shape[-1] == 400
