@@ -225,6 +225,71 @@ def test_neural_critics_keep_the_users_default():
     assert low_precision_dots(net.apply, params, jnp.ones((5, 3)))
 
 
+HIDDEN = 13  # a network width no solver, problem or batch of these tests has
+
+
+def _network_dots(trainer, grid):
+    """(precisions of the products that touch a ``HIDDEN``-wide operand, the other products'):
+    the whole outer iteration of ``trainer`` is traced (``run``), sub-jaxprs included."""
+    hp = jax.tree.map(lambda x: x[0], trainer.hparams(grid))
+    state = trainer.init(jax.random.key(0), hp)
+    closed = jax.make_jaxpr(lambda s: trainer.run(s, hp, 2))(state)
+    net, other, stack = [], [], [closed.jaxpr]
+    while stack:
+        jx = stack.pop()
+        for eqn in jx.eqns:
+            if eqn.primitive.name == "dot_general":
+                shapes = [v.aval.shape for v in eqn.invars]
+                wide = any(HIDDEN in shape for shape in shapes)
+                (net if wide else other).append(eqn.params.get("precision"))
+            for v in eqn.params.values():
+                for x in v if isinstance(v, (tuple, list)) else (v,):
+                    x = getattr(x, "jaxpr", x)
+                    if hasattr(x, "eqns"):
+                        stack.append(x)
+    return net, other
+
+
+@pytest.mark.parametrize("family", ["thermal_faithful", "toy_game", "lqr_game"])
+def test_neural_critics_and_actors_keep_the_users_precision_inside_the_trainer(family):
+    """Inside a whole trainer (what the CLIs run), every product of a network (an operand
+    ``HIDDEN`` wide: the MLP critics' fits, the actors' steps) keeps the default precision, while
+    the same program's solvers are at HIGHEST: a full-precision scope wrapped around a step
+    would make the networks several times slower on tensor cores (the faithful thermal critic
+    fit is ~1.8 TFLOP per iteration)."""
+    wide = (HIDDEN, HIDDEN)
+    if family == "thermal_faithful":
+        cfg = lq.TrainConfig(
+            critic="mlp",
+            follower_grad="score",
+            state_baseline=False,
+            control_variates=False,
+            mlp_steps=3,
+            mlp_hidden=wide,
+            value_samples=2,
+            num_episodes=2,
+        )
+        trainer, grid = lq.make_train(problems.thermal(), "bchg", cfg), {"lr": [0.1]}
+    elif family == "toy_game":
+        cfg = games.tabular.TrainConfig(hidden=wide)
+        trainer = games.tabular.make_train(problems.toy_game(), "bchg", cfg)
+        grid = {"actor_steps": [1], "critic_steps": [2]}
+    else:
+        cfg = games.lqr.TrainConfig(
+            critic=games.lqr.CriticConfig(hidden=wide),
+            exploration=games.lqr.ExplorationConfig(warmup_steps=0),
+        )
+        trainer = games.lqr.make_train(problems.lqr_game(), "bchg", cfg)
+        grid = {"actor_steps": [1]}
+    net, other = _network_dots(trainer, grid)
+    assert net and all(p is None for p in net), f"network products not at the default: {net}"
+    assert any(_is_highest(p) for p in other), "no full-precision solver in the program"
+
+
+def _is_highest(precision):
+    return precision is not None and all(str(p).endswith("HIGHEST") for p in precision)
+
+
 def test_control_variate_ridge_fit():
     from bchg_jax.games.control_variate import crossfit_baseline, quadratic_features
 
