@@ -18,6 +18,7 @@ Used by ``benchmarks.scaling --profile-runs`` (and so by ``benchmarks/device_che
 from __future__ import annotations
 
 import glob
+import re
 import tempfile
 import time
 
@@ -60,9 +61,10 @@ def is_copy(name: str) -> bool:
 
 def _device_events(data):
     """(where, events) of the kernels and copies: every line of the GPU / TPU planes but those a
-    viewer derives (:data:`DERIVED_LINES`); on a CPU backend, the XLA worker threads' op events
-    (compile threads left out). Raises when a non-CPU backend's trace holds no device event (the
-    profiler could not trace the device: zeros would read as a result)."""
+    viewer derives (:data:`DERIVED_LINES`); on a CPU backend, the op events of the XLA threads
+    named ``tf_XLA...`` (the names differ between jax releases; compile threads and the events
+    :func:`is_cpu_op` rejects left out). Raises when a non-CPU backend's trace holds no device
+    event (the profiler could not trace the device: zeros would read as a result)."""
     events, where = [], []
     for plane in data.planes:
         if not plane.name.startswith("/device:"):
@@ -86,11 +88,23 @@ def _device_events(data):
         if plane.name != "/host:CPU":
             continue
         for ln in plane.lines:
-            if ln.name.startswith(("tf_XLAEigen", "tf_XLAPjRtCpuClient")):
-                evs = [e for e in ln.events if not e.name.startswith("ThunkExecutor")]
+            if ln.name.startswith("tf_XLA") and "compil" not in ln.name.lower():
+                evs = [e for e in ln.events if is_cpu_op(e.name)]
                 events += evs
                 where.append(f"{plane.name} {ln.name}")
     return where, events
+
+
+# XLA:CPU trace events that are not an operation's run: the end markers that repeat every op
+# (jax 0.10-0.12), the executor's and thread pool's bookkeeping, and control flow (a while
+# loop's or conditional's event spans its body's ops; on a GPU the loop is no kernel at all)
+_CPU_NOT_OPS = ("end: ", "ThunkExecutor", "ThreadpoolListener")
+_CPU_CONTROL_FLOW = re.compile(r"^(while|cond|conditional|call)(\.|$)")
+
+
+def is_cpu_op(name: str) -> bool:
+    """An XLA:CPU trace event that is one operation's run (see :data:`_CPU_NOT_OPS`)."""
+    return not name.startswith(_CPU_NOT_OPS) and not _CPU_CONTROL_FLOW.match(name)
 
 
 def trace_summary(fn, *args, iterations: int = 1, untraced_s=None, top: int = 5) -> dict:

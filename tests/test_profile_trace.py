@@ -32,8 +32,19 @@ def test_trace_summary_of_a_jitted_loop():
     assert s["wall_ms"] > 0 and s["kernels"] > 0 and s["where"]
     assert 0 < s["busy_ms"] and 0 <= s["busy_share"]
     assert s["top"] and all(ms >= 0 and n > 0 for _, ms, n in s["top"])
+    # one event per operation run: at least one per loop trip, no end markers, no loop event
+    assert s["kernels"] * 2 >= 50
+    assert not [name for name, _, _ in s["top"] if name.startswith(("end: ", "while"))]
     row = summary_row("f", s)
     assert row.count("|") == HEADER.splitlines()[0].count("|")
+
+
+def test_cpu_events_that_are_not_operations():
+    from benchmarks.profile_trace import is_cpu_op
+
+    assert is_cpu_op("ynn_fusion") and is_cpu_op("copy.6") and is_cpu_op("while_fusion.2")
+    for name in ("end: ynn_fusion", "while.5", "cond.3.clone.3", "ThunkExecutor::Execute"):
+        assert not is_cpu_op(name), name
 
 
 @pytest.mark.slow

@@ -168,7 +168,8 @@ def test_q_learning_follower_converges_to_the_best_response_with_a_fixed_leader(
 
 
 # J and |grad| of the first 6 iterations of Four-Rooms (bchg, hpgd_mc; key 7, lr 0.1, alpha 0.5,
-# beta 1e-3) from the trainer before follower models existed (commit 8bc59ac), float32
+# beta 1e-3) from the trainer before follower models existed (commit 8bc59ac), float32, jax 0.10.2
+GOLDEN_JAX = "0.10.2"
 GOLDEN = {
     "bchg": (
         [
@@ -212,14 +213,21 @@ GOLDEN = {
 @pytest.mark.parametrize("method", sorted(GOLDEN))
 def test_best_response_follower_reproduces_the_trainer_before_follower_models(method):
     """K = infinity (the default best response) is today's trainer: the same J and gradient
-    norms as before follower models were added (bit for bit on this machine; 1e-6 relative
-    allowed for another CPU's float32 rounding)."""
+    norms as before follower models were added.
+
+    With the jax the values were recorded with: bit for bit on this machine, 1e-6 relative
+    allowed for another CPU's float32 rounding. Another jax release compiles other float32
+    sums (measured, jax 0.12.0.1 against 0.10.2: J 1.5e-6, gradient norms 7.6e-5 relative), so
+    there J must agree to 1e-5 (the metric solve's accuracy) and the norms to 1e-3; a real
+    change moves them further (SARSA alpha 0.5 -> 0.499: norms 3.9e-3; another key: J 1e-4,
+    norms of order 1)."""
     config = TrainConfig(iterations=6, follower=FollowerModel("best_response"))
     tr = make_train(fourrooms(), method, config)
     _, m = jax.jit(tr.train)(jax.random.key(7), HParams(lr=0.1, sarsa_alpha=0.5, beta=1e-3))
     J, norm = (np.array([float.fromhex(x) for x in xs]) for xs in GOLDEN[method])
-    np.testing.assert_allclose(np.asarray(m["J"]), J, rtol=1e-6)
-    np.testing.assert_allclose(np.asarray(m["grad_norm"]), norm, rtol=1e-6)
+    same_jax = jax.__version__ == GOLDEN_JAX
+    np.testing.assert_allclose(np.asarray(m["J"]), J, rtol=1e-6 if same_jax else 1e-5)
+    np.testing.assert_allclose(np.asarray(m["grad_norm"]), norm, rtol=1e-6 if same_jax else 1e-3)
     assert "follower_gap" not in m
 
 
