@@ -7,14 +7,16 @@ or more never finishes, every thread waiting on a futex with no CPU use; the LQR
 runs likewise. With ``--xla_cpu_enable_concurrency_optimized_scheduler=false`` in ``XLA_FLAGS``
 the same chunk completes (3 iterations in 19-35 s). The option has no effect when passed per
 program (``jax.jit(..., compiler_options=...)``, tried): it must be in ``XLA_FLAGS`` before the
-CPU backend starts.
+CPU backend starts. jaxlib 0.11.2 and 0.12.0.1 run the same chunk without the flag (thermal at
+1000 runs: 3.5 and 4.1 s per iteration, 2026-11-28), so only 0.10.x gets it.
 
 :func:`configure_xla_cpu` (called when :mod:`bchg_jax` is imported) appends the flag to
 ``XLA_FLAGS`` when all of these hold: the variable does not mention the option already (a
 user's own setting wins), ``BCHG_JAX_KEEP_XLA_FLAGS`` is not set, no JAX backend has started yet,
-and the installed jaxlib is one whose flag list was checked to contain the option (an unknown
-flag in ``XLA_FLAGS`` aborts the process). Otherwise it leaves the environment alone; set the
-flag yourself then (docs/performance.md).
+and the installed jaxlib is one of the releases that stall, whose flag list was checked to
+contain the option (an unknown flag in ``XLA_FLAGS`` aborts the process). Otherwise it leaves
+the environment alone; with a 0.10.x jaxlib started before the import, set the flag yourself
+(docs/performance.md).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import os
 
 FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 OPTION = "xla_cpu_enable_concurrency_optimized_scheduler"
-# jaxlib versions whose XLA_FLAGS parser was checked to know OPTION
+# jaxlib versions that stall without OPTION (and whose XLA_FLAGS parser was checked to know it)
 CHECKED_JAXLIB_PREFIXES = ("0.10.",)
 
 
