@@ -70,6 +70,14 @@ result() { echo "$*" | tee -a "$work/RESULT.txt"; }
     || echo "no nvidia-smi"
   python3 -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, \
 jax.devices())"
+  python3 -c "import sys; from importlib.metadata import version as v, PackageNotFoundError as E
+names = 'flax optax chex distrax orbax-checkpoint numpy jax-cuda13-plugin jax-cuda12-plugin'
+def ver(n):
+    try:
+        return v(n)
+    except E:
+        return '-'
+print('python', sys.version.split()[0], *(n + ' ' + ver(n) for n in names.split()))"
   echo "budget ${budget} s, smoke ${smoke}, panel-only ${panel_only}, wheels ${wheels}"
 } 2>&1 | tee "$work/header.txt"
 [ "$wheels" = "FAILED to install" ] && result "wheels: FAILED to install (header.txt)"
