@@ -76,6 +76,28 @@ def _sub_jaxprs(value):
             yield from _sub_jaxprs(v)
 
 
+def jaxpr_dots(jaxpr) -> List[Any]:
+    """Every ``dot_general`` equation of ``jaxpr`` and its sub-jaxprs (loops, conditionals,
+    custom rules, linear solves): ``eqn.params["precision"]`` is its precision, ``eqn.invars``
+    its operands.
+
+    Args:
+      jaxpr: a ``Jaxpr`` or ``ClosedJaxpr`` (e.g. from ``jax.make_jaxpr``).
+    Returns:
+      the list of equations.
+    """
+    out = []
+    stack = list(_sub_jaxprs(jaxpr))
+    while stack:
+        jx = stack.pop()
+        for eqn in jx.eqns:
+            if eqn.primitive.name == "dot_general":
+                out.append(eqn)
+            for v in eqn.params.values():
+                stack.extend(_sub_jaxprs(v))
+    return out
+
+
 def jaxpr_dot_precisions(jaxpr) -> List[Any]:
     """The ``precision`` parameter of every ``dot_general`` in ``jaxpr`` and its sub-jaxprs.
 
@@ -84,16 +106,7 @@ def jaxpr_dot_precisions(jaxpr) -> List[Any]:
     Returns:
       a list with one entry per ``dot_general`` (``None`` means the backend's default).
     """
-    out = []
-    stack = list(_sub_jaxprs(jaxpr))
-    while stack:
-        jx = stack.pop()
-        for eqn in jx.eqns:
-            if eqn.primitive.name == "dot_general":
-                out.append(eqn.params.get("precision"))
-            for v in eqn.params.values():
-                stack.extend(_sub_jaxprs(v))
-    return out
+    return [eqn.params.get("precision") for eqn in jaxpr_dots(jaxpr)]
 
 
 def low_precision_dots(fn: Callable, *args, **kwargs) -> List[Any]:

@@ -14,7 +14,12 @@ import pytest
 
 from bchg_jax import games, lq, problems, tabular
 from bchg_jax.core import maxent_lqr
-from bchg_jax.core.precision import full_precision, jaxpr_dot_precisions, low_precision_dots
+from bchg_jax.core.precision import (
+    full_precision,
+    jaxpr_dot_precisions,
+    jaxpr_dots,
+    low_precision_dots,
+)
 from bchg_jax.games.lqr import exact as lqr_exact
 from bchg_jax.games.tabular import exact as game_exact
 from bchg_jax.lq import critics as lq_critics
@@ -233,20 +238,10 @@ def _network_dots(trainer, grid):
     the whole outer iteration of ``trainer`` is traced (``run``), sub-jaxprs included."""
     hp = jax.tree.map(lambda x: x[0], trainer.hparams(grid))
     state = trainer.init(jax.random.key(0), hp)
-    closed = jax.make_jaxpr(lambda s: trainer.run(s, hp, 2))(state)
-    net, other, stack = [], [], [closed.jaxpr]
-    while stack:
-        jx = stack.pop()
-        for eqn in jx.eqns:
-            if eqn.primitive.name == "dot_general":
-                shapes = [v.aval.shape for v in eqn.invars]
-                wide = any(HIDDEN in shape for shape in shapes)
-                (net if wide else other).append(eqn.params.get("precision"))
-            for v in eqn.params.values():
-                for x in v if isinstance(v, (tuple, list)) else (v,):
-                    x = getattr(x, "jaxpr", x)
-                    if hasattr(x, "eqns"):
-                        stack.append(x)
+    net, other = [], []
+    for eqn in jaxpr_dots(jax.make_jaxpr(lambda s: trainer.run(s, hp, 2))(state)):
+        wide = any(HIDDEN in v.aval.shape for v in eqn.invars)
+        (net if wide else other).append(eqn.params.get("precision"))
     return net, other
 
 
