@@ -34,6 +34,7 @@ SETTING_KEYS = (
     "slip_model",
     "lr",
     "sarsa_alpha",
+    "solver",
 )
 SETTING_KEYS += FOLLOWER_SETTINGS
 

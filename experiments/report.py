@@ -29,6 +29,7 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
     from experiments.summary import summarize
 
     J = data["J"]
+    window = int(min(window, J.shape[-1]))  # a run shorter than the window: its whole length
     final, mean, se, best = summarize(J, window)
     keys = list(grid)
     flags = {k: np.asarray(data[k]) for k in FLAGS if k in data}
@@ -67,10 +68,7 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
             learning_curve_figure(curves, title, ylabel=ylabel, color_by_method=len(mean) == 1),
         )
         # the same rows in the same order as summary.csv (the grid's order)
-        print(
-            f"\n{'  '.join(f'{k:>11}' for k in keys)}  mean(last {min(window, J.shape[-1])})"
-            "      se"
-        )
+        print(f"\n{'  '.join(f'{k:>11}' for k in keys)}  mean(last {window})      se")
         for g in range(len(mean)):
             mark = "  <- best" if g == best else ""
             print(
@@ -94,7 +92,7 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
         **{k: float(grid[k][best]) for k in keys},
         "mean": float(mean[best]),
         "se": float(se[best]),
-        "window": int(min(window, J.shape[-1])),  # the iterations the mean is over
+        "window": window,  # the iterations the mean is over
         "health": health,
     }
 
@@ -148,9 +146,11 @@ def finish_run(
     if len(summaries) > 1:
         keys = [k for k in summaries[0] if k not in NOT_HPARAMS]
         with_health = any(s.get("health") for s in summaries)
+        windows = {s["window"] for s in summaries}  # one unless the methods ran unequal lengths
+        mean_col = f"mean_last{windows.pop()}" if len(windows) == 1 else "mean_last"
         save_csv(
             os.path.join(run_dir, "summary.csv"),
-            ["method"] + keys + [f"mean_last{window}", "se"] + HEALTH_COLUMNS * with_health,
+            ["method"] + keys + [mean_col, "se"] + HEALTH_COLUMNS * with_health,
             [
                 (s["method"],)
                 + tuple(s[k] for k in keys)

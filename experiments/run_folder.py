@@ -75,6 +75,7 @@ def run_experiment(
             f"  python -m experiments.{experiment} --resume {run_dir}",
             file=sys.stderr,
         )
+        _exit_at_once_if_program(130)
         raise SystemExit(130) from None
     except OSError as err:  # a full disk, a folder made read-only: stop, say how to go on
         print(
@@ -85,6 +86,18 @@ def run_experiment(
         )
         raise SystemExit(1) from None
     return run_dir
+
+
+def _exit_at_once_if_program(code: int) -> None:
+    """Run as ``python -m experiments.<name>``: exits with ``code`` now, skipping the interpreter's
+    shutdown, which can crash (SIGSEGV, status 139) while XLA still compiles or runs on its own
+    threads after a Ctrl-C. Nothing is lost: writes hold Ctrl-C back until they are complete.
+    Called in-process (tests, notebooks): returns, and the caller raises ``SystemExit``."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name.startswith("experiments."):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _start_distributed(a) -> None:
@@ -120,9 +133,11 @@ def prepare_run_dir(
     refused, as is one whose run has other settings."""
     from bchg_jax.core.io import save_json
 
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = a.out if a.exact_out else os.path.join(a.out, experiment, stamp)
-    check_writable(run_dir)
+    if a.exact_out:
+        run_dir = a.out
+        check_writable(run_dir)
+    else:
+        run_dir = new_stamped_dir(os.path.join(a.out, experiment))
     cfg_path = os.path.join(run_dir, "config.json")
     command = f"python -m experiments.{experiment} " + " ".join(
         argv if argv is not None else sys.argv[1:]
@@ -168,6 +183,21 @@ def prepare_run_dir(
         },
     )
     return run_dir
+
+
+def new_stamped_dir(parent: str) -> str:
+    """A new folder ``parent/<YYYYmmdd-HHMMSS>`` made exclusively (``-2``, ``-3``, ... appended
+    when another run started in the same second), after :func:`check_writable` on ``parent``."""
+    check_writable(parent)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    for k in range(1, 1000):
+        path = os.path.join(parent, stamp if k == 1 else f"{stamp}-{k}")
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            continue
+    fail(f"--out {parent}: no free run folder name for {stamp}; use --exact-out")
 
 
 def check_writable(run_dir: str) -> None:
@@ -234,18 +264,23 @@ def run_method_folder(
         data = dict(np.load(metrics_path))
         done = data["J"].shape[-1]
         if done >= a.iterations:
-            print(f"[{method}] complete in {out}; skipped")
-            return finish_method(out, method, grid, data, window, title, ylabel, write=False)
+            # a run stopped between its last chunk and its summary gets the summary now
+            written = "final" in data and all(
+                os.path.exists(os.path.join(out, f)) for f in ("summary.csv", "curve.png")
+            )
+            print(f"[{method}] complete in {out}; " + ("skipped" if written else "summarising"))
+            return finish_method(out, method, grid, data, window, title, ylabel, write=not written)
         if checkpoint_exists(ckpt_path):
             like = state_template(trainer, grid, a.seeds, a.seed)
             # grow=True: an off-policy episode buffer is sized by --iterations; extending a run
             # gives it empty slots at the end
             state = load_state(ckpt_path, like, grow=True)
             start = int(np.asarray(state.step).reshape(-1)[0])
+            # per-iteration metrics are [G, N, iterations, ...] (some carry trailing axes)
             metrics = {
-                k: v[..., :start]
+                k: v[:, :, :start]
                 for k, v in data.items()
-                if isinstance(v, np.ndarray) and v.ndim == 3
+                if isinstance(v, np.ndarray) and v.ndim >= 3
             }
             verb = "extending" if "final" in data else "resuming"
             print(f"[{method}] {verb} at iteration {start} (to {a.iterations})")

@@ -136,6 +136,19 @@ def parse_args(argv=None):
     add_follower_args(p, ("best_response", "k_step"), "the estimate (before clipping)")
     a = p.parse_args(argv)
     if a.faithful:
+        # --faithful fixes these four; an explicit flag asking for another value is an error
+        clash = [
+            f"--{k.replace('_', '-')} {getattr(a, k)}"
+            for k, v in (("critic", "mlp"), ("follower_grad", "score"))
+            if k in a._explicit and getattr(a, k) != v
+        ]
+        if clash:
+            from experiments.cli import fail
+
+            fail(
+                f"--faithful sets --critic mlp --follower-grad score --no-baseline "
+                f"--no-control-variates; drop {' and '.join(clash)} or --faithful"
+            )
         a.critic, a.follower_grad, a.no_baseline, a.no_control_variates = (
             "mlp",
             "score",

@@ -672,6 +672,11 @@ def test_traced_values_are_not_checked():
         ("toy_game", ["--seeds", "0"], "--seeds must be >= 1, got 0"),
         ("toy_game", ["--R", "nan"], "--R must be finite, got nan"),
         ("lqr_game", ["--tau", "2"], "--tau (TrainConfig.tau) must be in (0, 1], got 2.0"),
+        # an infinite rate or scale is refused like a negative one (it trained on NaN / nothing)
+        ("lqr_game", ["--actor-lr", "inf"], "(ActorConfig.lr) must be finite, got inf"),
+        ("thermal", ["--init-std", "inf"], "must be finite, got inf"),
+        # --faithful fixes the critic and the follower gradient; asking for others is a clash
+        ("thermal", ["--faithful", "--critic", "quadratic"], "drop --critic quadratic"),
     ],
 )
 def test_cli_errors_name_the_flag_and_value(module, argv, shown, tmp_path, capsys):
@@ -733,6 +738,14 @@ def test_train_key_and_dict_hparams():
     assert np.all(np.isfinite(m_raw["J"]))
     with pytest.raises(ValueError, match="unknown hyperparameter"):
         trainer.train(jax.random.key(0), {"lr": 0.1, "alpha": 0.5, "beta": 0.1})
+    # a vector where one run takes a scalar was applied per coordinate of theta (or failed on
+    # shapes); a grid goes through run_grid
+    with pytest.raises(ValueError, match=r"scalars, got shapes \{'lr': \(2,\)\}.*run_grid"):
+        trainer.train(jax.random.key(0), hp._replace(lr=np.array([0.1, 0.2])))
+    # clip_norm may be inf (no clipping); a finite-only field may not
+    tabular.TrainConfig(clip_norm=np.inf).validate()
+    with pytest.raises(ValueError, match="vi_tol must be finite, got inf"):
+        tabular.TrainConfig(vi_tol=np.inf).validate()
 
 
 def test_lqr_game_run_inside_the_warmup_warns(capsys):

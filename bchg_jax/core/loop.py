@@ -116,6 +116,17 @@ def build_trainer(
             if takes_key:
                 check_key(x)
             if is_concrete(hp):
+                shaped = (
+                    {k: np.shape(v) for k, v in hp._asdict().items() if np.ndim(v) > 0}
+                    if hasattr(hp, "_asdict")
+                    else {}
+                )
+                if shaped:  # a vector would be applied per coordinate or fail on shapes
+                    raise ValueError(
+                        f"{fn.__name__}: hyperparameters of one run are scalars, got shapes "
+                        f"{shaped}; for a grid use bchg_jax.core.sweep.run_grid (or vmap over "
+                        "HParams.from_grid)"
+                    )
                 hparams.validate(hp, **validate_kw)
             return fn(x, hp, *rest)
 

@@ -195,18 +195,18 @@ def state_template(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, ba
 
 
 def join_chunks(chunks):
-    """Joins per-chunk metrics along the iteration axis. A metric missing from an earlier chunk
-    (a run resumed from files saved before the trainer recorded it) is 0 there."""
+    """Joins per-chunk metrics along the iteration axis (axis 2 of [G, N, iterations, ...]: a
+    metric may carry trailing axes, e.g. a policy per iteration). A metric missing from an earlier
+    chunk (a run resumed from files saved before the trainer recorded it) is 0 there."""
     out = {}
     for name in dict.fromkeys(k for c in chunks for k in c):
         like = next(c[name] for c in chunks if name in c)
         parts = []
         for c in chunks:
-            length = next(iter(c.values())).shape[-1]
-            parts.append(
-                c[name] if name in c else np.zeros(like.shape[:-1] + (length,), like.dtype)
-            )
-        out[name] = np.concatenate(parts, axis=-1)
+            length = next(iter(c.values())).shape[2]
+            shape = like.shape[:2] + (length,) + like.shape[3:]
+            parts.append(c[name] if name in c else np.zeros(shape, like.dtype))
+        out[name] = np.concatenate(parts, axis=2)
     return out
 
 
@@ -227,7 +227,7 @@ def run_grid(
 ):
     """Runs every (grid point, seed) up to ``iterations`` outer iterations -> (state, metrics).
 
-    ``metrics`` is a dict of numpy arrays shaped [G, N, iterations]. To continue a stopped run,
+    ``metrics`` is a dict of numpy arrays shaped [G, N, iterations, ...]. To continue a stopped run,
     pass its ``state`` (leaves [G, N, ...]), the iterations already done as ``start`` and the
     metrics recorded so far. ``on_chunk(state, metrics_so_far, done)`` is called after every chunk
     (e.g. to write results and a checkpoint). ``shard=True`` splits the runs over all devices.
@@ -241,15 +241,15 @@ def run_grid(
       base_seed: base of :func:`seed_keys`.
       state: state to continue (leaves [G, N, ...]), or None to ``init``.
       start: iterations already done (in [0, iterations]).
-      metrics: metrics recorded so far (name -> [G, N, start]), or None.
+      metrics: metrics recorded so far (name -> [G, N, start, ...]), or None.
       on_chunk: optional ``on_chunk(state, metrics, done)`` callback.
       verbose: print :func:`progress_line` after every chunk.
       shard: split the G*N runs over all devices (:func:`sharded_run`).
       window: iterations averaged in the progress line's running mean (the experiment's
         summary window).
     Returns:
-      (state, metrics): state leaves [G, N, ...]; metrics name -> numpy [G, N, iterations]
-      ([G, N, iterations - start] when continuing without ``metrics``).
+      (state, metrics): state leaves [G, N, ...]; metrics name -> numpy [G, N, iterations, ...]
+      ([G, N, iterations - start, ...] when continuing without ``metrics``).
     Raises:
       ValueError: ``chunk`` or ``iterations`` < 1, or ``start`` out of range.
     """

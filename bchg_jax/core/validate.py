@@ -286,18 +286,28 @@ def check_costs(name: str, Q: np.ndarray, R: np.ndarray) -> None:
 
 
 def check_config(
-    config, positive_ints=(), nonneg_ints=(), positive=(), nonneg=(), unit=(), choices=None
+    config,
+    positive_ints=(),
+    nonneg_ints=(),
+    positive=(),
+    nonneg=(),
+    unit=(),
+    choices=None,
+    unbounded=(),
 ) -> None:
     """Field checks of a frozen training config: positive / non-negative integers, positive /
-    non-negative numbers, numbers in (0, 1] (``unit``), and ``choices`` {field: allowed values}.
+    non-negative finite numbers, numbers in (0, 1] (``unit``), and ``choices`` {field: allowed
+    values}.
 
     Args:
       config: the config dataclass instance.
       positive_ints: names of fields that must be integers >= 1.
       nonneg_ints: names of fields that must be integers >= 0.
-      positive: names of fields that must be > 0.
-      nonneg: names of fields that must be >= 0.
+      positive: names of fields that must be finite and > 0.
+      nonneg: names of fields that must be finite and >= 0.
       unit: names of fields that must be in (0, 1].
+      unbounded: names among ``positive`` / ``nonneg`` that may also be +inf (e.g. a clipping
+        norm, where inf means no clipping).
       choices: field name -> allowed values, or None.
     Returns:
       None.
@@ -313,12 +323,13 @@ def check_config(
         v = getattr(config, name)
         if not isinstance(v, (int, np.integer)) or v < 0:
             raise ValueError(f"{cls}.{name} must be an integer >= 0, got {v!r}")
-    for name in positive:
-        if not getattr(config, name) > 0:
-            raise ValueError(f"{cls}.{name} must be > 0, got {getattr(config, name)!r}")
-    for name in nonneg:
-        if not getattr(config, name) >= 0:
-            raise ValueError(f"{cls}.{name} must be >= 0, got {getattr(config, name)!r}")
+    for names, low, word in ((positive, 0.0, "> 0"), (nonneg, 0.0, ">= 0")):
+        for name in names:
+            v = getattr(config, name)
+            if not (v > low if word == "> 0" else v >= low):
+                raise ValueError(f"{cls}.{name} must be {word}, got {v!r}")
+            if name not in unbounded and not np.isfinite(v):
+                raise ValueError(f"{cls}.{name} must be finite, got {v!r}")
     for name in unit:
         if not 0 < getattr(config, name) <= 1:
             raise ValueError(f"{cls}.{name} must be in (0, 1], got {getattr(config, name)!r}")

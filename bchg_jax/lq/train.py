@@ -129,6 +129,7 @@ class TrainConfig(FollowerSettings):
             ),
             nonneg_ints=("mlp_minibatch",),
             positive=("clip_norm", "mlp_lr", "riccati_tol"),
+            unbounded=("clip_norm",),
             nonneg=("weights_init_std", "ridge"),
             choices={"follower_grad": FOLLOWER_GRADS, "critic": CRITICS},
         )

@@ -138,6 +138,7 @@ class TrainConfig(FollowerSettings):
                 "oracle_steps",
             ),
             positive=("clip_norm", "vi_tol"),
+            unbounded=("clip_norm",),
             nonneg=("theta_init_std", "critic_init_std", "linear_sweeps"),
             choices={
                 "grouping": estimators.GROUPINGS,

@@ -87,3 +87,17 @@ def test_checkpoint_shape_mismatch_is_a_clear_error(tmp_path):
         assert "shape" in str(err)
     else:
         raise AssertionError("loading a checkpoint of another shape must fail")
+
+
+def test_join_chunks_joins_along_the_iteration_axis_of_metrics_with_trailing_axes():
+    from bchg_jax.core.sweep import join_chunks
+
+    G, N = 2, 3
+    a = {"J": np.zeros((G, N, 4)), "g_S": np.zeros((G, N, 4, 3))}
+    b = {"J": np.ones((G, N, 5)), "g_S": np.ones((G, N, 5, 3)), "new": np.ones((G, N, 5, 2))}
+    out = join_chunks([a, b])
+    assert out["J"].shape == (G, N, 9) and out["g_S"].shape == (G, N, 9, 3)
+    np.testing.assert_array_equal(out["g_S"][:, :, 4:], 1.0)
+    np.testing.assert_array_equal(out["g_S"][:, :, :4], 0.0)
+    # a metric the earlier chunk lacks is 0 there, with its own trailing axes
+    assert out["new"].shape == (G, N, 9, 2) and not out["new"][:, :, :4].any()

@@ -23,6 +23,16 @@ def test_smoke_run_writes_results(tmp_path):
     assert data["J"].shape == (2, 2, 20) and np.all(np.isfinite(data["J"]))
     rows = list(csv.DictReader(open(os.path.join(out, "summary.csv"))))
     assert len(rows) == 2 and sum(int(r["best"]) for r in rows) == 1
+    # a run shorter than the summary window is summarised over its whole length, and says so
+    assert "mean_last20" in rows[0] and int(data["summary_window"]) == 20
+    # a run stopped after its last chunk but before its summary is summarised on --resume
+    run = os.path.dirname(out)
+    os.remove(os.path.join(out, "summary.csv"))
+    kept = {k: v for k, v in dict(np.load(os.path.join(out, "metrics.npz"))).items()}
+    np.savez(os.path.join(out, "metrics.npz"), **{k: kept[k] for k in kept if k != "final"})
+    cli.main(["--resume", run])
+    assert os.path.exists(os.path.join(out, "summary.csv"))
+    assert "final" in np.load(os.path.join(out, "metrics.npz")).files
 
 
 @pytest.mark.parametrize(
@@ -150,6 +160,12 @@ def test_methods_can_be_added_to_a_run_folder_but_settings_cannot_change(tmp_pat
     with pytest.raises(SystemExit) as e:
         cli.main(["--smoke", "--method", "naive", "--beta", "0.005", "--out", run, "--exact-out"])
     assert e.value.code == 2 and "other settings" in capsys.readouterr().err
+    # the solver is a setting too: a later --resume would continue a method with the other one
+    with pytest.raises(SystemExit) as e:
+        cli.main(
+            ["--smoke", "--method", "hpgd_mc", "--solver", "dense", "--out", run, "--exact-out"]
+        )
+    assert e.value.code == 2 and "other settings (solver)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -401,3 +417,12 @@ def test_a_failed_write_stops_with_the_resume_command(tmp_path, monkeypatch, cap
     err = capsys.readouterr().err
     assert e.value.code == 1 and "Permission denied" in err
     assert f"--resume {run}" in err and "in method naive at iteration 0" in err
+
+
+def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
+    from experiments.run_folder import new_stamped_dir
+
+    first, second = (new_stamped_dir(str(tmp_path / "fourrooms")) for _ in range(2))
+    assert first != second and os.path.isdir(first) and os.path.isdir(second)
+    # the second of one second gets a suffix; never the first's folder
+    assert os.path.basename(second).startswith(os.path.basename(first)[:15])
