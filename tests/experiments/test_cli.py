@@ -426,3 +426,9 @@ def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
     assert first != second and os.path.isdir(first) and os.path.isdir(second)
     # the second of one second gets a suffix; never the first's folder
     assert os.path.basename(second).startswith(os.path.basename(first)[:15])
+
+
+def test_a_method_named_twice_is_trained_and_listed_once():
+    from experiments.cli import parse_methods
+
+    assert parse_methods("bchg,naive,bchg", cli.ALL_METHODS, cli.ALL_METHODS) == ["bchg", "naive"]
