@@ -101,14 +101,43 @@ def _exit_at_once_if_program(code: int) -> None:
 
 
 def _start_distributed(a) -> None:
+    """``--distributed``: joins the JAX processes (the coordinator from the cluster, or from
+    ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``), shards the runs
+    over every process's devices, and lets process 0 alone write the run folder. The others
+    write to a temporary folder, starting from a copy of the run folder when there is one
+    (``--resume``, or methods added with ``--exact-out``; a filesystem every host sees), so that
+    every process skips, resumes and trains the same methods from the same checkpoints."""
+    import shutil
     import tempfile
 
     import jax
 
-    jax.distributed.initialize()
+    env = {
+        "coordinator_address": os.environ.get("JAX_COORDINATOR_ADDRESS"),
+        "num_processes": os.environ.get("JAX_NUM_PROCESSES"),
+        "process_id": os.environ.get("JAX_PROCESS_ID"),
+    }
+    try:  # (jax 0.10 reads none of these variables itself)
+        kw = {
+            k: (v if k == "coordinator_address" else int(v))
+            for k, v in env.items()
+            if v is not None
+        }
+        jax.distributed.initialize(**kw)
+    except (ValueError, RuntimeError) as err:
+        fail(
+            f"--distributed: jax.distributed.initialize() failed ({err}); run under a cluster "
+            "JAX detects (SLURM, TPU pods, ...) or set JAX_COORDINATOR_ADDRESS=host0:port, "
+            "JAX_NUM_PROCESSES and JAX_PROCESS_ID on every host"
+        )
     a.shard = True
     if jax.process_index() != 0:  # the others compute their shards, write nothing shared
-        a.out, a.exact_out = tempfile.mkdtemp(prefix=f"bchg-p{jax.process_index()}-"), True
+        tmp = tempfile.mkdtemp(prefix=f"bchg-p{jax.process_index()}-")
+        if a.exact_out and os.path.isdir(a.out):
+            shutil.copytree(a.out, tmp, dirs_exist_ok=True)
+        a.out, a.exact_out = tmp, True
+        if a.resume is not None:
+            a.resume = tmp
 
 
 def _where(run_dir: str) -> str:
