@@ -36,10 +36,16 @@ O(1 / episodes per stream). Keeping only the completed episodes is no cure eithe
 completes within the batch more often when it is short (length-biased sampling).
 The ``"first_episode"`` forms use only each stream's first episode, which starts at step 0
 whatever the lengths, and divide by the number of streams E (not random): the sum over it has
-expectation ``sum_{t<T} a_t``, i.e. exactly the term of Theorem 1 whenever that episode ends
-within the batch (always when ``time_limit <= num_steps``); otherwise it is the term truncated at
-T, the bias of a time limit T (at most the discounted tail beyond T of one episode, for any
-number of streams). Nothing better is possible without a bound on the lengths: a later episode
+expectation ``sum_{t<T} a_t``, i.e. exactly the term of Theorem 1 whenever that episode ends at
+a terminal state within the batch. An episode cut before a terminal state gives the term
+truncated at the cut, T = ``num_steps`` (the end of the batch) or T = ``time_limit``: a bias of
+at most the discounted tail beyond T of one episode (~gamma_L^T of the term), for any number of
+streams. A time limit is such a cut (the sampler resets there; Theorem 1 and
+:func:`~bchg_jax.tabular.exact.exact_hypergradient` have no time limit), so
+``time_limit <= num_steps`` does not make these forms exact: ``random_tabular_cmdp`` (gamma_L
+0.9, no terminal state) at ``time_limit = num_steps = 10`` is biased by 34% (15.9 SE), at 40 by
+1.8% (0.9 SE; gamma_L^40 = 1.5%); :func:`~bchg_jax.tabular.check.check_problem` reports the fraction
+of cut episodes. Nothing better is possible without a bound on the lengths: a later episode
 is seen at in-episode time t only with a probability set by the unknown length distribution,
 and reweighting it needs an unbiased estimate of 1 / that probability, which a fixed number of
 streams does not give. Many streams about one episode long (``num_steps`` ~ ``time_limit``)
@@ -344,7 +350,8 @@ def hypergradient(
 
     ``grouping="first_episode", partial="first_episode"`` is the unbiased literal form of
     Theorem 1 for any number of episodes per stream (each stream's first episode over the number
-    of streams; exact when that episode ends within the batch, module docstring).
+    of streams; exact when that episode ends at a terminal state within the batch, truncated at
+    a time limit or the batch's end otherwise: a bias of up to ~gamma_L^T, module docstring).
     ``"per_visit"`` / ``"trajectory"`` divide sums over every step by the number of completed
     episodes: consistent, but biased by the cut-off episodes (O(1 / episodes per stream)). The
     defaults (``"every_visit"``) are the reference convention of the paper's runs.

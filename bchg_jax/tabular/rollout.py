@@ -56,8 +56,18 @@ class Batch(NamedTuple):
 
 
 def _sample_cdf(cdf: Array, u: Array) -> Array:
-    """Inverse-CDF sampling: index of the first entry of ``cdf`` exceeding ``u``."""
-    return jnp.minimum(jnp.sum(cdf <= u, axis=-1), cdf.shape[-1] - 1)
+    """Inverse-CDF sampling: the index of the first entry of ``cdf`` exceeding ``u cdf[-1]``.
+
+    ``u`` in [0, 1) is scaled by the row's total, so a row whose float sum is a little off 1
+    (a float32 Boltzmann policy, a transition row, a successor row) is drawn in proportion to
+    its entries and never past its support: ``u cdf[-1] < cdf[-1]`` (JAX's u <= 1 - eps), so the
+    first entry above it has a positive increment. Without the scale a row summing below 1
+    drew its last entry, of probability 0 or not, for every u above the sum (Four-Rooms,
+    beta 1e-3, the unnormalised float32 policy: 24 draws of an action of probability < 1e-6
+    per 1e6 steps; normalised rows and this draw: 1). The clamp only serves an all-zero row.
+    """
+    x = u * cdf[..., -1:]
+    return jnp.minimum(jnp.sum(cdf <= x, axis=-1), cdf.shape[-1] - 1)
 
 
 def rollout(
@@ -122,8 +132,10 @@ def rollout(
     u = jax.random.uniform(k1, (num_steps, num_envs, 3), policy.dtype)
 
     # every step's reset state, drawn up front by binary search (the same draws as the full
-    # comparison: the first CDF entry above u); used where an episode ends
-    resets = jnp.minimum(jnp.searchsorted(rho_cdf, u[:, :, 2], side="right"), S - 1)
+    # comparison of _sample_cdf: the first CDF entry above u rho_cdf[-1]); used where an
+    # episode ends
+    resets = jnp.searchsorted(rho_cdf, u[:, :, 2] * rho_cdf[-1], side="right")
+    resets = jnp.minimum(resets, S - 1)
 
     def step(carry, xs):
         s, t = carry

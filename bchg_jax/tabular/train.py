@@ -399,9 +399,11 @@ def make_train(
         policy-evaluation sweeps, dense or sparse by ``kind`` (``residual`` above ``vi_tol``:
         the sweep cap was hit).
 
-        The rows are renormalised first: in float32 a Boltzmann policy exp((Q - V) / beta) with
-        a small beta sums to 1 +- 7e-5 per row, which biased J_L by -2.8e-4 on average on
-        Four-Rooms (beta 1e-3, 30 random thetas; max 4.5e-4); normalised, the float32 metric is
+        The rows are renormalised first. The best response's already are
+        (:func:`~bchg_jax.tabular.follower.boltzmann`); this keeps any policy played (a lagging
+        or exploring follower's mixture) exact too. Rows summing to 1 +- 7e-5, as the
+        unnormalised float32 exp((Q - V) / beta) did at beta 1e-3, biased J_L by -2.8e-4 on
+        average on Four-Rooms (30 random thetas; max 4.5e-4); normalised, the float32 metric is
         within 5e-7 of the float64 best response's (tests/tabular/test_train.py)."""
         policy = policy / jnp.sum(policy, axis=-1, keepdims=True)
         evaluation = policy_evaluation_sweeps

@@ -1,5 +1,7 @@
 """tabular.check_problem: the estimator's mean over batches vs the exact hypergradient."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -61,3 +63,30 @@ def test_check_problem_rejects_bad_arguments():
         tabular.check_problem(prob, [prob.theta0], 0.5, critic="sarsa")
     with pytest.raises(ValueError, match="batches"):
         tabular.check_problem(prob, [prob.theta0], 0.5, batches=1)
+
+
+def test_check_problem_reports_episodes_cut_by_the_time_limit(x64):
+    """No terminal state, ``time_limit = num_steps = 10``, gamma_L 0.9: every first episode is cut
+    by the time limit, which the exact hypergradient does not have: the report says so
+    (``truncated`` 1, ``cut_weight`` 0.9^10) with a warning, and the estimate is biased (measured
+    34%, 15.9 SE over 800 batches). Episodes that end at a terminal state within the batch: no
+    warning."""
+    prob = random_tabular_cmdp(jax.random.key(3), dtype=jnp.float64, time_limit=10)
+    config = TrainConfig(
+        num_envs=16, num_steps=10, grouping="first_episode", partial="first_episode"
+    )
+    with pytest.warns(UserWarning, match="cut at step 10"):
+        (row,) = tabular.check_problem(
+            prob, [prob.theta0], 0.5, config=config, batches=200, verbose=False
+        )
+    assert row["truncated"] == 1.0
+    np.testing.assert_allclose(row["cut_weight"], 0.9**10)
+    assert row["bias_se"] > 4.0 and row["rel_error"] > 0.2, (row["z"], row["rel_error"])
+    terminal = TrainConfig(num_envs=16, num_steps=60, grouping="first_episode")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ended = _problem()
+        (row,) = tabular.check_problem(
+            ended, [ended.theta0], 0.5, config=terminal, batches=8, verbose=False
+        )
+    assert row["truncated"] < 0.1 and row["cut_weight"] < 1e-3

@@ -386,7 +386,9 @@ def test_sparse_trainer_follows_the_dense_one():
         out[solver] = m
     J_d, J_s = np.asarray(out["dense"]["J"]), np.asarray(out["sparse"]["J"])
     assert np.abs(J_d - J_s).max() < 2e-3, np.abs(J_d - J_s).max()
-    assert np.all(J_s[:, -1] > J_s[:, 0] + 0.002), J_s[:, [0, -1]]  # theta moved J
+    # theta moved J (seed 0: +1.7e-3 in 300 iterations, both solvers; before the policy rows
+    # were normalised the sparse run's +2.2e-3 met a 2e-3 bar that the dense run's +1.3e-3 missed)
+    assert np.all(J_s[:, -1] > J_s[:, 0] + 0.001), J_s[:, [0, -1]]
     assert np.all(np.asarray(out["sparse"]["sweeps"]) >= 1)
     for solver in ("dense", "sparse"):  # Four-Rooms' table holds its support: no flag
         assert not np.asarray(out[solver]["support_lost"]).any()
@@ -472,3 +474,37 @@ def test_rollout_on_the_successor_table_draws_the_same_states(problem):
 
         for full, on_table in zip(draw(None), draw(succ), strict=False):
             np.testing.assert_array_equal(np.asarray(full), np.asarray(on_table))
+
+
+def _random_sparse_model(S=40, B=3, k=3, seed=0):
+    """P [S, B, S] float32 with k random successors per state (Dirichlet weights), its table,
+    and the generator (for the rewards)."""
+    rng = np.random.default_rng(seed)
+    P = np.zeros((S, B, S))
+    for s in range(S):
+        support = rng.choice(S, size=k, replace=False)
+        P[s, :, support] = rng.dirichlet(np.ones(k), size=B).T
+    return jnp.asarray(P, jnp.float32), sparse.successors_from_transition(P), rng
+
+
+def test_sparse_float32_solver_converges_where_its_two_sweeps_disagree_by_rounding():
+    """Float32, default settings (tol 1e-6, 16 expectation sweeps), |V| 12 to 90: the soft and
+    the expectation sweeps' float fixed points differ by more than tol. Each solve meets tol
+    (before: all but one ran to max_sweeps with residual 1.4e-6 to 1.5e-5), within a small
+    multiple of the dense solver's sweeps (measured 54 to 126 vs 27 to 163), at the dense
+    solver's V (measured within 2.3e-5, 3 ulps of |V| 90); batched lanes too."""
+    P, succ, rng = _random_sparse_model()
+    S, B = P.shape[:2]
+    rewards = [jnp.asarray(a * rng.normal(size=(S, B)), jnp.float32) for a in (1.0, 4.0, 8.0)]
+    for beta, gamma in ((5.0, 0.5), (0.5, 0.9)):
+        for r in rewards:
+            d = soft_value_iteration(P, r, beta, gamma, tol=1e-6, max_sweeps=3000)
+            s = sparse.sparse_soft_value_iteration(P, r, beta, gamma, succ)
+            scale = float(jnp.abs(d.V).max())
+            assert float(s.residual) <= 1e-6, (beta, gamma, scale, int(s.sweeps))
+            assert int(s.sweeps) <= max(4 * int(d.sweeps), 150), (int(s.sweeps), int(d.sweeps))
+            np.testing.assert_allclose(s.V, d.V, atol=1e-5 + 4 * scale * 2**-23)
+    # batched: each lane stops its expectation sweeps on its own
+    solve = jax.vmap(lambda r: sparse.sparse_soft_value_iteration(P, r, 0.5, 0.9, succ))
+    s = solve(jnp.stack(rewards))
+    assert np.all(np.asarray(s.residual) <= 1e-6) and np.all(np.asarray(s.sweeps) < 3000)
