@@ -31,6 +31,26 @@ from bchg_jax.core.validate import check_costs, check_discounts, check_shape, sh
 Array = jax.Array
 
 
+def _riccati_gain(A, B, Q, R, gamma, tol: float = 1e-10, max_iters: int = 50_000):
+    """Host-side K = gamma S^{-1} B^T P A of Proposition 1 by the Riccati iteration of
+    Eq. (riccati_equation) from P = Q (the limit the trainer's solver reaches), float64 numpy;
+    None when it does not converge."""
+    P = Q
+    for _ in range(max_iters):
+        BtPA = B.T @ P @ A
+        S = R + gamma * B.T @ P @ B
+        P_new = Q + gamma * A.T @ P @ A - gamma**2 * BtPA.T @ np.linalg.solve(S, BtPA)
+        P_new = 0.5 * (P_new + P_new.T)
+        if not np.all(np.isfinite(P_new)):
+            return None
+        done = np.max(np.abs(P_new - P)) <= tol * max(np.max(np.abs(P_new)), 1e-30)
+        P = P_new
+        if done:
+            S = R + gamma * B.T @ P @ B
+            return gamma * np.linalg.solve(S, B.T @ P @ A)
+    return None
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class LQConfigurableMDP:
     """A linear-Gaussian configurable MDP with quadratic rewards (see module docstring).
@@ -198,8 +218,10 @@ class LQConfigurableMDP:
         Checks discounts and horizon; the shapes of A(theta) [n, n] and B(theta) [n, m] (the
         dynamics define n and m), of Qbar [n, n], Rbar [m, m], U [n, n], init_cov [n, n] and
         ``leader_quadratic(theta)`` against them (an error names the array at fault); the costs,
-        that U is a lower-triangular Cholesky factor, that init_cov is positive definite, and
-        that (sqrt(gamma_F) A(theta), B(theta)) is stabilisable.
+        that U is a lower-triangular Cholesky factor, that init_cov is positive definite, that
+        (sqrt(gamma_F) A(theta), B(theta)) is stabilisable, and that the follower's closed loop
+        F = A(theta) - B(theta) K at theta (Proposition 1) has ``gamma rho(F)^2 < 1`` for both
+        discounts (a Riccati solve at theta).
 
         Args:
           theta: [d] parameters to check at (default ``theta0``).
@@ -250,4 +272,44 @@ class LQConfigurableMDP:
                 "at the initial theta: the follower's Riccati equation has no "
                 "stabilising solution"
             )
+        self._check_closed_loop(theta, A, B)
         return self
+
+    def _check_closed_loop(self, theta, A: np.ndarray, B: np.ndarray) -> None:
+        """The follower's closed loop F = A - B K at theta (Proposition 1; K does not depend on
+        beta) must be stable under both discounts: ``gamma rho(F)^2 < 1``, so that the
+        infinite-horizon sums behind J_L, the critics and the follower's values converge
+        (:func:`bchg_jax.lq.exact.discounted_lyapunov`). Skipped when the Riccati iteration
+        (numpy, float64, from Qbar like the trainer's) does not converge (the trainer flags it)."""
+        K = _riccati_gain(
+            A,
+            B,
+            np.asarray(self.Qbar, np.float64),
+            np.asarray(self.Rbar, np.float64),
+            float(self.gamma_F),
+        )
+        if K is None:
+            return
+        rho = float(np.max(np.abs(np.linalg.eigvals(A - B @ K))))
+        for label, g, why in (
+            (
+                "gamma_F",
+                self.gamma_F,
+                "the follower's Riccati solution does not stabilise the system (a growing mode "
+                "that Qbar does not penalise: (Qbar^(1/2), sqrt(gamma_F) A) is not detectable); "
+                "penalise that mode in Qbar",
+            ),
+            (
+                "gamma_L",
+                self.gamma_L,
+                "the state grows faster than the leader discounts it, so the infinite-horizon "
+                "J_L and the leader's critics diverge; use a smaller gamma_L or a theta at "
+                "which the follower's closed loop is stable",
+            ),
+        ):
+            if float(g) * rho**2 >= 1.0:
+                raise ValueError(
+                    f"{self.name}: the follower's closed loop A(theta) - B(theta) K diverges "
+                    f"under {label}: spectral radius {rho:.4g}, {label} rho^2 = "
+                    f"{float(g) * rho**2:.4g} >= 1: {why}"
+                )

@@ -15,6 +15,8 @@ of one small linear solve per iteration, instead of thousands of network steps.
   features are rescaled to unit RMS first and a small ridge keeps float32 solves stable.
 * :class:`QuadraticQ`: Q(s, b) = z^T H z + h0 with the exact Gaussian expectation
   V(s) = E_{b ~ N(mu(s), Sigma_b)} Q(s, b) = zbar^T H zbar + tr(H_bb Sigma_b) + h0.
+* :func:`leave_one_out_vector_value`: BC-HG's state baseline, each episode's LSTD fit on the
+  other episodes (unbiased: a fit on the episode itself is not).
 
 MLP critics (the paper's neural critics, faithful mode): a 64-64 ReLU network (flax's default
 initialisation), re-initialised to the *same* parameters every outer iteration and trained with
@@ -159,7 +161,8 @@ def fit_quadratic_vector_value(s: Array, y: Array, gamma, ridge: float = 1e-6):
     (:func:`bchg_jax.lq.estimators.per_step_follower_grad` or its pathwise form), the fitted value
     approximates
     ``grad_theta V_F(s) = E_{b ~ g(.|s)} grad_theta Q_F(s, b)`` (Eq. (bellman_eq_value_q_gradient)):
-    HPGD's ``dVF`` and BC-HG's optional state baseline.
+    HPGD's ``dVF``. Fitted on the batch it is evaluated on, it depends on each episode's own
+    actions, so BC-HG's state baseline uses :func:`leave_one_out_vector_value` instead.
 
     Args:
       s: [E, T+1, n] states s_0..s_T.
@@ -175,6 +178,52 @@ def fit_quadratic_vector_value(s: Array, y: Array, gamma, ridge: float = 1e-6):
     phi_next = phi_all[:, 1:].reshape(-1, F)
     W = lstd(phi, phi_next, y.reshape(-1, y.shape[-1]), gamma, ridge)
     return full_precision(lambda x: quadratic_features(x) @ W)
+
+
+@full_precision
+def leave_one_out_vector_value(s: Array, y: Array, gamma, ridge: float = 1e-6) -> Array:
+    """BC-HG's state baseline h(s) ~ grad_theta V_F(s), each episode's from the *other* episodes.
+
+    The guiding term of Eq. (hg_configurable) with a baseline, ``Ben_t (dQF_t - h(s_t))``, keeps
+    its expectation only when ``h`` does not depend on episode e's own actions: then
+    ``E[Ben_t h(s_t)] = E[h(s_t) E_{b ~ g}[Ben(s_t, b)]] = 0``. A fit on the same batch
+    (:func:`fit_quadratic_vector_value`) breaks this and shrinks the estimate towards zero
+    (about 12% at E = 100 thermal episodes, 60% at E = 10). Here episode e's ``h`` is the LSTD
+    fit of Eq. (bellman_eq_value_q_gradient) (the :func:`lstd` system, unit-RMS feature scaling,
+    ``ridge``) on the E - 1 other episodes, which are independent of episode e, so the baseline
+    is exactly unbiased while using almost all of the data.
+
+    All E fits come from per-episode sufficient statistics: with phi_e [T, F] the
+    :func:`quadratic_features` of s_0..s_{T-1} and phi'_e of s_1..s_T,
+    ``A_e = phi_e^T (phi_e - gamma phi'_e)``, ``c_e = phi_e^T y_e`` and ``q_e = sum_t phi_e^2``;
+    episode e solves the system of ``(sum - own)`` of each, F = n (n + 1) / 2 + 1 unknowns per
+    output (a vmapped small solve).
+
+    Args:
+      s: [E, T+1, n] states s_0..s_T.
+      y: [E, T, D] per-step vector rewards (Eq. (nablaQF)'s terms, e.g.
+        :func:`bchg_jax.lq.estimators.per_step_follower_grad_pathwise`).
+      gamma: discount (gamma_F), scalar.
+      ridge: regularisation of the scaled system, as :func:`lstd`.
+    Returns:
+      [E, T, D] h at s_0..s_{T-1}, episode e's from the fit without it. With E = 1 there is no
+      other episode: zeros (no baseline, which is unbiased too).
+    """
+    E, T = y.shape[0], y.shape[1]
+    if E < 2:
+        return jnp.zeros_like(y)
+    phi_all = quadratic_features(s)
+    phi, phi_next = phi_all[:, :-1], phi_all[:, 1:]
+    A_own = jnp.einsum("etf,etg->efg", phi, phi - gamma * phi_next)
+    c_own = jnp.einsum("etf,etd->efd", phi, y)
+    q_own = jnp.sum(phi**2, 1)
+    N = (E - 1) * T
+    A, c, q = (jnp.sum(x, 0, keepdims=True) - x for x in (A_own, c_own, q_own))
+    scale = jnp.sqrt(q / N) + 1e-12  # [E, F]
+    A = A / (scale[:, :, None] * scale[:, None, :]) / N
+    A = A + ridge * jnp.eye(A.shape[-1], dtype=A.dtype)
+    W = jnp.linalg.solve(A, c / scale[:, :, None] / N) / scale[:, :, None]  # [E, F, D]
+    return jnp.einsum("etf,efd->etd", phi, W)
 
 
 @full_precision

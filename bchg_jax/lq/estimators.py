@@ -202,8 +202,11 @@ def hypergradient(
     of ``grad log p`` (one VJP). ``dQF`` [E, T, d] replaces them by given per-step estimates of
     grad Q_F(s_t, b_t) (e.g. suffix sums of :func:`per_step_follower_grad_pathwise`).
     With ``guide='benefit'``, ``dVF`` is optional and acts as a state baseline: because
-    ``E_b[Ben(s, b)] = 0``, ``Ben_t (dQF_t - h(s_t))`` has the same expectation for *any* h, so an
-    approximate grad V_F only lowers variance (HPGD's ``Q_L (dQF - dVF)`` is biased when dVF is).
+    ``E_b[Ben(s, b)] = 0``, ``Ben_t (dQF_t - h(s_t))`` has the same expectation for *any* h that
+    does not depend on the episode's own actions, so an approximate grad V_F only lowers variance
+    (a fit on the same episodes does depend on them: fit it on the other episodes,
+    :func:`bchg_jax.lq.critics.leave_one_out_vector_value`). HPGD's ``Q_L (dQF - dVF)`` is biased
+    when dVF is.
 
     Control variates (optional, same expectation): ``EV_L`` / ``EV_F`` [E, T] are
     ``E[V(s') | s_k, b_k]`` for the leader / follower; they are subtracted from ``V(s_{k+1})`` in

@@ -38,18 +38,69 @@ Array = jax.Array
 
 
 @full_precision
+def log_spectral_radius(M: Array, squarings: int = 32) -> Array:
+    """An upper bound of log rho(M) that converges to it, by repeated normalised squaring.
+
+    Gelfand's formula: rho(M) <= ||M^N||^(1/N) for every N (rho(M)^N = rho(M^N) <= ||M^N||, the
+    Frobenius norm), with equality as N -> infinity, the excess being
+    O((log cond + (m - 1) log N) / N) for Jordan blocks of size m. With ``B_0 = M / c_0`` and
+    ``B_{j+1} = B_j^2 / c_{j+1}`` (each c_j the norm of what it divides),
+    ``log ||M^(2^k)|| / 2^k = sum_{j<=k} 2^-j log c_j``. Matrix products only, so it runs under
+    ``jit`` / ``vmap`` and on accelerators (``jnp.linalg.eigvals`` is CPU-only). M = 0 gives
+    ``-inf`` and a non-finite M NaN; when a squaring comes out exactly zero (a nilpotent M, or
+    entries lost to underflow) the last partial sum is kept, still an upper bound. N = 2^32 by
+    default: the excess is below 1e-8 for any reasonable M, and float32 squarings do not yet
+    underflow.
+
+    Args:
+      M: [n, n] matrix (gradients are not propagated).
+      squarings: k, the number of squarings (N = 2^k).
+    Returns:
+      [] the bound of log rho(M) with N = 2^squarings.
+    """
+    M = jax.lax.stop_gradient(M)
+
+    def body(j, carry):
+        B, total, done = carry
+        c = jnp.sqrt(jnp.sum(B * B))
+        zero = c == 0
+        term = jnp.log(jnp.where(zero, 1.0, c)) * 2.0 ** (-j.astype(M.dtype))
+        term = jnp.where(zero, jnp.where(j == 0, -jnp.inf, 0.0), term)
+        total = jnp.where(done, total, total + term)
+        B = B / jnp.where(zero, 1.0, c)
+        return B @ B, total, done | zero
+
+    init = (M, jnp.zeros((), M.dtype), jnp.zeros((), bool))
+    return jax.lax.fori_loop(0, squarings + 1, body, init)[1]
+
+
+def is_discounted_stable(F: Array, gamma) -> Array:
+    """True when sqrt(gamma) F is stable, i.e. gamma rho(F)^2 < 1 (:func:`log_spectral_radius`):
+    the condition for ``sum_t gamma^t F^t C (F^T)^t`` to converge. Bool [], jit-friendly."""
+    return log_spectral_radius(F) + 0.5 * jnp.log(jnp.asarray(gamma, F.dtype)) < 0
+
+
+@full_precision
 def discounted_lyapunov(F: Array, C: Array, gamma) -> Array:
-    """X solving X = C + gamma F X F^T (a Kronecker-form linear solve, n^2 unknowns).
+    """X solving X = C + gamma F X F^T, i.e. X = sum_t gamma^t F^t C (F^T)^t (a Kronecker-form
+    linear solve, n^2 unknowns).
+
+    The sum (the infinite-horizon covariances and values of :func:`leader_objective` and
+    :func:`leader_value_quadratic`) converges only when sqrt(gamma) F is stable; otherwise the
+    linear system still has a finite but meaningless solution (often of the wrong sign), so the
+    result is NaN instead (:func:`is_discounted_stable`): a diverging closed loop is flagged,
+    never silently wrong.
 
     Args:
       F: [n, n] closed-loop matrix. C: [n, n] constant term. gamma: discount, scalar.
     Returns:
-      [n, n] symmetric solution X.
+      [n, n] symmetric solution X, or NaN when gamma rho(F)^2 >= 1.
     """
     n = F.shape[0]
     Mk = jnp.eye(n * n, dtype=F.dtype) - gamma * jnp.kron(F, F)
     X = jnp.linalg.solve(Mk, C.reshape(-1)).reshape(n, n)
-    return 0.5 * (X + X.T)
+    X = 0.5 * (X + X.T)
+    return jnp.where(is_discounted_stable(F, gamma), X, jnp.nan)
 
 
 def _closed_loop(problem: LQConfigurableMDP, theta: Array, br: GaussianBestResponse):

@@ -55,6 +55,8 @@ def policy_value(problem: LQConfigurableMDP, theta: Array, policy: GaussianBestR
     ``P_g = Qbar + K^T Rbar K + gamma F^T P_g F`` with ``F = A - B K``, and
     ``(1 - gamma) c_g = tr(Rbar cov) - beta H(cov) + gamma tr(B^T P_g B cov) + gamma tr(U^T P_g U)``
     (H: the Gaussian entropy); at the best response they are Proposition 1's ``P`` and ``v``.
+    NaN when the policy's closed loop diverges under gamma_F
+    (:func:`~bchg_jax.lq.exact.discounted_lyapunov`): the trainer flags and skips that iteration.
     """
     A, B, Qbar, Rbar, U = _model(problem, theta)
     g, m = problem.gamma_F, policy.K.shape[0]

@@ -64,6 +64,8 @@ METHODS = tuple(METHOD_SPECS)  # the method names make_train accepts
 CRITICS = ("quadratic", "mlp", "exact")
 FOLLOWERS = ("best_response", "k_step")  # the follower models of this family
 FOLLOWER_GRADS = ("score", "pathwise")
+# the largest max(gamma_L, gamma_F)^T the sampling methods accept (check_truncation)
+TRUNCATION_TOL = 1e-3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +81,9 @@ class TrainConfig(FollowerSettings):
         ``"exact"`` (closed-form Q_L).
       control_variates: subtract E[V(s')|s, b] from V(s_{k+1}) in the score-function terms.
       follower_grad: FollowerQGrad per step: ``"score"`` (Eq. (nablaQF)) or ``"pathwise"``.
-      state_baseline: BC-HG subtracts a learned h(s) ~ grad V_F(s) (unbiased).
+      state_baseline: BC-HG subtracts a learned h(s) ~ grad V_F(s), each episode's fitted on
+        the other episodes (:func:`bchg_jax.lq.critics.leave_one_out_vector_value`, unbiased);
+        with ``num_episodes = 1`` there is no other episode and no baseline.
       mlp_hidden: hidden layer sizes of the MLP critics.
       mlp_steps: Adam steps per MLP critic fit.
       mlp_lr: Adam learning rate of the MLP critics.
@@ -103,7 +107,7 @@ class TrainConfig(FollowerSettings):
     critic: str = "quadratic"
     control_variates: bool = True  # subtract E[V(s')|s,b] in the score-function terms
     follower_grad: str = "pathwise"  # FollowerQGrad per step: "score" (Eq. (nablaQF)) or "pathwise"
-    state_baseline: bool = True  # bchg: subtract a learned h(s) ~ grad V_F(s) (unbiased)
+    state_baseline: bool = True  # bchg: subtract h(s) ~ grad V_F(s) fitted on the other episodes
     mlp_hidden: Tuple[int, ...] = (64, 64)
     mlp_steps: int = 5000
     mlp_lr: float = 1e-4
@@ -172,6 +176,43 @@ class HParams(hparams_lib.HParamsMixin, _Fields):
         return self
 
 
+def check_truncation(problem: LQConfigurableMDP, method: str, tol: float = TRUNCATION_TOL) -> None:
+    """Host-side: refuses a horizon too short for the sampling estimators.
+
+    The estimators see episodes of T = ``problem.horizon`` steps but bootstrap with
+    infinite-horizon quantities: the leader critic's V_L / Q_L (the TD fixed point of
+    Algorithm 3, or the closed form), the follower's stationary V_F and best response
+    (Proposition 1), and FollowerQGrad's sums (Eq. (nablaQF)) cut at T. What is left out is of
+    order ``max(gamma_L, gamma_F)^T``, so when that is not negligible the estimate targets
+    neither the T-step J_L (the metric and the ``exact`` method) nor the infinite-horizon one.
+    The ``exact`` method samples nothing and is not checked.
+
+    Args:
+      problem: the configurable MDP (``gamma_L``, ``gamma_F``, ``horizon``).
+      method: the trainer's method.
+      tol: the largest accepted ``max(gamma_L, gamma_F)^T`` (default :data:`TRUNCATION_TOL`).
+    Returns:
+      None.
+    Raises:
+      ValueError: a sampling method with ``max(gamma_L, gamma_F)^T > tol``, naming the shortest
+        horizon that passes.
+    """
+    if method == "exact":
+        return
+    g, T = max(float(problem.gamma_L), float(problem.gamma_F)), int(problem.horizon)
+    if g**T > tol:
+        need = int(np.ceil(np.log(tol) / np.log(g)))
+        raise ValueError(
+            f"{problem.name}: horizon {T} is too short for discount {g:g}: "
+            f"max(gamma_L, gamma_F)^T = {g**T:.3g} > {tol:g}. The estimators truncate episodes "
+            "at T steps but bootstrap with infinite-horizon critics and follower values, so "
+            f"method {method!r} would follow a biased gradient of neither the {T}-step nor the "
+            f"infinite-horizon J_L. Give the problem a horizon of at least {need} steps "
+            f"(dataclasses.replace(problem, horizon={need}), thermal(horizon={need})), or use "
+            "method 'exact'."
+        )
+
+
 def make_train(
     problem: LQConfigurableMDP, method: str = "bchg", config: TrainConfig = TrainConfig()
 ) -> Trainer:
@@ -193,9 +234,12 @@ def make_train(
       ``riccati_iters``, ``solve_capped`` (1: the Riccati iteration stopped at its cap or
       diverged), ``update_skipped`` (1: the update was dropped) and the problem's components).
     Raises:
-      ValueError: an unknown method, a wrong problem type, or a failed ``validate()``.
+      ValueError: an unknown method, a wrong problem type, a failed ``validate()`` (e.g. a
+        closed loop that diverges under gamma_L at theta0), or a horizon too short for the
+        sampling methods (:func:`check_truncation`).
     """
     check_setup(problem, method, config, METHODS, LQConfigurableMDP)
+    check_truncation(problem, method)
     guide, source = METHOD_SPECS[method]
     n, m = problem.state_dim, problem.action_dim
     dtype = jnp.asarray(problem.theta0).dtype
@@ -282,7 +326,7 @@ def make_train(
 
     def fit_grad_vf(key, traj, y, critic_init):
         """(learned grad_theta V_F at s_0..s_{T-1}, fitted MLP params or None): TD on the per-step
-        vector rewards ``y``."""
+        vector rewards ``y`` (BC-HG's baseline: each episode's fit on the other episodes)."""
         if config.critic == "mlp" and guide == "hpgd":
             S = traj.s[:, :-1].reshape(-1, n)
             Sn = traj.s[:, 1:].reshape(-1, n)
@@ -303,7 +347,11 @@ def make_train(
                 ys,
             )
             return critics.apply_scaled(v_model, params, S, xs, ys).reshape(E, T, d), params
-        # BC-HG's state baseline is always this cheap LSTD fit (any baseline is unbiased), and
+        if guide == "benefit":
+            # BC-HG's state baseline: unbiased only if h does not depend on the episode's own
+            # actions, so each episode's LSTD fit uses the other episodes (none when E = 1)
+            h = critics.leave_one_out_vector_value(traj.s, y, problem.gamma_F, config.ridge)
+            return h, None
         # HPGD's dVF for the quadratic / exact critics (the class is exact for an LQ follower)
         f = critics.fit_quadratic_vector_value(traj.s, y, problem.gamma_F, config.ridge)
         return f(traj.s[:, :-1]), None

@@ -1,0 +1,126 @@
+"""A follower closed loop F that diverges under a discount (gamma rho(F)^2 >= 1): the
+infinite-horizon J_L and the exact leader critic are NaN (never a finite wrong-signed number),
+the check is jit-friendly, and ``validate()`` refuses such a theta0."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bchg_jax.lq import exact as exact_lq
+from bchg_jax.lq.cmdp import LQConfigurableMDP
+from bchg_jax.lq.train import TrainConfig, make_train
+
+
+def _scalar(theta0, gamma_L=0.9):
+    """1-d: A = 1.2, B = 1 + 0.1 theta, Rbar = 10, gamma_F = 0.5: the follower's closed loop
+    F(theta) = 1.056 at theta = 0 (0.9 F^2 = 1.003), 1.035 at theta = 1 (0.964)."""
+    return LQConfigurableMDP(
+        A_fn=lambda th: jnp.array([[1.2]], th.dtype) + 0.0 * th[0],
+        B_fn=lambda th: jnp.array([[1.0]], th.dtype) * (1.0 + 0.1 * th[0]),
+        U=0.1 * np.eye(1),
+        Qbar=np.eye(1),
+        Rbar=10.0 * np.eye(1),
+        leader_quadratic=lambda th: (
+            jnp.eye(1, dtype=th.dtype),
+            0.1 * jnp.eye(1, dtype=th.dtype),
+            jnp.zeros((), th.dtype),
+        ),
+        init_cov=np.eye(1),
+        gamma_F=0.5,
+        gamma_L=gamma_L,
+        theta0=jnp.full((1,), float(theta0)),
+        horizon=100,
+        name="scalar",
+    )
+
+
+def _undetectable():
+    """The unstable mode 1.2 is not in the follower's cost (Qbar = diag(0, 1)): the Riccati
+    iteration converges to a P that leaves it unstable, rho(F) = 1.2."""
+    return LQConfigurableMDP(
+        A_fn=lambda th: jnp.diag(jnp.array([1.2, 0.5], th.dtype)) * (1.0 + 0.0 * th[0]),
+        B_fn=lambda th: jnp.ones((2, 1), th.dtype) * (1.0 + 0.1 * th[0]),
+        U=0.1 * np.eye(2),
+        Qbar=np.diag([0.0, 1.0]),
+        Rbar=np.eye(1),
+        leader_quadratic=lambda th: (
+            jnp.eye(2, dtype=th.dtype),
+            0.1 * jnp.eye(1, dtype=th.dtype),
+            jnp.zeros((), th.dtype),
+        ),
+        init_cov=np.eye(2),
+        gamma_F=0.9,
+        gamma_L=0.9,
+        theta0=jnp.zeros(1),
+        horizon=100,
+        name="undetectable",
+    )
+
+
+def test_spectral_radius_bound_matches_eigenvalues(x64):
+    rng = np.random.default_rng(0)
+    mats = [rng.normal(size=(n, n)) * rng.uniform(0.05, 3) for n in (1, 2, 3, 4, 6) * 8]
+    mats += [np.triu(rng.normal(size=(4, 4))) * 5 for _ in range(8)]  # non-normal
+    mats += [np.array([[0.999, 1e3], [0.0, 0.999]]), np.array([[1.001, 1e3], [0.0, 1.001]])]
+    f = jax.jit(exact_lq.log_spectral_radius)
+    for M in mats:
+        rho = np.max(np.abs(np.linalg.eigvals(M)))
+        est = float(np.exp(f(jnp.asarray(M))))
+        assert rho * (1 - 1e-12) <= est <= rho * (1 + 1e-7), (M, rho, est)
+    assert float(exact_lq.log_spectral_radius(jnp.zeros((3, 3)))) == -np.inf
+    stable = jax.vmap(exact_lq.is_discounted_stable, (0, None))(
+        jnp.stack([1.05 * jnp.eye(2), 1.06 * jnp.eye(2)]), 0.9
+    )
+    assert stable.tolist() == [True, False]  # 0.9 * 1.05^2 = 0.992, 0.9 * 1.06^2 = 1.011
+
+
+def test_infinite_horizon_objective_and_critic_are_nan_when_diverging(x64):
+    p = _scalar(0.0)
+    w = jnp.zeros(1)
+    br = p.best_response(w, 0.1, tol=1e-13)
+    assert float(exact_lq.leader_objective(p, w, 0.1, 1000, br=br)) < -1e4  # really diverges
+    assert np.isnan(float(exact_lq.leader_objective(p, w, 0.1, None, br=br)))  # was +325.5
+    assert np.all(np.isnan(np.asarray(exact_lq.leader_value_quadratic(p, w, br).Pv)))
+    assert np.all(np.isnan(np.asarray(exact_lq.exact_hypergradient(p, w, 0.1, None, tol=1e-13))))
+    jitted = jax.jit(lambda th: exact_lq.leader_objective(p, th, 0.1, None, tol=1e-13))
+    assert np.isnan(float(jitted(w)))
+    # a converging closed loop: the Lyapunov form is the limit of the finite-horizon scan
+    w1 = jnp.ones(1)
+    br1 = p.best_response(w1, 0.1, tol=1e-13)
+    J_inf = float(exact_lq.leader_objective(p, w1, 0.1, None, br=br1))
+    J_long = float(exact_lq.leader_objective(p, w1, 0.1, 3000, br=br1))
+    np.testing.assert_allclose(J_inf, J_long, rtol=1e-8)
+    # undetectable follower cost: rho(F) = 1.2 under gamma 0.9 (was +2.92)
+    q = _undetectable()
+    assert np.isnan(float(exact_lq.leader_objective(q, jnp.zeros(1), 0.1, None, tol=1e-13)))
+
+
+def test_exact_critic_flags_a_diverging_theta(x64):
+    """The trainer (stable at theta0 = 1) with the exact critic at theta = 0: no finite
+    estimate, so the step is flagged and skipped."""
+    tr = make_train(_scalar(1.0), "bchg", TrainConfig(num_episodes=4, critic="exact"))
+    w = jnp.zeros(1)
+    br = _scalar(1.0).best_response(w, 0.1, tol=1e-13)
+    grad = tr.steps["estimate"](jax.random.PRNGKey(0), jax.random.PRNGKey(1), w, 0.1, br, ())[0]
+    assert not np.all(np.isfinite(np.asarray(grad)))
+    grad1 = tr.steps["estimate"](
+        jax.random.PRNGKey(0),
+        jax.random.PRNGKey(1),
+        jnp.ones(1),
+        0.1,
+        _scalar(1.0).best_response(jnp.ones(1), 0.1, tol=1e-13),
+        (),
+    )[0]
+    assert np.all(np.isfinite(np.asarray(grad1)))
+
+
+def test_validate_refuses_a_diverging_closed_loop_at_theta0():
+    with pytest.raises(ValueError, match=r"diverges under gamma_L.*1\.056"):
+        _scalar(0.0).validate()
+    with pytest.raises(ValueError, match=r"diverges under gamma_L"):
+        make_train(_scalar(0.0), "bchg")
+    _scalar(1.0).validate()  # 0.9 * 1.035^2 < 1
+    _scalar(0.0, gamma_L=0.8).validate()  # 0.8 * 1.056^2 < 1
+    with pytest.raises(ValueError, match=r"diverges under gamma_F.*detectable"):
+        _undetectable().validate()
