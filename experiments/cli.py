@@ -433,4 +433,5 @@ def resume_args(a, experiment: str):
     a = argparse.Namespace(**{**vars(a), **saved, **keep})
     a.resume, a.out, a.exact_out, a.config = run_dir, run_dir, True, None
     a.iterations, a._explicit = iterations, explicit
+    a._saved_iterations = saved["iterations"]  # < a.iterations: the run is being extended
     return a

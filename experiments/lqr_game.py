@@ -11,8 +11,8 @@ Two presets, defined in the library (``bchg_jax/games/lqr/presets.py``; ``docs/e
   standardised inputs, follower actions sampled in its TD target and target networks updated
   at rate 0.2 (``--tau``); a 160,000-step (200-iteration) critic-only warm-up; unbiased
   estimators with the control variate of the guiding term; every method clipped; Adam 0.02 for
-  theta with a cosine decay to 0; 2000 iterations. ``all`` = bchg, bchg_det, naive, naive_det,
-  exact, exact_direct.
+  theta with a cosine decay to 0 over the actor updates after the warm-up; 2000 iterations.
+  ``all`` = bchg, bchg_det, naive, naive_det, exact, exact_direct.
 * ``--preset reference``: the reference implementation's settings (on-policy buffer of 400
   steps, the reference estimator, 4000 random warm-up steps, only BC-HG clipped, 500
   iterations); ``all`` = bchg, naive_on, naive_off, bchg_det. Its result is documented as not
@@ -136,7 +136,8 @@ def parse_args(argv=None):
     g.add_argument(
         "--actor-lr-schedule",
         choices=["constant", "cosine"],
-        help="theta's learning rate: constant, or cosine decay to 0 over the run",
+        help="theta's learning rate: constant, or cosine decay to 0 over the run's actor "
+        "updates (--actor-steps per iteration after the critic-only warm-up)",
     )
     g.add_argument("--critic-lr", type=float, help="Adam learning rate of the critic")
     g.add_argument(
@@ -306,6 +307,13 @@ def validate_args(a):
         if VARIANTS[m][0] in GUIDED:
             config.check_guide()
     HParams.from_grid(method_grid(a), max_steps=config.max_steps)
+    saved = getattr(a, "_saved_iterations", a.iterations)
+    if a.iterations > saved and a.actor_lr_schedule == "cosine":
+        raise ValueError(
+            f"--iterations {a.iterations}: this run's cosine learning rate decays over its "
+            f"{saved} iterations; extending it would restart the decay (not the longer run). "
+            "Start a new run, or use --actor-lr-schedule constant"
+        )
     lqr_game()
     warmup = warmup_iterations(config)
     if warmup >= a.iterations and any(
@@ -327,11 +335,12 @@ def validate_args(a):
 def warmup_iterations(config) -> int:
     """Outer iterations of the critic-only warm-up of a learned-critic trainer: the
     ``warmup_steps`` environment steps over the steps collected per iteration (actor and
-    behaviour episodes), rounded up (as ``games.lqr.make_train`` counts them)."""
+    behaviour episodes), rounded up (``games.lqr.train.warmup_iterations``, as ``make_train``
+    counts them)."""
+    from bchg_jax.games.lqr.train import warmup_iterations as iterations
     from bchg_jax.problems.lqr_game import lqr_game
 
-    per_iteration = (config.episodes + config.exploration.episodes) * lqr_game().horizon
-    return -(-config.exploration.warmup_steps // per_iteration)
+    return iterations(config, lqr_game().horizon)
 
 
 def run_method(name: str, a, run_dir: str):

@@ -13,7 +13,7 @@ for the other experiments (``experiments/run_folder.py``).
 ``q_learning``; ``docs/followers.md``): its runs add ``follower_gap``, the sup-norm distance
 of its policy from the best response. ``--track-reference`` adds the cosine and projection of
 the leader's hypergradient estimate on the exact references (``cos_target``, ``proj_target``,
-``cos_through``, ``proj_through``).
+``cos_through``, ``proj_through``; the references are those of ``--backup``).
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ def parse_args(argv=None):
         "--backup",
         choices=["reference", "paper"],
         default="reference",
-        help="follower soft-Q backup (reference code / Theorem 2)",
+        help="follower soft-Q backup (reference code / Theorem 2); the estimator is "
+        "Theorem 2's, unbiased for the paper backup's hypergradient only",
     )
     g.add_argument(
         "--critic-target",
@@ -102,10 +103,12 @@ def parse_args(argv=None):
     )
     g.add_argument(
         "--direct-baseline",
-        choices=["reference", "none"],
+        choices=["reference", "state", "none"],
         default="reference",
-        help="'reference': subtract sum_a' f(a'|s) Q(s,a',b) in the direct term; "
-        "'none': no baseline",
+        help="'reference': subtract sum_a' f(a'|s) Q(s,a',b) in the direct term, with the "
+        "sampled b, which depends on a (the reference code's; biased: 8%% of the direct "
+        "term's norm on this game); 'state': subtract the critic's V_L(s) = "
+        "sum_a',b' f g Q (unbiased); 'none': no baseline",
     )
     g.add_argument(
         "--actor",
@@ -123,7 +126,9 @@ def parse_args(argv=None):
     add_follower_args(
         p,
         estimate=f"the leader's estimate (its surrogate's gradient on {TRACK_MINIBATCH} segment "
-        "starts, at the iteration's start)",
+        "starts drawn ~ gamma_L^t, at the iteration's start, times sum_t gamma_L^t; the "
+        "references take --backup, and under the reference backup Theorem 2's estimator is "
+        "not unbiased for them)",
     )
     return p.parse_args(argv)
 

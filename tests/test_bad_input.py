@@ -758,3 +758,21 @@ def test_lqr_game_run_inside_the_warmup_warns(capsys):
     lqr_game.validate_args(lqr_game.parse_args(["--iterations", "201", "--method", "bchg_det"]))
     lqr_game.validate_args(lqr_game.parse_args(["--iterations", "10", "--method", "exact"]))
     assert capsys.readouterr().err == ""  # long enough, or no learned critic: no warning
+
+
+def test_game_configs_refuse_a_half_dtype_empty_layers_and_a_game_without_time_limit():
+    import dataclasses
+
+    from bchg_jax.games import lqr
+    from bchg_jax.games import tabular as tgame
+
+    with pytest.raises(ValueError, match="TrainConfig.dtype must be float32 or float64"):
+        tgame.TrainConfig(dtype="float16").validate()  # it trained on NaN
+    with pytest.raises(ValueError, match=r"TrainConfig.hidden must be positive layer sizes"):
+        tgame.TrainConfig(hidden=(0,)).validate()  # ZeroDivisionError in the initialiser
+    with pytest.raises(ValueError, match=r"CriticConfig.hidden must be positive layer sizes"):
+        lqr.CriticConfig(hidden=()).validate()
+    with pytest.raises(ValueError, match="needs game.time_limit"):
+        tgame.make_train(
+            dataclasses.replace(toy_game(), time_limit=None), "bchg", tgame.TrainConfig()
+        )

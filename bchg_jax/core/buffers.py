@@ -1,8 +1,9 @@
 """Episode buffers for actor-critic leaders, as pure functional state.
 
-A buffer holds whole episodes (``s`` [N, T+1], ``a`` [N, T], ``b`` [N, T]; int8 for discrete
-games, float with trailing vector dimensions for continuous ones) so that the influence term can
-read the rest of a sampled episode. ``"on"``-policy
+A buffer holds whole episodes (``s`` [N, T+1], ``a`` [N, T], ``b`` [N, T]; for discrete games
+the smallest integer dtype that holds every index, :func:`index_dtype`; float with trailing
+vector dimensions for continuous ones) so that the influence term can read the rest of a
+sampled episode. ``"on"``-policy
 buffers hold exactly the newest batch (N = episodes per iteration); ``"off"``-policy buffers
 keep every episode (N = episodes x iterations, i.e. never full within a run); ``"ring"``
 buffers keep the newest N episodes (a replay memory: the oldest batch is overwritten).
@@ -30,6 +31,23 @@ class EpisodeBuffer(NamedTuple):
     count: Array  # episodes added so far ("on" / "off": <= N; "ring": all, stored min(count, N))
 
 
+def index_dtype(*sizes: int):
+    """The smallest signed integer dtype (int8, int16, int32) that holds every index
+    ``0 .. size - 1`` of the given sizes (e.g. a game's S, A, B): the dtype of a discrete
+    game's buffer, which :func:`buffer_add` casts to without a check (a narrower one wraps).
+
+    Raises:
+      ValueError: a size that is not a positive integer, or one beyond int32.
+    """
+    for n in sizes:
+        if int(n) != n or n < 1:
+            raise ValueError(f"sizes must be positive integers, got {sizes}")
+    for dtype in (jnp.int8, jnp.int16, jnp.int32):
+        if max(sizes) - 1 <= jnp.iinfo(dtype).max:
+            return jnp.dtype(dtype)
+    raise ValueError(f"an index of size {max(sizes)} does not fit int32")
+
+
 def buffer_init(capacity: int, horizon: int, dtype=jnp.int8, dims=None) -> EpisodeBuffer:
     """An empty buffer; ``dims=(n, k, m)`` adds trailing vector dimensions to s, a, b
     (continuous games, e.g. ``dtype=jnp.float32``).
@@ -37,7 +55,9 @@ def buffer_init(capacity: int, horizon: int, dtype=jnp.int8, dims=None) -> Episo
     Args:
       capacity: N, the number of episode slots.
       horizon: T, steps per episode.
-      dtype: dtype of the stored s, a, b (int8 for discrete games).
+      dtype: dtype of the stored s, a, b; the default int8 holds indices up to 127 only: a
+        discrete game passes ``index_dtype(S, A, B)`` (:func:`buffer_add` casts without a
+        check, so larger indices would wrap).
       dims: None (scalar entries) or (n, k, m): state, leader-action and follower-action sizes.
     Returns:
       :class:`EpisodeBuffer` of zeros: ``s`` [N, T+1(, n)], ``a`` [N, T(, k)], ``b``

@@ -31,6 +31,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bchg_jax.core.buffers import EpisodeBuffer, buffer_add
 from bchg_jax.core.loop import Trainer, adam_step, build_trainer, masked_steps, polyak
@@ -87,6 +88,19 @@ def validate_checks(config):
     for cls in reversed(type(config).__mro__):
         if "CHECKS" in vars(cls):
             check_config(config, **vars(cls)["CHECKS"])
+    name = type(config).__name__
+    if getattr(config, "dtype", None) is not None:  # float16 trained on NaN
+        try:
+            ok = jnp.dtype(config.dtype).name in ("float32", "float64")
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{name}.dtype must be float32 or float64, got {config.dtype!r}")
+    hidden = getattr(config, "hidden", None)
+    if hidden is not None and (
+        not hidden or any(not isinstance(h, (int, np.integer)) or h < 1 for h in hidden)
+    ):
+        raise ValueError(f"{name}.hidden must be positive layer sizes, got {hidden!r}")
     return config
 
 
@@ -271,12 +285,17 @@ def assemble(
         counts; ``tau``: the Polyak factor of both targets; ``dtype``).
       leader: the family's pieces.
       hparams: the family's HParams class (``actor_steps``, ``critic_steps``, ``beta``).
-      actor_opt, critic_opt: optax transformations of the leader and the critic.
+      actor_opt, critic_opt: optax transformations of the leader and the critic; ``actor_opt``
+        may also be a function ``actor_opt(actor_steps)`` -> the leader's transformation for
+        the traced ``hp.actor_steps`` (e.g. a learning-rate schedule over the run's updates;
+        its state's structure must not depend on the count).
       steps: the family's named pure steps (for inspection and tests).
     Returns:
       the :class:`~bchg_jax.core.loop.Trainer`.
     """
     dtype, max_steps, tau = jnp.dtype(config.dtype), config.max_steps, config.tau
+    # a plain optax transformation is a NamedTuple (not callable)
+    leader_opt = actor_opt if callable(actor_opt) else (lambda _: actor_opt)
 
     def init(key, hp):
         hp = hp.cast(dtype)
@@ -284,7 +303,7 @@ def assemble(
         actor, critic = leader.init_actor(ka), leader.init_critic(kc)
         buffer, replay = leader.buffers()
         warm = leader.warm(leader.follower(actor, hp.beta, None))
-        a_state, c_state = actor_opt.init(actor), critic_opt.init(critic.params)
+        a_state, c_state = leader_opt(hp.actor_steps).init(actor), critic_opt.init(critic.params)
         step = jnp.zeros((), jnp.int32)
         return LeaderState(
             actor, actor, critic, critic.params, a_state, c_state, warm, buffer, replay, kr, step
@@ -304,8 +323,9 @@ def assemble(
         """``num_steps`` actor steps -> (actor, Adam state, last gradient norm)."""
         objective, draw, active = leader.actor(state, critic, resp, beta)
         params, opt_state = state.actor, state.actor_opt
+        opt = leader_opt(num_steps)
         return actor_steps(
-            actor_opt, objective, draw, key, params, opt_state, num_steps, max_steps, active
+            opt, objective, draw, key, params, opt_state, num_steps, max_steps, active
         )
 
     def step(state: LeaderState, hp):

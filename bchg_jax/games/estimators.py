@@ -28,6 +28,14 @@ one-hot states) and episodes (s_t, a_t, b_t), with discounts gL, gF:
   has zero mean against the Benefit);
 * guiding term: ``(1/beta) sum_t gL^t Ben(s_t, a_t, b_t) dQF_t``; ``guide="none"`` is Naive-PGD.
 
+FollowerQGrad is the derivative of Q_F under Theorem 2's Bellman equation (the follower's
+``backup="paper"``): with exact critics the estimate is unbiased for
+``exact_hypergradient(..., backup="paper")``. Under the ``"reference"`` backup (the reference
+implementation's follower, the trainers' default) the derivative of Q_F is the influence of
+``sum_b h(b|s) Q_F(s, a, b)`` along (f, h), ``h = softmax_b(sum_a f Q_F / beta)``, so the
+estimate is biased for that backup's hypergradient (2.5% on the toy game at p = 0.45, 76% on a
+random 5-state game; ``tests/games/test_backup_expectation.py``, ``docs/followers.md``).
+
 As for configurable MDPs the sums are swapped into per-step weights of ``grad log f(a_k|s_k)``
 (the guiding weights are a forward discounted sum), scattered into an [S, A] cotangent and
 pulled back through ``log policy_fn`` with one VJP. Averaged over episodes.

@@ -200,6 +200,10 @@ def test_other_experiments_smoke_and_resume_skip(module, extra, metrics, tmp_pat
     capsys.readouterr()
     mod.main(["--resume", run])  # complete: every method is skipped
     assert capsys.readouterr().out.count("; skipped") == 2
+    if module == "lqr_game":  # the explore preset's cosine rate spans the run: not extensible
+        with pytest.raises(SystemExit) as e:
+            mod.main(["--resume", run, "--iterations", "1000"])
+        assert e.value.code == 2 and "would restart the decay" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Tuple
 
+import jax.numpy as jnp
 import optax
 
 from bchg_jax.games.actor_critic import LeaderConfig, validate_checks
@@ -24,8 +25,10 @@ class ActorConfig:
 
     Attributes:
       lr: Adam learning rate of theta.
-      lr_schedule: ``"constant"`` or ``"cosine"`` (cosine decay from ``lr`` to 0 over
-        ``iterations`` actor steps: the whole run when ``actor_steps`` = 1).
+      lr_schedule: ``"constant"`` or ``"cosine"`` (cosine decay from ``lr`` to 0 over the
+        run's actor updates: ``actor_steps`` per iteration after the critic-only warm-up,
+        :func:`~bchg_jax.games.lqr.train.actor_updates`; the last update's rate is
+        ~ lr (pi / 2 n)^2 for n updates, none is 0).
       clip: global-norm clip of the actor gradient before Adam (0: none).
       theta0_std: std of the N(0, theta0_std^2) initial theta.
     """
@@ -42,14 +45,25 @@ class ActorConfig:
     )
     validate = validate_checks
 
-    def optimizer(self, iterations: int):
-        """The leader's optax transformation: the clip (if any), then Adam at ``lr`` (decayed
-        to 0 over ``iterations`` steps for ``"cosine"``)."""
-        lr = self.lr
-        if self.lr_schedule == "cosine":
-            lr = optax.cosine_decay_schedule(self.lr, iterations)
+    def learning_rate(self, updates):
+        """``lr``, or for ``"cosine"`` the schedule ``count -> lr (1 + cos(pi min(count, n) / n))
+        / 2`` over ``updates`` = n optimizer steps (an int or a traced int scalar: the run's
+        actor updates depend on the traced ``actor_steps``)."""
+        if self.lr_schedule == "constant":
+            return self.lr
+
+        def schedule(count):
+            n = jnp.maximum(jnp.asarray(updates), 1)
+            return self.lr * 0.5 * (1.0 + jnp.cos(jnp.pi * jnp.minimum(count, n) / n))
+
+        return schedule
+
+    def optimizer(self, updates):
+        """The leader's optax transformation: the clip (if any), then Adam at
+        :meth:`learning_rate` (``updates``: the run's optimizer steps, which a ``"cosine"``
+        schedule spans)."""
         clip = [optax.clip_by_global_norm(self.clip)] if self.clip > 0 else []
-        return optax.chain(*clip, optax.adam(lr))
+        return optax.chain(*clip, optax.adam(self.learning_rate(updates)))
 
 
 @dataclasses.dataclass(frozen=True)

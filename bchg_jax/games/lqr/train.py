@@ -96,6 +96,23 @@ GUIDED = ("bchg", "bchg_det")  # the methods with Theorem 2's / 3's guiding term
 HParams = game_hparams("LQR game", __name__, actor_steps=1, critic_steps=5, beta=0.1)
 
 
+def warmup_iterations(config: TrainConfig, horizon: int) -> int:
+    """Outer iterations of the critic-only warm-up: ``exploration.warmup_steps`` environment
+    steps over the ``(episodes + exploration.episodes) * horizon`` collected per iteration,
+    rounded up (the leader takes no actor step in them)."""
+    per_iteration = (config.episodes + config.exploration.episodes) * int(horizon)
+    return -(-config.exploration.warmup_steps // per_iteration)
+
+
+def actor_updates(config: TrainConfig, horizon: int, actor_steps):
+    """The leader's optimizer steps in a run of ``config.iterations``: ``actor_steps`` (cut
+    at ``max_steps``; may be traced) in every iteration after the warm-up (at least 1). A
+    ``"cosine"`` learning rate decays over them (:meth:`ActorConfig.learning_rate`); an update
+    the follower cannot answer is undone with its optimizer step, so such a run takes fewer."""
+    after = max(config.iterations - warmup_iterations(config, horizon), 1)
+    return after * jnp.minimum(jnp.asarray(actor_steps, jnp.int32), config.max_steps)
+
+
 def input_scale(buf: EpisodeBuffer, floor: float = 1e-3):
     """(mean, std) [n+k+m] of the (s, a, b) transitions stored in ``buf`` (its filled slots).
 
@@ -170,7 +187,7 @@ def make_train(
     n, k, m, gL = game.state_dim, game.leader_dim, game.follower_dim, game.gamma_L
     T, E, Ex, M = int(game.horizon), config.episodes, ex.episodes, config.minibatch
     N = E if config.buffer == "on" else E * config.iterations
-    warmup_iters = -(-ex.warmup_steps // ((E + Ex) * T))
+    warmup_iters = warmup_iterations(config, T)
     explore_game = dataclasses.replace(game, U=ex.std * np.eye(k))
     net = MLP(tuple(cc.hidden), 1, cc.init == "torch", dtype)
 
@@ -263,7 +280,9 @@ def make_train(
         metrics=metrics,
         accepted=lambda resp: resp.converged,
     )
-    a_opt, c_opt = ax.optimizer(config.iterations), optax.adam(cc.lr)
+    # the leader's Adam, its schedule (if any) over the run's actor updates (a traced count)
+    a_opt = lambda actor_steps: ax.optimizer(actor_updates(config, T, actor_steps))  # noqa: E731
+    c_opt = optax.adam(cc.lr)
     steps = dict(Q=Q, follower=follower, estimator=est, actor_objective=actor_objective)
     steps["actor_grad"] = jax.grad(actor_objective)
     return assemble(game, method, config, leader, HParams, a_opt, c_opt, steps)

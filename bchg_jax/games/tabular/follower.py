@@ -7,7 +7,9 @@
 The next-state value V(s') has two forms (``backup``):
 * ``"paper"``:     V(s') = sum_a' f(a'|s') beta logsumexp_b' Q(s', a', b') / beta   (Theorem 2)
 * ``"reference"``: V(s') = beta logsumexp_b' (sum_a' f(a'|s') Q(s', a', b')) / beta  (the
-  authors' code; reproduces the paper's figure; this package's default).
+  authors' code; reproduces the paper's figure; this package's default). Theorem 2's estimator
+  differentiates the paper form, so under this one it is biased for the exact hypergradient
+  (:func:`bchg_jax.games.tabular.exact.exact_hypergradient`).
 Warm-startable from a previous Q; sweeps until max |dQ| <= ``tol`` (at most ``max_sweeps``).
 """
 

@@ -16,7 +16,9 @@ One outer iteration (the reference implementation's settings, ``docs/experiments
   3. ``actor_steps`` actor updates on minibatches drawn with probability ~ gamma_L^t: the direct
      term ``log f(a|s) (Q_L(s,a,b) - baseline)`` and, for ``bchg``, Theorem 2's guiding term
      ``(1/beta) Ben(s,a,b) I`` with the influence ``I = sum_{k>=0} gamma_F^k log f(a_{t+k}|s_{t+k})
-     (V_F(s_{t+k}, a_{t+k}) - sum_a' f(a'|s_{t+k}) V_F(s_{t+k}, a'))`` over the rest of the episode;
+     (V_F(s_{t+k}, a_{t+k}) - sum_a' f(a'|s_{t+k}) V_F(s_{t+k}, a'))`` over the rest of the episode
+     (the derivative of Q_F under the ``paper`` backup: under the default ``reference`` backup
+     the estimate is biased for that backup's exact hypergradient, ``docs/followers.md``);
   4. soft update of the target networks (tau); 5. the follower re-solves (soft Q-iteration,
      warm-started).
 States and actions are discrete, so the actor and the critic are evaluated as tables
@@ -46,7 +48,7 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from bchg_jax.core.buffers import buffer_init, sample_discounted, sample_uniform
+from bchg_jax.core.buffers import buffer_init, index_dtype, sample_discounted, sample_uniform
 from bchg_jax.core.follower_model import FollowerSettings
 from bchg_jax.core.loop import Trainer, check_setup
 from bchg_jax.core.networks import MLP
@@ -78,6 +80,10 @@ Array = jax.Array
 # bchg: BC-HG (Theorem 2); naive: Naive-PGD (direct term only); biac: the paper's Bi-AC variant
 # (Stackelberg-operator critic target, direct-term actor)
 METHODS = ("bchg", "naive", "biac")
+# the direct term's baseline: "reference" sum_a' f(a'|s) Q(s, a', b) with the sampled b (the
+# reference implementation's; biased, b depends on a), "state" the critic's V_L(s) =
+# sum_{a', b'} f(a'|s) g(b'|s, a') Q(s, a', b') (unbiased), "none"
+DIRECT_BASELINES = ("reference", "state", "none")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,15 +102,26 @@ class TrainConfig(FollowerSettings, LeaderConfig):
       critic_lr: Adam learning rate of the critic.
       critic_target: ``"reference"`` (modes of the target actor and of g) or ``"paper"``
         (sampled next actions).
-      direct_baseline: ``"reference"`` (sum_a' f(a'|s) Q(s, a', b)) or ``"none"``.
-      backup: the follower's soft-Q backup (:mod:`bchg_jax.games.tabular.follower`).
+      direct_baseline: the direct term's baseline (:data:`DIRECT_BASELINES`):
+        ``"reference"`` (sum_a' f(a'|s) Q(s, a', b), the reference implementation's) uses the
+        sampled b ~ g(.|s, a), which depends on a, so it is biased: in exact expectation the
+        bias is 8% of the direct term's norm on the toy game (R = 2, beta 0.05; 0.8% of the
+        exact hypergradient's norm at p = 0.45, 3.5 times it at p = 0.51, where the gradient is
+        small; it pushes p down) and 50% of the exact hypergradient's norm on
+        ``problems.random_tabular_game`` (beta 0.5); ``"state"`` (the critic's
+        V_L(s) = sum_{a', b'} f(a'|s) g(b'|s, a') Q(s, a', b'), unbiased) or ``"none"``.
+      backup: the follower's soft-Q backup (:mod:`bchg_jax.games.tabular.follower`);
+        Theorem 2's estimator is unbiased (exact critics) for the ``"paper"`` backup's
+        hypergradient only: under ``"reference"`` (the reference implementation's, the
+        default) its expectation differs from ``exact_hypergradient(..., "reference")`` (2.5%
+        on the toy game at p = 0.45; 76% on a random 5-state game).
       follower_max_sweeps: the soft Q-iteration's sweep cap.
       follower: the simulated follower
         (:class:`~bchg_jax.core.follower_model.FollowerModel`; default: the best response, the
         paper's setting; the others: :mod:`bchg_jax.games.tabular.follower_models`).
       track_reference: add per-iteration metrics comparing the leader's hypergradient estimate
-        with the exact references (``cos_target``, ``proj_target``, ``cos_through``,
-        ``proj_through``; :func:`make_train`).
+        with the exact references of the config's ``backup`` (``cos_target``,
+        ``proj_target``, ``cos_through``, ``proj_through``; :func:`make_train`).
     """
 
     episodes: int = 3
@@ -116,7 +133,7 @@ class TrainConfig(FollowerSettings, LeaderConfig):
     actor_lr: float = 1e-4
     critic_lr: float = 1e-3
     critic_target: str = "reference"  # "reference" (modes) or "paper" (sampled next actions)
-    direct_baseline: str = "reference"  # "reference": sum_a' f(a'|s) Q(s,a',b); "none"
+    direct_baseline: str = "reference"  # DIRECT_BASELINES: "reference" (biased), "state", "none"
     backup: str = "reference"  # the follower's soft-Q backup (games/tabular/follower.py)
     follower_max_sweeps: int = 1000
 
@@ -127,7 +144,7 @@ class TrainConfig(FollowerSettings, LeaderConfig):
             "actor": ("mlp", "tabular"),
             "init": ("torch", "flax"),
             "critic_target": ("reference", "paper"),
-            "direct_baseline": ("reference", "none"),
+            "direct_baseline": DIRECT_BASELINES,
             "backup": BACKUPS,
         },
     )
@@ -171,16 +188,22 @@ def surrogate(logf, Q, g, V_F, beta, e, t, buf, gamma_F, direct_baseline: str, g
     (through ``logf`` = log f [S, A]) is the hypergradient estimate.
 
     ``Q`` [S, A, B] is the critic's table, ``g`` [S, A, B] and ``V_F`` [S, A] the follower's
-    policy and soft value; ``direct_baseline`` ``"reference"`` subtracts
-    ``sum_a' f(a'|s) Q(s, a', b)`` in the direct term; the influence uses the baseline
-    ``sum_a' f(a'|s_k) V_F(s_k, a')``; ``guide`` ``"none"``: the direct term alone.
+    policy and soft value; ``direct_baseline`` (:data:`DIRECT_BASELINES`) ``"reference"``
+    subtracts ``sum_a' f(a'|s) Q(s, a', b)`` in the direct term (biased: the sampled b depends
+    on a), ``"state"`` ``sum_{a', b'} f(a'|s) g(b'|s, a') Q(s, a', b')`` (unbiased), ``"none"``
+    nothing; the influence uses the baseline ``sum_a' f(a'|s_k) V_F(s_k, a')``; ``guide``
+    ``"none"``: the direct term alone.
     """
     T = buf.a.shape[1]
     bs, ba, bb = (x.astype(jnp.int32) for x in (buf.s, buf.a, buf.b))
     fs = jax.lax.stop_gradient(jnp.exp(logf))
     s, a, b = bs[e, t], ba[e, t], bb[e, t]
     q = Q[s, a, b]
-    base = jnp.sum(fs[s] * Q[s, :, b], -1) if direct_baseline == "reference" else 0.0
+    base = 0.0
+    if direct_baseline == "reference":  # the sampled b depends on a: biased
+        base = jnp.sum(fs[s] * Q[s, :, b], -1)
+    elif direct_baseline == "state":  # the critic's V_L(s) = sum_{a', b'} f g Q: unbiased
+        base = jnp.sum(fs[s][..., None] * g[s] * Q[s], (-2, -1))
     ben = q - jnp.sum(g[s, a] * Q[s, a], -1)
     adv_F = V_F - jnp.sum(fs * V_F, -1, keepdims=True)  # [S, A]
     se, ae = bs[e, :T], ba[e, :T]  # [M, T]
@@ -233,23 +256,33 @@ def make_train(
       ``metrics_fn``). A follower that is not the best response adds ``follower_gap``
       (max |g - g^dagger(f)|). ``config.track_reference`` adds, from each iteration's start,
       the cosine ``cos_<ref>`` and the projection ``proj_<ref>`` = <est, ref> / |ref|^2 of the
-      estimate ``est`` (the gradient of the method's own actor objective at the starting actor
-      with the iteration's updated critic, on one minibatch of :data:`TRACK_MINIBATCH`
-      segment starts ~ gamma_L^t drawn from a key of its own: the same for every method)
+      estimate ``est`` (Z = sum_{t<T} gamma_L^t times the gradient of the method's own actor
+      objective at the starting actor with the iteration's updated critic, on one minibatch of
+      :data:`TRACK_MINIBATCH` segment starts ~ gamma_L^t / Z drawn from a key of its own: the
+      same for every method; so ``proj`` is 1 for an unbiased estimate)
       against ``target`` (:func:`~bchg_jax.games.tabular.exact.as_if_optimal_hypergradient`
       at the follower's current g) and ``through`` (the derivative through the follower's
       actual reaction: :func:`~bchg_jax.games.tabular.exact.exact_hypergradient` for the best
       response, :func:`~bchg_jax.games.tabular.exact.k_step_hypergradient` from its current
       Q, :func:`~bchg_jax.games.tabular.exact.lag_hypergradient` from its current g; NaN for
       ``q_learning``, whose update is sample-based). The references are exact (the known
-      model) in the config's dtype, at the follower's warm-started solution.
+      model) in the config's dtype and ``backup``, at the follower's warm-started solution;
+      under the ``reference`` backup Theorem 2's estimator is not unbiased for them (nor is
+      the ``reference`` direct baseline under either backup), so ``proj`` then also measures
+      that bias.
     Raises:
-      ValueError: an unknown method or a failed ``validate()`` of the game or the config.
+      ValueError: an unknown method, a game without ``time_limit``, or a failed ``validate()``
+        of the game or the config.
     """
     check_setup(game, method, config, METHODS)
+    if game.time_limit is None:  # the episodes' length and the exact J's horizon
+        raise ValueError(
+            "make_train needs game.time_limit: the trainer's episodes have that many steps "
+            "(e.g. dataclasses.replace(game, time_limit=150))"
+        )
     dtype, model = jnp.dtype(config.dtype), config.follower
     S, A, B = game.num_states, game.num_leader_actions, game.num_follower_actions
-    T, E, M, gL = int(game.time_limit or 150), config.episodes, config.minibatch, game.gamma_L
+    T, E, M, gL = int(game.time_limit), config.episodes, config.minibatch, game.gamma_L
     N = E if config.buffer == "on" else E * config.iterations
     P, rL = jnp.asarray(game.transition, dtype), jnp.asarray(game.leader_reward, dtype)
     eyeS, eyeB = jnp.eye(S, dtype=dtype), jnp.eye(B, dtype=dtype)
@@ -347,17 +380,26 @@ def make_train(
             return lag_hypergradient(*args, g, beta, model.mix, config.backup, resp.best)
         return None
 
+    # Z = sum_{t<T} gamma_L^t: the actor's minibatch mean over segment starts drawn with
+    # probability gamma_L^t / Z estimates the gradient over Z (Theorem 2's sum over t)
+    Z = jnp.sum(gL ** jnp.arange(T, dtype=dtype))
+
+    def reference_metrics(key, actor, Q, resp, beta, buf):
+        """``track_reference``'s metrics of the leader ``actor`` with the critic's table ``Q``
+        [S, A, B] and the follower's ``resp`` on the episodes of ``buf`` (:func:`make_train`):
+        the estimate is Z times the gradient of the actor objective on one minibatch, so that
+        its mean is the gradient the surrogate targets and ``proj`` is 1 for an unbiased one."""
+        e, t = sample_discounted(key, buf, TRACK_MINIBATCH, gL)
+        grad = jax.grad(actor_objective)(actor, Q, resp.policy, resp.V, beta, e, t, buf)
+        est = jax.tree.map(lambda x: Z * x, grad)
+        target = as_if_optimal_hypergradient(policy, actor, game, resp.policy, beta, config.backup)
+        through = through_reference(actor, resp, beta)
+        return {**alignment("target", est, target), **alignment("through", est, through)}
+
     def diagnostics(key, state, critic, resp, beta):
         """``track_reference``: the estimate against the exact references (:func:`make_train`)."""
-        buf = state.buffer
-        e, t = sample_discounted(key, buf, TRACK_MINIBATCH, gL)
         Q = jax.lax.stop_gradient(q_table(critic.params))
-        est = jax.grad(actor_objective)(state.actor, Q, resp.policy, resp.V, beta, e, t, buf)
-        target = as_if_optimal_hypergradient(
-            policy, state.actor, game, resp.policy, beta, config.backup
-        )
-        through = through_reference(state.actor, resp, beta)
-        return {**alignment("target", est, target), **alignment("through", est, through)}
+        return reference_metrics(key, state.actor, Q, resp, beta, state.buffer)
 
     def follower_model():
         """(follower, warm, respond, learn) pieces of ``config.follower``."""
@@ -383,7 +425,7 @@ def make_train(
     leader = Leader(
         init_actor=init_actor,
         init_critic=lambda key: Critic(net.init(key, jnp.zeros((1, S + B), dtype))),
-        buffers=lambda: (buffer_init(N, T), None),
+        buffers=lambda: (buffer_init(N, T, index_dtype(S, A, B)), None),
         follower=follow,
         warm=warm,
         respond=respond,
@@ -397,5 +439,6 @@ def make_train(
     a_opt, c_opt = optax.adam(config.actor_lr), optax.adam(config.critic_lr)
     steps = dict(log_policy=log_policy, policy=policy, q_table=q_table, follower=follow)
     steps.update(collect=collect, actor_objective=actor_objective, diagnostics=diagnostics)
+    steps["reference_metrics"] = reference_metrics
     steps["actor_grad"] = jax.grad(actor_objective)
     return assemble(game, method, config, leader, HParams, a_opt, c_opt, steps)
