@@ -109,9 +109,12 @@ class ExperimentParser(argparse.ArgumentParser):
     :data:`SMOKE_SEEDS` seeds and ``smoke_iterations`` iterations, chunks of ``smoke_chunk``
     (a CLI shrinks its own flags after that)."""
 
-    def __init__(self, *args, smoke_iterations: int, smoke_chunk: int, **kwargs):
+    def __init__(
+        self, *args, smoke_iterations: int, smoke_chunk: int, grid_flags: str = "", **kwargs
+    ):
         super().__init__(*args, **kwargs)
         self.smoke_iterations, self.smoke_chunk = smoke_iterations, smoke_chunk
+        self.grid_flags = re.findall(r"--[\w-]+", grid_flags)  # what --grid paper replaces
 
     def parse_args(self, args=None, namespace=None):
         args = sys.argv[1:] if args is None else list(args)
@@ -122,6 +125,9 @@ class ExperimentParser(argparse.ArgumentParser):
         a._explicit = frozenset(explicit)
         if getattr(a, "config", None):
             apply_config_file(self, a)
+        given = [f for f in self.grid_flags if f[2:].replace("-", "_") in a._explicit]
+        if getattr(a, "grid", None) == "paper" and given:  # they were silently ignored
+            fail(f"--grid paper sweeps its own values; drop {' and '.join(given)} or --grid paper")
         if a.smoke and "smoke" in a._explicit:  # (a --config file holds reduced values)
             a.seeds, a.iterations = (
                 min(a.seeds, SMOKE_SEEDS),
@@ -155,6 +161,7 @@ def base_parser(
     ``parser.add_argument_group(...)``) and calls ``parse_args``.
     """
     p = ExperimentParser(
+        grid_flags=grid_flags,
         prog=f"python -m experiments.{experiment}",
         description=description,
         formatter_class=HelpFormatter,
@@ -317,6 +324,14 @@ def follower_model(a):
     error names the flag."""
     from bchg_jax.core.follower_model import FollowerModel
 
+    # a model's own flag given for another model was silently ignored
+    owner = {"steps": "k_step", "mix": "lag", "lr": "q_learning", "explore": "q_learning"}
+    for k, kind in owner.items():
+        if f"follower_{k}" in getattr(a, "_explicit", ()) and a.follower != kind:
+            raise ValueError(
+                f"--follower-{k} is a setting of --follower {kind}, and this run has "
+                f"--follower {a.follower}: add --follower {kind} or drop --follower-{k}"
+            )
     defaults = FollowerModel()
     model = FollowerModel(
         a.follower,

@@ -573,13 +573,15 @@ def export_best(run_dir: str, dest: str) -> None:
     The copy is itself a run folder (plots and tables work on it), a few hundred KB per method
     instead of the full grid's megabytes.
     """
-    import shutil
+    from bchg_jax.core.io import atomic_write_bytes, save_npz
 
-    from bchg_jax.core.io import save_npz
+    def _copy_atomic(src: str, dst: str) -> None:
+        with open(src, "rb") as f:
+            atomic_write_bytes(dst, f.read())
 
     os.makedirs(dest, exist_ok=True)
     if os.path.exists(os.path.join(run_dir, "config.json")):
-        shutil.copyfile(os.path.join(run_dir, "config.json"), os.path.join(dest, "config.json"))
+        _copy_atomic(os.path.join(run_dir, "config.json"), os.path.join(dest, "config.json"))
     for method in METHOD_ORDER:
         src = os.path.join(run_dir, method)
         if not os.path.exists(os.path.join(src, "metrics.npz")):
@@ -600,7 +602,7 @@ def export_best(run_dir: str, dest: str) -> None:
         save_npz(os.path.join(dest, method, "metrics.npz"), keep)
         for name in ("summary.csv", "curve.png"):
             if os.path.exists(os.path.join(src, name)):
-                shutil.copyfile(os.path.join(src, name), os.path.join(dest, method, name))
+                _copy_atomic(os.path.join(src, name), os.path.join(dest, method, name))
 
 
 def main(argv=None):

@@ -88,6 +88,18 @@ def test_non_stochastic_transition_rows():
         _cmdp(transition=lambda th: jnp.full((S, B, S), 0.3)).validate()
     with pytest.raises(ValueError, match="probab"):
         _cmdp(init_dist=lambda th: jnp.array([0.5, 0.6, -0.1])).validate()
+    # a row summing to 1 with a negative entry is named (it was reported as "first bad: []")
+    neg = np.full((S, B, S), 1.0 / S)
+    neg[1, 0] = [1.2, -0.2] + [0.0] * (S - 2)
+    with pytest.raises(ValueError, match=r"entries >= 0.*first bad \(s, b\): \[\[1, 0\]\]"):
+        _cmdp(transition=lambda th: jnp.asarray(neg, th.dtype)).validate()
+    # non-finite input is called that, not a bad probability row
+    with pytest.raises(ValueError, match=r"transition\(theta\) has non-finite entries"):
+        _cmdp(transition=lambda th: jnp.full((S, B, S), jnp.nan)).validate()
+    with pytest.raises(ValueError, match=r"leader_regularizer\(theta\) has non-finite"):
+        _cmdp(leader_regularizer=lambda th: jnp.asarray(jnp.nan)).validate()
+    with pytest.raises(ValueError, match="theta must be finite"):
+        _cmdp().validate(jnp.full_like(_cmdp().theta0, jnp.nan))
     game = TabularGame(
         transition=np.full((S, 2, B, S), 0.3),
         init_dist=np.full(S, 1.0 / S),
@@ -677,6 +689,12 @@ def test_traced_values_are_not_checked():
         ("thermal", ["--init-std", "inf"], "must be finite, got inf"),
         # --faithful fixes the critic and the follower gradient; asking for others is a clash
         ("thermal", ["--faithful", "--critic", "quadratic"], "drop --critic quadratic"),
+        # flags that were silently ignored: another follower model's setting, a grid flag
+        # under --grid paper
+        ("fourrooms", ["--follower-steps", "5"], "add --follower k_step or drop --follower-steps"),
+        ("toy_game", ["--follower", "lag", "--follower-lr", "0.5"], "drop --follower-lr"),
+        ("fourrooms", ["--grid", "paper", "--lr", "0.3"], "drop --lr or --grid paper"),
+        ("lqr_game", ["--grid", "paper", "--actor-steps", "2"], "drop --actor-steps or --grid"),
     ],
 )
 def test_cli_errors_name_the_flag_and_value(module, argv, shown, tmp_path, capsys):

@@ -131,6 +131,8 @@ class TabularCMDP:
             raise ValueError(
                 f"{self.name}: theta must be a floating array, got dtype {theta.dtype}"
             )
+        if not np.all(np.isfinite(np.asarray(theta))):
+            raise ValueError(f"{self.name}: theta must be finite, got {np.asarray(theta)}")
         try:
             raw = {
                 "transition": self.transition(theta),
@@ -181,29 +183,32 @@ class TabularCMDP:
                     f"{self.name}: {label}(theta) must have shape {shape} (S={S}, "
                     f"B={B} from transition(theta)), got {table.shape}"
                 )
-        for label, table in (("transition", p), ("sample_transition", ps)):
-            if np.any(table < -atol) or not np.allclose(table.sum(-1), 1.0, atol=atol):
-                bad = np.argwhere(~np.isclose(table.sum(-1), 1.0, atol=atol))
-                raise ValueError(
-                    f"{self.name}: {label}(theta) rows must be probabilities summing to 1; "
-                    f"first bad (s, b): {bad[:1].tolist()}"
-                )
-        if np.any(rho < -atol) or not np.isclose(rho.sum(), 1.0, atol=atol):
-            raise ValueError(
-                f"{self.name}: init_dist(theta) must be a probability vector summing to 1"
-            )
         if reg.shape != ():
             raise ValueError(
                 f"{self.name}: leader_regularizer(theta) must be a scalar, got shape {reg.shape}"
             )
+        # finite first: a NaN entry would otherwise be reported as a bad probability row
         for label, table in (
             ("init_dist", rho),
             ("follower_reward", rf),
             ("leader_reward", rl),
             ("transition", p),
+            ("sample_transition", ps),
+            ("leader_regularizer", reg),
         ):
             if not np.all(np.isfinite(table)):
                 raise ValueError(f"{self.name}: {label}(theta) has non-finite entries")
+        for label, table in (("transition", p), ("sample_transition", ps)):
+            bad_rows = np.any(table < -atol, -1) | ~np.isclose(table.sum(-1), 1.0, atol=atol)
+            if np.any(bad_rows):
+                raise ValueError(
+                    f"{self.name}: {label}(theta) rows must be probabilities (entries >= 0) "
+                    f"summing to 1; first bad (s, b): {np.argwhere(bad_rows)[:1].tolist()}"
+                )
+        if np.any(rho < -atol) or not np.isclose(rho.sum(), 1.0, atol=atol):
+            raise ValueError(
+                f"{self.name}: init_dist(theta) must be a probability vector summing to 1"
+            )
         if self.terminal is not None and np.shape(self.terminal) != (S,):
             raise ValueError(
                 f"{self.name}: terminal must be a bool mask of shape ({S},), "
