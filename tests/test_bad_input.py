@@ -145,6 +145,9 @@ def test_empty_grids():
 
     with pytest.raises(ValueError, match="lr"):
         HParams(np.array([]), 0.5, 1e-3).validate()
+    # a 2-d value failed deep in the vmap ("more dimensions than allowed by the axis remapping")
+    with pytest.raises(ValueError, match=r"got shapes \{'lr': \(2, 2\)\}.*product_grid"):
+        HParams.from_grid({"lr": np.full((2, 2), 0.1)}, jnp.float32)
 
 
 def test_unknown_methods():

@@ -49,13 +49,20 @@ def from_grid(
     Returns:
       a validated ``cls`` whose every field is a [G] array (G = 1 when all entries are scalars).
     Raises:
-      ValueError: unknown names, grid axes of different lengths, or ``validate`` failures.
+      ValueError: unknown names, values of more than one axis, grid axes of different lengths,
+        or ``validate`` failures.
     """
     unknown = sorted(set(grid) - set(cls._fields))
     if unknown:
         raise ValueError(
             f"unknown hyperparameter(s) {unknown} for {cls.__module__}.HParams; "
             f"valid names: {list(cls._fields)}"
+        )
+    deep = {k: np.shape(v) for k, v in grid.items() if np.ndim(v) > 1}
+    if deep:  # (product_grid flattens several axes into the one grid axis)
+        raise ValueError(
+            f"grid values are scalars or 1-d [G] (one value per grid point), got shapes {deep}; "
+            "build a multi-axis grid with bchg_jax.core.sweep.product_grid"
         )
     sizes = {len(np.atleast_1d(v)) for v in grid.values() if np.ndim(v) > 0}
     if len(sizes) > 1:
