@@ -17,15 +17,33 @@ and the installed jaxlib is one of the releases that stall, whose flag list was 
 contain the option (an unknown flag in ``XLA_FLAGS`` aborts the process). Otherwise it leaves
 the environment alone; with a 0.10.x jaxlib started before the import, set the flag yourself
 (docs/performance.md).
+
+The same import also turns off XLA:CPU's fusion emitters on 0.10.x
+(``--xla_cpu_use_fusion_emitters=false``): jaxlib 0.10.2 names the LLVM function of a fused
+instruction after the instruction with '-' and '_' both mapped to '_', so a fusion holding a
+``dynamic_slice.N`` (JAX's ``dynamic_slice``) and a ``dynamic-slice.N`` (XLA's rewrite of a
+one-index gather) fails to compile ("Failed to translate module to LLVM IR"; the chain example
+in ``examples/custom_cmdp.py``, whether a program hits it depends on XLA's numbering). Without
+the emitters the same programs compile, with the same results (the golden values of
+``tests/tabular/test_follower_models.py`` to 1e-6) and speed (the main job 13.1 s either way);
+jaxlib 0.11.2 compiles the example with them.
 """
 
 from __future__ import annotations
 
 import os
 
-FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
-OPTION = "xla_cpu_enable_concurrency_optimized_scheduler"
-# jaxlib versions that stall without OPTION (and whose XLA_FLAGS parser was checked to know it)
+# (option, flag) pairs appended on the jaxlib releases that need them (module docstring)
+FLAGS = (
+    (
+        "xla_cpu_enable_concurrency_optimized_scheduler",
+        "--xla_cpu_enable_concurrency_optimized_scheduler=false",
+    ),
+    ("xla_cpu_use_fusion_emitters", "--xla_cpu_use_fusion_emitters=false"),
+)
+FLAG = " ".join(flag for _, flag in FLAGS)  # what the import appends to an empty XLA_FLAGS
+# jaxlib versions that stall / mis-compile without them (and whose XLA_FLAGS parser was checked
+# to know both options)
 CHECKED_JAXLIB_PREFIXES = ("0.10.",)
 
 
@@ -39,9 +57,11 @@ def _backends_started() -> bool:
 
 
 def configure_xla_cpu() -> bool:
-    """Appends :data:`FLAG` to ``XLA_FLAGS`` when safe (module docstring); True if it did."""
+    """Appends each flag of :data:`FLAGS` whose option ``XLA_FLAGS`` does not mention, when
+    safe (module docstring); True if it appended any."""
     flags = os.environ.get("XLA_FLAGS", "")
-    if OPTION in flags or os.environ.get("BCHG_JAX_KEEP_XLA_FLAGS"):
+    missing = [flag for option, flag in FLAGS if option not in flags]
+    if not missing or os.environ.get("BCHG_JAX_KEEP_XLA_FLAGS"):
         return False
     try:
         import jaxlib
@@ -51,5 +71,5 @@ def configure_xla_cpu() -> bool:
         return False
     if not version.startswith(CHECKED_JAXLIB_PREFIXES) or _backends_started():
         return False
-    os.environ["XLA_FLAGS"] = (flags + " " + FLAG).strip()
+    os.environ["XLA_FLAGS"] = " ".join([flags, *missing]).strip()
     return True

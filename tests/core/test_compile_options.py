@@ -35,7 +35,10 @@ def test_import_sets_the_flag_only_when_safe():
     assert (_flags_after_import({}) == compile_options.FLAG) == checked
     # a user's own value of the option wins; other flags are kept
     mine = "--xla_cpu_enable_concurrency_optimized_scheduler=true"
-    assert _flags_after_import({"XLA_FLAGS": mine}) == mine
+    emitters = "--xla_cpu_use_fusion_emitters=false"
+    assert _flags_after_import({"XLA_FLAGS": mine}) == (f"{mine} {emitters}" if checked else mine)
+    both = f"{mine} --xla_cpu_use_fusion_emitters=true"
+    assert _flags_after_import({"XLA_FLAGS": both}) == both
     kept = _flags_after_import({"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"})
     assert kept.startswith("--xla_cpu_enable_fast_math=false")
     assert (compile_options.FLAG in kept) == checked

@@ -12,6 +12,7 @@ that form is the reference backup's hypergradient (the explanation ``docs/follow
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from bchg_jax.games.tabular.exact import (
     best_response,
@@ -70,6 +71,7 @@ def _rel(x, y):
     return float(jnp.linalg.norm(x - y) / jnp.linalg.norm(y))
 
 
+@pytest.mark.slow
 def test_theorem2_estimator_targets_the_paper_backup_not_the_reference_one(x64):
     game, beta = _random_game(), 0.1
     theta = jnp.asarray(np.random.default_rng(2).normal(size=(5, 3)))
@@ -81,6 +83,7 @@ def test_theorem2_estimator_targets_the_paper_backup_not_the_reference_one(x64):
     assert _rel(expectation(game, theta, beta, "reference", corrected=True), reference) < 1e-10
 
 
+@pytest.mark.slow
 def test_toy_game_gap_under_the_reference_backup(x64):
     """The toy game (R = 2, beta 0.05, gamma 0.99) at p = 0.45: 2.5% (the same direction)."""
     game = toy_game(2.0, dtype=jnp.float64)

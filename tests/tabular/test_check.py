@@ -65,6 +65,7 @@ def test_check_problem_rejects_bad_arguments():
         tabular.check_problem(prob, [prob.theta0], 0.5, batches=1)
 
 
+@pytest.mark.slow
 def test_check_problem_reports_episodes_cut_by_the_time_limit(x64):
     """No terminal state, ``time_limit = num_steps = 10``, gamma_L 0.9: every first episode is cut
     by the time limit, which the exact hypergradient does not have: the report says so

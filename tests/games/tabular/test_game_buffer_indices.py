@@ -37,6 +37,7 @@ def _ring_game(S=200):
     return TabularGame(*(jnp.asarray(x, jnp.float32) for x in arrays), 0.9, 0.9, 150).validate()
 
 
+@pytest.mark.slow
 def test_a_200_state_game_stores_its_episodes_exactly():
     game = _ring_game()
     tr = tgame.make_train(game, "bchg", tgame.TrainConfig(actor="tabular", iterations=2))
