@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.rounding import keep_sweeping, progress_init, progress_update, stall_window
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_discount,
@@ -86,7 +87,8 @@ def policy_evaluation_sweeps(
     max_sweeps: int = 2000,
     return_residual: bool = False,
 ):
-    """Iterative policy evaluation from a warm start ``V0`` until sup-norm change <= ``tol``.
+    """Iterative policy evaluation from a warm start ``V0`` until sup-norm change <= ``tol``
+    (or stalled at the float rounding floor: :mod:`bchg_jax.core.rounding`).
 
     Args:
       P: [S, B, S] transition p(s'|s, b).
@@ -97,8 +99,9 @@ def policy_evaluation_sweeps(
       V0: [S] warm start.
       tol: stopping tolerance on max_s |V_{k+1}(s) - V_k(s)|.
       max_sweeps: at most this many Bellman expectation sweeps.
-      return_residual: also return the sup-norm change of the last sweep (above ``tol``: the
-        cap was hit before the tolerance was met).
+      return_residual: also return the sup-norm change of the last sweep (converged:
+        :func:`~bchg_jax.core.rounding.within_tolerance` of it, V and ``tol``; otherwise the
+        cap was hit first).
     Returns:
       [S] V^g(s) (approximate), or (V, residual []) with ``return_residual``.
     """
@@ -106,14 +109,19 @@ def policy_evaluation_sweeps(
     def sweep(V):
         return jnp.sum(policy * soft_q(P, r, V, gamma, cont), axis=-1)
 
+    window = stall_window(gamma)
+
     def cond(c):
-        return (c[1] > tol) & (c[2] < max_sweeps)
+        V, res, k, progress = c
+        return keep_sweeping(res, V, tol, progress, window) & (k < max_sweeps)
 
     def body(c):
         V2 = sweep(c[0])
-        return V2, jnp.max(jnp.abs(V2 - c[0])), c[2] + 1
+        res = jnp.max(jnp.abs(V2 - c[0]))
+        return V2, res, c[2] + 1, progress_update(c[3], res)
 
-    V, res, _ = jax.lax.while_loop(cond, body, (V0, jnp.asarray(jnp.inf, V0.dtype), 0))
+    init = (V0, jnp.asarray(jnp.inf, V0.dtype), 0, progress_init((), V0.dtype))
+    V, res, _, _ = jax.lax.while_loop(cond, body, init)
     return (V, res) if return_residual else V
 
 

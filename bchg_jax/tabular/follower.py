@@ -5,7 +5,8 @@
     g(b | s)  = exp((Q_F(s, b) - V_F(s)) / beta)   (rows normalised, :func:`boltzmann`)
 
 Pure and jit-able; warm-startable from a previous ``V``; either a fixed number of sweeps
-(``tol=None``) or sweeps until the sup-norm change is ``<= tol`` (at most ``max_sweeps``).
+(``tol=None``) or sweeps until the sup-norm change is ``<= tol`` (at most ``max_sweeps``), or
+until it has stalled at the float rounding floor (:mod:`bchg_jax.core.rounding`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.rounding import keep_sweeping, progress_init, progress_update, stall_window
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_discount,
@@ -173,7 +175,10 @@ def soft_value_iteration(
     line 4). Not implicitly differentiated: use :func:`~bchg_jax.tabular.exact.best_response`
     for derivatives in theta.
     ``tol=None``: exactly ``num_sweeps`` sweeps (the reference's fixed schedule).
-    ``tol=float``: sweeps until ``max |V_{k+1} - V_k| <= tol`` or ``max_sweeps``.
+    ``tol=float``: sweeps until ``max |V_{k+1} - V_k| <= tol`` or ``max_sweeps``, or until the
+    change has stalled at the rounding floor ``8 eps max |V|`` (:mod:`bchg_jax.core.rounding`:
+    a float32 solve with ``|V|`` above ~8 may never get within 1e-6; converged means
+    ``within_tolerance(residual, V, tol)``).
     ``V0``: warm start (default zeros).
 
     Args:
@@ -210,19 +215,20 @@ def soft_value_iteration(
         V, res = jax.lax.fori_loop(0, num_sweeps, body, (V0, jnp.asarray(jnp.inf, r.dtype)))
         n = jnp.asarray(num_sweeps)
     else:
+        window = stall_window(gamma)
 
         def cond(carry):
-            _, res, k = carry
-            return (res > tol) & (k < max_sweeps)
+            V, res, k, progress = carry
+            return keep_sweeping(res, V, tol, progress, window) & (k < max_sweeps)
 
         def body(carry):
-            V, _, k = carry
+            V, _, k, progress = carry
             V2 = sweep(V)
-            return V2, jnp.max(jnp.abs(V2 - V)), k + 1
+            res = jnp.max(jnp.abs(V2 - V))
+            return V2, res, k + 1, progress_update(progress, res)
 
-        V, res, n = jax.lax.while_loop(
-            cond, body, (V0, jnp.asarray(jnp.inf, r.dtype), jnp.asarray(0))
-        )
+        init = (V0, jnp.asarray(jnp.inf, r.dtype), jnp.asarray(0), progress_init((), r.dtype))
+        V, res, n, _ = jax.lax.while_loop(cond, body, init)
     Q = soft_q(P, r, V, gamma, cont)
     V = soft_v(Q, beta)
     return BestResponse(policy=boltzmann(Q, V, beta), V=V, Q=Q, sweeps=n, residual=res)

@@ -39,8 +39,9 @@ the minor, contiguous one):
   3 successors, beta 0.5, gamma 0.9, |V| 45: 125 sweeps, dense 151; before, every such solve
   ran to ``max_sweeps``). A well-conditioned solve never meets the test before it converges
   (Four-Rooms, beta 1e-3 to 0.02: the same sweeps). Where ``tol`` is below the soft sweep's own
-  rounding (Four-Rooms at beta 0.1, |V| ~14: ~2 ulps), plain soft sweeps of either solver can
-  still cycle above ``tol`` from some starting points.
+  rounding (Four-Rooms at beta 0.1, |V| ~14: ~2 ulps; beta 0.3: every solve), plain soft sweeps
+  of either solver can still cycle above ``tol``; both then stop once the change has stalled at
+  the rounding floor (:mod:`bchg_jax.core.rounding`).
 * :func:`sparse_policy_evaluation`: V^g by warm-started expectation sweeps to tolerance (the
   exact J_L metric of the training loops); unbatched, the stopping test runs after every
   ``ONE_RUN_SWEEPS_PER_TEST`` sweeps (the same test, on the last sweep's change).
@@ -72,6 +73,13 @@ from jax.custom_batching import custom_vmap
 from jax.extend import core as jax_core
 
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.rounding import (
+    Progress,
+    keep_sweeping,
+    progress_init,
+    progress_update,
+    stall_window,
+)
 from bchg_jax.core.run_last import add_run_axis, compacting_while_loop, run_last
 from bchg_jax.core.validate import check_discount, check_if_concrete, check_shape, transition_sizes
 from bchg_jax.tabular.cmdp import TabularCMDP
@@ -518,7 +526,9 @@ def _soft_impl(order, tol, max_sweeps, linear_sweeps, has_run, probs, r, beta, g
         )
 
     def active(c):
-        return (c["res"] > tol) & (c["n"] < max_sweeps)
+        progress = Progress(c["best"], c["since"])
+        going = keep_sweeping(c["res"], c["V"], tol, progress, c["window"], axis=0)
+        return going & (c["n"] < max_sweeps)
 
     def body(c):
         t = tables(c)
@@ -536,19 +546,29 @@ def _soft_impl(order, tol, max_sweeps, linear_sweeps, has_run, probs, r, beta, g
             W = jax.lax.cond(jnp.any(more), lambda: improve_and_evaluate(t, Q, V2), lambda: V2)
             V2 = jnp.where(more, W, V2)
         n = c["n"] + act.astype(jnp.int32) * (1 + linear_sweeps * more.astype(jnp.int32))
+        progress = progress_update(Progress(c["best"], c["since"]), res2)
         return {
             "V": jnp.where(act, V2, c["V"]),
             "res": jnp.where(act, res2, c["res"]),
             "n": n,
             "mixed": jnp.where(act, mixed, c["mixed"]),
+            "best": jnp.where(act, progress.best, c["best"]),
+            "since": jnp.where(act, progress.since, c["since"]),
+            "window": c["window"],
             "const": c["const"],
         }
 
+    # the stall window (core.rounding) in soft sweeps, from each lane's discount max_s gamma cont
+    gc = lanes["gc"] if "gc" in lanes else shared["gc"]
+    start = progress_init((R,), dtype)
     carry = {
         "V": V0,
         "res": jnp.full((R,), jnp.inf, dtype),
         "n": jnp.zeros((R,), jnp.int32),
         "mixed": jnp.ones((R,), bool),
+        "best": start.best,
+        "since": start.since,
+        "window": jnp.broadcast_to(stall_window(jnp.max(gc, axis=0)), (R,)),
         "const": lanes,
     }
     carry = compacting_while_loop(active, body, carry)
@@ -574,7 +594,9 @@ def _evaluation_impl(order, tol, max_sweeps, has_run, probs, r, policy, gc, V0):
     V0 = jnp.broadcast_to(t["V0"], (S, R)).astype(r.dtype)
 
     def active(c):
-        return (c["res"] > tol) & (c["n"] < max_sweeps)
+        progress = Progress(c["best"], c["since"])
+        going = keep_sweeping(c["res"], c["V"], tol, progress, c["window"], axis=0)
+        return going & (c["n"] < max_sweeps)
 
     # one run: several sweeps per loop trip, the test on the last one's change (fewer trips;
     # batched, each lane would pay the extra sweeps)
@@ -587,13 +609,18 @@ def _evaluation_impl(order, tol, max_sweeps, has_run, probs, r, policy, gc, V0):
             V = _gauss_seidel_sweep(order, c["reward"], c["step"], V)
         V2 = _gauss_seidel_sweep(order, c["reward"], c["step"], V)
         res = jnp.where(act, jnp.max(jnp.abs(V2 - V), axis=0), c["res"])
+        progress = progress_update(Progress(c["best"], c["since"]), res, per_trip)
         return {
             **c,
             "V": jnp.where(act, V2, c["V"]),
             "res": res,
             "n": c["n"] + per_trip * act.astype(jnp.int32),
+            "best": jnp.where(act, progress.best, c["best"]),
+            "since": jnp.where(act, progress.since, c["since"]),
         }
 
+    start = progress_init((R,), r.dtype)
+    window = jnp.broadcast_to(stall_window(jnp.max(t["gc"], axis=0)), (R,))
     carry = compacting_while_loop(
         active,
         body,
@@ -601,6 +628,9 @@ def _evaluation_impl(order, tol, max_sweeps, has_run, probs, r, policy, gc, V0):
             "V": V0,
             "res": jnp.full((R,), jnp.inf, r.dtype),
             "n": jnp.zeros((R,), jnp.int32),
+            "best": start.best,
+            "since": start.since,
+            "window": window,
             "reward": reward,
             "step": step,
         },

@@ -29,6 +29,7 @@ from bchg_jax.core import hparams as hparams_lib
 from bchg_jax.core.follower_model import FollowerSettings, agreement, lag_mix
 from bchg_jax.core.loop import Trainer, build_trainer, check_setup, sgd_ascent
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.rounding import within_tolerance
 from bchg_jax.core.validate import check_beta, check_config, check_positive, check_unit_interval
 from bchg_jax.tabular import critics, estimators
 from bchg_jax.tabular.cmdp import TabularCMDP
@@ -266,7 +267,8 @@ def make_train(
       ``train(key, hp)`` with ``hp`` an :class:`HParams`; ``metrics`` per iteration: ``J`` (exact
       J_L(theta_i)), ``grad_norm``, ``sweeps`` (soft-VI sweeps of the follower),
       ``solve_capped`` (1: the follower's or the metric's solve hit ``vi_max_sweeps`` before
-      ``vi_tol``), ``update_skipped`` (1: a non-finite estimate was dropped),
+      ``vi_tol`` or the float rounding floor of :mod:`bchg_jax.core.rounding`),
+      ``update_skipped`` (1: a non-finite estimate was dropped),
       ``support_lost`` (1: with the sparse solvers, ``transition(theta_i)`` or the sampler's
       table put more than rounding-level mass outside the successor table; that iteration's
       follower and metric were then solved densely, so ``J`` and ``sweeps`` are the dense
@@ -575,7 +577,11 @@ def make_train(
             sgd_ascent(theta, grad, hp.lr, config.clip_norm),
             theta,
         )
-        capped = ~((br.residual <= config.vi_tol) & (metric_res <= config.vi_tol))
+        # converged: the last change within vi_tol or at the float rounding floor (core.rounding)
+        capped = ~(
+            within_tolerance(br.residual, br.V, config.vi_tol)
+            & within_tolerance(metric_res, V_L, config.vi_tol)
+        )
         metrics = {
             "J": J,
             "grad_norm": grad_norm,

@@ -10,7 +10,8 @@ The next-state value V(s') has two forms (``backup``):
   authors' code; reproduces the paper's figure; this package's default). Theorem 2's estimator
   differentiates the paper form, so under this one it is biased for the exact hypergradient
   (:func:`bchg_jax.games.tabular.exact.exact_hypergradient`).
-Warm-startable from a previous Q; sweeps until max |dQ| <= ``tol`` (at most ``max_sweeps``).
+Warm-startable from a previous Q; sweeps until max |dQ| <= ``tol`` (at most ``max_sweeps``), or
+until the change stalls at the float rounding floor (:mod:`bchg_jax.core.rounding`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.rounding import keep_sweeping, progress_init, progress_update, stall_window
 from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings, check_shape
 from bchg_jax.games.tabular.game import check_policy_shapes
 
@@ -134,7 +136,8 @@ def soft_q_iteration(
 ) -> GameBestResponse:
     """The follower's best response to the leader policy ``f`` [S, A] (not differentiated).
 
-    Soft Q-iteration (at least one sweep, then until max |dQ| <= ``tol`` or ``max_sweeps``) in
+    Soft Q-iteration (at least one sweep, then until max |dQ| <= ``tol`` or ``max_sweeps``, or
+    until the change has stalled at the float rounding floor: :mod:`bchg_jax.core.rounding`) in
     one ``lax.while_loop``; for a differentiable response use
     :func:`bchg_jax.games.tabular.exact.best_response`.
 
@@ -166,14 +169,17 @@ def soft_q_iteration(
     r = jnp.asarray(game.follower_reward, f.dtype)
     Q0 = jnp.zeros_like(r) if Q0 is None else Q0
 
+    window = stall_window(game.gamma_F)
+
     def cond(c):
-        return (c[2] == 0) | ((c[1] > tol) & (c[2] < max_sweeps))
+        Q, res, it, progress = c
+        return (it == 0) | (keep_sweeping(res, Q, tol, progress, window) & (it < max_sweeps))
 
     def body(c):
         Q2 = soft_q_backup(P, r, c[0], f, beta, game.gamma_F, backup)
-        return Q2, jnp.max(jnp.abs(Q2 - c[0])), c[2] + 1
+        res = jnp.max(jnp.abs(Q2 - c[0]))
+        return Q2, res, c[2] + 1, progress_update(c[3], res)
 
-    Q, res, it = jax.lax.while_loop(
-        cond, body, (Q0, jnp.asarray(jnp.inf, r.dtype), jnp.asarray(0, jnp.int32))
-    )
+    init = (Q0, jnp.asarray(jnp.inf, r.dtype), jnp.asarray(0, jnp.int32))
+    Q, res, it, _ = jax.lax.while_loop(cond, body, init + (progress_init((), r.dtype),))
     return response_from_q(Q, beta, it, res)

@@ -52,6 +52,7 @@ from bchg_jax.core.buffers import buffer_init, index_dtype, sample_discounted, s
 from bchg_jax.core.follower_model import FollowerSettings
 from bchg_jax.core.loop import Trainer, check_setup
 from bchg_jax.core.networks import MLP
+from bchg_jax.core.rounding import within_tolerance
 from bchg_jax.games.actor_critic import (
     Critic,
     Leader,
@@ -250,7 +251,8 @@ def make_train(
       and ``run`` yields per-iteration metrics (``J``, ``J_target_actor``, ``J_discounted``:
       exact returns of the leader's f and the follower's actual g; ``batch_return``,
       ``follower_sweeps``, ``solve_capped`` (1: the best response's soft Q-iteration hit
-      ``follower_max_sweeps`` before ``follower_tol``: the follower's own solve, or for
+      ``follower_max_sweeps`` before ``follower_tol`` or the float rounding floor of
+      :mod:`bchg_jax.core.rounding`: the follower's own solve, or for
       ``k_step`` / ``q_learning`` the one behind ``follower_gap``; K backups have no tolerance
       to miss), ``update_skipped`` (always 0: no update is dropped), and those of
       ``metrics_fn``). A follower that is not the best response adds ``follower_gap``
@@ -351,7 +353,10 @@ def make_train(
         return objective, lambda key: sample_discounted(key, buf, M, gL), True
 
     def metrics(state, br, ep, beta, grad_norm, accepted):
-        f, capped = policy(state.actor), ~(br.residual <= config.follower_tol)
+        f = policy(state.actor)
+        # converged: the last change within follower_tol or at the rounding floor (core.rounding)
+        solved = br.Q if model.best_response else br.best  # the Q of the best-response solve
+        capped = ~within_tolerance(br.residual, solved, config.follower_tol)
         gap = {} if model.best_response else {"follower_gap": br.gap}
         return {
             "J": leader_return(game, f, br.policy),
