@@ -23,12 +23,13 @@ more than it gives at these sizes; docs/performance.md).
 each method's best grid point, and the wall time of every panel.
 
 ``compare`` checks the panels under ``--compact`` against a reference: by default the committed
-CPU table ``benchmarks/results/fourrooms_figure/table.md`` (the compact copies themselves are
-not kept in git), or ``--reference DIR`` holding another run's compact copies. Per panel and
-method it prints both means +- SE, their difference in units of the combined standard error and
-the wall times, and exits with status 3 if a difference exceeds both ``--max-se`` (default 2)
-combined SEs and ``--abs-tol`` (default 1e-3, the table's rounding: methods whose 10 seeds end
-at the same J have an SE near 0).
+CPU tables (the compact copies themselves are not kept in git), each panel from the newest table
+that holds it (:data:`CPU_TABLES`: the rows re-measured on 2026-11-28, then the whole figure of
+2026-11-26 / 27), or ``--reference`` a ``table.md`` or a folder of another run's compact copies.
+Per panel and method it prints both means +- SE, their difference in units of the combined
+standard error and the wall times, and exits with status 3 if a difference exceeds both
+``--max-se`` (default 2) combined SEs and ``--abs-tol`` (default 1e-3, the table's rounding:
+methods whose 10 seeds end at the same J have an SE near 0).
 
 ``--method-workers K`` trains each panel's methods as K concurrent processes, each method in its
 own run folder under ``OUT/batchB_betaX/by_method/`` (continued the same way when given again);
@@ -59,6 +60,13 @@ from benchmarks.fourrooms_panel import (
     parse_panel,
     run_panel,
     stop_on_sigterm,
+)
+
+# the committed CPU tables, newest first: compare's default reference takes each panel from the
+# first one that holds it
+CPU_TABLES = (
+    "benchmarks/results/fourrooms_figure_remeasured/table.md",
+    "benchmarks/results/fourrooms_figure/table.md",
 )
 
 
@@ -137,15 +145,18 @@ def read_table(path: str) -> dict:
 def compare(compact: str, reference: str, max_se: float, abs_tol: float = 1e-3) -> bool:
     """Prints, per panel found in both and per method, the two means +- SE and their difference
     over the combined SE; returns True when every difference is within ``max_se`` combined SEs
-    or within ``abs_tol``. ``reference``: a ``table.md`` or a folder of compact copies. It also
+    or within ``abs_tol``. ``reference``: a ``table.md``, a folder of compact copies, or a
+    sequence of ``table.md`` files (each panel from the first that holds it). It also
     prints how often at least one of the comparisons that the SE decides would miss by chance
     (1 - 0.954^k at 2 SE: 17% for four), to read a single miss by."""
     import math
 
     from experiments.plot import load_run
 
-    if os.path.isfile(reference):
-        table = read_table(reference)
+    if not isinstance(reference, str) or os.path.isfile(reference):
+        table = {}
+        for path in [reference] if isinstance(reference, str) else reversed(reference):
+            table.update(read_table(path))  # the earlier tables win
         ref_of = {
             pe: table[panel_name(*pe)] for pe in panels_found(compact) if panel_name(*pe) in table
         }
@@ -258,9 +269,9 @@ def main(argv=None):
     p.add_argument("--iterations", type=int, default=10000)
     p.add_argument(
         "--reference",
-        default="benchmarks/results/fourrooms_figure/table.md",
+        default=None,
         help="compare: a table.md, or a folder of compact copies, to compare with (default: "
-        "the committed CPU table)",
+        f"the committed CPU tables, each panel from the newest: {', '.join(CPU_TABLES)})",
     )
     p.add_argument(
         "--max-se",
@@ -279,7 +290,8 @@ def main(argv=None):
         write_figure(a.compact)
         return
     if a.action == "compare":
-        if not compare(a.compact, a.reference, a.max_se, a.abs_tol):
+        reference = CPU_TABLES if a.reference is None else a.reference
+        if not compare(a.compact, reference, a.max_se, a.abs_tol):
             raise SystemExit(3)
         return
     panels = (

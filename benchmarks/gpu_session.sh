@@ -6,7 +6,8 @@
 #      take about half of that), with a profile of each experiment's 1- and 10,000-run chunk;
 #   2. one complete Four-Rooms panel (batch 100, beta 1e-3: every method + exact, 10 seeds x
 #      10,000 iterations), its methods trained side by side (--method-workers 7), in the time
-#      left of the budget; then `fourrooms_figure compare` against the committed CPU table;
+#      left of the budget; then `fourrooms_figure compare` against the committed CPU tables
+#      (each panel from the newest);
 #   3. if time is left, `benchmarks.fourrooms_parts`: where a Four-Rooms iteration goes.
 # Everything comes back as at most six files (the device tool returns 8 files, 2 folders deep):
 # RESULT.txt (one line per part: passed / failed / not finished), header.txt, device_check.txt,

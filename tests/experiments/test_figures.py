@@ -330,3 +330,15 @@ def test_fourrooms_figure_compare_reads_the_committed_table(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         ff.main(["compare", "--compact", panel(10.0), "--reference", table])
     assert e.value.code == 3 and "| NO |" in capsys.readouterr().out
+
+    # the default: each panel from the newest committed table that holds it (the re-measured
+    # rows first), so this panel is judged against the re-measured BC-HG mean, not the old one
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    tables = [os.path.join(root, t) for t in ff.CPU_TABLES]
+    newest = ff.read_table(tables[0])["batch100_beta1e-3"]["bchg"]
+    assert newest != want["bchg"]
+    capsys.readouterr()
+    assert ff.compare(
+        panel((newest["mean"] - want["bchg"]["mean"]) / want["bchg"]["se"]), tables, 2.0
+    )
+    assert f"{newest['mean']:.4f} +- {newest['se']:.4f}" in capsys.readouterr().out
