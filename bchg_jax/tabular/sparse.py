@@ -74,7 +74,6 @@ from jax.extend import core as jax_core
 
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.rounding import (
-    Progress,
     keep_sweeping,
     progress_init,
     progress_update,
@@ -526,8 +525,7 @@ def _soft_impl(order, tol, max_sweeps, linear_sweeps, has_run, probs, r, beta, g
         )
 
     def active(c):
-        progress = Progress(c["best"], c["since"])
-        going = keep_sweeping(c["res"], c["V"], tol, progress, c["window"], axis=0)
+        going = keep_sweeping(c["res"], c["V"], tol, c["progress"], c["window"], axis=0)
         return going & (c["n"] < max_sweeps)
 
     def body(c):
@@ -546,28 +544,25 @@ def _soft_impl(order, tol, max_sweeps, linear_sweeps, has_run, probs, r, beta, g
             W = jax.lax.cond(jnp.any(more), lambda: improve_and_evaluate(t, Q, V2), lambda: V2)
             V2 = jnp.where(more, W, V2)
         n = c["n"] + act.astype(jnp.int32) * (1 + linear_sweeps * more.astype(jnp.int32))
-        progress = progress_update(Progress(c["best"], c["since"]), res2)
+        progress = progress_update(c["progress"], res2)
         return {
             "V": jnp.where(act, V2, c["V"]),
             "res": jnp.where(act, res2, c["res"]),
             "n": n,
             "mixed": jnp.where(act, mixed, c["mixed"]),
-            "best": jnp.where(act, progress.best, c["best"]),
-            "since": jnp.where(act, progress.since, c["since"]),
+            "progress": _where_lanes(act, progress, c["progress"]),
             "window": c["window"],
             "const": c["const"],
         }
 
     # the stall window (core.rounding) in soft sweeps, from each lane's discount max_s gamma cont
     gc = lanes["gc"] if "gc" in lanes else shared["gc"]
-    start = progress_init((R,), dtype)
     carry = {
         "V": V0,
         "res": jnp.full((R,), jnp.inf, dtype),
         "n": jnp.zeros((R,), jnp.int32),
         "mixed": jnp.ones((R,), bool),
-        "best": start.best,
-        "since": start.since,
+        "progress": progress_init((R,), dtype),
         "window": jnp.broadcast_to(stall_window(jnp.max(gc, axis=0)), (R,)),
         "const": lanes,
     }
@@ -594,8 +589,7 @@ def _evaluation_impl(order, tol, max_sweeps, has_run, probs, r, policy, gc, V0):
     V0 = jnp.broadcast_to(t["V0"], (S, R)).astype(r.dtype)
 
     def active(c):
-        progress = Progress(c["best"], c["since"])
-        going = keep_sweeping(c["res"], c["V"], tol, progress, c["window"], axis=0)
+        going = keep_sweeping(c["res"], c["V"], tol, c["progress"], c["window"], axis=0)
         return going & (c["n"] < max_sweeps)
 
     # one run: several sweeps per loop trip, the test on the last one's change (fewer trips;
@@ -609,17 +603,15 @@ def _evaluation_impl(order, tol, max_sweeps, has_run, probs, r, policy, gc, V0):
             V = _gauss_seidel_sweep(order, c["reward"], c["step"], V)
         V2 = _gauss_seidel_sweep(order, c["reward"], c["step"], V)
         res = jnp.where(act, jnp.max(jnp.abs(V2 - V), axis=0), c["res"])
-        progress = progress_update(Progress(c["best"], c["since"]), res, per_trip)
+        progress = progress_update(c["progress"], res, per_trip)
         return {
             **c,
             "V": jnp.where(act, V2, c["V"]),
             "res": res,
             "n": c["n"] + per_trip * act.astype(jnp.int32),
-            "best": jnp.where(act, progress.best, c["best"]),
-            "since": jnp.where(act, progress.since, c["since"]),
+            "progress": _where_lanes(act, progress, c["progress"]),
         }
 
-    start = progress_init((R,), r.dtype)
     window = jnp.broadcast_to(stall_window(jnp.max(t["gc"], axis=0)), (R,))
     carry = compacting_while_loop(
         active,
@@ -628,14 +620,18 @@ def _evaluation_impl(order, tol, max_sweeps, has_run, probs, r, policy, gc, V0):
             "V": V0,
             "res": jnp.full((R,), jnp.inf, r.dtype),
             "n": jnp.zeros((R,), jnp.int32),
-            "best": start.best,
-            "since": start.since,
+            "progress": progress_init((R,), r.dtype),
             "window": window,
             "reward": reward,
             "step": step,
         },
     )
     return carry["V"][order.inv], carry["n"], carry["res"]
+
+
+def _where_lanes(act, new, old):
+    """``new`` in the lanes still sweeping (``act`` [R]), ``old`` in the others, leaf by leaf."""
+    return jax.tree.map(lambda a, b: jnp.where(act, a, b), new, old)
 
 
 @functools.lru_cache(maxsize=64)
