@@ -10,7 +10,9 @@ M_theta (S states, B actions), and what the leader pairs with the policy it obse
 * ``q_learning``: soft Q-learning on the follower's own sampled transitions
   (:func:`q_learning_update`); it acts with ``explore_mix(softmax(Q / beta), explore)``
   (:func:`q_learning_policy`). Its samples come from the sampler's table (Four-Rooms' real
-  slip), not from the follower's model, so it learns the best response of the sampled MDP.
+  slip), not from the follower's model, so its target is the best response of the sampled MDP;
+  with Q started at 0 and only the states its batches visit, it need not reach it (a leader
+  can trap it: ``benchmarks.qlearner_trap``).
 
 What the leader knows: as before (Assumption 1), the estimators read the follower's policy
 ``g_i``; the value they pair with it in FollowerQGrad (Eq. (nablaQF)) is ``V^{g_i}``, the

@@ -1,14 +1,16 @@
 """The outer loop: ``make_train(problem, method, config) -> Trainer`` (Algorithm 1 under lax.scan).
 
 One outer iteration i (Algorithm 1 / Algorithm 8):
-  1. follower best response g^{theta_i dagger}: soft value iteration, warm-started from V_F of i-1;
+  1. follower best response g^{theta_i dagger}: soft value iteration, warm-started from V_F of i-1
+     (with ``config.follower`` another model, the policy it plays: docs/followers.md);
   2. a batch of ``num_envs x num_steps`` transitions under g (all streams reset to rho_0);
   3. the leader critic update (SARSA, Algorithm 2) on the batch;
   4. the hypergradient estimate (``estimators.hypergradient`` with the method's critic and guide,
      see ``METHOD_SPECS``), or the exact one for ``exact``;
   5. SGD ascent after clipping to global norm ``clip_norm`` (optax).
-The metric of iteration i is the exact J_L(theta_i) under g^{theta_i dagger} (policy evaluation on
-the follower's model, warm-started sweeps to tolerance).
+The metric of iteration i is the exact J_L(theta_i) at the policy the follower plays (its best
+response g^{theta_i dagger} by default; policy evaluation on the follower's model, warm-started
+sweeps to tolerance).
 
 Static choices (sizes, method, tolerances) live in the frozen :class:`TrainConfig`; numbers a
 grid varies (``lr``, ``sarsa_alpha``, ``beta``) are traced scalars in ``hparams``, so
