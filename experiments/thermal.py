@@ -72,7 +72,7 @@ def parse_args(argv=None):
     )
     g.add_argument(
         "--critic",
-        choices=["quadratic", "mlp", "exact"],
+        choices=["quadratic", "quadratic_loo", "mlp", "exact"],
         default="quadratic",
         help="leader critic (and HPGD's grad V_F network): LSTD on quadratic features "
         "(exact class, fast), the paper's 64-64 TD MLP, or closed form",

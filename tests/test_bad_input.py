@@ -123,6 +123,33 @@ def test_unstabilisable_lqr_pairs():
         lqr_game().validate(theta=np.array([-20.0, -10.0]))
 
 
+@pytest.mark.parametrize(
+    "quadratic, culprit",
+    [
+        (lambda th: (jnp.full((2, 2), jnp.nan), jnp.eye(1), jnp.zeros(())), "Ms"),
+        (lambda th: (jnp.eye(2), jnp.eye(1) * jnp.inf, jnp.zeros(())), "Mb"),
+        (lambda th: (jnp.eye(2), jnp.eye(1), jnp.array(jnp.nan)), "c"),
+        (lambda th: (jnp.eye(2), jnp.eye(1), jnp.array(jnp.inf)), "c"),
+    ],
+)
+def test_non_finite_leader_quadratic_is_refused(quadratic, culprit):
+    with pytest.raises(ValueError, match=f"leader_quadratic\\(theta\\)'s {culprit} is not finite"):
+        _lq(leader_quadratic=quadratic).validate()
+
+
+def test_lq_validate_names_the_theta_it_checks():
+    """validate(theta) at another theta does not speak of "the initial theta"."""
+    bad = _lq(
+        A_fn=lambda th: jnp.diag(jnp.array([2.0, 0.5])) * (1.0 + th[0]),
+        B_fn=lambda th: jnp.array([[0.0], [1.0]]),
+        theta0=jnp.array([-0.9]),
+    )
+    bad.validate()
+    with pytest.raises(ValueError, match="stabilisable at the theta given") as err:
+        bad.validate(jnp.zeros(1))
+    assert "initial" not in str(err.value)
+
+
 # ---- hyperparameters, grids and methods ------------------------------------------------------
 def test_negative_beta():
     from bchg_jax import tabular

@@ -2,15 +2,17 @@
 
 Each family declares its grid-able hyperparameters once, as a ``NamedTuple`` with defaults and
 a ``validate()`` method (a pytree, so ``vmap`` over a grid of them never retraces). This module
-gives the two operations they share: :func:`from_grid` (a grid dict -> validated HParams with a
-leading grid axis, cast to the trainer's dtype) and :func:`cast` (any HParams -> arrays of the
-trainer's dtype, int32 for step counts).
+gives the operations they share: :func:`from_grid` (a grid dict -> validated HParams with a
+leading grid axis, cast to the trainer's dtype), :func:`check_representable` (no value that the
+dtype rounds to 0, a subnormal or inf) and :func:`cast` (any HParams -> arrays of the trainer's
+dtype, int32 for step counts).
 """
 
 from __future__ import annotations
 
 from typing import Dict, Tuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -33,6 +35,36 @@ def cast(hp, dtype, integer_fields: Tuple[str, ...] = ()):
     )
 
 
+def check_representable(hp, dtype, integer_fields: Tuple[str, ...] = ()) -> None:
+    """Every float field of ``hp`` (concrete) keeps its meaning in the trainer's ``dtype``: a
+    finite nonzero value may not round to 0 or to a subnormal (``HParams(beta=1e-46)`` is > 0
+    in float64, 0 in float32: the Boltzmann policy exp((Q - V) / beta) of Eq. (lower) is then
+    NaN) nor overflow to inf (1e39 in float32).
+
+    Args:
+      hp: a family's ``HParams`` with concrete fields (scalars or [G]).
+      dtype: the float dtype of the trainer.
+      integer_fields: names of the fields cast to int32 (not checked here).
+    Raises:
+      ValueError: naming the field, its value and ``dtype``.
+    """
+    dtype = jax.dtypes.canonicalize_dtype(dtype)  # float64 without x64 is float32
+    tiny, big = float(jnp.finfo(dtype).tiny), float(jnp.finfo(dtype).max)
+    for name, value in zip(hp._fields, hp, strict=False):
+        if name in integer_fields:
+            continue
+        v = np.asarray(value, np.float64)
+        with np.errstate(over="ignore"):
+            rounded = np.abs(np.asarray(v, dtype).astype(np.float64))
+        bad = np.isfinite(v) & (v != 0) & ((rounded < tiny) | ~np.isfinite(rounded))
+        if np.any(bad):
+            raise ValueError(
+                f"hyperparameter {name} = {float(v[bad].ravel()[0]):.6g} does not fit in "
+                f"{dtype.name} (normal magnitudes {tiny:.3g} to {big:.3g}): it would round to "
+                "0, a subnormal or inf"
+            )
+
+
 def from_grid(
     cls, grid: Dict[str, np.ndarray], dtype, integer_fields: Tuple[str, ...] = (), **validate_kw
 ):
@@ -50,7 +82,8 @@ def from_grid(
       a validated ``cls`` whose every field is a [G] array (G = 1 when all entries are scalars).
     Raises:
       ValueError: unknown names, values of more than one axis, grid axes of different lengths,
-        or ``validate`` failures.
+        ``validate`` failures, or a value that does not fit in ``dtype``
+        (:func:`check_representable`).
     """
     unknown = sorted(set(grid) - set(cls._fields))
     if unknown:
@@ -76,6 +109,7 @@ def from_grid(
         for f in cls._fields
     ]
     hp = cls(*values).validate(**validate_kw)
+    check_representable(hp, dtype, integer_fields)
     return cast(hp, dtype, integer_fields)
 
 
@@ -100,6 +134,11 @@ class HParamsMixin:
           an instance of this class, every field a [G] array.
         """
         return from_grid(cls, grid, dtype, cls.INTEGER_FIELDS, **validate_kw)
+
+    def check_representable(self, dtype) -> None:
+        """Raises ``ValueError`` if a float field would round to 0, a subnormal or inf in
+        ``dtype`` (:func:`check_representable`)."""
+        check_representable(self, dtype, self.INTEGER_FIELDS)
 
     def cast(self, dtype):
         """These hyperparameters as arrays: float fields of ``dtype``, step counts int32.

@@ -128,6 +128,8 @@ def build_trainer(
                         "HParams.from_grid)"
                     )
                 hparams.validate(hp, **validate_kw)
+                if hasattr(hp, "check_representable"):  # 1e-46 > 0 in float64, 0 in float32
+                    hp.check_representable(dtype)
             return fn(x, hp, *rest)
 
         wrapped.__name__, wrapped.__doc__ = fn.__name__, fn.__doc__

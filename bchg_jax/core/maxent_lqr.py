@@ -27,7 +27,19 @@ U [n, d] (a factor of the disturbance covariance).
 Values here are *rewards* (the paper's propositions state costs, V_cost = -V_F).
 Non-convergence (an unstabilisable pair, or ``max_iters`` too small) is never silent: every
 solution carries ``converged`` (finite and below tolerance) and ``residual``; callers decide
-whether to raise (:func:`check_solution`) or to skip an update.
+whether to raise (:func:`check_solution`) or to skip an update; the exact references
+(:mod:`bchg_jax.lq.exact`, :mod:`bchg_jax.games.lqr.exact`) go through
+:func:`nan_unless_converged`: an error for concrete arguments, NaN (value and gradient) when traced.
+
+``converged`` means the *relative step change* of the last iteration is below ``tol``, not that
+P is within ``tol`` of the fixed point. Near the fixed point the steps shrink by about
+``rate = gamma rho(A - B K)^2`` per iteration, so the remaining error is roughly
+``tol / (1 - rate)``: near a marginal closed loop (``sqrt(gamma) rho(A - B K) -> 1``) a
+converged P can be off by far more than ``tol`` (measured: a scalar system with
+``sqrt(gamma) a = 1`` and state cost 1e-8 stops ``converged`` after 30,083 iterations at
+``tol = 1e-6`` with P off by 5e-3, relative). Pass a smaller ``tol`` there.
+No residual check is added: the residual ``riccati_map(P) - P`` *is* the last step, so it
+carries the same factor.
 """
 
 from __future__ import annotations
@@ -377,6 +389,35 @@ def check_solution(
             "may be unstabilisable, or raise max_iters"
         )
     return br
+
+
+def nan_unless(ok, x: Array) -> Array:
+    """``x`` where ``ok``, else NaN, and so is every derivative of it (works under ``jit``,
+    ``vmap`` and ``grad``): ``x * where(ok, 1, NaN)``. A ``jnp.where(ok, x, nan)`` would give a
+    zero gradient, not NaN, where ``ok`` is False.
+
+    Args:
+      ok: bool [] (or broadcastable to ``x``).
+      x: an array.
+    Returns:
+      ``x`` (bitwise, where ``ok``) or NaN.
+    """
+    x = jnp.asarray(x)
+    return x * jnp.where(ok, 1.0, jnp.nan).astype(x.dtype)
+
+
+def nan_unless_converged(br, x: Array, what: str) -> Array:
+    """An exact reference's output ``x`` computed from the solution ``br`` (anything with an
+    ``info`` :class:`RiccatiInfo`): with a concrete ``br``, :func:`check_solution` raises on a
+    non-converged solve; traced, ``x`` becomes NaN (:func:`nan_unless`), never a number from an
+    unconverged solve.
+
+    Raises:
+      ValueError: a concrete ``br`` that did not converge (naming ``what``).
+    """
+    if not any(isinstance(v, jax.core.Tracer) for v in jax.tree_util.tree_leaves(br.info)):
+        check_solution(br, what)
+    return nan_unless(br.info.converged, x)
 
 
 @full_precision

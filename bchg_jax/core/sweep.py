@@ -6,9 +6,10 @@ the program in jitted chunks of ``chunk`` iterations (progress, per-chunk result
 checkpoints between chunks; nothing inside a chunk syncs with the host). With ``shard=True`` the
 run axis is split over all devices with ``jax.shard_map`` (each device advances its own runs; a
 vmapped ``while_loop`` freezes converged lanes, so a run's result does not depend on which runs
-share its device). Multi-host: call ``jax.distributed.initialize()`` in every process first;
-``jax.devices()`` then lists every host's devices, each process feeds its own shards
-(``to_global``) and gathers the results (``to_host``), so every process holds the whole grid.
+share its device, up to float rounding). Multi-host: call ``jax.distributed.initialize()`` in
+every process first; ``jax.devices()`` then lists every host's devices, each process feeds its
+own shards (``to_global``) and gathers the results (``to_host``), so every process holds the
+whole grid.
 """
 
 from __future__ import annotations
@@ -44,6 +45,17 @@ def seed_keys(seeds: Sequence[int] | int, base_seed: int = 0) -> Array:
     if idx.size == 0:
         raise ValueError("at least one seed is required")
     return jax.vmap(lambda i: jax.random.fold_in(jax.random.key(base_seed), i))(idx)
+
+
+def _seed_count(seeds) -> int:
+    """N, the number of seeds per grid point of :func:`run_grid` / :func:`state_template`.
+
+    Raises:
+      ValueError: ``seeds`` not a positive int (a float such as 2.5 is refused, not truncated).
+    """
+    if isinstance(seeds, (bool, np.bool_)) or not isinstance(seeds, (int, np.integer)) or seeds < 1:
+        raise ValueError(f"seeds must be a positive int (seeds per grid point), got {seeds!r}")
+    return int(seeds)
 
 
 def product_grid(**axes: Sequence[float]) -> Dict[str, np.ndarray]:
@@ -191,7 +203,7 @@ def state_template(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, ba
       the state of ``init`` (leaves [G, N, ...]), as ``run_grid`` starts from it.
     """
     init, _ = grid_functions(trainer)
-    return init(seed_keys(seeds, base_seed), grid_hparams(trainer, grid))
+    return init(seed_keys(_seed_count(seeds), base_seed), grid_hparams(trainer, grid))
 
 
 def join_chunks(chunks):
@@ -251,14 +263,16 @@ def run_grid(
       (state, metrics): state leaves [G, N, ...]; metrics name -> numpy [G, N, iterations, ...]
       ([G, N, iterations - start, ...] when continuing without ``metrics``).
     Raises:
-      ValueError: ``chunk`` or ``iterations`` < 1, or ``start`` out of range.
+      ValueError: ``seeds`` not a positive int, ``chunk`` or ``iterations`` < 1, or ``start``
+        out of range.
     """
+    N = _seed_count(seeds)
     if chunk < 1 or iterations < 1:
         raise ValueError("chunk and iterations must be >= 1")
     if not 0 <= start <= iterations:
         raise ValueError(f"start must be in [0, iterations], got {start}")
     hp = grid_hparams(trainer, grid)
-    G, N = int(jax.tree.leaves(hp)[0].shape[0]), int(seeds)  # grid points (from the HParams)
+    G = int(jax.tree.leaves(hp)[0].shape[0])  # grid points (from the HParams)
     init, run = grid_functions(trainer)
     if state is None:
         state = init(seed_keys(N, base_seed), hp)

@@ -217,11 +217,11 @@ class LQConfigurableMDP:
 
         Checks discounts and horizon; the shapes of A(theta) [n, n] and B(theta) [n, m] (the
         dynamics define n and m), of Qbar [n, n], Rbar [m, m], U [n, n], init_cov [n, n] and
-        ``leader_quadratic(theta)`` against them (an error names the array at fault); the costs,
-        that U is a lower-triangular Cholesky factor, that init_cov is positive definite, that
-        (sqrt(gamma_F) A(theta), B(theta)) is stabilisable, and that the follower's closed loop
-        F = A(theta) - B(theta) K at theta (Proposition 1) has ``gamma rho(F)^2 < 1`` for both
-        discounts (a Riccati solve at theta).
+        ``leader_quadratic(theta)`` (finite) against them (an error names the array at fault);
+        the costs, that U is a lower-triangular Cholesky factor, that init_cov is positive
+        definite, that (sqrt(gamma_F) A(theta), B(theta)) is stabilisable, and that the
+        follower's closed loop F = A(theta) - B(theta) K at theta (Proposition 1) has
+        ``gamma rho(F)^2 < 1`` for both discounts (a Riccati solve at theta).
 
         Args:
           theta: [d] parameters to check at (default ``theta0``).
@@ -230,6 +230,7 @@ class LQConfigurableMDP:
         Raises:
           ValueError: the first failed check.
         """
+        where = "theta0" if theta is None else "the theta given"
         theta = np.asarray(self.theta0 if theta is None else theta)
         check_discounts(self.name, self.gamma_F, self.gamma_L, self.horizon)
         A = np.asarray(self.A_fn(jnp.asarray(theta)), np.float64)
@@ -264,13 +265,16 @@ class LQConfigurableMDP:
         Ms, Mb, c = (np.asarray(x, np.float64) for x in self.leader_quadratic(jnp.asarray(theta)))
         for label, x, shape in (("Ms", Ms, (n, n)), ("Mb", Mb, (m, m)), ("c", c, ())):
             check_shape(f"{self.name}: leader_quadratic(theta)'s {label}", x, shape, src)
+            if not np.all(np.isfinite(x)):
+                raise ValueError(
+                    f"{self.name}: leader_quadratic(theta)'s {label} is not finite at {where}"
+                )
         if not np.all(np.isfinite(A)) or not np.all(np.isfinite(B)):
-            raise ValueError(f"{self.name}: A(theta) or B(theta) is not finite at theta")
+            raise ValueError(f"{self.name}: A(theta) or B(theta) is not finite at {where}")
         if not is_stabilizable(A, B, self.gamma_F):
             raise ValueError(
                 f"{self.name}: (sqrt(gamma_F) A(theta), B(theta)) is not stabilisable "
-                "at the initial theta: the follower's Riccati equation has no "
-                "stabilising solution"
+                f"at {where}: the follower's Riccati equation has no stabilising solution"
             )
         self._check_closed_loop(theta, A, B)
         return self

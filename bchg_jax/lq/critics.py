@@ -17,6 +17,9 @@ of one small linear solve per iteration, instead of thousands of network steps.
   V(s) = E_{b ~ N(mu(s), Sigma_b)} Q(s, b) = zbar^T H zbar + tr(H_bb Sigma_b) + h0.
 * :func:`leave_one_out_vector_value`: BC-HG's state baseline, each episode's LSTD fit on the
   other episodes (unbiased: a fit on the episode itself is not).
+* :func:`leave_one_out_quadratic_q`: the cross-fitted leader critic, each episode's Q_L the
+  SARSA-LSTD fit of :func:`fit_quadratic_q` on the other episodes (the trainer's
+  ``critic="quadratic_loo"``). Both leave-one-out fits share :func:`leave_one_out_lstd`.
 
 MLP critics (the paper's neural critics, faithful mode): a 64-64 ReLU network (flax's default
 initialisation), re-initialised to the *same* parameters every outer iteration and trained with
@@ -92,14 +95,18 @@ def _sym_from_triu(w_quad: Array, d: int) -> Array:
 class QuadraticQ(NamedTuple):
     """A quadratic leader critic Q(s, b) = z^T H z + h0, z = (s, b).
 
+    ``H`` and ``h0`` may carry leading batch dimensions that broadcast against those of the
+    inputs (:func:`leave_one_out_quadratic_q`: ``H`` [E, 1, n + m, n + m], ``h0`` [E, 1], so that
+    on [E, T, .] inputs episode e is evaluated with its own critic).
+
     Attributes:
-      H: [n + m, n + m] symmetric quadratic form.
-      h0: [] constant.
+      H: [..., n + m, n + m] symmetric quadratic form.
+      h0: [...] constant.
       n: the state dimension (splits z into s and b).
     """
 
-    H: Array  # [n + m, n + m]
-    h0: Array  # []
+    H: Array  # [n + m, n + m], or [..., n + m, n + m] (a batch of critics)
+    h0: Array  # [], or [...]
     n: int
 
     @staticmethod
@@ -111,7 +118,7 @@ class QuadraticQ(NamedTuple):
     def q(self, s: Array, b: Array) -> Array:
         """Q(s, b) for ``s`` [..., n], ``b`` [..., m] -> [...]."""
         z = jnp.concatenate([s, b], -1)
-        return jnp.einsum("...i,ij,...j->...", z, self.H, z) + self.h0
+        return jnp.einsum("...i,...ij,...j->...", z, self.H, z) + self.h0
 
     @full_precision
     def value(self, s: Array, mean_b: Array, cov_b: Array) -> Array:
@@ -124,8 +131,8 @@ class QuadraticQ(NamedTuple):
         Returns:
           [...] values.
         """
-        Hbb = self.H[self.n :, self.n :]
-        return self.q(s, mean_b) + jnp.trace(Hbb @ cov_b)
+        Hbb = self.H[..., self.n :, self.n :]
+        return self.q(s, mean_b) + jnp.trace(Hbb @ cov_b, axis1=-2, axis2=-1)
 
 
 @full_precision
@@ -181,6 +188,79 @@ def fit_quadratic_vector_value(s: Array, y: Array, gamma, ridge: float = 1e-6):
 
 
 @full_precision
+def leave_one_out_lstd(
+    phi: Array, phi_next: Array, rewards: Array, gamma, ridge: float = 1e-6
+) -> Array:
+    """Leave-one-out :func:`lstd`: episode e's weights from the E - 1 *other* episodes.
+
+    From per-episode sufficient statistics ``A_e = phi_e^T (phi_e - gamma phi'_e)``,
+    ``c_e = phi_e^T r_e`` and ``q_e = sum_t phi_e^2``, episode e solves the :func:`lstd` system
+    (unit-RMS feature scaling, ``ridge`` on the scaled diagonal) of ``(sum - own)`` of each:
+    one batched F x F solve, no loop over episodes. Each fit is exactly :func:`lstd` on the
+    other episodes' transitions (up to rounding).
+
+    Args:
+      phi: [E, T, F] features of the current steps.
+      phi_next: [E, T, F] features of the next steps (the bootstrap targets).
+      rewards: [E, T] or [E, T, D] (vector-valued) rewards.
+      gamma: discount, scalar.
+      ridge: Tikhonov regularisation of the scaled system, as :func:`lstd`.
+    Returns:
+      [E, F] or [E, F, D] weights for the *unscaled* features, row e fitted without episode e.
+    Raises:
+      ValueError: fewer than 2 episodes (no other episode to fit on).
+    """
+    E, T = phi.shape[0], phi.shape[1]
+    if E < 2:
+        raise ValueError(f"leave-one-out fits need at least 2 episodes, got {E}")
+    y = rewards[..., None] if rewards.ndim == 2 else rewards
+    A_own = jnp.einsum("etf,etg->efg", phi, phi - gamma * phi_next)
+    c_own = jnp.einsum("etf,etd->efd", phi, y)
+    q_own = jnp.sum(phi**2, 1)
+    N = (E - 1) * T
+    A, c, q = (jnp.sum(x, 0, keepdims=True) - x for x in (A_own, c_own, q_own))
+    scale = jnp.sqrt(q / N) + 1e-12  # [E, F]
+    A = A / (scale[:, :, None] * scale[:, None, :]) / N
+    A = A + ridge * jnp.eye(A.shape[-1], dtype=A.dtype)
+    W = jnp.linalg.solve(A, c / scale[:, :, None] / N) / scale[:, :, None]  # [E, F, D]
+    return W[..., 0] if rewards.ndim == 2 else W
+
+
+@full_precision
+def leave_one_out_quadratic_q(
+    s: Array, b: Array, r: Array, gamma, ridge: float = 1e-6
+) -> QuadraticQ:
+    """Cross-fitted leader critic: episode e's Q_L(s, b) is :func:`fit_quadratic_q` on the
+    E - 1 *other* episodes (the trainer's ``critic="quadratic_loo"``).
+
+    BC-HG's guide ``Ben_t = Q_L(s_t, b_t) - V_L(s_t)`` multiplies FollowerQGrad's ``dQF_t``; a
+    critic fitted on the batch it is evaluated on depends on episode e's own actions and
+    rewards, so ``Ben_t`` correlates with episode e's ``dQF_t`` and the estimate is biased at few
+    episodes. A fit on the other episodes is independent of episode e, so (the LSTD class being
+    exact for linear-Gaussian problems) only the fit's finite-sample error on E - 1 episodes
+    remains, which does not correlate with episode e. Same SARSA-LSTD system, scaling and ridge
+    as :func:`fit_quadratic_q` (:func:`leave_one_out_lstd`).
+
+    Args:
+      s: [E, T+1, n] states s_0..s_T.
+      b: [E, T+1, m] follower actions b_0..b_T.
+      r: [E, T] leader rewards of steps 0..T-1.
+      gamma: the leader's discount gamma_L, scalar.
+      ridge: regularisation of :func:`lstd`.
+    Returns:
+      :class:`QuadraticQ` with ``H`` [E, 1, n + m, n + m] and ``h0`` [E, 1]: its ``q`` /
+      ``value`` on [E, T', .] inputs evaluate episode e with the fit without it.
+    Raises:
+      ValueError: fewer than 2 episodes.
+    """
+    n, m = s.shape[-1], b.shape[-1]
+    phi_all = quadratic_features(jnp.concatenate([s, b], -1))
+    w = leave_one_out_lstd(phi_all[:, :-1], phi_all[:, 1:], r, gamma, ridge)  # [E, F]
+    H = jax.vmap(lambda wq: _sym_from_triu(wq, n + m))(w[:, :-1])
+    return QuadraticQ(H[:, None], w[:, -1:], n)
+
+
+@full_precision
 def leave_one_out_vector_value(s: Array, y: Array, gamma, ridge: float = 1e-6) -> Array:
     """BC-HG's state baseline h(s) ~ grad_theta V_F(s), each episode's from the *other* episodes.
 
@@ -193,11 +273,8 @@ def leave_one_out_vector_value(s: Array, y: Array, gamma, ridge: float = 1e-6) -
     ``ridge``) on the E - 1 other episodes, which are independent of episode e, so the baseline
     is exactly unbiased while using almost all of the data.
 
-    All E fits come from per-episode sufficient statistics: with phi_e [T, F] the
-    :func:`quadratic_features` of s_0..s_{T-1} and phi'_e of s_1..s_T,
-    ``A_e = phi_e^T (phi_e - gamma phi'_e)``, ``c_e = phi_e^T y_e`` and ``q_e = sum_t phi_e^2``;
-    episode e solves the system of ``(sum - own)`` of each, F = n (n + 1) / 2 + 1 unknowns per
-    output (a vmapped small solve).
+    All E fits come from per-episode sufficient statistics (:func:`leave_one_out_lstd` on the
+    :func:`quadratic_features` of the states, F = n (n + 1) / 2 + 1 unknowns per output).
 
     Args:
       s: [E, T+1, n] states s_0..s_T.
@@ -209,21 +286,11 @@ def leave_one_out_vector_value(s: Array, y: Array, gamma, ridge: float = 1e-6) -
       [E, T, D] h at s_0..s_{T-1}, episode e's from the fit without it. With E = 1 there is no
       other episode: zeros (no baseline, which is unbiased too).
     """
-    E, T = y.shape[0], y.shape[1]
-    if E < 2:
+    if y.shape[0] < 2:
         return jnp.zeros_like(y)
     phi_all = quadratic_features(s)
-    phi, phi_next = phi_all[:, :-1], phi_all[:, 1:]
-    A_own = jnp.einsum("etf,etg->efg", phi, phi - gamma * phi_next)
-    c_own = jnp.einsum("etf,etd->efd", phi, y)
-    q_own = jnp.sum(phi**2, 1)
-    N = (E - 1) * T
-    A, c, q = (jnp.sum(x, 0, keepdims=True) - x for x in (A_own, c_own, q_own))
-    scale = jnp.sqrt(q / N) + 1e-12  # [E, F]
-    A = A / (scale[:, :, None] * scale[:, None, :]) / N
-    A = A + ridge * jnp.eye(A.shape[-1], dtype=A.dtype)
-    W = jnp.linalg.solve(A, c / scale[:, :, None] / N) / scale[:, :, None]  # [E, F, D]
-    return jnp.einsum("etf,efd->etd", phi, W)
+    W = leave_one_out_lstd(phi_all[:, :-1], phi_all[:, 1:], y, gamma, ridge)  # [E, F, D]
+    return jnp.einsum("etf,efd->etd", phi_all[:, :-1], W)
 
 
 @full_precision

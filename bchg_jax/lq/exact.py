@@ -24,7 +24,7 @@ from typing import Dict, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from bchg_jax.core.maxent_lqr import GaussianBestResponse
+from bchg_jax.core.maxent_lqr import GaussianBestResponse, nan_unless_converged
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
@@ -198,17 +198,25 @@ def leader_objective(
       br: the follower's best response at theta; solved here (Proposition 1) when None.
       tol: Riccati stopping tolerance. max_iters: Riccati iteration cap.
     Returns:
-      [] the leader's discounted (gamma_L) expected return from s_0 ~ N(0, init_cov).
+      [] the leader's discounted (gamma_L) expected return from s_0 ~ N(0, init_cov); when
+      ``br`` is None, NaN (and a NaN gradient) if the solve here did not converge and the
+      arguments are traced (under ``jit`` / ``vmap`` / ``grad``). A ``br`` given is evaluated
+      as it is (check ``br.converged``).
     Raises:
-      ValueError: a concrete ``beta`` not finite and > 0, a bad ``horizon``, or a bad scalar
-        setting of ``problem`` (a discount outside [0, 1), ...).
+      ValueError: a concrete ``beta`` not finite and > 0, a bad ``horizon``, a bad scalar
+        setting of ``problem`` (a discount outside [0, 1), ...), or a concrete solve here that
+        did not converge.
     """
     _check_args(problem, beta, horizon, theta)
     H = problem.horizon if horizon == "default" else horizon
-    br = problem.best_response(theta, beta, tol=tol, max_iters=max_iters) if br is None else br
+    solved = br is None
+    br = problem.best_response(theta, beta, tol=tol, max_iters=max_iters) if solved else br
     X = discounted_state_covariance(problem, theta, br, H)
     Ms, Mb, c = problem.leader_quadratic(theta)
-    return quadratic_return(Ms, Mb, c, br, X, _discount_mass(problem.gamma_L, H, theta.dtype))
+    J = quadratic_return(Ms, Mb, c, br, X, _discount_mass(problem.gamma_L, H, theta.dtype))
+    if not solved:  # the policy given is evaluated as it is (the trainer flags its own solves)
+        return J
+    return nan_unless_converged(br, J, "lq.leader_objective: the follower's Riccati iteration")
 
 
 @full_precision
@@ -232,14 +240,21 @@ def exact_hypergradient(
       horizon: as :func:`leader_objective`.
       tol: Riccati stopping tolerance. max_iters: Riccati iteration cap.
     Returns:
-      [d] gradient (like ``theta``).
+      [d] gradient (like ``theta``); NaN when the Riccati iteration did not converge (traced).
     Raises:
-      ValueError: as :func:`leader_objective`.
+      ValueError: as :func:`leader_objective` (a concrete ``theta`` and ``beta`` whose solve
+        did not converge included).
     """
     _check_args(problem, beta, horizon, theta)
-    return jax.grad(
-        lambda th: leader_objective(problem, th, beta, horizon, tol=tol, max_iters=max_iters)
-    )(theta)
+
+    def J(th):
+        br = problem.best_response(th, beta, tol=tol, max_iters=max_iters)
+        return leader_objective(problem, th, beta, horizon, br=br), br
+
+    grad, br = jax.grad(J, has_aux=True)(theta)
+    return nan_unless_converged(
+        br, grad, "lq.exact_hypergradient: the follower's Riccati iteration"
+    )
 
 
 @full_precision

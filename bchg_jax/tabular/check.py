@@ -2,10 +2,11 @@
 
 ``check_problem(problem, thetas, beta)`` samples ``batches`` independent batches per theta exactly
 as a training run of ``method`` would (``make_train(problem, method, config).steps``: the same
-sampler, time limit, oracle rollouts and estimator options), estimates the hypergradient of
-Theorem 1 (Eq. (hg_configurable)) on each with exact leader critics (default) so that only the
-estimator is judged, and compares the mean with :func:`~bchg_jax.tabular.exact.exact_hypergradient`
-(implicit differentiation through the follower's fixed point). Per theta it reports
+sampler with its support check, time limit, oracle rollouts and estimator options), estimates
+the hypergradient of Theorem 1 (Eq. (hg_configurable)) on each with exact leader critics
+(default) so that only the estimator is judged, and compares the mean with
+:func:`~bchg_jax.tabular.exact.exact_hypergradient` (implicit differentiation through the
+follower's fixed point). Per theta it reports
 
 * ``bias_se``: max over components of |mean - exact| / SE (SE: the standard error of the mean
   over batches); above ~4 the estimator is biased at this resolution;
@@ -14,16 +15,23 @@ estimator is judged, and compares the mean with :func:`~bchg_jax.tabular.exact.e
 * ``cosine``: cos(mean, exact);
 * ``truncated``: the fraction of the sampled streams whose first episode was cut (by the time
   limit or the end of the batch) before a terminal state, and ``cut_weight`` = ``truncated``
-  gamma_L^H, H = min(``time_limit``, ``num_steps``): the discount weight beyond the cut.
+  max(gamma_L, gamma_F)^H, H = min(``time_limit``, ``num_steps``): the discount weight beyond
+  the cut (the partial term's steps are discounted by gamma_L, the FollowerQGrad segments of
+  Eq. (nablaQF) in the guiding term by gamma_F: a segment starting at step k loses
+  ~gamma_F^(H - k) of its sum at the cut);
+* ``support_lost``: with the sparse solvers, the sampler's table put mass outside its successor
+  table at theta, so the batches were drawn from the whole table (as a training run does).
 
 Only the unbiased forms (``TrainConfig(grouping="first_episode", partial="first_episode")``,
 :mod:`bchg_jax.tabular.estimators`) should pass at every resolution, and only when the first
 episode ends at a terminal state; the reference convention and the ratio forms are biased by the
 episodes the batch cuts off, by O(1 / episodes per stream). A cut episode is truncated at H
 while :func:`~bchg_jax.tabular.exact.exact_hypergradient` has no time limit, a bias of up to
-~gamma_L^H of the gradient that no estimator form removes (``random_tabular_cmdp``, gamma_L
-0.9, no terminal state, ``time_limit = num_steps = 10``: 34%, 15.9 SE; at 40: 1.8%, 0.9 SE).
-A warning says so when ``cut_weight`` exceeds ``CUT_WEIGHT_WARN``.
+~max(gamma_L, gamma_F)^H of the gradient that no estimator form removes (``random_tabular_cmdp``,
+gamma_L 0.9 > gamma_F 0.85, no terminal state, ``time_limit = num_steps = 10``: 34%, 15.9 SE;
+at 40: 1.8%, 0.9 SE; a follower more patient than the leader, gamma_F 0.99 and gamma_L 0.5 at
+H = 40: 225 SE, 0.99^40 = 0.67). A warning says so when ``cut_weight`` exceeds
+``CUT_WEIGHT_WARN``.
 """
 
 from __future__ import annotations
@@ -79,7 +87,8 @@ def check_problem(
     Returns:
       one dict per theta: ``exact`` [D] and ``mean``, ``se``, ``z`` (all flattened like theta),
       ``bias_se`` (max |z|), ``rel_error``, ``rel_se``, ``cosine``, ``truncated`` and
-      ``cut_weight`` (module docstring; a warning when ``cut_weight`` > ``CUT_WEIGHT_WARN``).
+      ``cut_weight`` (module docstring; a warning when ``cut_weight`` > ``CUT_WEIGHT_WARN``),
+      ``support_lost`` (the batches came from the whole table: module docstring).
     Raises:
       ValueError: ``method="exact"`` or unknown, an unknown ``critic``, ``batches`` < 2, or an
         invalid problem / config (as :func:`~bchg_jax.tabular.train.make_train`).
@@ -107,9 +116,11 @@ def check_problem(
         [batches]): one program for every theta."""
         br = best_response(problem, theta, beta)
         V_L, Q_L = leader_values(problem, theta, br.policy)
+        # the trainer's sampler: from the whole table where the successor table lost mass
+        _, sampler_lost = steps["support_lost"](theta)
 
         def one(k):
-            batch, segments = steps["collect"](k, theta, br.policy)
+            batch, segments = steps["checked_collect"](k, theta, br.policy, sampler_lost)
             q, v = Q_L, V_L
             if critic == "monte_carlo":
                 q, v = critics.monte_carlo_critic(
@@ -124,16 +135,18 @@ def check_problem(
             )
 
         est, cut = jax.lax.map(one, keys, batch_size=min(int(chunk), int(batches)))
-        return jnp.ravel(exact_hypergradient(problem, theta, beta)), est, cut
+        return jnp.ravel(exact_hypergradient(problem, theta, beta)), est, cut, sampler_lost
 
+    # the slower of the two discounts sets the weight beyond the cut (module docstring)
+    gamma = max(float(problem.gamma_L), float(problem.gamma_F))
     out = []
     for i, theta in enumerate(theta_list):
-        g, est, cut = exact_and_estimates(
+        g, est, cut, lost = exact_and_estimates(
             jnp.asarray(theta, dtype), jax.random.split(jax.random.fold_in(key, i), batches)
         )
         g, est = np.asarray(g, np.float64), np.asarray(est, np.float64)
         truncated = float(np.mean(np.asarray(cut, np.float64)))
-        cut_weight = truncated * float(problem.gamma_L) ** horizon
+        cut_weight = truncated * gamma**horizon
         mean = est.mean(0)
         se = est.std(0, ddof=1) / np.sqrt(est.shape[0])
         z = (mean - g) / np.maximum(se, np.finfo(np.float64).tiny)
@@ -151,13 +164,14 @@ def check_problem(
             ),
             "truncated": truncated,
             "cut_weight": cut_weight,
+            "support_lost": bool(lost),
         }
         out.append(row)
         if cut_weight > CUT_WEIGHT_WARN:
             warnings.warn(
                 f"theta {i}: {100 * truncated:.0f}% of the sampled first episodes were cut "
                 f"at step {horizon} (time limit or batch end) before a terminal state, and "
-                f"gamma_L^{horizon} = {float(problem.gamma_L) ** horizon:.3g}: the estimates "
+                f"max(gamma_L, gamma_F)^{horizon} = {gamma**horizon:.3g}: the estimates "
                 "target the hypergradient truncated there, while the exact reference has no "
                 f"time limit (a bias of up to ~{cut_weight:.2g} of it)",
                 stacklevel=2,

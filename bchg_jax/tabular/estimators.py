@@ -39,17 +39,20 @@ whatever the lengths, and divide by the number of streams E (not random): the su
 expectation ``sum_{t<T} a_t``, i.e. exactly the term of Theorem 1 whenever that episode ends at
 a terminal state within the batch. An episode cut before a terminal state gives the term
 truncated at the cut, T = ``num_steps`` (the end of the batch) or T = ``time_limit``: a bias of
-at most the discounted tail beyond T of one episode (~gamma_L^T of the term), for any number of
-streams. A time limit is such a cut (the sampler resets there; Theorem 1 and
-:func:`~bchg_jax.tabular.exact.exact_hypergradient` have no time limit), so
+at most the discounted tail beyond T of one episode, for any number of streams: ~gamma_L^T of
+the partial term, and ~max(gamma_L, gamma_F)^T of the guiding term, whose segments of
+Eq. (nablaQF) are discounted by gamma_F (one starting at step k loses ~gamma_F^(T - k) of its
+sum; gamma_F 0.99, gamma_L 0.5, T 40: 68% of the gradient, 225 SE). A time limit is such a cut
+(the sampler resets there; Theorem 1 and :func:`~bchg_jax.tabular.exact.exact_hypergradient`
+have no time limit), so
 ``time_limit <= num_steps`` does not make these forms exact: ``random_tabular_cmdp`` (gamma_L
-0.9, no terminal state) at ``time_limit = num_steps = 10`` is biased by 34% (15.9 SE), at 40 by
-1.8% (0.9 SE; gamma_L^40 = 1.5%); :func:`~bchg_jax.tabular.check.check_problem` reports the fraction
-of cut episodes. Nothing better is possible without a bound on the lengths: a later episode
-is seen at in-episode time t only with a probability set by the unknown length distribution,
-and reweighting it needs an unbiased estimate of 1 / that probability, which a fixed number of
-streams does not give. Many streams about one episode long (``num_steps`` ~ ``time_limit``)
-waste little.
+0.9 > gamma_F 0.85, no terminal state) at ``time_limit = num_steps = 10`` is biased by 34%
+(15.9 SE), at 40 by 1.8% (0.9 SE; gamma_L^40 = 1.5%);
+:func:`~bchg_jax.tabular.check.check_problem` reports the fraction of cut episodes. Nothing
+better is possible without a bound on the lengths: a later episode is seen at in-episode time t
+only with a probability set by the unknown length distribution, and reweighting it needs an
+unbiased estimate of 1 / that probability, which a fixed number of streams does not give. Many
+streams about one episode long (``num_steps`` ~ ``time_limit``) waste little.
 """
 
 from __future__ import annotations
@@ -351,7 +354,8 @@ def hypergradient(
     ``grouping="first_episode", partial="first_episode"`` is the unbiased literal form of
     Theorem 1 for any number of episodes per stream (each stream's first episode over the number
     of streams; exact when that episode ends at a terminal state within the batch, truncated at
-    a time limit or the batch's end otherwise: a bias of up to ~gamma_L^T, module docstring).
+    a time limit or the batch's end otherwise: a bias of up to ~max(gamma_L, gamma_F)^T, module
+    docstring).
     ``"per_visit"`` / ``"trajectory"`` divide sums over every step by the number of completed
     episodes: consistent, but biased by the cut-off episodes (O(1 / episodes per stream)). The
     defaults (``"every_visit"``) are the reference convention of the paper's runs.

@@ -120,7 +120,12 @@ def policy_evaluation_sweeps(
         res = jnp.max(jnp.abs(V2 - c[0]))
         return V2, res, c[2] + 1, progress_update(c[3], res)
 
-    init = (V0, jnp.asarray(jnp.inf, V0.dtype), 0, progress_init((), V0.dtype))
+    init = (
+        V0,
+        jnp.asarray(jnp.inf, V0.dtype),
+        jnp.zeros((), jnp.int32),
+        progress_init((), V0.dtype),
+    )
     V, res, _, _ = jax.lax.while_loop(cond, body, init)
     return (V, res) if return_residual else V
 
@@ -230,7 +235,7 @@ def best_response(
         policy=boltzmann(Q, V, beta),
         V=V,
         Q=Q,
-        sweeps=jnp.asarray(polish_sweeps),
+        sweeps=jnp.asarray(polish_sweeps, jnp.int32),
         residual=jnp.max(jnp.abs(f(V))),
     )
 

@@ -39,7 +39,7 @@ class BestResponse(NamedTuple):
     policy: Array  # [S, B]  g(b | s)
     V: Array  # [S]     V_F
     Q: Array  # [S, B]  Q_F
-    sweeps: Array  # []      number of Bellman sweeps performed
+    sweeps: Array  # []      number of Bellman sweeps performed (int32, under x64 too)
     residual: Array  # []    sup-norm change of the last sweep
 
     def log_prob(self, s, b):
@@ -213,7 +213,7 @@ def soft_value_iteration(
             return V2, jnp.max(jnp.abs(V2 - V))
 
         V, res = jax.lax.fori_loop(0, num_sweeps, body, (V0, jnp.asarray(jnp.inf, r.dtype)))
-        n = jnp.asarray(num_sweeps)
+        n = jnp.asarray(num_sweeps, jnp.int32)
     else:
         window = stall_window(gamma)
 
@@ -227,7 +227,8 @@ def soft_value_iteration(
             res = jnp.max(jnp.abs(V2 - V))
             return V2, res, k + 1, progress_update(progress, res)
 
-        init = (V0, jnp.asarray(jnp.inf, r.dtype), jnp.asarray(0), progress_init((), r.dtype))
+        zero = jnp.zeros((), jnp.int32)
+        init = (V0, jnp.asarray(jnp.inf, r.dtype), zero, progress_init((), r.dtype))
         V, res, n, _ = jax.lax.while_loop(cond, body, init)
     Q = soft_q(P, r, V, gamma, cont)
     V = soft_v(Q, beta)

@@ -80,7 +80,7 @@ def k_step_response(P: Array, r: Array, beta, gamma, terminal, V_prev: Array, K:
       learner's next state; ``sweeps`` = K).
     """
     br = soft_value_iteration(P, r, beta, gamma, terminal, V0=V_prev, num_sweeps=K - 1)
-    return br._replace(sweeps=jnp.asarray(K))
+    return br._replace(sweeps=jnp.asarray(K, jnp.int32))
 
 
 def q_learning_policy(Q: Array, beta, explore) -> Array:

@@ -67,7 +67,7 @@ def _sample_cdf(cdf: Array, u: Array) -> Array:
     per 1e6 steps; normalised rows and this draw: 1). The clamp only serves an all-zero row.
     """
     x = u * cdf[..., -1:]
-    return jnp.minimum(jnp.sum(cdf <= x, axis=-1), cdf.shape[-1] - 1)
+    return jnp.minimum(jnp.sum(cdf <= x, axis=-1, dtype=jnp.int32), cdf.shape[-1] - 1)
 
 
 def rollout(

@@ -44,7 +44,8 @@ the minor, contiguous one):
   the rounding floor (:mod:`bchg_jax.core.rounding`).
 * :func:`sparse_policy_evaluation`: V^g by warm-started expectation sweeps to tolerance (the
   exact J_L metric of the training loops); unbatched, the stopping test runs after every
-  ``ONE_RUN_SWEEPS_PER_TEST`` sweeps (the same test, on the last sweep's change).
+  ``ONE_RUN_SWEEPS_PER_TEST`` sweeps (the same test, on the last sweep's change; every sweep
+  when ``max_sweeps`` is not a multiple of it, so that no solve passes the cap).
 
 The expectation sweeps (of both solvers) are *multi-colour Gauss-Seidel* sweeps with the
 self-transition solved exactly: the states are coloured so that no state's successors share its
@@ -539,7 +540,9 @@ def _soft_impl(order, tol, max_sweeps, linear_sweeps, has_run, probs, r, beta, g
         # rounding floor where the soft and the expectation sweeps' float fixed points differ
         # (module docstring): plain soft sweeps from here on (the first round compares with inf)
         mixed = c["mixed"] & (res2 < EXPECTATION_MIN_REDUCTION * c["res"])
-        more = act & mixed & (res2 > tol)
+        # no round that would pass max_sweeps: near the cap, plain soft sweeps up to it
+        fits = c["n"] + 1 + linear_sweeps <= max_sweeps
+        more = act & mixed & (res2 > tol) & fits
         if linear_sweeps > 0:
             W = jax.lax.cond(jnp.any(more), lambda: improve_and_evaluate(t, Q, V2), lambda: V2)
             V2 = jnp.where(more, W, V2)
@@ -593,8 +596,11 @@ def _evaluation_impl(order, tol, max_sweeps, has_run, probs, r, policy, gc, V0):
         return going & (c["n"] < max_sweeps)
 
     # one run: several sweeps per loop trip, the test on the last one's change (fewer trips;
-    # batched, each lane would pay the extra sweeps)
-    per_trip = ONE_RUN_SWEEPS_PER_TEST if R == 1 else 1
+    # batched, each lane would pay the extra sweeps); one per trip unless the trips end at
+    # max_sweeps exactly (never past the cap)
+    per_trip = ONE_RUN_SWEEPS_PER_TEST
+    if R > 1 or max_sweeps % per_trip:
+        per_trip = 1
 
     def body(c):
         act = active(c)
@@ -678,7 +684,8 @@ def sparse_soft_value_iteration(
       terminal: [S] bool mask of terminal states, or None.
       V0: [S] warm start, or None for zeros.
       tol: stop when a soft sweep changes V by at most ``tol`` (sup norm).
-      max_sweeps: cap on the sweeps (soft and linear together).
+      max_sweeps: cap on the sweeps (soft and linear together; a round of expectation sweeps
+        that would pass it is not started, plain soft sweeps run up to it instead).
       linear_sweeps: expectation sweeps after each soft sweep (0: soft value iteration), until
         a round of them fails to reduce the soft residual (module docstring).
       return_lost_mass: also return :func:`lost_mass` of ``P`` (above

@@ -363,7 +363,7 @@ def make_train(
         if fm.kind == "k_step":
             through = k_step_hypergradient(problem, theta, own, beta, fm.steps)
         elif fm.kind == "lag":
-            through = lag_hypergradient(problem, theta, own, beta, fm.mix, V0=br.V)
+            through = lag_hypergradient(problem, theta, own, beta, fm.mix, V_star=br.V)
         else:
             through = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), target)
         return target, through

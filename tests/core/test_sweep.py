@@ -6,6 +6,7 @@ import sys
 import textwrap
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -101,3 +102,41 @@ def test_join_chunks_joins_along_the_iteration_axis_of_metrics_with_trailing_axe
     np.testing.assert_array_equal(out["g_S"][:, :, :4], 0.0)
     # a metric the earlier chunk lacks is 0 there, with its own trailing axes
     assert out["new"].shape == (G, N, 9, 2) and not out["new"][:, :, :4].any()
+
+
+def test_seeds_must_be_a_positive_int():
+    """``seeds=2.5`` ran 2 seeds silently; now any seed count that is not a positive int is a
+    clear error, before anything is built or run."""
+    from bchg_jax.core.sweep import state_template
+
+    prob = random_tabular_cmdp(jax.random.key(1), num_states=5, num_actions=3, time_limit=20)
+    tr = make_train(prob, "bchg", TrainConfig(num_steps=10, iterations=3))
+    grid = {"beta": [0.3]}
+    for seeds in (2.5, 0, -1, True, "2"):
+        with pytest.raises(ValueError, match="seeds must be a positive int"):
+            run_grid(tr, grid, seeds, 3, verbose=False)
+        with pytest.raises(ValueError, match="seeds must be a positive int"):
+            state_template(tr, grid, seeds)
+    assert state_template(tr, grid, np.int64(2)).theta.shape[:2] == (1, 2)
+
+
+def test_grid_values_that_the_dtype_rounds_to_zero_or_inf_are_refused(x64):
+    """``beta = 1e-46`` is > 0 in float64 (validate passes) but 0 in float32: the float32
+    trainer's grid refuses it (and a subnormal 1e-40, and lr 1e39 -> inf); a float64 grid keeps
+    it."""
+    prob = random_tabular_cmdp(jax.random.key(1), num_states=5, num_actions=3, time_limit=20)
+    tr = make_train(prob, "bchg", TrainConfig(num_steps=10, iterations=3))
+    for grid in ({"beta": [0.3, 1e-46]}, {"beta": 1e-40}, {"lr": [1e39]}):
+        with pytest.raises(ValueError, match="does not fit in float32"):
+            tr.hparams(grid)
+        with pytest.raises(ValueError, match="does not fit in float32"):
+            run_grid(tr, grid, 1, 3, verbose=False)
+    from bchg_jax.tabular import HParams
+
+    assert float(HParams.from_grid({"beta": 1e-46}, jnp.float64).beta[0]) == 1e-46
+    HParams(beta=1e-46).check_representable(jnp.float64)
+    with pytest.raises(ValueError, match="beta = 1e-46 does not fit in float32"):
+        HParams(beta=1e-46).check_representable(jnp.float32)
+    # one run's HParams given to the float32 trainer directly (build_trainer's check)
+    with pytest.raises(ValueError, match="beta = 1e-46 does not fit in float32"):
+        tr.train(jax.random.key(0), HParams(beta=1e-46))

@@ -10,6 +10,7 @@ import pytest
 from bchg_jax import tabular
 from bchg_jax.problems import random_tabular_cmdp
 from bchg_jax.tabular import TrainConfig
+from bchg_jax.tabular.train import resolve_solver
 
 
 def _problem():
@@ -91,3 +92,78 @@ def test_check_problem_reports_episodes_cut_by_the_time_limit(x64):
             ended, [ended.theta0], 0.5, config=terminal, batches=8, verbose=False
         )
     assert row["truncated"] < 0.1 and row["cut_weight"] < 1e-3
+
+
+def _teleport_chain(threshold, S=20, dtype=jnp.float32):
+    """A chain (left / right, clipped) whose 'right' teleports to S - 1 with probability 0.5
+    when theta[0] > threshold: a support that moves with theta (tests/tabular/test_sparse.py)."""
+    s = np.arange(S)
+    base = np.zeros((S, 2, S), np.float32)
+    base[s, 0, np.maximum(s - 1, 0)] = 1.0
+    base[s, 1, np.minimum(s + 1, S - 1)] = 1.0
+    tele = base.copy()
+    tele[:, 1] *= 0.5
+    tele[:, 1, S - 1] += 0.5
+    base, tele = jnp.asarray(base, dtype), jnp.asarray(tele, dtype)
+    return tabular.TabularCMDP(
+        transition=lambda th: jnp.where(th[0] > threshold, tele, base),
+        init_dist=lambda th: jnp.zeros((S,), dtype).at[0].set(1.0),
+        follower_reward=lambda th: jnp.zeros((S, 2), dtype).at[:, 1].set(th[1]),
+        leader_reward=lambda th: jnp.zeros((S, 2), dtype).at[S - 1].set(1.0),
+        gamma_F=0.9,
+        gamma_L=0.9,
+        theta0=jnp.asarray([0.0, 0.5], dtype),
+        name="teleport_chain",
+    ).validate()
+
+
+def test_check_problem_samples_from_the_whole_table_where_the_support_moved():
+    """The chain teleports only when theta[0] > 100, which no probe sees: ``auto`` takes the
+    sparse form. At theta[0] = 102 the successor table has lost half of each 'right' row, and
+    check_problem draws its batches as the trainer does (``checked_collect``): from the whole
+    table, the very batches of the dense solver's run (``support_lost`` reported). Before, it
+    drew from the truncated table (d1 of the audit: 100% of the sampled transitions had model
+    probability 0 on a ring, 7.6 SE of sampler bias)."""
+    chain = _teleport_chain(100.0)
+    assert resolve_solver(chain, "auto")[0] == "sparse"
+    theta = jnp.asarray([102.0, 0.5])
+    rows = {}
+    for solver in ("auto", "dense"):
+        config = TrainConfig(num_envs=4, num_steps=30, solver=solver)
+        with pytest.warns(UserWarning, match="cut at step 30"):  # no terminal state
+            rows[solver] = tabular.check_problem(
+                chain, [theta, chain.theta0], 0.1, config=config, batches=4, verbose=False
+            )
+    lost, kept = rows["auto"]
+    np.testing.assert_array_equal(lost["mean"], rows["dense"][0]["mean"])
+    assert lost["support_lost"] and not kept["support_lost"]
+    assert not any(row["support_lost"] for row in rows["dense"])
+
+
+def test_check_problem_cut_weight_uses_the_slower_discount():
+    """The guiding term's FollowerQGrad segments are discounted by gamma_F: a cut at H loses
+    ~max(gamma_L, gamma_F)^H of the gradient. gamma_F 0.99, gamma_L 0.5, H 40: cut_weight is
+    0.99^40 = 0.67 with a warning (before: 0.5^40 = 9e-13 and no warning, while the estimate was
+    biased by 68%, 225 SE, audit d5)."""
+    P = np.zeros((3, 2, 3))
+    P[0, 0, 1] = P[0, 1, 2] = P[1, :, 1] = P[2, :, 2] = 1.0
+    P = jnp.asarray(P, jnp.float32)
+    prob = tabular.TabularCMDP(
+        transition=lambda th: P,
+        init_dist=lambda th: jnp.array([1.0, 0.0, 0.0]),
+        follower_reward=lambda th: jnp.stack(
+            [jnp.zeros(2), jnp.full(2, th[0]), jnp.full(2, th[1])]
+        ),
+        leader_reward=lambda th: jnp.array([[0.0, 0.0], [1.0, 1.0], [0.0, 0.0]]),
+        gamma_F=0.99,
+        gamma_L=0.5,
+        theta0=jnp.zeros(2),
+        time_limit=40,
+    ).validate()
+    config = TrainConfig(
+        num_envs=8, num_steps=40, grouping="first_episode", partial="first_episode"
+    )
+    with pytest.warns(UserWarning, match=r"max\(gamma_L, gamma_F\)\^40 = 0.669"):
+        (row,) = tabular.check_problem(prob, [prob.theta0], 1.0, config=config, batches=4)
+    assert row["truncated"] == 1.0
+    np.testing.assert_allclose(row["cut_weight"], 0.99**40)

@@ -508,3 +508,50 @@ def test_sparse_float32_solver_converges_where_its_two_sweeps_disagree_by_roundi
     solve = jax.vmap(lambda r: sparse.sparse_soft_value_iteration(P, r, 0.5, 0.9, succ))
     s = solve(jnp.stack(rewards))
     assert np.all(np.asarray(s.residual) <= 1e-6) and np.all(np.asarray(s.sweeps) < 3000)
+
+
+def test_sweep_counts_are_int32_under_x64_so_the_trainer_can_switch_solvers(x64):
+    """With x64 on, every tabular solver counts its sweeps in int32, so the trainer's switch
+    between the sparse and the dense solves (``cond_on_any_lane``) has branches of one type.
+    Before, the dense ``soft_value_iteration`` counted in int64 under x64 and a sparse trainer
+    on any theta-dependent model crashed ("cond branches must have equal output types")."""
+    chain = _teleport_chain(100.0)
+    P, r = chain.transition(chain.theta0), chain.follower_reward(chain.theta0)
+    succ = sparse.successors_from_transition(P)
+    for br in (
+        soft_value_iteration(P, r, 0.1, 0.9, num_sweeps=3),
+        soft_value_iteration(P, r, 0.1, 0.9, tol=1e-6),
+        sparse.sparse_soft_value_iteration(P, r, 0.1, 0.9, succ),
+    ):
+        assert br.sweeps.dtype == jnp.int32
+    steps = make_train(chain, "bchg", TrainConfig(solver="sparse")).steps
+    V = jnp.zeros((20,), jnp.float32)
+    for theta, lost in (([0.0, 0.5], False), ([102.0, 0.5], True)):
+        br, *_, (model_lost, _) = jax.jit(steps["solves"])(
+            jnp.asarray(theta, jnp.float32), 0.1, V, V
+        )
+        assert bool(model_lost) == lost and br.sweeps.dtype == jnp.int32
+    # and a whole training run (the rollouts' draws are int32 too: the dense and the sparse
+    # collect are also joined by a cond)
+    trainer = make_train(chain, "bchg", TrainConfig(solver="sparse", num_steps=10, iterations=3))
+    _, metrics = trainer.train(jax.random.key(0), {"lr": 0.1, "sarsa_alpha": 0.5, "beta": 0.1})
+    assert np.all(np.isfinite(np.asarray(metrics["J"])))
+
+
+def test_sparse_soft_solver_respects_max_sweeps():
+    """``max_sweeps`` caps soft and expectation sweeps together: near the cap no round of
+    ``linear_sweeps`` expectation sweeps starts, plain soft sweeps run up to it (before, cap 5
+    with 16 expectation sweeps ran 17; cap 40 ran 51)."""
+    P, succ, rng = _random_sparse_model()
+    r = jnp.asarray(rng.normal(size=P.shape[:2]), jnp.float32)
+    for cap in (5, 40):
+        br = sparse.sparse_soft_value_iteration(P, r, 0.5, 0.99, succ, tol=1e-6, max_sweeps=cap)
+        assert int(br.sweeps) == cap and float(br.residual) > 1e-6, (cap, int(br.sweeps))
+    # the evaluation's sweeps per stopping test (one run: 4) never pass the cap either (before:
+    # cap 5 ran 8 sweeps)
+    gc = jnp.full((P.shape[0],), 0.99, jnp.float32)
+    probs = sparse.successor_probs(P, succ)
+    for cap in (5, 8):
+        evaluate = sparse._evaluation_solver(*sparse._key(succ), 1e-6, cap)
+        _, n, res = evaluate(probs, r, br.policy, gc, jnp.zeros(P.shape[0]))
+        assert int(n) == cap and float(res) > 1e-6, (cap, int(n))

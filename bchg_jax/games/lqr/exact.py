@@ -22,6 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.maxent_lqr import nan_unless_converged
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
@@ -136,6 +137,8 @@ def leader_objective(
     stochastic: bool = True,
     resp: GameResponse | None = None,
     s0: Array | None = None,
+    tol: float = 1e-6,
+    max_iters: int = 50_000,
 ) -> Array:
     """sum_{t < horizon} gamma^t E[r_L(s_t)] from ``s0`` (default the game's): exact.
 
@@ -152,22 +155,30 @@ def leader_objective(
       resp: the follower's response; solved at theta (Proposition 2) when None, so that the
         gradient includes the follower's reaction.
       s0: [n] start state (default ``game.s0``).
+      tol: Riccati stopping tolerance. max_iters: Riccati iteration cap (when ``resp`` is None).
     Returns:
-      [] the expected leader return.
+      [] the expected leader return; when ``resp`` is None, NaN (and a NaN gradient) if the
+      Riccati iteration here did not converge and the arguments are traced (under ``jit`` /
+      ``vmap`` / ``grad``). A ``resp`` given is evaluated as it is (check ``resp.converged``).
     Raises:
       ValueError: a concrete ``beta`` not finite and > 0, a ``horizon`` that is not a positive
         integer, a concrete ``gamma`` outside [0, 1], a bad scalar setting of ``game`` (a
-        discount outside [0, 1), ...), or ``theta`` not [k * n].
+        discount outside [0, 1), ...), ``theta`` not [k * n], or a concrete solve here that did
+        not converge.
     """
     _check_args(game, beta, horizon, gamma, theta=theta)
     T = int(game.horizon if horizon is None else horizon)
-    if resp is None:
-        resp = best_response(game, theta, beta, stochastic=stochastic)
+    solved = resp is None
+    if solved:
+        resp = best_response(game, theta, beta, stochastic=stochastic, tol=tol, max_iters=max_iters)
     F, N = closed_loop(game, theta, resp, stochastic)
     x0 = jnp.asarray(game.s0 if s0 is None else s0, theta.dtype)
     mu, S = state_moments(F, N, x0, T)
     r = expected_bump(game, mu, S)
-    return jnp.sum(r * jnp.asarray(gamma, theta.dtype) ** jnp.arange(T, dtype=theta.dtype))
+    J = jnp.sum(r * jnp.asarray(gamma, theta.dtype) ** jnp.arange(T, dtype=theta.dtype))
+    if not solved:  # the response given is evaluated as it is (the trainer flags its solves)
+        return J
+    return nan_unless_converged(resp, J, "lqr.leader_objective: the follower's Riccati iteration")
 
 
 @full_precision
@@ -179,6 +190,8 @@ def exact_hypergradient(
     horizon: int | None = None,
     gamma=None,
     stochastic: bool = True,
+    tol: float = 1e-6,
+    max_iters: int = 50_000,
 ) -> Array:
     """grad_theta of the discounted ``horizon``-step leader return (default gamma = gamma_L).
 
@@ -191,16 +204,23 @@ def exact_hypergradient(
       horizon: number of steps (default ``game.horizon``).
       gamma: discount (default ``game.gamma_L``).
       stochastic: Gaussian (True) or deterministic (False) leader.
+      tol: Riccati stopping tolerance. max_iters: Riccati iteration cap.
     Returns:
-      [k * n] gradient.
+      [k * n] gradient; NaN when the Riccati iteration did not converge (traced).
     Raises:
       ValueError: as :func:`leader_objective`.
     """
     _check_args(game, beta, horizon, gamma, theta=theta)
     g = game.gamma_L if gamma is None else gamma
-    return jax.grad(
-        lambda th: leader_objective(game, th, beta, horizon=horizon, gamma=g, stochastic=stochastic)
-    )(theta)
+
+    def J(th):
+        resp = best_response(game, th, beta, stochastic=stochastic, tol=tol, max_iters=max_iters)
+        kw = dict(horizon=horizon, gamma=g, stochastic=stochastic, resp=resp)
+        return leader_objective(game, th, beta, **kw), resp
+
+    grad, resp = jax.grad(J, has_aux=True)(theta)
+    what = "lqr.exact_hypergradient: the follower's Riccati iteration"
+    return nan_unless_converged(resp, grad, what)
 
 
 @full_precision
@@ -294,6 +314,8 @@ def exact_critic_estimate(
     direct_baseline: str = "value",
     influence: str = "baseline",
     samples: int = 16,
+    tol: float = 1e-6,
+    max_iters: int = 50_000,
 ) -> Array:
     """One batch's hypergradient estimate with *exact* critics (estimator studies and tests).
 
@@ -319,8 +341,10 @@ def exact_critic_estimate(
       direct_baseline: ``"value"``, ``"same_b"``, ``"same_noise"`` or ``"none"``.
       influence: ``"raw"`` or ``"baseline"``.
       samples: Monte Carlo samples of the Benefit (and of the ``same_*`` baselines).
+      tol: Riccati stopping tolerance. max_iters: Riccati iteration cap.
     Returns:
-      [k * n] the estimate of grad_theta J_L.
+      [k * n] the estimate of grad_theta J_L (NaN when the Riccati iteration did not converge
+      and the arguments are traced; an error when concrete).
     Raises:
       ValueError: an unknown ``direct_baseline`` or ``influence``, a concrete ``beta`` not
         finite and > 0, a concrete ``gamma`` outside [0, 1], ``episodes`` / ``leader_steps`` /
@@ -338,7 +362,9 @@ def exact_critic_estimate(
     check_int_range("extra_steps", extra_steps, 0, float("inf"))
     gL = game.gamma_L if gamma is None else gamma
     T = leader_steps
-    resp = best_response(game, theta, beta, stochastic=stochastic)
+    resp = best_response(game, theta, beta, stochastic=stochastic, tol=tol, max_iters=max_iters)
+    what = "lqr.exact_critic_estimate: the follower's Riccati iteration"
+    checked = lambda grad: nan_unless_converged(resp, grad, what)  # noqa: E731
 
     def Qfn(s, a, b, rem):
         return leader_q(game, theta, resp, s, a, b, rem, gL, T, stochastic)
@@ -353,18 +379,20 @@ def exact_critic_estimate(
     if not stochastic:
         dQL = jax.grad(lambda aa: Qfn(s, aa, b, rem).sum())(a)
         dQF = jax.grad(lambda aa: follower_q(game, resp, theta, s, aa, b).sum())(a)
-        return deterministic_hypergradient(
-            lambda t_, s_: s_ @ leader_gain(game, t_).T,
-            theta,
-            s,
-            dQL,
-            ben,
-            dQF,
-            beta,
-            gL,
-            game.gamma_F,
-            guide,
-            leader_steps=T,
+        return checked(
+            deterministic_hypergradient(
+                lambda t_, s_: s_ @ leader_gain(game, t_).T,
+                theta,
+                s,
+                dQL,
+                ben,
+                dQF,
+                beta,
+                gL,
+                game.gamma_F,
+                guide,
+                leader_steps=T,
+            )
         )
     if direct_baseline == "value":
         base = leader_state_values(game, theta, resp, s, rem, gL, T)
@@ -388,23 +416,34 @@ def exact_critic_estimate(
     elif influence != "raw":
         raise ValueError(f"influence must be 'raw' or 'baseline', got {influence!r}")
     w = game_score_weights(q, base, ben, adv, beta, gL, game.gamma_F, guide, leader_steps=T)
-    return continuous_hypergradient(
-        lambda t_, s_, a_: leader_log_prob(game, t_, s_, a_), theta, s, a, w
+    return checked(
+        continuous_hypergradient(
+            lambda t_, s_, a_: leader_log_prob(game, t_, s_, a_), theta, s, a, w
+        )
     )
 
 
 @full_precision
 def hypergradient_split(
-    game: LQRGame, theta: Array, beta, *, horizon: int | None = None, gamma=None, stochastic=True
+    game: LQRGame,
+    theta: Array,
+    beta,
+    *,
+    horizon: int | None = None,
+    gamma=None,
+    stochastic=True,
+    tol: float = 1e-6,
+    max_iters: int = 50_000,
 ):
     """(full, direct): the exact hypergradient and its part with the follower's policy held
     fixed (what Naive-PGD estimates); ``full - direct`` is the follower-response part, which the
     Benefit term of BC-HG estimates (the second term of Eq. (hg_MG)).
 
     Args:
-      game, theta, beta, horizon, gamma, stochastic: as :func:`exact_hypergradient`.
+      game, theta, beta, horizon, gamma, stochastic, tol, max_iters: as
+        :func:`exact_hypergradient`.
     Returns:
-      (full [k * n], direct [k * n]).
+      (full [k * n], direct [k * n]), NaN when the Riccati iteration did not converge (traced).
     Raises:
       ValueError: as :func:`exact_hypergradient`.
     """
@@ -412,11 +451,13 @@ def hypergradient_split(
     g = game.gamma_L if gamma is None else gamma
 
     def J(th, th_follower):
-        resp = best_response(game, th_follower, beta, stochastic=stochastic)
-        return leader_objective(
-            game, th, beta, horizon=horizon, gamma=g, stochastic=stochastic, resp=resp
+        resp = best_response(
+            game, th_follower, beta, stochastic=stochastic, tol=tol, max_iters=max_iters
         )
+        kw = dict(horizon=horizon, gamma=g, stochastic=stochastic, resp=resp)
+        return leader_objective(game, th, beta, **kw), resp
 
-    full = jax.grad(lambda th: J(th, th))(theta)
-    direct = jax.grad(lambda th: J(th, jax.lax.stop_gradient(theta)))(theta)
-    return full, direct
+    full, resp = jax.grad(lambda th: J(th, th), has_aux=True)(theta)
+    direct, _ = jax.grad(lambda th: J(th, jax.lax.stop_gradient(theta)), has_aux=True)(theta)
+    what = "lqr.hypergradient_split: the follower's Riccati iteration"
+    return tuple(nan_unless_converged(resp, x, what) for x in (full, direct))

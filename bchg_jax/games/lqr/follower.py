@@ -90,7 +90,7 @@ def best_response(
     stochastic: bool = True,
     P0=None,
     tol: float = 1e-6,
-    max_iters: int = 1000,
+    max_iters: int = 50_000,
 ) -> GameResponse:
     """Proposition 2 on ``(A + C K_theta, B)`` with the observable disturbance ``C (a - K s)``.
 

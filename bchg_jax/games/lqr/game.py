@@ -86,7 +86,9 @@ class LQRGame:
         """Host-side checks with clear errors, before anything compiles.
 
         Checks every array's shape and finiteness, discounts and horizon, the costs, Sigma
-        (symmetric PSD) and U (lower-triangular, non-negative diagonal); with ``theta``, that
+        (symmetric PSD) and U (lower-triangular, non-negative diagonal); that some leader gain
+        makes the follower's problem solvable ((sqrt(gamma_F) A, [B C]) stabilisable, the same
+        as (sqrt(gamma_F) (A + C K), B) stabilisable for some K); with ``theta``, that
         (sqrt(gamma_F) (A + C K_theta), B) is stabilisable for every row of theta.
 
         Args:
@@ -147,6 +149,12 @@ class LQRGame:
             raise ValueError(
                 f"{self.name}: U must be lower-triangular with a non-negative "
                 "diagonal (a Cholesky factor of the leader's covariance)"
+            )
+        if not is_stabilizable(A, np.concatenate([B, C], 1), self.gamma_F):
+            raise ValueError(
+                f"{self.name}: no leader gain K makes (sqrt(gamma_F) (A + C K), B) "
+                "stabilisable ((sqrt(gamma_F) A, [B C]) is not): the follower's Riccati "
+                "equation has no stabilising solution at any theta"
             )
         if theta is not None:
             th = np.asarray(theta, np.float64)

@@ -91,6 +91,7 @@ METHODS = ("bchg", "naive", "bchg_det", "naive_det", "exact", "exact_direct")
 DETERMINISTIC = ("bchg_det", "naive_det")
 EXACT = ("exact", "exact_direct")
 GUIDED = ("bchg", "bchg_det")  # the methods with Theorem 2's / 3's guiding term
+SCORE = ("bchg", "naive")  # the score-function methods: need a non-singular leader scale U
 
 # the traced hyperparameters (actor_steps, critic_steps, beta), see bchg_jax.games.hparams
 HParams = game_hparams("LQR game", __name__, actor_steps=1, critic_steps=5, beta=0.1)
@@ -172,13 +173,24 @@ def make_train(
     Returns:
       a :class:`~bchg_jax.core.loop.Trainer`; its ``hparams(grid)`` builds :class:`HParams`
       and ``run`` yields per-iteration metrics (``J``, ``J_discounted``, ``batch_return``,
-      ``grad_norm``, ``update_skipped``, ``solve_capped`` (both 1 when the follower's Riccati
-      iteration at the new theta hit its cap and the update was undone),
+      ``grad_norm``, ``update_skipped`` (1 when the update was undone: the follower's Riccati
+      iteration at the new theta did not converge, or the gradient was not finite),
+      ``solve_capped`` (1 when a Riccati solve failed: the follower's at the new theta, or the
+      exact methods' own solve),
       ``riccati_iterations``, and those of ``metrics_fn``).
     Raises:
-      ValueError: an unknown method or a failed ``validate()`` of the game or the config.
+      ValueError: an unknown method, a failed ``validate()`` of the game or the config, or a
+        singular leader scale U (a zero diagonal entry) with a Gaussian-leader score method
+        (``bchg``, ``naive``: log f_theta(a|s) is undefined).
     """
     check_setup(game, method, config, METHODS)
+    if method in SCORE and not np.all(np.diagonal(np.asarray(game.U, np.float64)) > 0):
+        raise ValueError(
+            f"{game.name}: method {method!r} needs a Gaussian leader with a positive-definite "
+            f"covariance U U^T (a positive diagonal of U), got U={np.asarray(game.U).tolist()}: "
+            "its score log f_theta(a|s) is undefined; use a deterministic method "
+            "(bchg_det, naive_det) or an exact one for a leader without noise"
+        )
     guide, det = method in GUIDED, method in DETERMINISTIC
     if guide:
         config.check_guide()
@@ -244,17 +256,24 @@ def make_train(
         after the warm-up."""
         critic, buf = jax.lax.stop_gradient(critic), state.buffer
         fixed = dict(resp=resp) if method == "exact_direct" else {}
+        solve = dict(tol=config.follower_tol, max_iters=config.follower_max_iters)
 
         def objective(theta, et, key):
-            if method in EXACT:
-                return leader_objective(game, theta, beta, gamma=gL, stochastic=True, **fixed)
+            if method in EXACT:  # NaN (so the update is undone) when its solve does not converge
+                return leader_objective(
+                    game, theta, beta, gamma=gL, stochastic=True, **solve, **fixed
+                )
             return actor_objective(theta, critic, resp, beta, key, *et, buf)
 
         draw = None if method in EXACT else (lambda key: sample_discounted(key, buf, M, gL))
         return objective, draw, state.step >= warmup_iters
 
     def metrics(state, resp, tr, beta, grad_norm, ok):
+        # skipped: any undone update; capped: a Riccati solve failed - the follower's at the new
+        # theta after a finite gradient, or (the exact methods) the objective's own solve, the
+        # only source of a NaN exact gradient. Another NaN gradient is skipped, not capped.
         theta, skipped = state.actor, (~ok).astype(jnp.int32)
+        capped = ~ok if method in EXACT else ~ok & jnp.isfinite(grad_norm)
         J = functools.partial(leader_objective, game, theta, beta, stochastic=not det, resp=resp)
         return {
             "J": J(),
@@ -262,7 +281,7 @@ def make_train(
             "batch_return": jnp.mean(jnp.sum(leader_reward(game, tr.s[:, :T]), -1)),
             "grad_norm": grad_norm,
             "update_skipped": skipped,
-            "solve_capped": skipped,
+            "solve_capped": capped.astype(jnp.int32),
             "riccati_iterations": resp.info.iterations,
             **problem_metrics(metrics_fn, theta, resp),
         }
