@@ -72,10 +72,11 @@ def parse_args(argv=None):
     )
     g.add_argument(
         "--critic",
-        choices=["quadratic", "quadratic_loo", "mlp", "exact"],
-        default="quadratic",
+        choices=["quadratic_loo", "quadratic", "mlp", "exact"],
+        default="quadratic_loo",
         help="leader critic (and HPGD's grad V_F network): LSTD on quadratic features "
-        "(exact class, fast), the paper's 64-64 TD MLP, or closed form",
+        "(exact class, fast), cross-fitted (each episode's fit from the other episodes: "
+        "unbiased) or on the whole batch, the paper's 64-64 TD MLP, or closed form",
     )
     g.add_argument(
         "--follower-grad",

@@ -6,10 +6,11 @@ PartialDerivative Algorithm 4, FollowerQGrad Algorithm 6):
      warm-started from P of iteration i-1 (a non-converged solve is flagged ``ok = 0`` and the
      update is skipped, never a silent NaN);
   2. ``num_episodes`` episodes of ``problem.horizon`` steps under g;
-  3. the leader critic on the batch: ``quadratic`` (LSTD, exact function class; the default),
-     ``quadratic_loo`` (the same LSTD fit, cross-fitted: each episode's critic from the other
-     episodes), ``mlp`` (the paper's 64-64 TD network, re-initialised every iteration,
-     ``mlp_steps`` Adam steps) or ``exact`` (closed-form Q_L; isolates estimator noise).
+  3. the leader critic on the batch: ``quadratic_loo`` (LSTD on quadratic features, an exact
+     function class, cross-fitted: each episode's critic from the other episodes; the default),
+     ``quadratic`` (the same fit on the whole batch, in-sample), ``mlp`` (the paper's 64-64 TD
+     network, re-initialised every iteration, ``mlp_steps`` Adam steps) or ``exact``
+     (closed-form Q_L; isolates estimator noise).
      The in-sample ``quadratic`` fit depends on each episode's own actions, so BC-HG's Benefit
      ``Q_L(s_t, b_t) - V_L(s_t)`` correlates with the same episode's FollowerQGrad term and the
      estimate is biased at few episodes; ``quadratic_loo`` removes that (TrainConfig.critic);
@@ -84,10 +85,11 @@ class TrainConfig(FollowerSettings):
       iterations: number of outer iterations of ``train``.
       clip_norm: global-norm clip of the hypergradient before the SGD step.
       weights_init_std: std of the Gaussian perturbation of ``problem.theta0`` at ``init``.
-      critic: the leader critic: ``"quadratic"`` (SARSA-LSTD on the batch,
-        :func:`bchg_jax.lq.critics.fit_quadratic_q`; the default), ``"quadratic_loo"`` (the same
-        fit cross-fitted: episode e's Q_L and V_L from the other E - 1 episodes,
+      critic: the leader critic: ``"quadratic_loo"`` (the default: SARSA-LSTD cross-fitted,
+        episode e's Q_L and V_L from the other E - 1 episodes,
         :func:`bchg_jax.lq.critics.leave_one_out_quadratic_q`; needs ``num_episodes >= 2``),
+        ``"quadratic"`` (the same fit on the whole batch,
+        :func:`bchg_jax.lq.critics.fit_quadratic_q`; the default before 2026-11-28),
         ``"mlp"`` (TD network, Algorithm 3) or ``"exact"`` (closed-form Q_L). Why
         ``quadratic_loo``: the in-sample fit depends on episode e's own actions and rewards,
         which correlates BC-HG's Benefit with episode e's FollowerQGrad term, a bias that
@@ -98,9 +100,9 @@ class TrainConfig(FollowerSettings):
         critic sees one episode, per-batch standard deviation x1.35 (x1.05 at E = 10). On
         thermal at the protocol's E = 100 the in-sample bias is ~7% of the gradient's norm
         (paired against the exact critic), against a per-batch standard deviation of ~1.6x the
-        norm; cross-fitted ~0.7% (the fit's own finite-sample bias). The default stays the
-        in-sample fit: the committed thermal results use it (BC-HG ends within 0.1 of exact
-        ascent there).
+        norm; cross-fitted ~0.7% (the fit's own finite-sample bias). Thermal, BC-HG, the paper
+        grid: -162.56 / -164.37 / -235.05 cross-fitted against -162.58 / -164.49 / -235.65
+        in-sample at lr 0.1 / 0.01 / 0.001 (benchmarks/RESULTS.md).
       control_variates: subtract E[V(s')|s, b] from V(s_{k+1}) in the score-function terms.
       follower_grad: FollowerQGrad per step: ``"score"`` (Eq. (nablaQF)) or ``"pathwise"``.
       state_baseline: BC-HG subtracts a learned h(s) ~ grad V_F(s), each episode's fitted on
@@ -126,7 +128,7 @@ class TrainConfig(FollowerSettings):
     iterations: int = 2000
     clip_norm: float = 1.0
     weights_init_std: float = 0.01  # reference: N(0, 0.01^2); the paper's text says N(0, 1)
-    critic: str = "quadratic"
+    critic: str = "quadratic_loo"
     control_variates: bool = True  # subtract E[V(s')|s,b] in the score-function terms
     follower_grad: str = "pathwise"  # FollowerQGrad per step: "score" (Eq. (nablaQF)) or "pathwise"
     state_baseline: bool = True  # bchg: subtract h(s) ~ grad V_F(s) fitted on the other episodes

@@ -114,7 +114,9 @@ def boltzmann(Q: Array, V: Array, beta, axis: int = -1) -> Array:
     the rows sum to 1 within a few ulps. ``V`` only shifts the exponent (it cancels in the
     ratio, in derivatives too: the implicit derivatives of
     :func:`~bchg_jax.tabular.exact.best_response` are those of softmax(Q / beta)) and keeps
-    ``exp`` <= 1.
+    ``exp`` <= 1. In float32, ``V`` can round below ``max_b Q``; the shift is the larger of
+    the two, so ``exp`` stays <= 1 even where ``|Q| / beta`` is huge (|Q| ~ 1e4 at beta 1e-5
+    overflowed to a NaN policy) and is ``V`` itself wherever ``V >= max_b Q``.
 
     Args:
       Q: [S, B] soft action values (any shape with the actions on ``axis``).
@@ -124,7 +126,8 @@ def boltzmann(Q: Array, V: Array, beta, axis: int = -1) -> Array:
     Returns:
       [S, B] policy g(b|s), rows summing to 1.
     """
-    g = jnp.exp((Q - jnp.expand_dims(V, axis)) / beta)
+    shift = jnp.maximum(jnp.expand_dims(V, axis), jnp.max(Q, axis=axis, keepdims=True))
+    g = jnp.exp((Q - shift) / beta)
     return g / jnp.sum(g, axis=axis, keepdims=True)
 
 

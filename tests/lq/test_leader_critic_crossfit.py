@@ -71,7 +71,8 @@ def test_leave_one_out_lstd_vector_rewards(x64):
 
 
 def _problem(dtype=jnp.float64):
-    """A random 2-d linear-Gaussian configurable MDP (the audit's p7 problem), T = 60."""
+    """A random 2-d linear-Gaussian configurable MDP (the problem of docs/experiments.md's
+    critic table), T = 60."""
     rng = np.random.default_rng(5)
     n = m = 2
     A = jnp.asarray(rng.normal(size=(n, n)) * 0.6, dtype)
@@ -118,14 +119,15 @@ def test_trainer_leader_critic_uses_the_other_episodes(x64):
         np.testing.assert_allclose(V[e], v_ref, rtol=1e-8, atol=1e-9)
     with pytest.raises(ValueError, match="num_episodes >= 2"):
         make_train(p, "bchg", TrainConfig(num_episodes=1, critic="quadratic_loo"))
-    assert TrainConfig().critic == "quadratic"  # the default stays the in-sample fit
+    assert TrainConfig().critic == "quadratic_loo"  # the unbiased fit is the default
 
 
 @pytest.mark.slow
 def test_crossfit_critic_unbiased_at_two_episodes(x64):
     """The trainer's estimate step at E = 2 episodes on the 2-d problem, 20000 batches: with the
     cross-fitted critic the mean agrees with the exact hypergradient (|z| < 4 per component);
-    with the in-sample default it does not (relative bias ~0.035-0.04, z ~ 15-20 on theta_0)."""
+    with the in-sample fit (``critic="quadratic"``) it does not (relative bias ~0.035-0.04,
+    z ~ 15-20 on theta_0)."""
     p = _problem()
     theta, beta = jnp.array([0.3, -0.2]), jnp.asarray(0.3)
     exact = np.asarray(exact_lq.exact_hypergradient(p, theta, 0.3, tol=1e-13, horizon=None))

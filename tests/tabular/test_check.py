@@ -122,8 +122,8 @@ def test_check_problem_samples_from_the_whole_table_where_the_support_moved():
     sparse form. At theta[0] = 102 the successor table has lost half of each 'right' row, and
     check_problem draws its batches as the trainer does (``checked_collect``): from the whole
     table, the very batches of the dense solver's run (``support_lost`` reported). Before, it
-    drew from the truncated table (d1 of the audit: 100% of the sampled transitions had model
-    probability 0 on a ring, 7.6 SE of sampler bias)."""
+    drew from the truncated table (on a ring whose support moved: 100% of the sampled
+    transitions had model probability 0, 7.6 SE of sampler bias)."""
     chain = _teleport_chain(100.0)
     assert resolve_solver(chain, "auto")[0] == "sparse"
     theta = jnp.asarray([102.0, 0.5])
@@ -144,7 +144,7 @@ def test_check_problem_cut_weight_uses_the_slower_discount():
     """The guiding term's FollowerQGrad segments are discounted by gamma_F: a cut at H loses
     ~max(gamma_L, gamma_F)^H of the gradient. gamma_F 0.99, gamma_L 0.5, H 40: cut_weight is
     0.99^40 = 0.67 with a warning (before: 0.5^40 = 9e-13 and no warning, while the estimate was
-    biased by 68%, 225 SE, audit d5)."""
+    biased by 68%, 225 SE)."""
     P = np.zeros((3, 2, 3))
     P[0, 0, 1] = P[0, 1, 2] = P[1, :, 1] = P[2, :, 2] = 1.0
     P = jnp.asarray(P, jnp.float32)

@@ -290,8 +290,8 @@ def test_follower_model_validation_names_the_field():
 
 def test_lag_hypergradient_V0_is_only_a_warm_start(x64):
     """Any ``V0`` gives the gradient of the cold solve, to rounding (before, a ``V0`` switched the
-    solve to 3 soft sweeps from it: a 31% error from zeros, 3.5% from V_F of theta + 0.3, audit
-    d4); a solved fixed point goes in ``V_star`` (polished only), a wrong one is not repaired."""
+    solve to 3 soft sweeps from it: a 31% error from zeros, 3.5% from V_F of theta + 0.3); a
+    solved fixed point goes in ``V_star`` (polished only), a wrong one is not repaired."""
     prob, theta = _problem()
     previous = jax.nn.softmax(jax.random.normal(jax.random.key(5), (5, 3)), -1)
     cold = np.asarray(refs.lag_hypergradient(prob, theta, previous, BETA, 0.7))

@@ -51,3 +51,20 @@ def test_fixed_sweep_mode_counts_sweeps():
         num_sweeps=7,
     )
     assert int(br.sweeps) == 7
+
+
+def test_policy_finite_where_q_over_beta_is_huge():
+    """float32, |Q| ~ 1e4 at beta 1e-5 (|Q| / beta ~ 1e9): V = beta logsumexp(Q / beta) can
+    round below max_b Q, and exp((Q - V) / beta) overflowed to a NaN policy. The Boltzmann
+    policy is softmax(Q / beta) whatever the rounding of V."""
+    rng = np.random.default_rng(0)
+    S, B = 4, 3
+    P = jnp.asarray(rng.dirichlet(np.ones(S), size=(S, B)), jnp.float32)
+    for _ in range(3):  # three earlier draws: the fourth is a case that overflowed
+        rng.normal(size=(S, B))
+    r = jnp.asarray(1000.0 * rng.normal(size=(S, B)), jnp.float32)
+    br = soft_value_iteration(P, r, 1e-5, 0.9, tol=1e-6, max_sweeps=3000)
+    assert float(jnp.abs(br.Q).max()) > 1e3
+    assert bool(jnp.all(jnp.isfinite(br.policy)))
+    np.testing.assert_allclose(br.policy, jax.nn.softmax(br.Q / 1e-5, axis=-1), atol=1e-6)
+    np.testing.assert_allclose(jnp.sum(br.policy, -1), 1.0, atol=1e-6)

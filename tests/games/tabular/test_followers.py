@@ -271,3 +271,25 @@ def test_config_validation_names_the_field():
     config = games.TrainConfig(follower=FollowerModel("lag", mix=0.5))
     assert dataclasses.asdict(config)["follower"] == dataclasses.asdict(config.follower)
     assert hash(config) == hash(games.TrainConfig(follower=FollowerModel("lag", mix=0.5)))
+
+
+def test_track_reference_warns_when_episodes_cut_the_discount():
+    """The exact references have no time limit: track_reference on episodes that leave a
+    discount weight above TRUNCATION_WARN (the toy game: 0.99^150 = 0.22) warns, a time limit
+    long enough does not, and without track_reference nothing is said."""
+    import dataclasses
+    import warnings
+
+    from bchg_jax.games.tabular.train import TRUNCATION_WARN
+
+    game = toy_game()
+    config = games.TrainConfig(iterations=2, actor="tabular", track_reference=True)
+    with pytest.warns(UserWarning, match="truncat"):
+        games.make_train(game, "bchg", config)
+    long = dataclasses.replace(
+        game, time_limit=int(np.ceil(np.log(TRUNCATION_WARN) / np.log(0.99)))
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        games.make_train(long, "bchg", config)
+        games.make_train(game, "bchg", dataclasses.replace(config, track_reference=False))
