@@ -94,37 +94,14 @@ def test_check_problem_reports_episodes_cut_by_the_time_limit(x64):
     assert row["truncated"] < 0.1 and row["cut_weight"] < 1e-3
 
 
-def _teleport_chain(threshold, S=20, dtype=jnp.float32):
-    """A chain (left / right, clipped) whose 'right' teleports to S - 1 with probability 0.5
-    when theta[0] > threshold: a support that moves with theta (tests/tabular/test_sparse.py)."""
-    s = np.arange(S)
-    base = np.zeros((S, 2, S), np.float32)
-    base[s, 0, np.maximum(s - 1, 0)] = 1.0
-    base[s, 1, np.minimum(s + 1, S - 1)] = 1.0
-    tele = base.copy()
-    tele[:, 1] *= 0.5
-    tele[:, 1, S - 1] += 0.5
-    base, tele = jnp.asarray(base, dtype), jnp.asarray(tele, dtype)
-    return tabular.TabularCMDP(
-        transition=lambda th: jnp.where(th[0] > threshold, tele, base),
-        init_dist=lambda th: jnp.zeros((S,), dtype).at[0].set(1.0),
-        follower_reward=lambda th: jnp.zeros((S, 2), dtype).at[:, 1].set(th[1]),
-        leader_reward=lambda th: jnp.zeros((S, 2), dtype).at[S - 1].set(1.0),
-        gamma_F=0.9,
-        gamma_L=0.9,
-        theta0=jnp.asarray([0.0, 0.5], dtype),
-        name="teleport_chain",
-    ).validate()
-
-
-def test_check_problem_samples_from_the_whole_table_where_the_support_moved():
+def test_check_problem_samples_from_the_whole_table_where_the_support_moved(teleport_chain):
     """The chain teleports only when theta[0] > 100, which no probe sees: ``auto`` takes the
     sparse form. At theta[0] = 102 the successor table has lost half of each 'right' row, and
     check_problem draws its batches as the trainer does (``checked_collect``): from the whole
     table, the very batches of the dense solver's run (``support_lost`` reported). Before, it
     drew from the truncated table (on a ring whose support moved: 100% of the sampled
     transitions had model probability 0, 7.6 SE of sampler bias)."""
-    chain = _teleport_chain(100.0)
+    chain = teleport_chain(100.0)
     assert resolve_solver(chain, "auto")[0] == "sparse"
     theta = jnp.asarray([102.0, 0.5])
     rows = {}

@@ -48,33 +48,6 @@ def _ring_problem(S=12, B=3, dtype=jnp.float64):
     ).validate()
 
 
-def _teleport_chain(threshold=3.0, S=20, dtype=jnp.float32):
-    """The chain of issue 27: actions left / right move one state (clipped at the ends); when
-    theta[0] > threshold, 'right' moves right with probability 0.5 and teleports to the far
-    state S - 1 with probability 0.5. Start at state 0, the leader is paid 1 at S - 1, the
-    follower theta[1] per 'right'. Its support depends on theta."""
-    s = np.arange(S)
-    base = np.zeros((S, 2, S), np.float32)
-    base[s, 0, np.maximum(s - 1, 0)] = 1.0
-    base[s, 1, np.minimum(s + 1, S - 1)] = 1.0
-    tele = base.copy()
-    tele[:, 1] *= 0.5
-    tele[:, 1, S - 1] += 0.5
-    base, tele = jnp.asarray(base, dtype), jnp.asarray(tele, dtype)
-    rL = jnp.zeros((S, 2), dtype).at[S - 1].set(1.0)
-    rho = jnp.zeros((S,), dtype).at[0].set(1.0)
-    return TabularCMDP(
-        transition=lambda th: jnp.where(th[0] > threshold, tele, base),
-        init_dist=lambda th: rho,
-        follower_reward=lambda th: jnp.zeros((S, 2), dtype).at[:, 1].set(th[1]),
-        leader_reward=lambda th: rL,
-        gamma_F=0.9,
-        gamma_L=0.9,
-        theta0=jnp.asarray([0.0, 0.5], dtype),
-        name="teleport_chain",
-    ).validate()
-
-
 def _trainer_J(problem, solver, thetas, iterations=2, beta=0.1):
     """(J, support_lost) [runs, iterations] of BC-HG runs started at ``thetas`` [runs, 2]."""
     trainer = make_train(
@@ -87,12 +60,12 @@ def _trainer_J(problem, solver, thetas, iterations=2, beta=0.1):
     return np.asarray(m["J"]), np.asarray(m["support_lost"])
 
 
-def test_auto_uses_dense_for_a_support_that_moves_with_theta():
+def test_auto_uses_dense_for_a_support_that_moves_with_theta(teleport_chain):
     """The user's chain (teleport when theta[0] > 3): the probes see two supports, so ``auto``
     takes the dense solvers and says so; its J at theta = [5, 0.5] is the dense trainer's and
     the exact objective's (8.12; before the per-iteration check the auto trainer reported
     5.1e-8, the value of the truncated model)."""
-    chain = _teleport_chain(3.0)
+    chain = teleport_chain(3.0)
     probe = sparse.probe_support(chain)
     assert not probe.fixed and probe.probes == 13
     with pytest.warns(UserWarning, match="differs between the 13 probed thetas"):
@@ -108,12 +81,12 @@ def test_auto_uses_dense_for_a_support_that_moves_with_theta():
 
 
 @pytest.mark.slow
-def test_sparse_trainer_checks_the_table_every_iteration():
+def test_sparse_trainer_checks_the_table_every_iteration(teleport_chain):
     """A support change no probe sees (teleport only when theta[0] > 100): ``auto`` takes the
     sparse form, and the trainer finds the lost mass itself. Runs at theta[0] = 102 are flagged
     (``support_lost``) and solved densely: the same J as the dense trainer (8.12, not the
     truncated model's ~1e-8), alone or vmapped beside runs that stay sparse."""
-    chain = _teleport_chain(100.0)
+    chain = teleport_chain(100.0)
     solver, succ, reason = resolve_solver(chain, "auto", explain=True)
     assert solver == "sparse" and succ.width == 2, reason
     thetas = np.array([[0.0, 0.5], [102.0, 0.5], [1.0, 0.3], [-1.0, 0.5]], np.float32)
@@ -135,11 +108,11 @@ def test_sparse_trainer_checks_the_table_every_iteration():
     assert float(m["grad_norm"][0]) == float(m_dense["grad_norm"][0])
 
 
-def test_lost_mass_is_reported_by_the_solvers():
+def test_lost_mass_is_reported_by_the_solvers(teleport_chain):
     """:func:`lost_mass` is the mass outside the table (0.5 in every 'right' row of the chain
     with a table built at theta0 alone) and rounding-level for a table that holds the support;
     both solvers return it on request."""
-    chain = _teleport_chain(3.0)
+    chain = teleport_chain(3.0)
     P0, P5 = chain.transition(jnp.asarray([0.0, 0.5])), chain.transition(jnp.asarray([5.0, 0.5]))
     table = sparse.successors_from_transition(P0)
     tol = sparse.lost_mass_tolerance(jnp.float32, table)
@@ -510,12 +483,12 @@ def test_sparse_float32_solver_converges_where_its_two_sweeps_disagree_by_roundi
     assert np.all(np.asarray(s.residual) <= 1e-6) and np.all(np.asarray(s.sweeps) < 3000)
 
 
-def test_sweep_counts_are_int32_under_x64_so_the_trainer_can_switch_solvers(x64):
+def test_sweep_counts_are_int32_under_x64_so_the_trainer_can_switch_solvers(x64, teleport_chain):
     """With x64 on, every tabular solver counts its sweeps in int32, so the trainer's switch
     between the sparse and the dense solves (``cond_on_any_lane``) has branches of one type.
     Before, the dense ``soft_value_iteration`` counted in int64 under x64 and a sparse trainer
     on any theta-dependent model crashed ("cond branches must have equal output types")."""
-    chain = _teleport_chain(100.0)
+    chain = teleport_chain(100.0)
     P, r = chain.transition(chain.theta0), chain.follower_reward(chain.theta0)
     succ = sparse.successors_from_transition(P)
     for br in (
