@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.validate import is_concrete
 
 Array = jax.Array
 
@@ -415,7 +416,7 @@ def nan_unless_converged(br, x: Array, what: str) -> Array:
     Raises:
       ValueError: a concrete ``br`` that did not converge (naming ``what``).
     """
-    if not any(isinstance(v, jax.core.Tracer) for v in jax.tree_util.tree_leaves(br.info)):
+    if is_concrete(br.info):
         check_solution(br, what)
     return nan_unless(br.info.converged, x)
 
