@@ -8,6 +8,7 @@ program is traced.
 import importlib
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -91,7 +92,7 @@ def test_non_stochastic_transition_rows():
     # a row summing to 1 with a negative entry is named (it was reported as "first bad: []")
     neg = np.full((S, B, S), 1.0 / S)
     neg[1, 0] = [1.2, -0.2] + [0.0] * (S - 2)
-    with pytest.raises(ValueError, match=r"entries >= 0.*first bad \(s, b\): \[\[1, 0\]\]"):
+    with pytest.raises(ValueError, match=r"entries >= 0.*first bad \(s, b\): \[1, 0\]"):
         _cmdp(transition=lambda th: jnp.asarray(neg, th.dtype)).validate()
     # non-finite input is called that, not a bad probability row
     with pytest.raises(ValueError, match=r"transition\(theta\) has non-finite entries"):
@@ -110,6 +111,27 @@ def test_non_stochastic_transition_rows():
     )
     with pytest.raises(ValueError, match="sum|probab"):
         game.validate()
+
+
+def test_row_sum_tolerance_scales_with_the_discount():
+    """Rows a little off 1 (a table printed to 5 decimals) are refused where the sampled MDP (rows
+    normalised) and the solvers' (rows as given) would differ by more than ~0.1%; float32 rows
+    normalised in float32 pass at any discount."""
+    rng = np.random.default_rng(0)
+    P = rng.dirichlet(np.ones(S), size=(S, B))
+    P[0, 0] += [2e-5, 0.0, 0.0]  # its sum off 1 by 2e-5, as in a table printed to 5 decimals
+    for gamma, ok in ((0.9, True), (0.99, False), (0.999, False)):
+        cmdp = _cmdp(transition=lambda th: jnp.asarray(P, th.dtype), gamma_F=gamma, gamma_L=gamma)
+        assert cmdp.row_sum_tolerance() == pytest.approx(max(1e-3 * (1 - gamma), 3.8e-6), 0.01)
+        if ok:
+            cmdp.validate()
+        else:
+            with pytest.raises(ValueError, match=r"within .*its sum 1.00002.*normalise the rows"):
+                cmdp.validate()
+            cmdp.validate(atol=1e-4)  # an explicit tolerance still wins
+    logits = rng.normal(size=(S, B, S)).astype(np.float32)
+    soft = lambda th: jax.nn.softmax(jnp.asarray(logits) + th[0], axis=-1)  # noqa: E731
+    _cmdp(transition=soft, gamma_F=0.999, gamma_L=0.999).validate()
 
 
 def test_unstabilisable_lqr_pairs():
@@ -257,8 +279,6 @@ def test_existing_results_are_never_lost(tmp_path, capsys, digest):
 # below raises before anything heavy is compiled.
 import dataclasses  # noqa: E402
 import functools  # noqa: E402
-
-import jax  # noqa: E402
 
 from bchg_jax import lq as lq_family  # noqa: E402
 from bchg_jax import tabular  # noqa: E402
@@ -754,6 +774,26 @@ def test_non_finite_or_misshaped_theta_is_refused():
             fn(game, jnp.array([jnp.inf, 0.0]), 0.1)
         with pytest.raises(ValueError, match=r"shape \[\.\.\., 2\], got \(3,\)"):
             fn(game, jnp.zeros(3), 0.1)
+
+
+@pytest.mark.parametrize(
+    "theta0, shown",
+    [
+        ({"w": jnp.zeros(1)}, "one floating array, got a dict .*ravel_pytree"),
+        ((jnp.zeros(1),), "one floating array, got a tuple"),
+        (jnp.zeros(1, jnp.int32), "floating array, got dtype int32"),
+        (None, "theta0 is required"),
+        (jnp.array([jnp.nan, 0.0]), r"theta0 must be finite, got \[nan, 0.0\]"),
+    ],
+)
+def test_a_theta0_that_is_not_one_floating_array_is_refused(theta0, shown):
+    """A pytree theta0 used to fail with numpy's 'entry not a 2- or 3- tuple'."""
+    for make in (_cmdp, _lq):
+        with pytest.raises(ValueError, match=shown):
+            make(theta0=theta0).validate()
+    with pytest.raises(ValueError, match=r"theta0 must have 1 axis\(es\).*got shape \(1, 1\)"):
+        _lq(theta0=jnp.zeros((1, 1))).validate()
+    _cmdp(theta0=jnp.zeros((1, 1))).validate()  # any shape is fine for a tabular theta
 
 
 def test_a_wider_table_than_theta_is_refused_by_validate(x64):

@@ -125,6 +125,40 @@ def check_problem_settings(problem) -> None:
         check_if_concrete(check_count, f"{name}: time_limit", problem.time_limit, True)
 
 
+def check_theta_array(pname: str, theta, name: str = "theta0", ndim: Optional[int] = None) -> None:
+    """The leader's parameters of a family that takes one array (tabular CMDPs: any shape; LQ:
+    [d]): a single floating array, not a pytree (dict, list, tuple) of arrays, and finite.
+
+    Args:
+      pname: the problem's name, shown first in the error.
+      theta: the parameters (concrete).
+      name: the argument named in the error.
+      ndim: the required number of axes, or None for any.
+    Returns:
+      None.
+    Raises:
+      ValueError: None, a pytree of several leaves or a container, a non-floating dtype, the
+        wrong number of axes, or a NaN / inf entry.
+    """
+    if theta is None:
+        raise ValueError(f"{pname}: {name} is required (an example of the leader's parameters)")
+    if not jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(theta)):
+        raise ValueError(
+            f"{pname}: {name} must be one floating array, got a {type(theta).__name__} "
+            "(a pytree of parameters is not supported here: flatten it with "
+            "jax.flatten_util.ravel_pytree and unflatten inside the problem's functions)"
+        )
+    arr = np.asarray(theta)
+    if not np.issubdtype(arr.dtype, np.floating):
+        raise ValueError(f"{pname}: {name} must be a floating array, got dtype {arr.dtype}")
+    if ndim is not None and arr.ndim != ndim:
+        raise ValueError(
+            f"{pname}: {name} must have {ndim} axis(es) ([d] for one vector), got shape {arr.shape}"
+        )
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{pname}: {name} must be finite, got {_show(arr)}")
+
+
 def check_theta(problem, theta, name: str = "theta", last_axis: Optional[int] = None) -> None:
     """The leader's parameters: shaped like ``problem.theta0`` (static shapes, so this holds for
     traced values too) and, when concrete, finite.

@@ -26,7 +26,13 @@ import numpy as np
 from bchg_jax.core.maxent_lqr import GaussianBestResponse, is_stabilizable
 from bchg_jax.core.maxent_lqr import quad_form as _quad
 from bchg_jax.core.precision import full_precision
-from bchg_jax.core.validate import check_costs, check_discounts, check_shape, shape_property
+from bchg_jax.core.validate import (
+    check_costs,
+    check_discounts,
+    check_shape,
+    check_theta_array,
+    shape_property,
+)
 
 Array = jax.Array
 
@@ -215,7 +221,8 @@ class LQConfigurableMDP:
     def validate(self, theta=None) -> "LQConfigurableMDP":
         """Host-side checks with clear ``ValueError`` messages, before anything compiles.
 
-        Checks discounts and horizon; the shapes of A(theta) [n, n] and B(theta) [n, m] (the
+        Checks that theta0 (and ``theta``) is one finite floating [d] vector, discounts and
+        horizon; the shapes of A(theta) [n, n] and B(theta) [n, m] (the
         dynamics define n and m), of Qbar [n, n], Rbar [m, m], U [n, n], init_cov [n, n] and
         ``leader_quadratic(theta)`` (finite) against them (an error names the array at fault);
         the costs, that U is a lower-triangular Cholesky factor, that init_cov is positive
@@ -231,6 +238,9 @@ class LQConfigurableMDP:
           ValueError: the first failed check.
         """
         where = "theta0" if theta is None else "the theta given"
+        check_theta_array(self.name, self.theta0, "theta0", ndim=1)
+        if theta is not None:
+            check_theta_array(self.name, theta, "theta", ndim=1)
         theta = np.asarray(self.theta0 if theta is None else theta)
         check_discounts(self.name, self.gamma_F, self.gamma_L, self.horizon)
         A = np.asarray(self.A_fn(jnp.asarray(theta)), np.float64)
