@@ -864,3 +864,61 @@ def test_game_configs_refuse_a_half_dtype_empty_layers_and_a_game_without_time_l
         tgame.make_train(
             dataclasses.replace(toy_game(), time_limit=None), "bchg", tgame.TrainConfig()
         )
+
+
+def test_follower_references_refuse_k_below_one_and_a_bad_beta():
+    """K = 0 used to run K = 1 silently (fori_loop over K - 1 = -1 sweeps) and the tabular
+    as-if-optimal reference returned a finite gradient at beta = -0.5."""
+    import jax
+
+    from bchg_jax import lq, problems, tabular
+    from bchg_jax.lq import follower_models as lq_followers
+    from bchg_jax.lq import follower_references as lq_refs
+    from bchg_jax.tabular import follower_models as tab_followers
+
+    cmdp = problems.random_tabular_cmdp(jax.random.key(0))
+    th, S = cmdp.theta0, cmdp.num_states
+    V = jnp.zeros(S)
+    for K in (0, -3, True, 1.0):
+        with pytest.raises(ValueError, match="K .* must be a positive integer"):
+            tabular.k_step_hypergradient(cmdp, th, V, 0.5, K)
+        with pytest.raises(ValueError, match="K .* must be a positive integer"):
+            tab_followers.k_step_response(
+                cmdp.transition(th), cmdp.follower_reward(th), 0.5, 0.85, None, V, K
+            )
+    g = tabular.best_response(cmdp, th, 0.5).policy
+    for beta in (-0.5, 0.0, float("nan")):
+        for call in (
+            lambda: tabular.as_if_optimal_hypergradient(cmdp, th, g, beta),
+            lambda: tabular.k_step_hypergradient(cmdp, th, V, beta, 2),
+            lambda: tabular.lag_hypergradient(cmdp, th, g, beta, 0.5),
+        ):
+            with pytest.raises(ValueError, match="beta"):
+                call()
+    therm = problems.thermal()
+    P0 = jnp.zeros((therm.state_dim, therm.state_dim))
+    for K in (0, -2):
+        with pytest.raises(ValueError, match="K .* must be a positive integer"):
+            lq_followers.k_step_response(therm, therm.theta0, 0.1, P0, K)
+        with pytest.raises(ValueError, match="K .* must be a positive integer"):
+            lq_refs.k_step_hypergradient(therm, therm.theta0, P0, 0.1, K)
+    br = lq.best_response(therm, therm.theta0, 0.1)
+    with pytest.raises(ValueError, match="beta"):
+        lq_refs.as_if_optimal_hypergradient(therm, therm.theta0, br, -0.1)
+
+
+@pytest.mark.parametrize(
+    "field, value, shown",
+    [
+        ("steps", True, "steps must be a positive integer, got True"),
+        ("mix", "0.5", "mix must be a real number, got '0.5'"),
+        ("explore", float("nan"), "explore must be >= 0, got nan"),
+        ("explore", 1.5, r"explore must be in \[0, 1\], got 1.5"),
+    ],
+)
+def test_follower_model_fields_are_numbers_of_the_right_kind(field, value, shown):
+    from bchg_jax.core.follower_model import FollowerModel
+
+    kind = {"steps": "k_step", "mix": "lag", "explore": "q_learning"}[field]
+    with pytest.raises(ValueError, match=shown):
+        FollowerModel(kind=kind, **{field: value}).validate()

@@ -105,8 +105,11 @@ def buffer_add(buf: EpisodeBuffer, s: Array, a: Array, b: Array, mode: str) -> E
     else:
         start = 0 if mode == "on" else jnp.minimum(buf.count, N - E)
         count = jnp.minimum(buf.count + E if mode == "off" else E, N)
+    # every index int32: with jax_enable_x64 the Python zeros would be int64 next to an int32
+    # start, which dynamic_update_slice refuses
+    start, zero = jnp.asarray(start, jnp.int32), jnp.zeros((), jnp.int32)
     put = lambda dst, x: jax.lax.dynamic_update_slice(  # noqa: E731
-        dst, x.astype(dst.dtype), (start,) + (0,) * (dst.ndim - 1)
+        dst, x.astype(dst.dtype), (start,) + (zero,) * (dst.ndim - 1)
     )
     return EpisodeBuffer(put(buf.s, s), put(buf.a, a), put(buf.b, b), count.astype(jnp.int32))
 

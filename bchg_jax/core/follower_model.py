@@ -56,10 +56,11 @@ class FollowerModel:
         check_config(
             self,
             positive_ints=("steps",),
+            nonneg=("explore",),
             unit=("mix", "lr"),
             choices={"kind": FOLLOWERS},
         )
-        if not 0.0 <= self.explore <= 1.0:
+        if not self.explore <= 1.0:
             raise ValueError(f"FollowerModel.explore must be in [0, 1], got {self.explore!r}")
         return self
 

@@ -349,14 +349,26 @@ def check_config(
       ValueError: the first field that fails, named as ``Class.field``.
     """
     cls = type(config).__name__
+
+    def integer(v):  # bool is an int subclass: True would run as 1
+        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
     for name in positive_ints:
         v = getattr(config, name)
-        if not isinstance(v, (int, np.integer)) or v < 1:
+        if not integer(v) or v < 1:
             raise ValueError(f"{cls}.{name} must be a positive integer, got {v!r}")
     for name in nonneg_ints:
         v = getattr(config, name)
-        if not isinstance(v, (int, np.integer)) or v < 0:
+        if not integer(v) or v < 0:
             raise ValueError(f"{cls}.{name} must be an integer >= 0, got {v!r}")
+    for name in (*positive, *nonneg, *unit):
+        v = getattr(config, name)
+        if isinstance(v, (bool, np.bool_, str, bytes)) or np.ndim(v) != 0:
+            raise ValueError(f"{cls}.{name} must be a real number, got {v!r}")
+        try:
+            float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"{cls}.{name} must be a real number, got {v!r}") from None
     for names, low, word in ((positive, 0.0, "> 0"), (nonneg, 0.0, ">= 0")):
         for name in names:
             v = getattr(config, name)

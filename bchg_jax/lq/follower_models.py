@@ -21,6 +21,7 @@ import numpy as np
 
 from bchg_jax.core.maxent_lqr import GaussianBestResponse, response_from_value, riccati_map
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.validate import check_count
 from bchg_jax.lq.cmdp import LQConfigurableMDP
 from bchg_jax.lq.exact import discounted_lyapunov
 
@@ -40,7 +41,10 @@ def k_step_response(problem: LQConfigurableMDP, theta: Array, beta, P_prev: Arra
 
     Returns:
       (:class:`~bchg_jax.core.maxent_lqr.GaussianBestResponse` of ``P_{K-1}``, ``P_K`` [n, n]).
+    Raises:
+      ValueError: ``K`` not an integer >= 1 (0 would silently take one step).
     """
+    check_count("K (Riccati steps)", K)
     A, B, Qbar, Rbar, U = _model(problem, theta)
     step = lambda _, P: riccati_map(P, A, B, Qbar, Rbar, problem.gamma_F)  # noqa: E731
     P = jax.lax.fori_loop(0, K - 1, step, P_prev)

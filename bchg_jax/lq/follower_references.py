@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from bchg_jax.core.maxent_lqr import GaussianBestResponse
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.validate import check_beta_if_concrete, check_count, check_theta
 from bchg_jax.lq.cmdp import LQConfigurableMDP
 from bchg_jax.lq.exact import leader_objective
 from bchg_jax.lq.follower_models import k_step_response, policy_value
@@ -42,7 +43,13 @@ def as_if_optimal_hypergradient(
 ) -> Array:
     """Theorem 1's hypergradient at the follower's current ``policy`` (gain ``K``, ``cov``) as if
     it were optimal (module docstring); ``horizon`` as :func:`~bchg_jax.lq.exact.leader_objective`.
+
+    Raises:
+      ValueError: ``theta`` not shaped like ``theta0`` or not finite, or a concrete ``beta`` not
+        finite and > 0.
     """
+    check_theta(problem, theta)
+    check_beta_if_concrete(beta)
     g = jax.lax.stop_gradient(policy)
     prec = jnp.linalg.inv(g.cov)
 
@@ -62,7 +69,14 @@ def as_if_optimal_hypergradient(
 def k_step_hypergradient(
     problem: LQConfigurableMDP, theta: Array, P_prev: Array, beta, K: int, horizon="default"
 ) -> Array:
-    """d/dtheta J_L(theta, g_K(theta)), g_K the K-step learner's policy from ``P_prev`` [n, n]."""
+    """d/dtheta J_L(theta, g_K(theta)), g_K the K-step learner's policy from ``P_prev`` [n, n].
+
+    Raises:
+      ValueError: as :func:`as_if_optimal_hypergradient`, or ``K`` not an integer >= 1.
+    """
+    check_theta(problem, theta)
+    check_beta_if_concrete(beta)
+    check_count("K (Riccati steps)", K)
 
     def objective(th):
         played, _ = k_step_response(problem, th, beta, P_prev, K)

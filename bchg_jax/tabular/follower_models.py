@@ -31,6 +31,7 @@ from jax.scipy.special import xlogy
 
 from bchg_jax.core.follower_model import explore_mix, soft_q_learning
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.validate import check_count
 from bchg_jax.tabular.exact import policy_matrix
 from bchg_jax.tabular.follower import BestResponse, soft_q, soft_v, soft_value_iteration
 from bchg_jax.tabular.rollout import Batch
@@ -78,7 +79,10 @@ def k_step_response(P: Array, r: Array, beta, gamma, terminal, V_prev: Array, K:
     Returns:
       :class:`~bchg_jax.tabular.follower.BestResponse` of ``Q_i`` (``V`` = its soft value, the
       learner's next state; ``sweeps`` = K).
+    Raises:
+      ValueError: ``K`` not an integer >= 1 (0 would silently run one backup).
     """
+    check_count("K (soft Bellman backups)", K)
     br = soft_value_iteration(P, r, beta, gamma, terminal, V0=V_prev, num_sweeps=K - 1)
     return br._replace(sweeps=jnp.asarray(K, jnp.int32))
 

@@ -29,6 +29,12 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.validate import (
+    check_beta_if_concrete,
+    check_count,
+    check_problem_settings,
+    check_theta,
+)
 from bchg_jax.tabular.cmdp import TabularCMDP
 from bchg_jax.tabular.exact import best_response, leader_values
 from bchg_jax.tabular.follower import continuation, soft_q, soft_value_iteration
@@ -48,6 +54,16 @@ def policy_objective(problem: TabularCMDP, theta: Array, policy: Array) -> Array
     return jnp.dot(problem.init_dist(theta), V_L) + problem.regularizer(theta)
 
 
+def _check(problem: TabularCMDP, theta: Array, beta, K=None) -> None:
+    """The references' host-side checks: the problem's scalar settings, ``theta`` shaped like
+    ``theta0`` (finite when concrete), ``beta`` finite and > 0 when concrete, ``K`` >= 1."""
+    check_problem_settings(problem)
+    check_theta(problem, theta)
+    check_beta_if_concrete(beta)
+    if K is not None:
+        check_count("K (soft Bellman backups)", K)
+
+
 def _follower_tables(problem: TabularCMDP, theta: Array):
     P, r = problem.transition(theta), problem.follower_reward(theta)
     return P, r, continuation(problem.terminal, r.shape[0], r.dtype)
@@ -62,7 +78,11 @@ def as_if_optimal_hypergradient(problem: TabularCMDP, theta: Array, policy: Arra
       beta: the follower's entropy weight.
     Returns:
       the gradient, shaped like ``theta`` (module docstring).
+    Raises:
+      ValueError: a bad scalar setting of ``problem``, ``theta`` not shaped like ``theta0`` or
+        not finite, or a concrete ``beta`` not finite and > 0.
     """
+    _check(problem, theta, beta)
     g = jax.lax.stop_gradient(policy)
     log_g = jnp.log(jnp.maximum(g, jnp.finfo(g.dtype).tiny))
 
@@ -84,7 +104,11 @@ def k_step_hypergradient(problem: TabularCMDP, theta: Array, V_prev: Array, beta
     ``g_K`` is :func:`~bchg_jax.tabular.follower_models.k_step_response`'s policy: K - 1 soft
     value-iteration sweeps of M_theta from ``V_prev`` [S], one backup, Boltzmann. Unrolled
     (reverse mode through the K sweeps).
+
+    Raises:
+      ValueError: as :func:`as_if_optimal_hypergradient`, or ``K`` not an integer >= 1.
     """
+    _check(problem, theta, beta, K)
 
     def objective(th):
         P, r, _ = _follower_tables(problem, th)
@@ -118,8 +142,9 @@ def lag_hypergradient(
     Returns:
       the gradient, shaped like ``theta``.
     Raises:
-      ValueError: both ``V0`` and ``V_star`` given.
+      ValueError: both ``V0`` and ``V_star`` given, or as :func:`as_if_optimal_hypergradient`.
     """
+    _check(problem, theta, beta)
     if V0 is not None and V_star is not None:
         raise ValueError("pass V0 (a warm start) or V_star (the solved fixed point), not both")
     solve = {"V0": V0}

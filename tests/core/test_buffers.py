@@ -36,6 +36,18 @@ def test_off_policy_buffer_appends_and_samples_only_stored_episodes():
         buffer_add(buf, *_batch(3), "both")
 
 
+@pytest.mark.parametrize("mode", ["on", "off", "ring"])
+def test_every_mode_works_under_x64_inside_jit(x64, mode):
+    """With jax_enable_x64 a ring's int32 start next to Python-int zeros made
+    dynamic_update_slice refuse its indices (int32, int64, int64): the LQR-game CLI crashed."""
+    add = jax.jit(lambda buf, s, a, b: buffer_add(buf, s, a, b, mode))
+    buf = buffer_init(6, 5)
+    for v in (1, 2, 3):
+        buf = add(buf, *_batch(float(v)))
+    want = {"on": [3, 3, 3, 0, 0, 0], "off": [1, 1, 1, 3, 3, 3], "ring": [3, 3, 3, 2, 2, 2]}
+    np.testing.assert_array_equal(np.asarray(buf.a[:, 0]), want[mode])
+
+
 def test_discounted_sampling_matches_gamma_power_t():
     buf = buffer_add(buffer_init(3, 150), *_batch(1, 3, 150), "on")
     gamma, M = 0.99, 400_000
