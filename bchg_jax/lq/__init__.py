@@ -5,9 +5,11 @@ Theorem 1's hypergradient (Eq. (hg_configurable)) estimated from sampled episode
 ``docs/architecture.md``.
 
 Family protocol: ``best_response``, ``rollout``, ``hypergradient``, ``leader_objective``,
-``exact_hypergradient``, ``make_train``, ``TrainConfig``, ``HParams``, ``METHODS``.
+``exact_hypergradient``, ``make_train``, ``TrainConfig``, ``HParams``, ``METHODS``;
+``check_problem`` (an estimator against the exact hypergradient on your problem).
 """
 
+from bchg_jax.lq.check import check_problem
 from bchg_jax.lq.cmdp import LQConfigurableMDP
 from bchg_jax.lq.critics import fit_quadratic_q, fit_quadratic_vector_value, td_fit
 from bchg_jax.lq.estimators import (
@@ -49,4 +51,5 @@ __all__ = [
     "HParams",
     "TrainConfig",
     "make_train",
+    "check_problem",
 ]

@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.core.bias_check import compare, describe
 from bchg_jax.tabular import critics
 from bchg_jax.tabular.cmdp import TabularCMDP
 from bchg_jax.tabular.estimators import first_episode_mask
@@ -144,28 +145,10 @@ def check_problem(
         g, est, cut, lost = exact_and_estimates(
             jnp.asarray(theta, dtype), jax.random.split(jax.random.fold_in(key, i), batches)
         )
-        g, est = np.asarray(g, np.float64), np.asarray(est, np.float64)
         truncated = float(np.mean(np.asarray(cut, np.float64)))
         cut_weight = truncated * gamma**horizon
-        mean = est.mean(0)
-        se = est.std(0, ddof=1) / np.sqrt(est.shape[0])
-        z = (mean - g) / np.maximum(se, np.finfo(np.float64).tiny)
-        norm_g = max(np.linalg.norm(g), np.finfo(np.float64).tiny)
-        row = {
-            "exact": g,
-            "mean": mean,
-            "se": se,
-            "z": z,
-            "bias_se": float(np.abs(z).max()),
-            "rel_error": float(np.linalg.norm(mean - g) / norm_g),
-            "rel_se": float(np.linalg.norm(se) / norm_g),
-            "cosine": float(
-                mean @ g / max(np.linalg.norm(mean) * norm_g, np.finfo(np.float64).tiny)
-            ),
-            "truncated": truncated,
-            "cut_weight": cut_weight,
-            "support_lost": bool(lost),
-        }
+        row = compare(g, est)
+        row.update(truncated=truncated, cut_weight=cut_weight, support_lost=bool(lost))
         out.append(row)
         if cut_weight > CUT_WEIGHT_WARN:
             warnings.warn(
@@ -178,10 +161,7 @@ def check_problem(
             )
         if verbose:
             print(
-                f"theta {i}: bias {row['bias_se']:.1f} SE (max over {g.size} components), "
-                f"relative error {100 * row['rel_error']:.2f}% "
-                f"(resolution {100 * row['rel_se']:.2f}%), cosine {row['cosine']:.4f}  "
-                f"[{method}, {config.num_envs} x {config.num_steps}, "
+                f"theta {i}: {describe(row)}  [{method}, {config.num_envs} x {config.num_steps}, "
                 f"grouping={config.grouping}, partial={config.partial}, {batches} batches]"
             )
     return out

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bchg_jax.lq import LQConfigurableMDP, critics
+from bchg_jax.lq import critics
 from bchg_jax.lq import exact as exact_lq
 from bchg_jax.lq.rollout import rollout
 from bchg_jax.lq.train import TrainConfig, make_train
@@ -70,34 +70,10 @@ def test_leave_one_out_lstd_vector_rewards(x64):
         np.testing.assert_allclose(W[e], np.asarray(ref), rtol=1e-8, atol=1e-9)
 
 
-def _problem(dtype=jnp.float64):
-    """A random 2-d linear-Gaussian configurable MDP (the problem of docs/experiments.md's
-    critic table), T = 60."""
-    rng = np.random.default_rng(5)
-    n = m = 2
-    A = jnp.asarray(rng.normal(size=(n, n)) * 0.6, dtype)
-    B = jnp.asarray(rng.normal(size=(n, m)), dtype)
-    Ms = jnp.asarray([[1.0, 0.3], [0.3, 0.5]], dtype)
-    Mb = jnp.asarray([[0.4, 0.0], [0.0, 0.2]], dtype)
-    return LQConfigurableMDP(
-        A_fn=lambda th: A * (1 + 0.1 * jnp.tanh(th[0])),
-        B_fn=lambda th: B * jnp.exp(0.2 * th[1]),
-        U=jnp.asarray([[0.5, 0.0], [0.2, 0.4]], dtype),
-        Qbar=jnp.eye(n, dtype=dtype),
-        Rbar=0.5 * jnp.eye(m, dtype=dtype),
-        leader_quadratic=lambda th: (Ms * (1 + th[0] ** 2), Mb * jnp.exp(th[1]), 0.1 + th[0]),
-        init_cov=jnp.eye(n, dtype=dtype),
-        gamma_F=0.8,
-        gamma_L=0.85,
-        theta0=jnp.zeros(2, dtype),
-        horizon=60,
-    ).validate()
-
-
-def test_trainer_leader_critic_uses_the_other_episodes(x64):
+def test_trainer_leader_critic_uses_the_other_episodes(x64, random_lq):
     """The trainer's leader_critic step with critic='quadratic_loo': episode e's Q_L, V_L and
     control variate from fit_quadratic_q on the other episodes; E = 1 is refused at make_train."""
-    p = _problem()
+    p = random_lq()
     theta, E = jnp.array([0.3, -0.2]), 4
     br = p.best_response(theta, 0.3)
     tr = make_train(p, "bchg", TrainConfig(num_episodes=E, critic="quadratic_loo"))
@@ -123,12 +99,12 @@ def test_trainer_leader_critic_uses_the_other_episodes(x64):
 
 
 @pytest.mark.slow
-def test_crossfit_critic_unbiased_at_two_episodes(x64):
+def test_crossfit_critic_unbiased_at_two_episodes(x64, random_lq):
     """The trainer's estimate step at E = 2 episodes on the 2-d problem, 20000 batches: with the
     cross-fitted critic the mean agrees with the exact hypergradient (|z| < 4 per component);
     with the in-sample fit (``critic="quadratic"``) it does not (relative bias ~0.035-0.04,
     z ~ 15-20 on theta_0)."""
-    p = _problem()
+    p = random_lq()
     theta, beta = jnp.array([0.3, -0.2]), jnp.asarray(0.3)
     exact = np.asarray(exact_lq.exact_hypergradient(p, theta, 0.3, tol=1e-13, horizon=None))
     br = p.best_response(theta, 0.3, tol=1e-13)

@@ -1,0 +1,57 @@
+"""The statistics of an estimator check: the mean of many independent estimates vs an exact value.
+
+Shared by the families' ``check_problem`` (:func:`bchg_jax.tabular.check.check_problem`,
+:func:`bchg_jax.lq.check.check_problem`). For estimates ``x_1..x_N`` of a gradient ``g`` [D]:
+
+* ``mean``, ``se`` (the standard error of the mean, per component) and ``z = (mean - g) / se``;
+* ``bias_se``: max |z| over the components; above ~4 the estimator is biased at this resolution
+  (with D components, a few |z| near 3 are chance);
+* ``rel_error`` = ||mean - g|| / ||g|| and ``rel_se`` = ||se|| / ||g||, the resolution of that
+  number: a relative error well above ``rel_se`` is bias, not noise;
+* ``cosine`` = cos(mean, g). A cosine near 1 can hide a 10% bias in the norm, so the three
+  numbers are reported together.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def compare(exact, estimates) -> dict:
+    """The agreement of ``estimates`` [N, D] (N >= 2) with ``exact`` [D] (module docstring).
+
+    Args:
+      exact: the exact value, any array of D entries (flattened).
+      estimates: N independent estimates, [N, ...] with D entries each.
+    Returns:
+      dict: ``exact``, ``mean``, ``se``, ``z`` (float64 [D]), ``bias_se``, ``rel_error``,
+      ``rel_se``, ``cosine`` (floats). Non-finite estimates give NaN statistics (never a
+      silently good verdict).
+    """
+    g = np.ravel(np.asarray(exact, np.float64))
+    est = np.asarray(estimates, np.float64).reshape(len(estimates), -1)
+    tiny = np.finfo(np.float64).tiny
+    mean = est.mean(0)
+    se = est.std(0, ddof=1) / np.sqrt(est.shape[0])
+    z = (mean - g) / np.maximum(se, tiny)
+    norm_g = max(np.linalg.norm(g), tiny)
+    return {
+        "exact": g,
+        "mean": mean,
+        "se": se,
+        "z": z,
+        "bias_se": float(np.abs(z).max()),
+        "rel_error": float(np.linalg.norm(mean - g) / norm_g),
+        "rel_se": float(np.linalg.norm(se) / norm_g),
+        "cosine": float(mean @ g / max(np.linalg.norm(mean) * norm_g, tiny)),
+    }
+
+
+def describe(row: dict) -> str:
+    """One line of :func:`compare`'s numbers, e.g. ``bias 1.2 SE (max over 4 components),
+    relative error 0.52% (resolution 0.40%), cosine 0.9999``."""
+    return (
+        f"bias {row['bias_se']:.1f} SE (max over {row['exact'].size} components), "
+        f"relative error {100 * row['rel_error']:.2f}% "
+        f"(resolution {100 * row['rel_se']:.2f}%), cosine {row['cosine']:.4f}"
+    )
