@@ -56,6 +56,28 @@ def test_check_problem_any_method_and_critic(x64):
     assert np.all(np.isfinite(row["mean"])) and -1.0 <= row["cosine"] <= 1.0
 
 
+def test_check_problem_warns_when_the_sampler_is_another_mdp(x64):
+    """A problem with its own sampler table is sampled from another MDP than the exact
+    hypergradient's: ``model_gap`` is the largest entry difference and a warning says so;
+    a sampler equal to the model gives 0 and no warning."""
+    prob = _problem()
+    cfg = TrainConfig(num_envs=4, num_steps=20)
+    P = prob.transition(prob.theta0)
+    for sampler, gap in ((lambda th: prob.transition(th), 0.0), (lambda th: P[:, ::-1], None)):
+        other = type(prob)(**{**prob.__dict__, "sample_transition": sampler})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            (row,) = tabular.check_problem(
+                other, [prob.theta0], 0.5, batches=4, verbose=False, config=cfg
+            )
+        warned = [w for w in caught if "another MDP" in str(w.message)]
+        if gap is not None:
+            assert row["model_gap"] == gap and not warned
+        else:
+            want = float(np.abs(np.asarray(P[:, ::-1] - P)).max())
+            assert row["model_gap"] == pytest.approx(want) and want > 0.1 and warned
+
+
 def test_check_problem_rejects_bad_arguments():
     prob = random_tabular_cmdp(jax.random.key(0))
     with pytest.raises(ValueError, match="method"):
