@@ -89,3 +89,29 @@ def test_trainer_with_a_k_step_follower():
 def test_lq_refuses_the_tabular_followers():
     with pytest.raises(ValueError, match="lag and q_learning"):
         lq.TrainConfig(follower=FollowerModel("lag")).validate()
+
+
+@pytest.mark.slow
+def test_bchg_under_a_one_step_learner_targets_the_as_if_optimal_reference(x64, random_lq):
+    """Sampling under the K = 1 learner's policy with V^g (what the trainer's estimate step
+    sees), BC-HG with the exact leader critic is unbiased for the as-if-optimal reference
+    (measured 1.7 SE, 8000 batches) and far from the reference through the learner's update
+    (161 SE, cosine -0.84): the LQ counterpart of the tabular test (docs/followers.md)."""
+    p = random_lq()
+    theta, beta = jnp.array([0.3, -0.2]), jnp.asarray(0.3)
+    cfg = lq.TrainConfig(
+        num_episodes=4, critic="exact", follower=FollowerModel(kind="k_step", steps=1)
+    )
+    steps = lq.make_train(p, "bchg", cfg).steps
+    br = steps["follower"](theta, beta, jnp.asarray(p.Qbar))
+    own = jnp.zeros((2, 2))
+    played, view, _ = steps["play"](theta, beta, br, own)
+    target, through = (np.asarray(g) for g in steps["references"](theta, beta, played, own))
+    est = jax.jit(
+        jax.vmap(lambda k: steps["estimate"](k, jax.random.fold_in(k, 7), theta, beta, view, ())[0])
+    )
+    keys = jax.random.split(jax.random.key(0), 4000)
+    g = np.concatenate([np.asarray(est(k)) for k in jnp.split(keys, 2)])
+    se = g.std(0) / np.sqrt(len(g))
+    assert np.all(np.abs(g.mean(0) - target) < 4 * se), (g.mean(0), target, se)
+    assert np.max(np.abs(g.mean(0) - through) / se) > 20
