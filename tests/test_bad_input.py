@@ -922,3 +922,35 @@ def test_follower_model_fields_are_numbers_of_the_right_kind(field, value, shown
     kind = {"steps": "k_step", "mix": "lag", "explore": "q_learning"}[field]
     with pytest.raises(ValueError, match=shown):
         FollowerModel(kind=kind, **{field: value}).validate()
+
+
+def test_tabular_game_tolerances_and_policy_rows():
+    """TabularGame rows off 1 by 9e-7 moved J by 0.9% at gamma 0.9999 and were accepted (a fixed
+    1e-6 + numpy's rtol): the tolerance now tightens near gamma = 1 as the CMDP's does. Concrete
+    policies given to the exact functions must be distributions (f = -0.5 everywhere gave a
+    number)."""
+    from bchg_jax.games import tabular as game_tabular
+    from bchg_jax.problems.random_tabular import random_tabular_game
+
+    game = random_tabular_game()
+    P = np.asarray(game.transition, np.float64).copy()
+    P[0, 0, 0, 0] += 9e-7
+    for gamma, ok in ((0.9, True), (0.9999, False)):
+        other = TabularGame(
+            P, game.init_dist, game.follower_reward, game.leader_reward, gamma, gamma, 60
+        )
+        if ok:
+            other.validate()
+        else:
+            with pytest.raises(ValueError, match=r"summing to 1 within 1e-07.*9\.\d*e-07"):
+                other.validate()
+    S, A = P.shape[:2]
+    for f, shown in (
+        (jnp.full((S, A), -0.5), "smallest entry -0.5"),
+        (jnp.ones((S, A)), "sum - 1. 1"),
+    ):
+        with pytest.raises(
+            ValueError, match=f"f \\(leader policy\\) must hold probability rows.*{shown}"
+        ):
+            game_tabular.leader_objective(game, f, 0.5)
+    game_tabular.leader_objective(game, jnp.full((S, A), 1.0 / A), 0.5)

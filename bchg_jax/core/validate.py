@@ -100,6 +100,27 @@ def check_count(name: str, value, allow_none: bool = False) -> None:
         )
 
 
+def probability_tolerance(gamma, dtype, cap: float = 1e-4) -> float:
+    """How far a probability row's sum may be from 1: ``max(min(cap, 1e-3 (1 - gamma)),
+    32 eps(dtype))``.
+
+    A transition row summing to 1 - d loses mass d per step. The samplers draw from the rows
+    normalised while the solvers use them as given, so the sampled problem and the one the exact
+    references solve differ by ~ gamma d / (1 - gamma) of the values; ``1e-3 (1 - gamma)`` keeps
+    that below ~0.1%, and ``32 eps`` leaves room for rows normalised in the tables' own dtype
+    (float32: 3.8e-6).
+
+    Args:
+      gamma: the largest discount of the problem.
+      dtype: the tables' float dtype.
+      cap: the largest tolerance at any discount.
+    Returns:
+      the tolerance (float).
+    """
+    eps = float(np.finfo(np.dtype(dtype)).eps)
+    return float(max(min(cap, 1e-3 * (1.0 - float(gamma))), 32 * eps))
+
+
 def check_problem_settings(problem) -> None:
     """Cheap scalar checks of a problem or game, without evaluating any table.
 

@@ -19,7 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.core.validate import check_problem_settings, check_theta_array
+from bchg_jax.core.validate import (
+    check_problem_settings,
+    check_theta_array,
+    probability_tolerance,
+)
 
 Array = jax.Array
 
@@ -106,15 +110,15 @@ class TabularCMDP:
     # --- validation (eager, before any jit) ------------------------------------------------
     def row_sum_tolerance(self, dtype=None) -> float:
         """The default tolerance of :meth:`validate`'s probability checks:
-        ``max(1e-3 (1 - max(gamma_F, gamma_L)), 32 eps(dtype))``, at most 1e-4.
+        :func:`~bchg_jax.core.validate.probability_tolerance` of max(gamma_F, gamma_L), at most
+        1e-4: ``max(min(1e-4, 1e-3 (1 - gamma)), 32 eps(dtype))``.
 
         A row summing to 1 - d loses mass d per step. The sampler draws from the row normalised
         while the solvers (the follower's best response, the leader's values, the metric J and
         the exact hypergradient) use it as given, so they describe an MDP that differs from the
         sampled one by ~ gamma d / (1 - gamma) of the values (measured on a random 10-state
         problem whose rows were rounded to 5 decimals, d = 2e-5: 0.01% / 0.10% / 1.1% of the
-        exact hypergradient at gamma 0.9 / 0.99 / 0.999). The tolerance keeps that below ~0.1%;
-        ``32 eps`` (float32: 3.8e-6) leaves room for rows normalised in the tables' own dtype.
+        exact hypergradient at gamma 0.9 / 0.99 / 0.999).
 
         Args:
           dtype: the tables' float dtype (None: theta0's).
@@ -123,7 +127,7 @@ class TabularCMDP:
         """
         dtype = np.asarray(self.theta0).dtype if dtype is None else dtype
         gamma = max(float(self.gamma_F), float(self.gamma_L))
-        return float(min(1e-4, max(1e-3 * (1.0 - gamma), 32 * np.finfo(dtype).eps)))
+        return probability_tolerance(gamma, dtype)
 
     def validate(
         self, theta: Optional[Array] = None, atol: Optional[float] = None

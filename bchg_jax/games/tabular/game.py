@@ -18,11 +18,16 @@ import numpy as np
 from bchg_jax.core.validate import (
     check_problem_settings,
     check_shape,
+    is_concrete,
+    probability_tolerance,
     shape_property,
     transition_sizes,
 )
 
 Array = jax.Array
+# how far a concrete policy row given to the exact functions may be from a distribution (float32
+# softmax rows are within ~1e-6)
+POLICY_ROW_TOL = 1e-4
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -69,19 +74,30 @@ class TabularGame:
         P = np.asarray(self.transition, np.float64)
         S, A, B = transition_sizes(f"{self.name}: transition", P, "[S, A, B, S]")
         src = f"S={S}, A={A}, B={B} from transition [S, A, B, S]"
-        if (
-            not np.all(np.isfinite(P))
-            or np.any(P < -1e-9)
-            or not np.allclose(P.sum(-1), 1.0, atol=1e-6)
-        ):
-            raise ValueError(f"{self.name}: transition rows must be probability vectors")
+        # at most 1e-6 (this family's bound before), tighter near gamma = 1 (the sampler
+        # normalises the rows, the solvers do not: core.validate.probability_tolerance)
+        tol = probability_tolerance(
+            max(float(self.gamma_F), float(self.gamma_L)),
+            np.result_type(np.asarray(self.transition).dtype, np.float32),
+            cap=1e-6,
+        )
+        off = np.abs(P.sum(-1) - 1.0)
+        if not np.all(np.isfinite(P)) or np.any(P < -1e-9) or np.any(off > tol):
+            raise ValueError(
+                f"{self.name}: transition rows must be probability vectors summing to 1 within "
+                f"{tol:.2g} (largest |row sum - 1|: {np.nanmax(off):.3g}; normalise them, e.g. "
+                "P / P.sum(-1, keepdims=True))"
+            )
         rho = np.asarray(self.init_dist, np.float64)
         if rho.shape != (S,):
             raise ValueError(
                 f"{self.name}: init_dist must have shape ({S},) ({src}), got {rho.shape}"
             )
-        if np.any(rho < -1e-9) or not np.isclose(rho.sum(), 1.0, atol=1e-6):
-            raise ValueError(f"{self.name}: init_dist must be a probability vector summing to 1")
+        if np.any(rho < -1e-9) or abs(rho.sum() - 1.0) > tol:
+            raise ValueError(
+                f"{self.name}: init_dist must be a probability vector summing to 1 within "
+                f"{tol:.2g}, got sum {rho.sum():.9g}"
+            )
         for name in ("follower_reward", "leader_reward"):
             r = np.asarray(getattr(self, name), np.float64)
             if r.shape != (S, A, B):
@@ -100,16 +116,34 @@ def check_policy_shapes(game: TabularGame, f=None, g=None) -> None:
     Args:
       game: the tabular game.
       f: [S, A] leader policy, or None (not checked).
-      g: [S, A, B] follower policy (or any [S, A, B] table such as a warm start), or None.
+      g: [S, A, B] follower policy, or None.
     Returns:
       None.
     Raises:
-      ValueError: ``game.transition`` not [S, A, B, S], or ``f`` / ``g`` of another shape
-        (the error names the policy at fault).
+      ValueError: ``game.transition`` not [S, A, B, S], ``f`` / ``g`` of another shape, or a
+        concrete ``f`` / ``g`` whose rows are not distributions (an entry below 0 or a row sum
+        off 1 by more than ``POLICY_ROW_TOL``: a number computed from them would be no
+        policy's); the error names the policy at fault.
     """
     S, A, B = transition_sizes(f"{game.name}: transition", game.transition, "[S, A, B, S]")
     src = f"S={S}, A={A}, B={B} from {game.name}'s transition [S, A, B, S]"
-    if f is not None:
-        check_shape("f (leader policy)", f, (S, A), src)
-    if g is not None:
-        check_shape("g (follower policy)", g, (S, A, B), src)
+    for label, table, shape in (
+        ("f (leader policy)", f, (S, A)),
+        ("g (follower policy)", g, (S, A, B)),
+    ):
+        if table is None:
+            continue
+        check_shape(label, table, shape, src)
+        if is_concrete(table):
+            x = np.asarray(table, np.float64)
+            off = np.abs(x.sum(-1) - 1.0)
+            if (
+                not np.all(np.isfinite(x))
+                or np.any(x < -POLICY_ROW_TOL)
+                or np.any(off > POLICY_ROW_TOL)
+            ):
+                raise ValueError(
+                    f"{label} must hold probability rows (entries >= 0, summing to 1 within "
+                    f"{POLICY_ROW_TOL:g}); largest |row sum - 1| {np.nanmax(off):.3g}, "
+                    f"smallest entry {np.nanmin(x):.3g}"
+                )
