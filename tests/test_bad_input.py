@@ -954,3 +954,24 @@ def test_tabular_game_tolerances_and_policy_rows():
         ):
             game_tabular.leader_objective(game, f, 0.5)
     game_tabular.leader_objective(game, jnp.full((S, A), 1.0 / A), 0.5)
+
+
+def test_a_discount_given_as_a_string_and_a_bad_solver_setting_are_refused():
+    """numpy reads '0.5' as 0.5, so a string discount passed validate() and failed later; the
+    game's soft Q-iteration took tol = -1 and max_sweeps = 0."""
+    from bchg_jax.games import tabular as game_tabular
+    from bchg_jax.problems.random_tabular import random_tabular_game
+
+    game = random_tabular_game()
+    with pytest.raises(ValueError, match="gamma_F must be a number in"):
+        TabularGame(
+            game.transition, game.init_dist, game.follower_reward, game.leader_reward, "0.5", 0.5, 9
+        ).validate()
+    with pytest.raises(ValueError, match="gamma_L must be a number in"):
+        _cmdp(gamma_L=True).validate()
+    S, A = np.shape(game.transition)[:2]
+    f = jnp.full((S, A), 1.0 / A)
+    with pytest.raises(ValueError, match="tol must be finite and > 0"):
+        game_tabular.soft_q_iteration(game, f, 0.5, tol=-1.0)
+    with pytest.raises(ValueError, match="max_sweeps must be a positive integer"):
+        game_tabular.soft_q_iteration(game, f, 0.5, max_sweeps=0)

@@ -73,6 +73,8 @@ def check_discount(name: str, value, closed: bool = False) -> None:
         ok = v.ndim == 0 and 0.0 <= float(v) and (float(v) <= 1.0 if closed else float(v) < 1.0)
     except (TypeError, ValueError):
         ok = False
+    # numpy reads '0.5' and True as numbers; a discount kept as a string fails later, far away
+    ok = ok and not isinstance(value, (str, bytes, bool, np.bool_))
     if not ok:
         raise ValueError(
             f"{name} must be a number in [0, {'1]' if closed else '1)'}, got {_show_any(value)}"

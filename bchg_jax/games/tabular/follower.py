@@ -24,7 +24,14 @@ import numpy as np
 
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.rounding import keep_sweeping, progress_init, progress_update, stall_window
-from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings, check_shape
+from bchg_jax.core.validate import (
+    check_beta_if_concrete,
+    check_count,
+    check_if_concrete,
+    check_positive,
+    check_problem_settings,
+    check_shape,
+)
 from bchg_jax.games.tabular.game import check_policy_shapes
 
 Array = jax.Array
@@ -155,14 +162,17 @@ def soft_q_iteration(
       [] int32, ``residual`` [] the last sup-norm change).
     Raises:
       ValueError: an unknown ``backup``, a concrete ``beta`` not finite and > 0, a bad scalar
-        setting of ``game`` (a discount outside [0, 1), ...), or ``f`` / ``Q0`` not shaped by
-        ``game.transition``.
+        setting of ``game`` (a discount outside [0, 1), ...), ``f`` / ``Q0`` not shaped by
+        ``game.transition`` (or a concrete ``f`` whose rows are not distributions), a concrete
+        ``tol`` not finite and > 0, or ``max_sweeps`` not a positive integer.
     """
     if backup not in BACKUPS:
         raise ValueError(f"backup must be one of {BACKUPS}, got {backup!r}")
     check_problem_settings(game)
     check_beta_if_concrete(beta)
     check_policy_shapes(game, f)
+    check_if_concrete(check_positive, "tol", tol)
+    check_count("max_sweeps", max_sweeps)
     if Q0 is not None:
         check_shape("Q0", Q0, np.shape(game.transition)[:3], "[S, A, B] from game.transition")
     P = jnp.asarray(game.transition, f.dtype)
