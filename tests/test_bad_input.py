@@ -975,3 +975,46 @@ def test_a_discount_given_as_a_string_and_a_bad_solver_setting_are_refused():
         game_tabular.soft_q_iteration(game, f, 0.5, tol=-1.0)
     with pytest.raises(ValueError, match="max_sweeps must be a positive integer"):
         game_tabular.soft_q_iteration(game, f, 0.5, max_sweeps=0)
+
+
+def test_hypergradients_refuse_indices_out_of_range_and_misshaped_tables():
+    """JAX clamps an out-of-range gather index and drops an out-of-range scatter: a user's batch
+    with a state index past S gave a finite, wrong estimate. Both tabular families refuse it."""
+    from bchg_jax.games import tabular as gt
+    from bchg_jax.problems.random_tabular import random_tabular_game
+    from bchg_jax.tabular import estimators as te
+    from bchg_jax.tabular.exact import best_response
+    from bchg_jax.tabular.rollout import Batch
+
+    game = random_tabular_game(0)
+    S_, A_, B_ = np.shape(game.transition)[:3]
+    g = jnp.full((S_, A_, B_), 1.0 / B_)
+    Q, V = jnp.zeros((S_, A_, B_)), jnp.zeros((S_, A_))
+    idx = jnp.zeros((2, 5), jnp.int32)
+    ok = gt.GameEpisodes(idx, idx, idx)
+    args = (lambda th: jax.nn.softmax(th, -1), jnp.zeros((S_, A_)))
+    gt.hypergradient(*args, ok, g, Q, V, 0.1, 0.9, 0.5)
+    for bad, match in (
+        (ok._replace(s=idx + S_), r"ep.s \(states\) must be indices in \[0, 3\]"),
+        (ok._replace(a=idx - 1), r"ep.a must be indices"),
+        (ok._replace(b=idx.astype(jnp.float32)), r"ep.b must be an integer array"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            gt.hypergradient(*args, bad, g, Q, V, 0.1, 0.9, 0.5)
+    with pytest.raises(ValueError, match=r"V_F must have shape \(4, 2\)"):
+        gt.hypergradient(*args, ok, g, Q, jnp.zeros((S_, B_ + 1)), 0.1, 0.9, 0.5)
+
+    problem = _cmdp()
+    theta = problem.theta0
+    br = best_response(problem, theta, 0.1)
+    z = jnp.zeros((2, 4), jnp.int32)
+    batch = Batch(z, z, z, z, jnp.zeros((2, 4), bool), jnp.zeros((2, 4), bool).at[:, -1].set(True))
+    Q_L = jnp.zeros((S, B))
+    te.hypergradient(problem, theta, batch, br, Q_L, 0.1)
+    for field, value, match in (
+        ("s", z + S, r"batch.s must be indices in \[0, 2\]"),
+        ("b", z + B, r"batch.b must be indices in \[0, 1\]"),
+        ("s_next", z - 1, r"batch.s_next must be indices"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            te.hypergradient(problem, theta, batch._replace(**{field: value}), br, Q_L, 0.1)

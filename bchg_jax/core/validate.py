@@ -304,6 +304,31 @@ def check_int_range(name: str, value, low: int, high) -> None:
         raise ValueError(f"{name} must be integers in [{low}, {high}], got {_show(value)}")
 
 
+def check_indices_if_concrete(name: str, index, size: int) -> None:
+    """A concrete integer index array within [0, size - 1] (JAX clamps an out-of-range gather
+    index and drops an out-of-range scatter silently); nothing when ``index`` is traced.
+
+    Args:
+      name: the name shown in the error (e.g. ``"batch.s (states)"``).
+      index: integer array of any shape.
+      size: the length of the axis it indexes.
+    Returns:
+      None.
+    Raises:
+      ValueError: a concrete ``index`` that is not an integer array, or has an entry outside
+        [0, size - 1].
+    """
+    if not is_concrete(index):
+        return
+    v = np.asarray(index)
+    if not np.issubdtype(v.dtype, np.integer):
+        raise ValueError(f"{name} must be an integer array, got dtype {v.dtype}")
+    if v.size and (v.min() < 0 or v.max() >= size):
+        raise ValueError(
+            f"{name} must be indices in [0, {size - 1}], got values in [{v.min()}, {v.max()}]"
+        )
+
+
 def check_discounts(name: str, gamma_F, gamma_L, horizon) -> None:
     """Both discounts in [0, 1) and a positive integer horizon.
 

@@ -57,7 +57,13 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core.segments import forward_discounted_sum
-from bchg_jax.core.validate import check_beta_if_concrete, check_discount, check_if_concrete
+from bchg_jax.core.validate import (
+    check_beta_if_concrete,
+    check_discount,
+    check_if_concrete,
+    check_indices_if_concrete,
+    check_shape,
+)
 
 Array = jax.Array
 
@@ -282,11 +288,21 @@ def hypergradient(
     Returns:
       a pytree like ``theta``: the estimate of grad_theta J_L (an ascent direction).
     Raises:
-      ValueError: as :func:`game_score_weights`.
+      ValueError: as :func:`game_score_weights`; ``g``, ``Q_L``, ``V_F`` or ``V_L`` not shaped
+        by the policy table [S, A] and ``g``'s B; concrete episode indices out of range.
     """
     _check_guide(guide)
     _check_scalars(beta, gamma_L, gamma_F)
     f = jax.lax.stop_gradient(policy_fn(theta))
+    S, A = f.shape
+    B = g.shape[-1]
+    src = "S, A from policy_fn(theta), B from g"
+    for name, x, shape in (("g", g, (S, A, B)), ("Q_L", Q_L, (S, A, B)), ("V_F", V_F, (S, A))):
+        check_shape(name, x, shape, src)
+    if V_L is not None:
+        check_shape("V_L", V_L, (S,), src)
+    for name, idx, size in (("ep.s (states)", ep.s, S), ("ep.a", ep.a, A), ("ep.b", ep.b, B)):
+        check_indices_if_concrete(name, idx, size)
     E, T = ep.s.shape
     q = Q_L[ep.s, ep.a, ep.b]
     base = 0.0 if V_L is None else V_L[ep.s]
@@ -295,7 +311,6 @@ def hypergradient(
     w = game_score_weights(
         q, base, ben, V_F[ep.s, ep.a] - vbar[ep.s], beta, gamma_L, gamma_F, guide
     )
-    S, A = f.shape
     ct = jnp.zeros((S, A), f.dtype).at[ep.s, ep.a].add(jax.lax.stop_gradient(w)) / E
     _, vjp = jax.vjp(lambda th: jnp.log(policy_fn(th)), theta)
     return vjp(ct)[0]

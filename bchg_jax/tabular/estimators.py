@@ -68,6 +68,7 @@ from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_discount,
     check_if_concrete,
+    check_indices_if_concrete,
     check_problem_settings,
 )
 from bchg_jax.tabular.cmdp import TabularCMDP
@@ -389,7 +390,8 @@ def hypergradient(
       the estimate, shaped like ``theta`` (includes grad Phi_L(theta)).
     Raises:
       ValueError: an unknown ``guide``/``grouping``/``partial``, a concrete ``beta`` not finite
-        and > 0, or a bad scalar setting of ``problem`` (a discount outside [0, 1), ...).
+        and > 0, a bad scalar setting of ``problem`` (a discount outside [0, 1), ...), or
+        concrete batch indices (``s``, ``b``, ``s_next``) out of range.
     """
     if guide not in GUIDES:
         raise ValueError(f"guide must be one of {GUIDES}, got {guide!r}")
@@ -399,6 +401,9 @@ def hypergradient(
     chex.assert_shape(follower.policy, (S, B))
     chex.assert_shape(follower.V, (S,))
     chex.assert_equal_shape([batch.s, batch.b, batch.t, batch.done])
+    for b in (batch,) if guide_batch is None else (batch, guide_batch):
+        for name, idx, size in (("s", b.s, S), ("b", b.b, B), ("s_next", b.s_next, S)):
+            check_indices_if_concrete(f"batch.{name}", idx, size)
     dtype = Q_L.dtype
     n_ep = batch.num_episodes.astype(dtype)
     V_L = state_value(Q_L, follower.policy) if V_L is None else V_L
