@@ -13,7 +13,9 @@ the explore preset's data (2 target-policy episodes and the preset's behaviour e
 ``--set explore_episodes=2 replay=40 --critic-steps 10``), the older ones also with
 ``replay=200 tau=0.05``; each table's first line names its minibatch and, in the tables made
 since the flag exists, its critic steps. Then each estimator (the trainer's
-own ``actor_grad`` on a fresh batch of 2 target-policy episodes and the preset's actor
+own ``actor_grad`` on a fresh batch of 2 target-policy episodes (``a = K s`` for the
+deterministic methods since 2026-11-28, as their trainer collects; the Gaussian leader's
+before, which at U = 1e-3 moves the actions by ~1e-3) and the preset's actor
 minibatch of steps drawn ~ gamma_L^t) is computed on ``--batches`` batches per critic and
 multiplied by ``sum_{t<T} gamma_L^t`` (the minibatch averages over the discounted state
 distribution). Reported per estimator and K: the exact hypergradient (of the discounted
@@ -43,6 +45,7 @@ import numpy as np
 
 from bchg_jax.core.buffers import buffer_add, sample_discounted
 from bchg_jax.games import lqr
+from bchg_jax.games.lqr.train import DETERMINISTIC
 from bchg_jax.problems.lqr_game import lqr_game
 from benchmarks.lqr_game_controls import median_bound, with_guide
 
@@ -201,7 +204,8 @@ def main(argv=None):
 
             def est(state, key):
                 k1, k2, k3 = jax.random.split(key, 3)
-                trj = lqr.rollout(k1, game, theta, resp, config.episodes, T, stochastic=True)
+                stochastic = m not in DETERMINISTIC  # each method's own leader, as its trainer
+                trj = lqr.rollout(k1, game, theta, resp, config.episodes, T, stochastic=stochastic)
                 buf = buffer_add(state.buffer, trj.s, trj.a, trj.b, "on")
                 e, t = sample_discounted(k2, buf, config.minibatch, game.gamma_L)
                 return st["actor_grad"](theta, state.critic, resp, beta, k3, e, t, buf)

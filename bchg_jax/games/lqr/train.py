@@ -6,20 +6,19 @@ deterministic methods, the appendix's Theorem 3 (Eq. (hg_MG_det)), on the shared
 skeleton (:mod:`bchg_jax.games.actor_critic`).
 
 The leader is linear, ``K_theta = theta.reshape(k, n)``: Gaussian ``N(K s, U U^T)`` for the
-stochastic methods, ``a = K s`` for the deterministic ones (episodes are collected with the
-Gaussian leader for every method, as the reference implementation does). For ``bchg_det`` /
-``naive_det`` that is off-policy data the estimator treats as on-policy: it evaluates the
-critic and the influence sums at ``a = K s`` while the stored follower actions answered the
-noisy ``a`` and the states followed the noisy leader. At the paper's U = 1e-3 I this is not
-measurable; with a larger U it biases the estimate (a random 3-d game, U ~ 0.3, exact critics,
-100 batches: 18% of the norm, 6.8 SE, against 3.3% / 1.4 SE with episodes of ``a = K s``; not
-yet fixed: collecting the actor's episodes at ``a = K s`` would change what the critic learns
-from, and the LQR tables would have to be re-measured). The follower is Proposition 2's best
-response, re-solved (warm-started Riccati) every iteration. One outer iteration (the reference
-implementation's settings, ``docs/experiments.md``):
+stochastic methods, ``a = K s`` for the deterministic ones, and each method's episodes come from
+its own leader. (Before, every method collected with the Gaussian leader, as the reference
+implementation does; Theorem 3's estimate then evaluated the critic and the influence sums at
+``a = K s`` on states and follower actions that answered the noisy ``a``: not measurable at the
+paper's U = 1e-3, 18% of the norm (6.8 SE) on a random 3-d game with U ~ 0.3, exact critics.)
+The deterministic methods' critic sees the leader's actions vary only through the warm-up's
+random leader and the behaviour episodes (``exploration.episodes``), as in off-policy DPG.
+The follower is Proposition 2's best response, re-solved (warm-started Riccati) every
+iteration. One outer iteration (the reference implementation's settings,
+``docs/experiments.md``):
 
-  1. ``episodes`` episodes of ``horizon`` steps from s0 (while fewer than
-     ``exploration.warmup_steps`` env steps have been taken, the leader acts
+  1. ``episodes`` episodes of ``horizon`` steps from s0 with the leader's own policy (while
+     fewer than ``exploration.warmup_steps`` env steps have been taken, the leader acts
      N(0, warmup_std^2) at random), added to the actor's buffer (``"on"``: the newest batch;
      ``"off"``: every episode); with ``exploration.episodes`` behaviour episodes
      ``a = K s + std * eps`` as well, which feed only the critic's replay ring;
@@ -227,10 +226,11 @@ def make_train(
         return best_response(game, theta, beta, stochastic=not det, P0=P0, tol=tol, max_iters=cap)
 
     def collect(key, state, resp):
-        """The leader's episodes (random actions during the warm-up) and, for the critic's ring
+        """The leader's episodes (its own policy: ``a ~ N(K s, U U^T)``, or ``a = K s`` for the
+        deterministic methods; random actions during the warm-up) and, for the critic's ring
         only, the behaviour episodes ``a = K s + std * eps``."""
         warm = dict(random_leader=state.step < warmup_iters, random_std=ex.warmup_std)
-        tr = ring = rollout(key, game, state.actor, resp, E, T, **warm)
+        tr = ring = rollout(key, game, state.actor, resp, E, T, stochastic=not det, **warm)
         if Ex:
             tx = rollout(jax.random.fold_in(key, 1), explore_game, state.actor, resp, Ex, T, **warm)
             ring = jax.tree.map(lambda x, y: jnp.concatenate([x, y], 0), tr, tx)
@@ -309,6 +309,7 @@ def make_train(
     # the leader's Adam, its schedule (if any) over the run's actor updates (a traced count)
     a_opt = lambda actor_steps: ax.optimizer(actor_updates(config, T, actor_steps))  # noqa: E731
     c_opt = optax.adam(cc.lr)
-    steps = dict(Q=Q, follower=follower, estimator=est, actor_objective=actor_objective)
+    steps = dict(Q=Q, follower=follower, collect=collect, estimator=est)
+    steps["actor_objective"] = actor_objective
     steps["actor_grad"] = jax.grad(actor_objective)
     return assemble(game, method, config, leader, HParams, a_opt, c_opt, steps)
