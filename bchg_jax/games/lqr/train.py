@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from typing import Callable, Optional
 
 import jax
@@ -188,6 +189,10 @@ def make_train(
       ValueError: an unknown method, a failed ``validate()`` of the game or the config, or a
         singular leader scale U (a zero diagonal entry) with a Gaussian-leader score method
         (``bchg``, ``naive``: log f_theta(a|s) is undefined).
+    Warns:
+      UserWarning: a deterministic method (``bchg_det``, ``naive_det``) without behaviour
+        episodes (``config.exploration.episodes`` = 0): its critic never sees the leader's
+        action vary after the warm-up, so its ``grad_a Q_L`` is not identified by the data.
     """
     check_setup(game, method, config, METHODS)
     if method in SCORE and not np.all(np.diagonal(np.asarray(game.U, np.float64)) > 0):
@@ -200,6 +205,16 @@ def make_train(
     guide, det = method in GUIDED, method in DETERMINISTIC
     if guide:
         config.check_guide()
+    if det and not config.exploration.episodes:
+        dropped = " (the on-policy buffer drops them after it)" if config.buffer == "on" else ""
+        warnings.warn(
+            f"{game.name}: {method} collects its actor's episodes with a = K s and "
+            "config.exploration.episodes = 0, so the critic sees the leader's action vary "
+            f"only in the warm-up's random episodes{dropped}: the data do not identify "
+            "grad_a Q_L, which Theorem 3's estimate uses. Add behaviour episodes "
+            "(ExplorationConfig.episodes with a replay ring, as the explore preset does).",
+            stacklevel=2,
+        )
     est = estimator(config.estimator) if estimator_pieces is None else estimator_pieces
     dtype, ax, cc, ex = jnp.dtype(config.dtype), config.actor, config.critic, config.exploration
     n, k, m, gL = game.state_dim, game.leader_dim, game.follower_dim, game.gamma_L

@@ -2,10 +2,12 @@
 deterministic methods (Theorem 3 is an on-policy estimate), ``N(K s, U U^T)`` for the others."""
 
 import dataclasses
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from bchg_jax.core.buffers import sample_discounted
 from bchg_jax.games import lqr
@@ -31,6 +33,17 @@ def test_each_method_collects_with_its_own_leader():
         *_, buf = _collected(game, method, theta, 0.1, config, jax.random.key(1))
         dev = np.asarray(buf.a - buf.s[:, :-1] @ theta.reshape(1, 2).T)
         assert abs(dev.std() - std) < 0.02, (method, dev.std())
+
+
+def test_a_deterministic_method_without_behaviour_episodes_warns():
+    """With no behaviour episodes the deterministic methods' critic never sees the leader's
+    action vary after the warm-up: make_train says so (and only then)."""
+    with pytest.warns(UserWarning, match="do not identify grad_a Q_L"):
+        lqr.make_train(lqr_game(), "naive_det", lqr.TrainConfig())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lqr.make_train(lqr_game(), "bchg_det", lqr.presets.explore().config)
+        lqr.make_train(lqr_game(), "bchg", lqr.TrainConfig())
 
 
 def test_deterministic_estimate_on_the_trainers_episodes_is_unbiased(x64):
