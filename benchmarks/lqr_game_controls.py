@@ -9,7 +9,8 @@ It prints the mean +- SE over seeds of the exact return over the last 50 iterati
 plain BC-HG's on the same seeds. (Before issue 29 this was ``python -m experiments.lqr_game
 --estimator shuffled``; the permutation now draws from the Benefit's key, so the numbers are
 the same control with other random draws.) Finding (``benchmarks/RESULTS.md``, 20 seeds x 500
-iterations): 0.069 +- 0.030 against BC-HG's 0.072 +- 0.029.
+iterations, 2026-11-28): 0.098 +- 0.033 against BC-HG's 0.174 +- 0.112 (medians 0.020; 5 and 6
+of 20 seeds above 0.05).
 
 :func:`median_bound` (before issue 29: ``TrainConfig.guide_bound``) shrinks every sample's guiding
 gradient to at most ``b`` times the minibatch median norm; ``python -m
@@ -80,7 +81,10 @@ def main(argv=None):
         )
         final = np.asarray(m["J"])[0, :, -WINDOW:].mean(-1)
         se = final.std(ddof=1) / np.sqrt(len(final)) if len(final) > 1 else float("nan")
-        print(f"{label}: {final.mean():.3f} +- {se:.3f} (mean +- SE of the last {WINDOW})")
+        print(
+            f"{label}: {final.mean():.3f} +- {se:.3f} (mean +- SE of the last {WINDOW}), "
+            f"median {np.median(final):.3f}, seeds > 0.05: {int((final > 0.05).sum())}/{len(final)}"
+        )
 
 
 if __name__ == "__main__":
