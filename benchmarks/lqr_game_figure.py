@@ -4,7 +4,8 @@ Reads the run folders of ``benchmarks/RESULTS.md`` (section "Bi-level LQR Markov
 each variant at its best actor-step setting (mean of the last 50 iterations), and writes
 ``benchmarks/results/lqr_game/{curves.npz, figure.png}``: left, mean +- SE over seeds of the exact
 undiscounted 100-step return per iteration; right, every seed's final value (log scale), which
-shows that the means are carried by a few seeds. Prints the markdown table.
+shows that the means are carried by a few seeds. Prints the markdown table. (The shuffled-Benefit
+control is not a run folder: ``python -m benchmarks.lqr_game_controls`` prints its row.)
 ``--from-npz`` redraws from the stored ``curves.npz`` (no run folders needed).
 """
 
@@ -25,7 +26,6 @@ VARIANTS = [  # label, run folder, method
     ("Naive-PGD (off-policy, clipped)", "results/lqr_game_paper", "naive_off"),
     ("BC-HG, unbiased estimator", "results/lqr_game_unbiased", "bchg"),
     ("Naive-PGD, unbiased baseline", "results/lqr_game_unbiased", "naive_on"),
-    ("control: BC-HG, shuffled Benefit", "results/lqr_game_shuffled", "bchg"),
     ("BC-HG, seeds 1000-1019", "results/lqr_game_seed1000", "bchg"),
 ]
 WINDOW = 50
