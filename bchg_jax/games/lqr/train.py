@@ -10,7 +10,8 @@ stochastic methods, ``a = K s`` for the deterministic ones, and each method's ep
 its own leader. (Before, every method collected with the Gaussian leader, as the reference
 implementation does; Theorem 3's estimate then evaluated the critic and the influence sums at
 ``a = K s`` on states and follower actions that answered the noisy ``a``: not measurable at the
-paper's U = 1e-3, 18% of the norm (6.8 SE) on a random 3-d game with U ~ 0.3, exact critics.)
+paper's U = 1e-3, 15% of the norm (11 SE over 400 batches) on a random 3-d game with U ~ 0.3
+and exact critics; ``tests/games/lqr/test_det_episodes.py``.)
 The deterministic methods' critic sees the leader's actions vary only through the warm-up's
 random leader and the behaviour episodes (``exploration.episodes``), as in off-policy DPG.
 The follower is Proposition 2's best response, re-solved (warm-started Riccati) every
