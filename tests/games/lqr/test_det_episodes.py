@@ -46,6 +46,7 @@ def test_a_deterministic_method_without_behaviour_episodes_warns():
         lqr.make_train(lqr_game(), "bchg", lqr.TrainConfig())
 
 
+@pytest.mark.slow
 def test_deterministic_estimate_on_the_trainers_episodes_is_unbiased(x64):
     """Theorem 3's estimate (BC-HG, exact critics) on the batches the ``bchg_det`` trainer
     collects, on a random 3-d game with a leader scale U ~ 0.3, matches the exact hypergradient
