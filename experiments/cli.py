@@ -50,6 +50,13 @@ def with_legacy(saved: dict, dests) -> dict:
     return {**legacy, **saved}
 
 
+def smoke_requested(a) -> bool:
+    """``--smoke`` was given on this command line. A ``--config`` file of a smoke run carries
+    ``smoke: true`` with its reduced values: every flag given beside it must win, so a CLI's
+    ``--smoke`` reductions apply only when this is true."""
+    return bool(a.smoke) and "smoke" in a._explicit
+
+
 def fail(message: str) -> None:
     """Prints ``error: message`` to stderr and exits with status 2 (bad input)."""
     print(f"error: {message}", file=sys.stderr)
@@ -128,7 +135,7 @@ class ExperimentParser(argparse.ArgumentParser):
         given = [f for f in self.grid_flags if f[2:].replace("-", "_") in a._explicit]
         if getattr(a, "grid", None) == "paper" and given:  # they were silently ignored
             fail(f"--grid paper sweeps its own values; drop {' and '.join(given)} or --grid paper")
-        if a.smoke and "smoke" in a._explicit:  # (a --config file holds reduced values)
+        if smoke_requested(a):
             a.seeds, a.iterations = (
                 min(a.seeds, SMOKE_SEEDS),
                 min(a.iterations, self.smoke_iterations),

@@ -103,7 +103,7 @@ def parse_args(argv=None):
     import sys
 
     from bchg_jax.games.lqr.presets import ESTIMATORS, PRESETS
-    from experiments.cli import base_parser
+    from experiments.cli import base_parser, smoke_requested
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--preset", choices=tuple(PRESETS), default="explore")
@@ -208,7 +208,7 @@ def parse_args(argv=None):
     )
     p.set_defaults(**preset_flags(preset))
     a = p.parse_args(argv)
-    if a.smoke:
+    if smoke_requested(a):  # not from a --config file: its values are reduced already
         a.warmup_steps = min(a.warmup_steps, 800)
     return a
 

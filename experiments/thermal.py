@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from experiments.cli import FOLLOWER_SETTINGS
+from experiments.cli import FOLLOWER_SETTINGS, smoke_requested
 
 PAPER_LR = (0.1, 0.01, 0.001)
 ALL_METHODS = ("bchg", "hpgd_td", "hpgd_mc", "naive")
@@ -156,7 +156,7 @@ def parse_args(argv=None):
             True,
             True,
         )
-    if a.smoke:
+    if smoke_requested(a):  # not from a --config file: its values are reduced already
         a.episodes, a.mlp_steps = min(a.episodes, 4), min(a.mlp_steps, 5)
         a.value_samples = min(a.value_samples, 8)
     return a

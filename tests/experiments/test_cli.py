@@ -436,3 +436,34 @@ def test_a_method_named_twice_is_trained_and_listed_once():
     from experiments.cli import parse_methods
 
     assert parse_methods("bchg,naive,bchg", cli.ALL_METHODS, cli.ALL_METHODS) == ["bchg", "naive"]
+
+
+@pytest.mark.parametrize(
+    "module, flags",
+    [
+        ("thermal", ["--episodes", "50", "--mlp-steps", "300", "--value-samples", "64"]),
+        ("lqr_game", ["--warmup-steps", "5000"]),
+    ],
+)
+def test_config_of_a_smoke_run_keeps_explicit_flags(module, flags, tmp_path):
+    """A smoke run's config.json says ``smoke: true`` and holds its reduced values; with
+    ``--config`` every flag given on the command line must still win (the CLIs' own --smoke caps
+    applied only when --smoke itself is on the command line)."""
+    import importlib
+    import json
+
+    from experiments.cli import saved_args
+
+    mod = importlib.import_module(f"experiments.{module}")
+    smoke = mod.parse_args(["--smoke"])
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"experiment": module, "args": saved_args(smoke)}))
+    a = mod.parse_args(["--config", str(path), *flags])
+    assert a.smoke  # taken from the file
+    for flag, value in zip(flags[::2], flags[1::2], strict=True):
+        assert getattr(a, flag[2:].replace("-", "_")) == int(value), flag
+    b = mod.parse_args(["--config", str(path), "--smoke", *flags])  # --smoke given: capped
+    assert any(
+        getattr(b, f[2:].replace("-", "_")) < int(v)
+        for f, v in zip(flags[::2], flags[1::2], strict=True)
+    )
