@@ -342,7 +342,13 @@ def run_method_folder(
         with deferred_interrupt():  # Ctrl-C waits until the chunk's files are written
             save_npz(
                 metrics_path,
-                {**m, **{f"grid_{k}": v for k, v in grid.items()}, "completed": np.asarray(done)},
+                {
+                    **m,
+                    **{f"grid_{k}": v for k, v in grid.items()},
+                    "completed": np.asarray(done),
+                    # what experiments.plot judges an unfinished run over (as finish_method)
+                    "summary_window": np.asarray(min(window, done)),
+                },
             )
             now = time.perf_counter()
             _append_jsonl(

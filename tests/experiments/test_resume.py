@@ -203,8 +203,11 @@ def test_ctrl_c_exits_130_with_a_resumable_checkpoint(tmp_path):
 
     step = checkpoint_step(ckpt)
     assert step and step % 50 == 0 and f"at iteration {step} " in err
-    done = np.load(os.path.join(run, "naive", "metrics.npz"))["J"].shape[-1]
+    saved = np.load(os.path.join(run, "naive", "metrics.npz"))
+    done = saved["J"].shape[-1]
     assert done >= step  # metrics are written before the checkpoint
+    # an unfinished run names its summary window (experiments.plot judges it over that)
+    assert int(saved["summary_window"]) == min(fourrooms.SUMMARY_WINDOW, done)
     # the checkpoint restores into the trainer's state at that iteration
     from bchg_jax import problems, tabular
     from bchg_jax.core.io import load_state
