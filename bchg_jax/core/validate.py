@@ -148,6 +148,57 @@ def check_problem_settings(problem) -> None:
         check_if_concrete(check_count, f"{name}: time_limit", problem.time_limit, True)
 
 
+# how far a concrete policy row may be from a distribution (float32 softmax rows are within ~1e-6)
+POLICY_ROW_TOL = 1e-4
+
+
+def check_probability_rows_if_concrete(label: str, table) -> None:
+    """A concrete policy table's last axis holds distributions (every entry >= 0, each row
+    summing to 1 within :data:`POLICY_ROW_TOL`); a traced table is skipped. A number computed
+    from other rows (a log-policy, unnormalised weights) would be no policy's.
+
+    Args:
+      label: the table's name in the error (``"g (follower policy)"``).
+      table: the policy, rows on its last axis.
+    Returns:
+      None.
+    Raises:
+      ValueError: a non-finite entry, an entry below ``-POLICY_ROW_TOL`` or a row sum off 1 by
+        more than ``POLICY_ROW_TOL``, with the largest offence.
+    """
+    if not is_concrete(table):
+        return
+    x = np.asarray(table, np.float64)
+    off = np.abs(x.sum(-1) - 1.0)
+    if not np.all(np.isfinite(x)) or np.any(x < -POLICY_ROW_TOL) or np.any(off > POLICY_ROW_TOL):
+        raise ValueError(
+            f"{label} must hold probability rows (entries >= 0, summing to 1 within "
+            f"{POLICY_ROW_TOL:g}); largest |row sum - 1| {np.nanmax(off):.3g}, "
+            f"smallest entry {np.nanmin(x):.3g}"
+        )
+
+
+def check_dtype_available(where: str, dtype) -> None:
+    """A run's float dtype must be one JAX computes in: float64 needs ``jax_enable_x64``.
+    Without it JAX truncates every float64 array to float32 (a warning at most), so a user who
+    asked for float64 (for the accurate linear solves at small beta) would get a float32 run.
+
+    Args:
+      where: what sets the dtype, shown first in the error (``"fourrooms: theta0"``).
+      dtype: the requested dtype (anything ``np.dtype`` takes).
+    Returns:
+      None.
+    Raises:
+      ValueError: float64 while ``jax_enable_x64`` is off, naming both ways out.
+    """
+    if np.dtype(dtype) == np.float64 and not jax.config.jax_enable_x64:
+        raise ValueError(
+            f"{where} is float64 but jax_enable_x64 is off, so the run would silently compute "
+            "in float32: call jax.config.update('jax_enable_x64', True) at start-up for a "
+            "float64 run, or pass float32 (e.g. jnp.asarray(x, jnp.float32))"
+        )
+
+
 def check_theta_array(pname: str, theta, name: str = "theta0", ndim: Optional[int] = None) -> None:
     """The leader's parameters of a family that takes one array (tabular CMDPs: any shape; LQ:
     [d]): a single floating array, not a pytree (dict, list, tuple) of arrays, and finite.

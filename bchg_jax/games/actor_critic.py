@@ -35,7 +35,7 @@ import numpy as np
 
 from bchg_jax.core.buffers import EpisodeBuffer, buffer_add
 from bchg_jax.core.loop import Trainer, adam_step, build_trainer, masked_steps, polyak
-from bchg_jax.core.validate import check_config
+from bchg_jax.core.validate import check_config, check_dtype_available
 
 Array = jax.Array
 # fold_in constant of the diagnostics' key (the actor's minibatch loop folds 0 .. max_steps - 1
@@ -96,6 +96,7 @@ def validate_checks(config):
             ok = False
         if not ok:
             raise ValueError(f"{name}.dtype must be float32 or float64, got {config.dtype!r}")
+        check_dtype_available(f"{name}.dtype", config.dtype)
     hidden = getattr(config, "hidden", None)
     if hidden is not None and (
         not hidden or any(not isinstance(h, (int, np.integer)) or h < 1 for h in hidden)

@@ -37,8 +37,9 @@ estimate is biased for that backup's hypergradient (2.5% on the toy game at p = 
 random 5-state game; ``tests/games/test_backup_expectation.py``, ``docs/followers.md``).
 
 As for configurable MDPs the sums are swapped into per-step weights of ``grad log f(a_k|s_k)``
-(the guiding weights are a forward discounted sum), scattered into an [S, A] cotangent and
-pulled back through ``log policy_fn`` with one VJP. Averaged over episodes.
+(the guiding weights are a forward discounted sum), scattered into an [S, A] cotangent, divided
+by f (``grad log f = grad f / f``; 0 where f is 0) and pulled back through ``policy_fn`` with one
+VJP. Averaged over episodes.
 
 Continuous actions (the bi-level LQR game): :func:`game_score_weights` gives the same per-step
 weights for any per-sample values, :func:`continuous_hypergradient` pulls them back through
@@ -62,6 +63,7 @@ from bchg_jax.core.validate import (
     check_discount,
     check_if_concrete,
     check_indices_if_concrete,
+    check_probability_rows_if_concrete,
     check_shape,
 )
 
@@ -271,11 +273,13 @@ def hypergradient(
 
     Tabular whole-episode form: the per-step weights of :func:`game_score_weights` (with
     ``Ben = Q_L - sum_b g Q_L`` and the influence baseline ``sum_a' f(a'|s) V_F(s, a')``) are
-    scattered into an [S, A] cotangent and pulled back through ``log policy_fn`` with one VJP,
-    averaged over the E episodes.
+    scattered into an [S, A] cotangent and pulled back through ``log policy_fn`` (as the VJP of
+    ``policy_fn`` at the cotangent divided by f, 0 where f is 0: a leader action of probability 0
+    is never sampled and contributes nothing) with one VJP, averaged over the E episodes.
 
     Args:
-      policy_fn: theta -> f [S, A], the leader's policy table (rows on the simplex, > 0).
+      policy_fn: theta -> f [S, A], the leader's policy table (rows on the simplex; entries that
+        are exactly 0 are allowed).
       theta: the leader's parameters (pytree).
       ep: :class:`~bchg_jax.games.tabular.rollout.GameEpisodes` (``s``, ``a``, ``b`` [E, T] int).
       g: [S, A, B] the follower's policy g(b|s, a).
@@ -289,7 +293,9 @@ def hypergradient(
       a pytree like ``theta``: the estimate of grad_theta J_L (an ascent direction).
     Raises:
       ValueError: as :func:`game_score_weights`; ``g``, ``Q_L``, ``V_F`` or ``V_L`` not shaped
-        by the policy table [S, A] and ``g``'s B; concrete episode indices out of range.
+        by the policy table [S, A] and ``g``'s B; a concrete ``policy_fn(theta)`` or ``g`` whose
+        rows are not distributions (``core.validate.check_probability_rows_if_concrete``);
+        concrete episode indices out of range.
     """
     _check_guide(guide)
     _check_scalars(beta, gamma_L, gamma_F)
@@ -299,6 +305,8 @@ def hypergradient(
     src = "S, A from policy_fn(theta), B from g"
     for name, x, shape in (("g", g, (S, A, B)), ("Q_L", Q_L, (S, A, B)), ("V_F", V_F, (S, A))):
         check_shape(name, x, shape, src)
+    check_probability_rows_if_concrete("policy_fn(theta) (leader policy)", f)
+    check_probability_rows_if_concrete("g (follower policy)", g)
     if V_L is not None:
         check_shape("V_L", V_L, (S,), src)
     for name, idx, size in (("ep.s (states)", ep.s, S), ("ep.a", ep.a, A), ("ep.b", ep.b, B)):
@@ -312,7 +320,11 @@ def hypergradient(
         q, base, ben, V_F[ep.s, ep.a] - vbar[ep.s], beta, gamma_L, gamma_F, guide
     )
     ct = jnp.zeros((S, A), f.dtype).at[ep.s, ep.a].add(jax.lax.stop_gradient(w)) / E
-    _, vjp = jax.vjp(lambda th: jnp.log(policy_fn(th)), theta)
+    # grad log f = grad f / f, pulled back through policy_fn itself: an action of probability 0
+    # (a float32 softmax underflows at a logit gap of ~90) is never sampled, so its cotangent is 0,
+    # where the VJP of log f would give 0 / 0 = NaN for every parameter it shares
+    ct = jnp.where(f > 0, ct / jnp.where(f > 0, f, 1.0), 0.0)
+    _, vjp = jax.vjp(policy_fn, theta)
     return vjp(ct)[0]
 
 

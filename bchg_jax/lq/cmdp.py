@@ -29,6 +29,7 @@ from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import (
     check_costs,
     check_discounts,
+    check_dtype_available,
     check_shape,
     check_theta_array,
     shape_property,
@@ -239,6 +240,8 @@ class LQConfigurableMDP:
         """
         where = "theta0" if theta is None else "the theta given"
         check_theta_array(self.name, self.theta0, "theta0", ndim=1)
+        # theta0's dtype is the run's (make_train): float64 only with jax_enable_x64
+        check_dtype_available(f"{self.name}: theta0", np.asarray(self.theta0).dtype)
         if theta is not None:
             check_theta_array(self.name, theta, "theta", ndim=1)
         theta = np.asarray(self.theta0 if theta is None else theta)

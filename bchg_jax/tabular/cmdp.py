@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bchg_jax.core.validate import (
+    check_dtype_available,
     check_problem_settings,
     check_theta_array,
     probability_tolerance,
@@ -157,6 +158,8 @@ class TabularCMDP:
         """
         check_problem_settings(self)
         check_theta_array(self.name, self.theta0, "theta0")
+        # theta0's dtype is the run's (make_train): float64 only with jax_enable_x64
+        check_dtype_available(f"{self.name}: theta0", np.asarray(self.theta0).dtype)
         if theta is not None:
             check_theta_array(self.name, theta, "theta")
         theta = jnp.asarray(self.theta0 if theta is None else theta)

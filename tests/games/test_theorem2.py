@@ -179,3 +179,41 @@ def test_lqr_game_deterministic_actor_gradient_is_the_appendix_theorem(x64):
     ref, explicit = references(theta)
     np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(got, explicit, rtol=1e-9, atol=1e-12)
+
+
+def test_whole_episode_estimate_with_a_leader_action_of_probability_zero():
+    """A float32 softmax leader with a logit gap of ~90 has f(a|s) = 0 exactly. The estimate was
+    pulled back through log f: 0 / 0 = NaN in that row, and in every parameter a shared-parameter
+    leader has. Now it is finite, and where every f > 0 it is the log-VJP's to rounding."""
+    from bchg_jax.problems.random_tabular import random_tabular_game
+
+    game = random_tabular_game(seed=0, S=4, A=2, B=3, gamma=0.8, time_limit=60)
+    beta = 0.5
+    Phi = jnp.asarray(np.random.default_rng(0).normal(size=(4, 3)), jnp.float32)
+    shared = lambda W: jax.nn.softmax(Phi @ W, -1)  # noqa: E731
+    table = lambda th: jax.nn.softmax(th, -1)  # noqa: E731
+
+    def estimate(policy_fn, theta, key):
+        f = policy_fn(theta)
+        br = tgame.best_response(game, f, beta, "paper")
+        V_L, Q_L = tgame.leader_values(game, f, br.policy)
+        ep = tgame.rollout(key, game, f, br.policy, 16, 60)
+        args = (ep, br.policy, Q_L, br.V, beta, game.gamma_L, game.gamma_F, "benefit", V_L)
+        return tgame.hypergradient(policy_fn, theta, *args), args
+
+    key = jax.random.key(0)
+    for policy_fn, theta in (
+        (table, jnp.zeros((4, 2)).at[0, 1].set(-110.0)),
+        (shared, jnp.asarray([[40.0, -40.0], [0.0, 0.0], [0.0, 0.0]])),
+    ):
+        assert float(jnp.min(policy_fn(theta))) == 0.0  # the case: an exact zero
+        est, _ = estimate(policy_fn, theta, key)
+        assert np.all(np.isfinite(np.asarray(est)))
+    # every f > 0: the same number as the VJP of log f (the form it replaced)
+    theta = jnp.asarray(np.random.default_rng(1).normal(size=(3, 2)), jnp.float32)
+    est, (ep, *rest) = estimate(shared, theta, key)
+    f = shared(theta)
+    # with theta = the table itself the estimate is ct / f, ct the [S, A] cotangent of log f
+    ct = tgame.hypergradient(lambda t: t, f, ep, *rest) * f
+    _, vjp = jax.vjp(lambda th: jnp.log(shared(th)), theta)
+    np.testing.assert_allclose(est, vjp(ct)[0], rtol=2e-4, atol=1e-6)

@@ -19,6 +19,8 @@ conditional mean from a state ``x`` is ``F^t x`` and the covariance does not dep
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 
@@ -47,6 +49,10 @@ from bchg_jax.games.lqr.follower import (
 )
 from bchg_jax.games.lqr.game import LQRGame, leader_gain, leader_log_prob, leader_reward, transition
 from bchg_jax.games.lqr.rollout import rollout
+
+# exact_critic_estimate warns when the follower's influence sums lose more discount weight than
+# this to the end of the episodes (gamma_F ** extra_steps): they stand for infinite sums
+INFLUENCE_CUT_WARN = 1e-3
 
 Array = jax.Array
 
@@ -334,7 +340,8 @@ def exact_critic_estimate(
       key: PRNG key (episodes, Benefit samples, baseline samples).
       episodes: E.
       leader_steps: T, the leader objective's horizon.
-      extra_steps: extra steps that only the follower's influence sums see.
+      extra_steps: extra steps that only the follower's influence sums see (a warning when
+        ``gamma_F ** extra_steps`` exceeds :data:`INFLUENCE_CUT_WARN`).
       gamma: the leader's discount (default ``game.gamma_L``).
       stochastic: Gaussian leader (Theorem 2) or deterministic (Theorem 3).
       guide: ``"benefit"`` (BC-HG) or ``"none"`` (Naive-PGD).
@@ -360,6 +367,16 @@ def exact_critic_estimate(
     check_count("leader_steps", leader_steps)
     check_count("samples", samples)
     check_int_range("extra_steps", extra_steps, 0, float("inf"))
+    cut = float(game.gamma_F) ** int(extra_steps)
+    if cut > INFLUENCE_CUT_WARN:
+        warnings.warn(
+            f"lqr.exact_critic_estimate: extra_steps={extra_steps} cuts the follower's "
+            f"influence sums (infinite in Theorem 2) at a discount weight gamma_F^{extra_steps} "
+            f"= {cut:.3g} for the last leader step: the estimate is biased by about that share "
+            f"of the follower-response term; take extra_steps >= log({INFLUENCE_CUT_WARN:g}) / "
+            "log(gamma_F)",
+            stacklevel=2,
+        )
     gL = game.gamma_L if gamma is None else gamma
     T = leader_steps
     resp = best_response(game, theta, beta, stochastic=stochastic, tol=tol, max_iters=max_iters)

@@ -31,6 +31,7 @@ from bchg_jax.core.validate import (
     check_discount,
     check_if_concrete,
     check_problem_settings,
+    check_unit_interval,
 )
 from bchg_jax.games.tabular.follower import (
     BACKUPS,
@@ -343,12 +344,13 @@ def soft_policy_evaluation(game, f: Array, g: Array, beta, backup: str = "refere
     Returns:
       (Q^g [S, A, B], V^g [S, A]).
     Raises:
-      ValueError: an unknown ``backup``, a bad scalar setting of ``game``, or ``f`` / ``g`` not
-        shaped by ``game.transition``.
+      ValueError: an unknown ``backup``, a bad scalar setting of ``game``, a concrete ``beta``
+        not finite and > 0, or ``f`` / ``g`` not shaped by ``game.transition``.
     """
     if backup not in BACKUPS:
         raise ValueError(f"backup must be one of {BACKUPS}, got {backup!r}")
     check_problem_settings(game)
+    check_beta_if_concrete(beta)
     check_policy_shapes(game, f, g)
     P = jnp.asarray(game.transition, f.dtype)
     r = jnp.asarray(game.follower_reward, f.dtype)
@@ -462,9 +464,13 @@ def lag_hypergradient(
       backup: the follower's backup form. Q_star: optional solved [S, A, B] fixed point.
     Returns:
       a pytree like ``theta``.
+    Raises:
+      ValueError: a bad scalar setting of ``game``, a concrete ``beta`` not finite and > 0, or
+        a concrete ``mix`` outside (0, 1] (as ``FollowerModel``).
     """
     check_problem_settings(game)
     check_beta_if_concrete(beta)
+    check_if_concrete(check_unit_interval, "mix", mix)
     g_prev = jax.lax.stop_gradient(g_prev)
 
     def J(th):

@@ -16,18 +16,15 @@ import jax
 import numpy as np
 
 from bchg_jax.core.validate import (
+    check_probability_rows_if_concrete,
     check_problem_settings,
     check_shape,
-    is_concrete,
     probability_tolerance,
     shape_property,
     transition_sizes,
 )
 
 Array = jax.Array
-# how far a concrete policy row given to the exact functions may be from a distribution (float32
-# softmax rows are within ~1e-6)
-POLICY_ROW_TOL = 1e-4
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -122,7 +119,7 @@ def check_policy_shapes(game: TabularGame, f=None, g=None) -> None:
     Raises:
       ValueError: ``game.transition`` not [S, A, B, S], ``f`` / ``g`` of another shape, or a
         concrete ``f`` / ``g`` whose rows are not distributions (an entry below 0 or a row sum
-        off 1 by more than ``POLICY_ROW_TOL``: a number computed from them would be no
+        off 1 by more than ``core.validate.POLICY_ROW_TOL``: a number computed from them would be no
         policy's); the error names the policy at fault.
     """
     S, A, B = transition_sizes(f"{game.name}: transition", game.transition, "[S, A, B, S]")
@@ -134,16 +131,4 @@ def check_policy_shapes(game: TabularGame, f=None, g=None) -> None:
         if table is None:
             continue
         check_shape(label, table, shape, src)
-        if is_concrete(table):
-            x = np.asarray(table, np.float64)
-            off = np.abs(x.sum(-1) - 1.0)
-            if (
-                not np.all(np.isfinite(x))
-                or np.any(x < -POLICY_ROW_TOL)
-                or np.any(off > POLICY_ROW_TOL)
-            ):
-                raise ValueError(
-                    f"{label} must hold probability rows (entries >= 0, summing to 1 within "
-                    f"{POLICY_ROW_TOL:g}); largest |row sum - 1| {np.nanmax(off):.3g}, "
-                    f"smallest entry {np.nanmin(x):.3g}"
-                )
+        check_probability_rows_if_concrete(label, table)
