@@ -21,7 +21,10 @@ PartialDerivative Algorithm 4, FollowerQGrad Algorithm 6):
      is the same episode's return G_t, which sums over the same future steps as dQF_t, so
      ``E[G_t dQF_t] = Q_L grad Q_F + Cov(G_t, dQF_t)``; measured: its mean 60-75% off
      the exact hypergradient, whatever the batch size (more episodes do not remove it);
-  5. SGD ascent after clipping to ``clip_norm``.
+  5. SGD ascent after clipping to ``clip_norm``; skipped (``update_skipped``) when the solve did
+     not converge, the estimate is not finite, or the closed loop at theta_i diverges under
+     max(gamma_L, gamma_F) (``diverging``: J_L is infinite there; ``validate`` checks theta0
+     only, and a run can step past the edge).
 Metrics of iteration i: exact ``problem.horizon``-step (100 by default) J_L(theta_i) and its
 components (``exact_lq``).
 
@@ -262,7 +265,10 @@ def make_train(
       a :class:`~bchg_jax.core.loop.Trainer`; its ``hparams(grid)`` builds :class:`HParams`
       (``lr``, ``beta``) and ``run`` yields per-iteration metrics (``J``, ``ok``, ``grad_norm``,
       ``riccati_iters``, ``solve_capped`` (1: the Riccati iteration stopped at its cap or
-      diverged), ``update_skipped`` (1: the update was dropped) and the problem's components).
+      diverged), ``diverging`` (1: the played closed loop A - B K is not stable under
+      max(gamma_L, gamma_F), where J_L and every critic diverge), ``update_skipped`` (1: the
+      update was dropped: a capped solve, a diverging closed loop or a non-finite estimate) and
+      the problem's components).
     Raises:
       ValueError: an unknown method, a wrong problem type, a failed ``validate()`` (e.g. a
         closed loop that diverges under gamma_L at theta0), or a horizon too short for the
@@ -486,12 +492,19 @@ def make_train(
                     state.critic[1] if v_params is None else v_params,
                 )
         raw = grad
-        ok = br.converged & jnp.all(jnp.isfinite(grad))
+        # the closed loop the episodes follow must be stable under both discounts: past it the
+        # infinite-horizon J_L, critics and follower values diverge, and the sampled estimates
+        # are finite but meaningless (1e13 where 1e4 just inside, with no flag) while the exact
+        # method's is NaN; either way the update is dropped and said (validate checks theta0)
+        closed = problem.A_fn(theta) - problem.B_fn(theta) @ played.K
+        stable = exact_lq.is_discounted_stable(closed, max(problem.gamma_L, problem.gamma_F))
+        ok = br.converged & stable & jnp.all(jnp.isfinite(grad))
         grad = jnp.where(ok, grad, 0.0)  # flagged, skipped: never a silent NaN update
         new_theta = sgd_ascent(theta, grad, hp.lr, config.clip_norm)
         metrics["ok"] = ok.astype(jnp.int32)
         metrics["solve_capped"] = (~br.converged).astype(jnp.int32)
         metrics["update_skipped"] = (~ok).astype(jnp.int32)
+        metrics["diverging"] = (~stable).astype(jnp.int32)
         metrics["grad_norm"] = jnp.linalg.norm(grad)
         if fm.kind == "k_step":
             metrics["follower_gap"] = gain_gap(played, br)

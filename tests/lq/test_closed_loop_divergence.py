@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bchg_jax import lq
 from bchg_jax.lq import exact as exact_lq
 from bchg_jax.lq.cmdp import LQConfigurableMDP
 from bchg_jax.lq.train import TrainConfig, make_train
@@ -124,3 +125,46 @@ def test_validate_refuses_a_diverging_closed_loop_at_theta0():
     _scalar(0.0, gamma_L=0.8).validate()  # 0.8 * 1.056^2 < 1
     with pytest.raises(ValueError, match=r"diverges under gamma_F.*detectable"):
         _undetectable().validate()
+
+
+def _lazy_follower():
+    """1-d: A = theta, B = 1, r_L = +s^2 (the leader is paid for large states), a lazy follower
+    (gamma_F 0.5, Rbar 10): the closed loop A - B K diverges under gamma_L = 0.95 from
+    theta ~ 1.03, and the leader's ascent takes theta there."""
+    return LQConfigurableMDP(
+        A_fn=lambda th: jnp.reshape(th[0], (1, 1)),
+        B_fn=lambda th: jnp.ones((1, 1)),
+        U=np.eye(1) * 0.5,
+        Qbar=np.eye(1) * 0.01,
+        Rbar=np.eye(1) * 10.0,
+        leader_quadratic=lambda th: (-jnp.eye(1), jnp.zeros((1, 1)), jnp.zeros(())),
+        init_cov=np.eye(1),
+        gamma_F=0.5,
+        gamma_L=0.95,
+        theta0=jnp.asarray([0.8]),
+        horizon=200,
+    ).validate()
+
+
+@pytest.mark.parametrize("method", ["bchg", "exact"])
+def test_updates_past_the_edge_of_stability_are_dropped_and_flagged(method):
+    """validate() checks theta0 only; a run can step past the edge. There J_L and every critic
+    diverge: the sampled estimates were finite but meaningless (norm 1e13 against 1e4 just
+    inside, no flag) and the run bounced across the edge. Every method's update there is now
+    dropped and flagged (``diverging``, ``update_skipped``), as the exact method's NaN was."""
+    problem = _lazy_follower()
+    hp = lq.HParams(lr=0.05, beta=0.1)
+    tr = lq.make_train(problem, method, lq.TrainConfig(iterations=12, num_episodes=8))
+    state0 = tr.init(jax.random.key(0), hp)
+    final, m = jax.jit(lambda s: tr.run(s, hp, 12))(state0)
+    diverging, skipped = np.asarray(m["diverging"]), np.asarray(m["update_skipped"])
+    assert diverging.sum() >= 3, diverging  # the case is reached
+    assert np.all(skipped[diverging > 0] == 1)
+    first = int(np.argmax(diverging))
+    at_edge, _ = jax.jit(lambda s: tr.run(s, hp, first))(state0)
+    # past the edge the run is frozen (every update there dropped), not bouncing across it
+    np.testing.assert_array_equal(np.asarray(final.theta), np.asarray(at_edge.theta))
+    assert np.all(diverging[first:] == 1)
+    closed = float(at_edge.theta[0]) - float(lq.best_response(problem, at_edge.theta, 0.1).K[0, 0])
+    assert problem.gamma_L * closed**2 >= 1.0  # flagged where it should be
+    assert np.all(np.asarray(m["grad_norm"])[:first] > 0)  # moving before the edge
