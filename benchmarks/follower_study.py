@@ -1,6 +1,7 @@
 """How the estimators hold up when the follower is not at its best response (issue 30).
 
     python -m benchmarks.follower_study run [--out results/follower_study] [--iterations 3000]
+        [--followers k_step1 ...]
     python -m benchmarks.follower_study table [--out results/follower_study]
         [--compact benchmarks/results/follower_study]
 
@@ -65,20 +66,22 @@ def _train(folder: str, command: list, log) -> float:
     return time.time() - t0
 
 
-def run(out: str, iterations: dict, parts) -> None:
-    """Trains every (experiment, beta, follower) folder; wall times go to ``OUT/wall.json``."""
+def run(out: str, iterations: dict, parts, followers=None) -> None:
+    """Trains every (experiment, beta, follower) folder (``followers``: only these labels);
+    wall times go to ``OUT/wall.json``."""
     wall_path = os.path.join(out, "wall.json")
     os.makedirs(out, exist_ok=True)
     wall = json.load(open(wall_path)) if os.path.exists(wall_path) else {}
     jobs = []
+    chosen = [(label, flags) for label, flags in FOLLOWERS if not followers or label in followers]
     if "fourrooms" in parts:
         for beta in BETAS:
-            for label, flags in FOLLOWERS:
+            for label, flags in chosen:
                 folder = os.path.join(out, "fourrooms", f"beta{beta}_{label}")
                 cmd = ["--method", ",".join(FOURROOMS_METHODS), "--beta", beta, "--batch", "100"]
                 jobs.append((folder, "experiments.fourrooms", cmd + flags, iterations["fourrooms"]))
     if "toy_game" in parts:
-        for label, flags in FOLLOWERS:
+        for label, flags in chosen:
             folder = os.path.join(out, "toy_game", label)
             cmd = ["--method", ",".join(TOY_METHODS)] + flags
             jobs.append((folder, "experiments.toy_game", cmd, iterations["toy_game"]))
@@ -197,10 +200,16 @@ def main(argv=None):
     p.add_argument(
         "--parts", nargs="+", default=["fourrooms", "toy_game"], choices=["fourrooms", "toy_game"]
     )
+    p.add_argument(
+        "--followers",
+        nargs="+",
+        choices=[label for label, _ in FOLLOWERS],
+        help="run only these followers (default: all)",
+    )
     a = p.parse_args(argv)
     iterations = {"fourrooms": a.iterations, "toy_game": a.toy_iterations}
     if a.command == "run":
-        run(a.out, iterations, a.parts)
+        run(a.out, iterations, a.parts, a.followers)
     else:
         table(a.out, a.compact, iterations)
 

@@ -510,7 +510,9 @@ def make_train(
             metrics["follower_gap"] = gain_gap(played, br)
             own = jnp.where(jnp.all(jnp.isfinite(own)), own, jnp.zeros_like(own))
         if config.track_reference:
-            target, through = references(theta, beta, played, state.follower)
+            # "through": from the learner's state after this reaction (where its reaction to
+            # the leader's next theta starts), as the tabular and game trainers
+            target, through = references(theta, beta, played, own)
             metrics.update(agreement(raw, target, "target"))
             metrics.update(agreement(raw, through, "through"))
         P_next = jnp.where(

@@ -595,7 +595,9 @@ def make_train(
         if not fm.best_response:
             metrics["follower_gap"] = policy_gap(policy, br.policy)
         if config.track_reference:
-            refs = references(theta, beta, br, policy, state.follower)
+            # "through": from the learner's state after this reaction, where its reaction to the
+            # leader's next theta starts (as the game trainers); not the state it started from
+            refs = references(theta, beta, br, policy, own)
             metrics.update(agreement(grad, refs[0], "target"))
             metrics.update(agreement(grad, refs[1], "through"))
         new_state = TrainState(new_theta, critic, br.V, V_L, key, state.step + 1, own)

@@ -115,7 +115,8 @@ def test_bchg_targets_the_as_if_optimal_hypergradient_under_a_k_step_follower(x6
     prob, theta = _problem(H)
     P, r, cont = _tables(prob, theta)
     V_prev = jnp.zeros(5)
-    g = fm.k_step_response(P, r, BETA, prob.gamma_F, None, V_prev, 1).policy
+    learner = fm.k_step_response(P, r, BETA, prob.gamma_F, None, V_prev, 1)
+    g = learner.policy
     view = fm.observed_follower(P, r, g, BETA, prob.gamma_F, cont, 0)
     _, Q_L = exact.leader_values(prob, theta, g)
     target = np.asarray(refs.as_if_optimal_hypergradient(prob, theta, g, BETA))
@@ -135,7 +136,8 @@ def test_bchg_targets_the_as_if_optimal_hypergradient_under_a_k_step_follower(x6
     assert np.all(np.abs(z) < 4.0), f"z-scores against the as-if-optimal reference {z}"
     for other in (
         exact.exact_hypergradient(prob, theta, BETA),
-        refs.k_step_hypergradient(prob, theta, V_prev, BETA, 1),
+        # through the learner's next update, from its value after this one (as the trainer)
+        refs.k_step_hypergradient(prob, theta, learner.V, BETA, 1),
     ):
         assert np.abs((mean - np.asarray(other)) / se).max() > 10.0
 
@@ -306,3 +308,39 @@ def test_lag_hypergradient_V0_is_only_a_warm_start(x64):
     assert np.abs(wrong - cold).max() > 1e-3
     with pytest.raises(ValueError, match="not both"):
         refs.lag_hypergradient(prob, theta, previous, BETA, 0.7, V0=V_star, V_star=V_star)
+
+
+@pytest.mark.parametrize(
+    "model", [FollowerModel("k_step", steps=1), FollowerModel("lag", mix=0.3)], ids=str
+)
+def test_through_reference_starts_where_the_learners_next_reaction_does(x64, model):
+    """``through`` is the derivative of the leader's next objective: through the learner's
+    reaction to the next theta, which starts from its state *after* this iteration's reaction
+    (as the game trainers have it). It was taken from the state before, the derivative of an
+    objective the leader's step can no longer change. With the ``exact`` method the estimate is
+    the best-response hypergradient, so the recorded agreement can be recomputed exactly."""
+    from bchg_jax.core.follower_model import agreement
+
+    prob, _ = _problem()
+    config = TrainConfig(
+        num_envs=2, num_steps=10, iterations=2, follower=model, track_reference=True
+    )
+    tr = make_train(prob, "exact", config)
+    hp = HParams(lr=0.1, sarsa_alpha=0.5, beta=BETA)
+    run = jax.jit(tr.run, static_argnums=2)
+    state, _ = run(tr.init(jax.random.key(0), hp), hp, 1)  # the learner has moved once
+    _, m = run(state, hp, 1)
+    theta, beta = state.theta, jnp.float64(BETA)
+    br = tr.steps["follower"](theta, beta, state.V_F)
+    _, after = tr.steps["play"](theta, beta, br, state.follower)
+    estimate = exact.exact_hypergradient(prob, theta, BETA)
+
+    def through(own):
+        if model.kind == "k_step":
+            return refs.k_step_hypergradient(prob, theta, own, BETA, model.steps)
+        return refs.lag_hypergradient(prob, theta, own, BETA, model.mix)
+
+    now = agreement(estimate, through(after), "x")["proj_x"]
+    before = agreement(estimate, through(state.follower), "x")["proj_x"]
+    np.testing.assert_allclose(m["proj_through"][0], now, rtol=1e-6)
+    assert abs(float(before) - float(now)) > 1e-3 * abs(float(now))  # the two differ here
