@@ -20,7 +20,8 @@ not tunings.
 seeds of the last 500 iterations; J_L at the policy the follower actually plays) and the
 estimate's mean cosine and median projection ``<est, ref> / |ref|^2`` against the two exact
 references (``target``: the follower's current policy as if optimal; ``through``: the
-derivative through the follower's actual update; docs/followers.md) over iterations and seeds
+derivative through the follower's next update, from its state after this iteration's
+reaction; docs/followers.md) over iterations and seeds
 (a zero estimate has no cosine and is left out; the projection is heavy-tailed where the
 reference is small, hence the median).
 """

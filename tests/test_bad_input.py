@@ -1075,3 +1075,20 @@ def test_lqr_exact_critic_estimate_warns_when_influence_sums_are_cut():
         game_lqr.exact_critic_estimate(
             game, TH_LQR, 0.1, jax.random.key(0), episodes=2, leader_steps=3, extra_steps=1
         )
+
+
+def test_check_problem_refuses_a_follower_it_would_ignore():
+    """check_problem samples under the best response; a k_step config used to be measured as
+    the best response without a word (bit-identical means for best_response, k_step 1, lag)."""
+    from bchg_jax.core.follower_model import FollowerModel
+    from bchg_jax.lq.check import check_problem as lq_check
+    from bchg_jax.problems import random_tabular_cmdp, thermal
+    from bchg_jax.tabular.check import check_problem as tab_check
+
+    cmdp = random_tabular_cmdp(jax.random.key(0))
+    config = tabular.TrainConfig(follower=FollowerModel("k_step", steps=1))
+    with pytest.raises(ValueError, match="not follower='k_step'.*as_if_optimal_hypergradient"):
+        tab_check(cmdp, [cmdp.theta0], 0.1, config=config, batches=2)
+    config = lq_family.TrainConfig(follower=FollowerModel("k_step", steps=1))
+    with pytest.raises(ValueError, match="not follower='k_step'"):
+        lq_check(thermal(), [thermal().theta0], 0.1, config=config, batches=2)

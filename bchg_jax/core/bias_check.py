@@ -17,6 +17,26 @@ from __future__ import annotations
 import numpy as np
 
 
+def check_best_response_config(config) -> None:
+    """``check_problem`` samples under the best response and compares with its exact
+    hypergradient: a ``config.follower`` off the best response would be silently ignored, so it
+    is refused.
+
+    Raises:
+      ValueError: ``config.follower`` is not the best response, with what to use instead.
+    """
+    follower = getattr(config, "follower", None)
+    if follower is not None and not follower.best_response:
+        raise ValueError(
+            f"check_problem judges the estimators under the follower's best response, not "
+            f"follower={follower.kind!r} (that setting would be ignored): pass a config with "
+            "the default FollowerModel(); for a follower off its best response, sample under "
+            "its policy and compare with follower_references.as_if_optimal_hypergradient "
+            "(what the estimators target there, docs/followers.md), or train with "
+            "track_reference=True"
+        )
+
+
 def compare(exact, estimates) -> dict:
     """The agreement of ``estimates`` [N, D] (N >= 2) with ``exact`` [D] (module docstring).
 

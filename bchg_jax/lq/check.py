@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.core.bias_check import compare, describe
+from bchg_jax.core.bias_check import check_best_response_config, compare, describe
 from bchg_jax.lq import exact as exact_lq
 from bchg_jax.lq.cmdp import LQConfigurableMDP
 from bchg_jax.lq.train import METHOD_SPECS, HParams, TrainConfig, make_train
@@ -55,8 +55,8 @@ def check_problem(
       beta: the follower's entropy weight (> 0).
       config: a :class:`~bchg_jax.lq.train.TrainConfig` (``num_episodes``, ``critic``,
         ``follower_grad``, ``control_variates``, ``state_baseline``, the Riccati ``tol`` /
-        cap, ...); None: ``TrainConfig()``, the trainer's defaults. Its follower model is not
-        used: the batches are drawn under the best response.
+        cap, ...); None: ``TrainConfig()``, the trainer's defaults. Its follower must be the
+        best response (the batches are drawn under it).
       batches: independent batches per theta (>= 2).
       method: an estimating method of ``METHOD_SPECS`` (not ``"exact"``); default BC-HG.
       key: PRNG key (default ``jax.random.key(0)``); theta i uses ``fold_in(key, i)``.
@@ -66,12 +66,14 @@ def check_problem(
       one dict per theta: ``exact``, ``mean``, ``se``, ``z`` [d] and ``bias_se``,
       ``rel_error``, ``rel_se``, ``cosine`` (:func:`~bchg_jax.core.bias_check.compare`).
     Raises:
-      ValueError: ``method="exact"`` or unknown, ``batches`` < 2, an invalid problem / config or
+      ValueError: a ``config.follower`` off the best response,
+        ``method="exact"`` or unknown, ``batches`` < 2, an invalid problem / config or
         a horizon too short for the sampling estimators (as
         :func:`~bchg_jax.lq.train.make_train`), a bad ``beta``, or a theta whose follower
         solve does not converge (no exact reference there).
     """
     config = TrainConfig() if config is None else config
+    check_best_response_config(config)
     if method == "exact" or method not in METHOD_SPECS:
         raise ValueError(
             f"method must be an estimating method of {tuple(METHOD_SPECS)} "

@@ -8,7 +8,8 @@
   Gaussian: with ``dH = H_theta - sg(H_theta)``, precision ``cov^-1 + (2/beta) dH_bb`` and gain
   ``cov_theta (cov^-1 K + (2/beta) dH_bs)``: equal to g, with the Boltzmann derivative.
 * :func:`k_step_hypergradient`: ``d/dtheta J_L(theta, g_K(theta))`` through the learner's K
-  Riccati steps from ``P_prev`` (held fixed), unrolled.
+  Riccati steps from ``P_prev`` (held fixed), unrolled; from the learner's value after its
+  reaction to theta_i (what the trainer passes), the leader's true one-step gradient.
 
 Both equal :func:`~bchg_jax.lq.exact.exact_hypergradient` at the best response (tested).
 """

@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.core.bias_check import compare, describe
+from bchg_jax.core.bias_check import check_best_response_config, compare, describe
 from bchg_jax.tabular import critics
 from bchg_jax.tabular.cmdp import TabularCMDP
 from bchg_jax.tabular.estimators import first_episode_mask
@@ -85,7 +85,8 @@ def check_problem(
       theta_list: the thetas to check, each shaped like ``problem.theta0``.
       beta: the follower's entropy weight (> 0).
       config: a :class:`~bchg_jax.tabular.train.TrainConfig` (batch size ``num_envs`` x
-        ``num_steps``, ``grouping``, ``partial``, oracle sizes); None: ``TrainConfig()``.
+        ``num_steps``, ``grouping``, ``partial``, oracle sizes; its follower must be the best
+        response: the batches are drawn under it); None: ``TrainConfig()``.
       batches: number of independent batches per theta (>= 2).
       method: any estimating method of ``METHOD_SPECS`` (not ``"exact"``); default BC-HG.
       critic: ``"exact"`` (exact Q_L, V_L under the best response: judges the estimator alone)
@@ -102,10 +103,12 @@ def check_problem(
       ``model_gap`` (the sampler's table against the model's; a warning above
       ``MODEL_GAP_WARN``).
     Raises:
-      ValueError: ``method="exact"`` or unknown, an unknown ``critic``, ``batches`` < 2, or an
+      ValueError: a ``config.follower`` off the best response,
+        ``method="exact"`` or unknown, an unknown ``critic``, ``batches`` < 2, or an
         invalid problem / config (as :func:`~bchg_jax.tabular.train.make_train`).
     """
     config = TrainConfig() if config is None else config
+    check_best_response_config(config)
     if method == "exact" or method not in METHOD_SPECS:
         raise ValueError(
             f"method must be an estimating method of {tuple(METHOD_SPECS)} "

@@ -15,9 +15,11 @@ at theta instead of g^{theta dagger}:
 * the derivative through the follower's *actual* update, its state held fixed:
   :func:`k_step_hypergradient` (``J_L(theta, softmax(T_theta^K Q_prev / beta))``, unrolled) and
   :func:`lag_hypergradient` (``J_L(theta, (1 - mix) g_prev + mix g^{theta dagger})``, the best
-  response implicitly differentiated). This is the leader's true one-step gradient against
-  that learner. A sample-based learner (``q_learning``) has no such model derivative: its update
-  depends on theta only through the random transitions it sees.
+  response implicitly differentiated). From the learner's state after its reaction to theta_i
+  (what the trainers pass), this is the leader's true one-step gradient against that learner:
+  the derivative of the next J_L in the leader's step. A sample-based learner (``q_learning``)
+  has no such model derivative: its update is a random function of the transitions it sees
+  (and of r_F(theta) on them).
 
 At the best response all three equal :func:`~bchg_jax.tabular.exact.exact_hypergradient`
 (K -> infinity, mix = 1; tested).
