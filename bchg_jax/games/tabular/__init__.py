@@ -5,10 +5,12 @@ whole-episode estimator :func:`bchg_jax.games.estimators.hypergradient`. The pap
 game (Section "2-Player Markov Games (Discrete)") is one instance.
 
 Family protocol: ``best_response``, ``rollout``, ``hypergradient``, ``leader_objective``,
-``exact_hypergradient``, ``make_train``, ``TrainConfig``, ``HParams``, ``METHODS``.
+``exact_hypergradient``, ``make_train``, ``TrainConfig``, ``HParams``, ``METHODS``; and
+``check_problem`` (Theorem 2's estimator against the exact hypergradient on your game).
 """
 
 from bchg_jax.games.estimators import hypergradient
+from bchg_jax.games.tabular.check import check_problem
 from bchg_jax.games.tabular.exact import (
     as_if_optimal_hypergradient,
     best_response,
@@ -28,6 +30,7 @@ from bchg_jax.games.tabular.train import METHODS, HParams, TrainConfig, make_tra
 
 __all__ = [
     "hypergradient",
+    "check_problem",
     "best_response",
     "exact_hypergradient",
     "leader_objective",
