@@ -81,16 +81,20 @@ def panels_found(compact: str):
 
 def write_figure(compact: str) -> None:
     from bchg_jax.core.io import atomic_write_bytes, save_figure
-    from experiments.plot import final_table, panel_figure
+    from experiments.plot import final_table, load_run, panel_figure
 
     found = panels_found(compact)
     if not found:
         raise SystemExit(f"error: no panel folders under {compact}")
     dirs = [os.path.join(compact, panel_name(b, e)) for b, e in found]
     save_figure(os.path.join(compact, "figure.png"), panel_figure(dirs))
+    # the windows the cells are means over (each run's summary window, at most its length)
+    windows = sorted(
+        {min(s["window"], s["iterations"]) for d in dirs for _, s in load_run(d).values()}
+    )
     parts = [
-        "Mean +- SE over the seeds of the last 1000 iterations, each method at its best "
-        "grid point (chosen on that mean).",
+        f"Mean +- SE over the seeds of the last {' / '.join(map(str, windows))} iterations, "
+        "each method at its best grid point (chosen on that mean).",
         "",
     ]
     total = 0.0

@@ -5,9 +5,11 @@ iteration, at 1 / 10 / 240 / 1000 vmapped runs (the first call's extra time repo
         [--solver auto|dense|sparse]
 
 The runs cycle through the paper's lr x SARSA-alpha grid (24 points, so 240 runs = the paper's
-grid x 10 seeds). Every run first trains ``--warmup`` iterations, so the warm starts are the ones
-training sees (the follower's soft value iteration starts from the previous iteration's V, the
-metric's policy evaluation from the previous V_L). Then each step of ``trainer.steps`` is timed
+grid x 10 seeds), run r with seed r. (Before 2026-11-29 every run had seed 0, so 240 runs were
+24 distinct runs, each 10 times: the vmapped loops ran at the slowest of 24 lanes, not 240.)
+Every run first trains ``--warmup`` iterations, so the warm starts are the ones training sees
+(the follower's soft value iteration starts from the previous iteration's V, the metric's
+policy evaluation from the previous V_L). Then each step of ``trainer.steps`` is timed
 alone, vmapped over the runs: ``follower`` (soft VI to tolerance), ``evaluate`` (the exact J_L
 metric: warm-started policy-evaluation sweeps), ``collect`` (rollout), ``leader_critic``
 (SARSA), ``estimate`` (the hypergradient), and ``whole`` = ``trainer.run`` over ``--iterations``
@@ -59,8 +61,11 @@ def measure(
     hp = trainer.hparams(
         {"lr": [p[0] for p in pts], "sarsa_alpha": [p[1] for p in pts], "beta": beta}
     )
-    init, run = grid_functions(trainer)
-    state = init(seed_keys(1), hp)  # leaves [R, 1, ...]
+    _, run = grid_functions(trainer)
+    # one seed per run (run r: seed r), leaves [R, 1, ...]: with one shared seed the runs
+    # r and r + 24 of a grid point were bit-identical, 24 distinct lanes however many runs
+    state = jax.vmap(trainer.init)(seed_keys(runs), hp)
+    state = jax.tree.map(lambda x: x[:, None], state)
     state, _ = run(state, hp, warmup)
     flat = jax.tree.map(lambda x: x[:, 0], state)  # [R, ...]
     steps, dt = trainer.steps, flat.theta.dtype

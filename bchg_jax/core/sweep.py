@@ -298,13 +298,15 @@ def run_grid(
 
     chunks = [] if metrics is None else [metrics]
     done, t0, warned = start, time.perf_counter(), False
+    compiled = set()  # chunk lengths run so far: a new length (a shorter last chunk) compiles
     while done < iterations:
         n = min(chunk, iterations - done)
         tc = time.perf_counter()
         state, m = run(state, hp, n)
         chunks.append(jax.tree.map(np.asarray, m))  # host copy once per chunk (the only sync)
         dt = time.perf_counter() - tc
-        first = done == start
+        first = n not in compiled
+        compiled.add(n)
         done += n
         metrics = join_chunks(chunks)
         chunks = [metrics]
@@ -367,7 +369,8 @@ def progress_line(
     G, N = J.shape[0], J.shape[1]
     w = min(window, J.shape[-1])
     recent = J[..., -w:].mean(-1).mean(-1)  # [G]
-    best = int(np.argmax(recent))
+    # a diverged (NaN) grid point is never the best, as in the summary (experiments.summary)
+    best = int(np.argmax(np.where(np.isfinite(recent), recent, -np.inf)))
     rate = n / max(seconds, 1e-9)
     note = " incl. compile" if includes_compile else ""
     where = f"grid point {best}, " if G > 1 else ""

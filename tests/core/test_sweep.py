@@ -140,3 +140,19 @@ def test_grid_values_that_the_dtype_rounds_to_zero_or_inf_are_refused(x64):
     # one run's HParams given to the float32 trainer directly (build_trainer's check)
     with pytest.raises(ValueError, match="beta = 1e-46 does not fit in float32"):
         tr.train(jax.random.key(0), HParams(beta=1e-46))
+
+
+def test_progress_line_marks_every_compiling_chunk_and_never_picks_a_nan_point(capsys):
+    """The last, shorter chunk compiles again (a new static length): its rate said nothing of
+    it. A diverged (NaN) grid point was reported as the best (np.argmax returns the first NaN),
+    while the summary never picks one."""
+    from bchg_jax.core.sweep import progress_line
+
+    prob = random_tabular_cmdp(jax.random.key(0), num_states=5, num_actions=3, time_limit=10)
+    tr = make_train(prob, "naive", TrainConfig(num_envs=2, num_steps=10, iterations=11))
+    grid = product_grid(lr=[0.1], sarsa_alpha=[0.5], beta=[0.3])
+    run_grid(tr, grid, 1, 11, chunk=5, verbose=True)
+    lines = [x for x in capsys.readouterr().out.splitlines() if "iter" in x]
+    assert ["incl. compile" in x for x in lines] == [True, False, True], lines
+    J = np.stack([np.full((2, 3), 0.1), np.full((2, 3), np.nan), np.full((2, 3), 0.7)])
+    assert "grid point 2" in progress_line(J, 3, 3, 3, 1.0, False, 1.0, window=2)
