@@ -27,8 +27,9 @@ iteration. One outer iteration (the reference implementation's settings,
      ``r_L(s) + gamma_L Q_targ(s', K_targ s', b')``, b' the follower's mean action (or the
      mean over ``critic.target_samples`` draws b' ~ g(.|s', K_targ s'));
   3. ``actor_steps`` updates on minibatches drawn with probability ~ gamma_L^t (skipped during the
-     warm-up), the gradient clipped to ``actor.clip`` (global norm) before Adam, along the
-     estimate of :mod:`bchg_jax.games.lqr.estimator`:
+     warm-up, by every method: ``exact`` and ``exact_direct`` wait too, so that every curve
+     starts its ascent at the same iteration), the gradient clipped to ``actor.clip`` (global
+     norm) before Adam, along the estimate of :mod:`bchg_jax.games.lqr.estimator`:
      * ``bchg`` / ``naive`` (Theorem 2, score-function form): the direct term and, for
        ``bchg``, the guiding term ``(1/beta) Ben(s,a,b) I`` with the influence
        ``I = sum_{k>=0} gF^k grad log f(a_{t+k}|s_{t+k}) V_F(s_{t+k}, a_{t+k})``;
