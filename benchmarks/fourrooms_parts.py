@@ -6,7 +6,11 @@ iteration, at 1 / 10 / 240 / 1000 vmapped runs (the first call's extra time repo
 
 The runs cycle through the paper's lr x SARSA-alpha grid (24 points, so 240 runs = the paper's
 grid x 10 seeds), run r with seed r. (Before 2026-11-29 every run had seed 0, so 240 runs were
-24 distinct runs, each 10 times: the vmapped loops ran at the slowest of 24 lanes, not 240.)
+24 distinct runs, each 10 times: the vmapped loops ran at the slowest of 24 lanes, not 240.
+It barely mattered: at 240 runs, beta 1e-3, one core each, the other busy, 2026-11-29, soft-VI
+sweeps mean / loop 43.4 / 120 dense and 32.5 / 69 sparse with 240 seeds against 45.2 / 125 and
+34.3 / 69 with one; whole iteration 140.5 / 10.3 ms against 113.6 / 9.4 ms, within this
+machine's timing noise under load.)
 Every run first trains ``--warmup`` iterations, so the warm starts are the ones training sees
 (the follower's soft value iteration starts from the previous iteration's V, the metric's
 policy evaluation from the previous V_L). Then each step of ``trainer.steps`` is timed
