@@ -20,7 +20,6 @@ from bchg_jax.games.tabular.exact import (
     joint_chain,
     leader_values,
 )
-from bchg_jax.games.tabular.game import TabularGame
 from bchg_jax.problems.toy_game import toy_game
 
 
@@ -55,25 +54,13 @@ def expectation(game, theta, beta, backup, corrected=False):
     return direct + jnp.einsum("s,sa,sab,sab,sabuv->uv", d_L, f, g, ben, dQ) / beta
 
 
-def _random_game():
-    rng = np.random.default_rng(4)
-    S, A, B = 5, 3, 4
-    arrays = (
-        rng.dirichlet(np.ones(S), size=(S, A, B)),
-        rng.dirichlet(np.ones(S)),
-        rng.normal(size=(S, A, B)),
-        rng.normal(size=(S, A, B)),
-    )
-    return TabularGame(*map(jnp.asarray, arrays), 0.7, 0.9, 100).validate()
-
-
 def _rel(x, y):
     return float(jnp.linalg.norm(x - y) / jnp.linalg.norm(y))
 
 
 @pytest.mark.slow
-def test_theorem2_estimator_targets_the_paper_backup_not_the_reference_one(x64):
-    game, beta = _random_game(), 0.1
+def test_theorem2_estimator_targets_the_paper_backup_not_the_reference_one(x64, backup_game):
+    game, beta = backup_game(), 0.1
     theta = jnp.asarray(np.random.default_rng(2).normal(size=(5, 3)))
     paper = exact_hypergradient(policy_fn, theta, game, beta, "paper")
     reference = exact_hypergradient(policy_fn, theta, game, beta, "reference")

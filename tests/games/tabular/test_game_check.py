@@ -1,9 +1,9 @@
 """games.tabular.check_problem: Theorem 2's estimator against the exact hypergradient on a game.
 
-On a random 5-state game (beta 0.1; in exact expectation the estimator under the reference
-backup is 76% off that backup's hypergradient, cosine 0.66: ``test_backup_expectation.py``) the
-check passes BC-HG under the paper backup and exposes both the reference backup's bias and
-Naive-PGD's."""
+On a random 5-state game (the ``backup_game`` fixture: in exact expectation the estimator
+under the reference backup is 76% off that backup's hypergradient, cosine 0.66,
+``test_backup_expectation.py``) the check passes BC-HG under the paper backup and exposes both
+the reference backup's bias and Naive-PGD's."""
 
 import jax
 import jax.numpy as jnp
@@ -11,19 +11,6 @@ import numpy as np
 import pytest
 
 from bchg_jax.games.tabular import check_problem
-from bchg_jax.games.tabular.game import TabularGame
-
-
-def _random_game(time_limit=100):
-    rng = np.random.default_rng(4)
-    S, A, B = 5, 3, 4
-    arrays = (
-        rng.dirichlet(np.ones(S), size=(S, A, B)),
-        rng.dirichlet(np.ones(S)),
-        rng.normal(size=(S, A, B)),
-        rng.normal(size=(S, A, B)),
-    )
-    return TabularGame(*map(jnp.asarray, arrays), 0.7, 0.9, time_limit).validate()
 
 
 def policy_fn(theta):
@@ -31,8 +18,8 @@ def policy_fn(theta):
 
 
 @pytest.mark.slow
-def test_game_check_passes_bchg_and_exposes_the_reference_backup(x64):
-    game = _random_game()
+def test_game_check_passes_bchg_and_exposes_the_reference_backup(x64, backup_game):
+    game = backup_game()
     theta = [jnp.asarray(np.random.default_rng(2).normal(size=(5, 3)))]
     kw = dict(episodes=16, batches=200, verbose=False)
     (paper,) = check_problem(game, policy_fn, theta, 0.1, backup="paper", **kw)
@@ -43,8 +30,8 @@ def test_game_check_passes_bchg_and_exposes_the_reference_backup(x64):
     assert naive["bias_se"] > 10.0, naive
 
 
-def test_game_check_warns_of_a_cut_and_refuses_bad_input(x64):
-    game = _random_game(time_limit=10)  # 0.9^10 = 0.35 of the weight beyond the cut
+def test_game_check_warns_of_a_cut_and_refuses_bad_input(x64, backup_game):
+    game = backup_game(time_limit=10)  # 0.9^10 = 0.35 of the weight beyond the cut
     theta = [jnp.zeros((5, 3))]
     with pytest.warns(UserWarning, match="beyond the cut"):
         check_problem(game, policy_fn, theta, 0.1, episodes=2, batches=2, verbose=False)

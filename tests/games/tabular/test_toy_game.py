@@ -117,49 +117,18 @@ def test_game_validation():
 def test_theorem2_estimator_unbiased_with_exact_critics(x64):
     """BC-HG (Theorem 2) with exact Q_L, V_F and a tabular-softmax leader: mean within 4 SE of
     the exact hypergradient (implicit differentiation through soft Q-iteration, paper backup);
-    Naive-PGD (direct term only) is far from it."""
-    from bchg_jax.games.estimators import hypergradient
-    from bchg_jax.games.tabular.rollout import rollout
+    Naive-PGD (direct term only) is far from it (games.tabular.check_problem: 200 batches of
+    200 episodes)."""
+    from bchg_jax.games.tabular import check_problem
 
     game = random_tabular_game()
-    beta = 0.5
-    theta = jnp.asarray(np.random.default_rng(1).normal(size=(4, 2)))
+    theta = [jnp.asarray(np.random.default_rng(1).normal(size=(4, 2)))]
     policy_fn = lambda th: jax.nn.softmax(th, axis=-1)  # noqa: E731
-
-    def J(th):
-        f = policy_fn(th)
-        br = best_response(game, f, beta, "paper")
-        V, _ = leader_values(game, f, br.policy)
-        return jnp.dot(game.init_dist, V)
-
-    exact = np.asarray(jax.grad(J)(theta))
-    f = policy_fn(theta)
-    br = best_response(game, f, beta, "paper")
-    V_L, Q_L = leader_values(game, f, br.policy)
-
-    def est(key, guide):
-        ep = rollout(key, game, f, br.policy, 200, game.time_limit)
-        return hypergradient(
-            policy_fn,
-            theta,
-            ep,
-            br.policy,
-            Q_L,
-            br.V,
-            beta,
-            game.gamma_L,
-            game.gamma_F,
-            guide,
-            V_L=V_L,
-        )
-
-    for guide, check in (
-        ("benefit", lambda z: np.all(np.abs(z) < 4)),
-        ("none", lambda z: np.max(np.abs(z)) > 8),
-    ):
-        g = jax.jit(jax.vmap(lambda k: est(k, guide)))(jax.random.split(jax.random.PRNGKey(2), 200))
-        z = (np.asarray(g.mean(0)) - exact) / (np.asarray(g.std(0)) / np.sqrt(200) + 1e-12)
-        assert check(z), (guide, z)
+    kw = dict(backup="paper", episodes=200, batches=200, key=jax.random.PRNGKey(2), verbose=False)
+    (bchg,) = check_problem(game, policy_fn, theta, 0.5, guide="benefit", **kw)
+    assert bchg["bias_se"] < 4, bchg["z"]
+    (naive,) = check_problem(game, policy_fn, theta, 0.5, guide="none", **kw)
+    assert naive["bias_se"] > 8, naive["z"]
 
 
 @pytest.mark.slow
