@@ -1094,3 +1094,16 @@ def test_check_problem_refuses_a_follower_it_would_ignore():
     config = lq_family.TrainConfig(follower=FollowerModel("k_step", steps=1))
     with pytest.raises(ValueError, match="not follower='k_step'"):
         lq_check(thermal(), [thermal().theta0], 0.1, config=config, batches=2)
+
+
+def test_lqr_game_check_refuses_bad_options_before_estimating():
+    from bchg_jax.games.lqr import check_problem
+
+    with pytest.raises(ValueError, match="batches must be >= 2"):
+        check_problem(lqr_game(), [TH_LQR], 0.1, batches=1)
+    with pytest.raises(ValueError, match="guide"):
+        check_problem(lqr_game(), [TH_LQR], 0.1, guide="hpgd", batches=2, leader_steps=2)
+    with pytest.raises(ValueError, match="direct_baseline"):
+        check_problem(lqr_game(), [TH_LQR], 0.1, direct_baseline="x", batches=2, leader_steps=2)
+    with pytest.raises(ValueError, match="beta"):
+        check_problem(lqr_game(), [TH_LQR], 0.0, batches=2, leader_steps=2)

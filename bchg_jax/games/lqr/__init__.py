@@ -2,7 +2,8 @@
 follower, which observes the leader's action.
 
 Family protocol: ``best_response``, ``rollout``, ``hypergradient``, ``leader_objective``,
-``exact_hypergradient``, ``make_train``, ``TrainConfig``, ``HParams``, ``METHODS``. The trainer's
+``exact_hypergradient``, ``make_train``, ``TrainConfig``, ``HParams``, ``METHODS``; and
+``check_problem`` (the estimators with exact critics against the exact gradient). The trainer's
 settings nest ``ActorConfig``, ``CriticConfig``, ``ExplorationConfig`` and ``EstimatorConfig``;
 the estimate's options are the pieces of an ``Estimator`` (``estimator(config)``); named
 settings are in ``presets`` (``explore``, ``reference``).
@@ -15,6 +16,7 @@ bi-level LQR game (Section "2-Player Markov Games (Continuous)").
 from bchg_jax.games.estimators import continuous_hypergradient as hypergradient
 from bchg_jax.games.estimators import deterministic_hypergradient, game_score_weights
 from bchg_jax.games.lqr import presets
+from bchg_jax.games.lqr.check import check_problem
 from bchg_jax.games.lqr.config import (
     ActorConfig,
     CriticConfig,
@@ -50,6 +52,7 @@ from bchg_jax.games.lqr.rollout import GameTrajectories, rollout
 from bchg_jax.games.lqr.train import METHODS, HParams, make_train
 
 __all__ = [
+    "check_problem",
     "hypergradient",
     "deterministic_hypergradient",
     "game_score_weights",

@@ -16,7 +16,6 @@ from bchg_jax.games.lqr import (
     rollout,
 )
 from bchg_jax.games.lqr.exact import (
-    exact_critic_estimate,
     exact_hypergradient,
     leader_objective,
     leader_q,
@@ -122,24 +121,25 @@ BETA, GL, GF, T, L = 0.1, 0.8, 0.7, 20, 40
 
 
 def _estimates(stochastic: bool, guide: str, batches=40, E=100, **kw):
+    """z-scores of the batch mean against the exact gradient (games.lqr.check_problem)."""
+    from bchg_jax.games.lqr import check_problem
+
     game = lqr_game(U=np.array([[0.3]]), gamma_L=GL, gamma_F=GF)
-    th = jnp.array([-3.0, 0.5])
-    one = lambda key: exact_critic_estimate(  # noqa: E731
+    (row,) = check_problem(
         game,
-        th,
+        [jnp.array([-3.0, 0.5])],
         BETA,
-        key,
+        stochastic=stochastic,
+        guide=guide,
         episodes=E,
         leader_steps=T,
         extra_steps=L,
-        stochastic=stochastic,
-        guide=guide,
+        batches=batches,
+        key=jax.random.PRNGKey(0),
+        verbose=False,
         **kw,
     )
-    est = jax.jit(lambda ks: jax.lax.map(one, ks))(jax.random.split(jax.random.PRNGKey(0), batches))
-    exact = exact_hypergradient(game, th, BETA, horizon=T, gamma=GL, stochastic=stochastic)
-    mean, se = est.mean(0), est.std(0, ddof=1) / np.sqrt(batches)
-    return np.asarray((mean - exact) / se)
+    return row["z"]
 
 
 @pytest.mark.slow
