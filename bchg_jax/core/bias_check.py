@@ -37,6 +37,19 @@ def check_best_response_config(config) -> None:
         )
 
 
+def check_batches(batches) -> int:
+    """The number of batches of a ``check_problem``: at least 2 (a standard error needs two).
+
+    Returns:
+      ``int(batches)``.
+    Raises:
+      ValueError: fewer than 2.
+    """
+    if int(batches) < 2:
+        raise ValueError(f"batches must be >= 2 (a standard error), got {batches}")
+    return int(batches)
+
+
 def compare(exact, estimates) -> dict:
     """The agreement of ``estimates`` [N, D] (N >= 2) with ``exact`` [D] (module docstring).
 

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.core.bias_check import check_best_response_config, compare, describe
+from bchg_jax.core.bias_check import check_batches, check_best_response_config, compare, describe
 from bchg_jax.lq import exact as exact_lq
 from bchg_jax.lq.cmdp import LQConfigurableMDP
 from bchg_jax.lq.train import METHOD_SPECS, HParams, TrainConfig, make_train
@@ -79,8 +79,7 @@ def check_problem(
             f"method must be an estimating method of {tuple(METHOD_SPECS)} "
             f"(not 'exact'), got {method!r}"
         )
-    if int(batches) < 2:
-        raise ValueError(f"batches must be >= 2 (a standard error), got {batches}")
+    batches = check_batches(batches)
     trainer = make_train(problem, method, config)
     dtype = jnp.asarray(problem.theta0).dtype
     hp = HParams(beta=beta).validate()
@@ -99,7 +98,7 @@ def check_problem(
             k_roll, k_crit = jax.random.split(k)
             return estimate(k_roll, k_crit, theta, beta, br, critic_init)[0]
 
-        est = jax.lax.map(one, keys, batch_size=min(int(chunk), int(batches)))
+        est = jax.lax.map(one, keys, batch_size=min(int(chunk), batches))
         exact = exact_lq.exact_hypergradient(
             problem,
             theta,
@@ -115,7 +114,7 @@ def check_problem(
     for i, theta in enumerate(theta_list):
         theta = jnp.asarray(theta, dtype)
         problem.validate(theta)  # shape, finiteness and a stable closed loop at this theta
-        keys = jax.random.split(jax.random.fold_in(key, i), int(batches))
+        keys = jax.random.split(jax.random.fold_in(key, i), batches)
         g, est, converged = exact_and_estimates(theta, beta_arr, keys)
         if not bool(converged) or not np.all(np.isfinite(np.asarray(g))):
             raise ValueError(

@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.core.bias_check import check_best_response_config, compare, describe
+from bchg_jax.core.bias_check import check_batches, check_best_response_config, compare, describe
 from bchg_jax.tabular import critics
 from bchg_jax.tabular.cmdp import TabularCMDP
 from bchg_jax.tabular.estimators import first_episode_mask
@@ -116,8 +116,7 @@ def check_problem(
         )
     if critic not in CRITICS:
         raise ValueError(f"critic must be one of {CRITICS}, got {critic!r}")
-    if int(batches) < 2:
-        raise ValueError(f"batches must be >= 2 (a standard error), got {batches}")
+    batches = check_batches(batches)
     steps = make_train(problem, method, config).steps
     key = jax.random.key(0) if key is None else key
     dtype = jnp.asarray(problem.theta0).dtype
@@ -149,7 +148,7 @@ def check_problem(
                 1.0 - jnp.mean(ended.astype(dtype)),
             )
 
-        est, cut = jax.lax.map(one, keys, batch_size=min(int(chunk), int(batches)))
+        est, cut = jax.lax.map(one, keys, batch_size=min(int(chunk), batches))
         # how far the sampled MDP is from the one the exact reference solves (module docstring)
         gap = jnp.max(jnp.abs(problem.sampler_transition(theta) - problem.transition(theta)))
         return jnp.ravel(exact_hypergradient(problem, theta, beta)), est, cut, sampler_lost, gap

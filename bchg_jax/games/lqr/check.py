@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.core.bias_check import compare, describe
+from bchg_jax.core.bias_check import check_batches, compare, describe
 from bchg_jax.core.validate import check_count
 from bchg_jax.games.lqr.exact import (
     INFLUENCE_CUT_WARN,
@@ -88,10 +88,8 @@ def check_problem(
     if extra_steps is None:
         gF = float(game.gamma_F)
         extra_steps = 0 if gF == 0 else math.ceil(math.log(INFLUENCE_CUT_WARN) / math.log(gF))
-    if int(batches) < 2:
-        raise ValueError(f"batches must be >= 2 (a standard error), got {batches}")
+    batches = check_batches(batches)
     key = jax.random.key(0) if key is None else key
-    batches = int(batches)
     options = dict(
         episodes=int(episodes),
         leader_steps=int(leader_steps),

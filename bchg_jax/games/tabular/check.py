@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.core.bias_check import compare, describe
+from bchg_jax.core.bias_check import check_batches, compare, describe
 from bchg_jax.core.validate import check_beta, check_count, check_probability_rows_if_concrete
 from bchg_jax.games.estimators import hypergradient
 from bchg_jax.games.tabular.exact import best_response, exact_hypergradient, leader_values
@@ -113,10 +113,9 @@ def check_problem(
         raise ValueError(f"{game.name}: pass a horizon (the game has no time_limit)")
     check_count("horizon", horizon)
     check_count("episodes", episodes)
-    if int(batches) < 2:
-        raise ValueError(f"batches must be >= 2 (a standard error), got {batches}")
+    batches = check_batches(batches)
     key = jax.random.key(0) if key is None else key
-    horizon, episodes, batches = int(horizon), int(episodes), int(batches)
+    horizon, episodes = int(horizon), int(episodes)
 
     @jax.jit
     def exact_and_estimates(theta, keys):
