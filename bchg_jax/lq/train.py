@@ -263,7 +263,9 @@ def make_train(
       config: the static :class:`TrainConfig`.
     Returns:
       a :class:`~bchg_jax.core.loop.Trainer`; its ``hparams(grid)`` builds :class:`HParams`
-      (``lr``, ``beta``) and ``run`` yields per-iteration metrics (``J``, ``ok``, ``grad_norm``,
+      (``lr``, ``beta``) and ``run`` yields per-iteration metrics (``J``, ``ok``, ``grad_norm``
+      (the estimate's norm before any skip, as in the other families: non-finite or huge where
+      the update was dropped),
       ``riccati_iters``, ``solve_capped`` (1: the Riccati iteration stopped at its cap or
       diverged), ``diverging`` (1: the played closed loop A - B K is not stable under
       max(gamma_L, gamma_F), where J_L and every critic diverge), ``update_skipped`` (1: the
@@ -505,7 +507,7 @@ def make_train(
         metrics["solve_capped"] = (~br.converged).astype(jnp.int32)
         metrics["update_skipped"] = (~ok).astype(jnp.int32)
         metrics["diverging"] = (~stable).astype(jnp.int32)
-        metrics["grad_norm"] = jnp.linalg.norm(grad)
+        metrics["grad_norm"] = jnp.linalg.norm(raw)  # the estimate's, skipped or not
         if fm.kind == "k_step":
             metrics["follower_gap"] = gain_gap(played, br)
             own = jnp.where(jnp.all(jnp.isfinite(own)), own, jnp.zeros_like(own))

@@ -167,4 +167,9 @@ def test_updates_past_the_edge_of_stability_are_dropped_and_flagged(method):
     assert np.all(diverging[first:] == 1)
     closed = float(at_edge.theta[0]) - float(lq.best_response(problem, at_edge.theta, 0.1).K[0, 0])
     assert problem.gamma_L * closed**2 >= 1.0  # flagged where it should be
-    assert np.all(np.asarray(m["grad_norm"])[:first] > 0)  # moving before the edge
+    gnorm = np.asarray(m["grad_norm"])
+    assert np.all(gnorm[:first] > 0)  # moving before the edge
+    # grad_norm is the estimate's, dropped or not (as in the other families), not the 0 that
+    # was applied: past the edge every method's estimate blows up (exact 4.8e9 here)
+    past = gnorm[first:]
+    assert np.all(~np.isfinite(past) | (past > 1e3 * np.median(gnorm[:first]))), past
