@@ -102,7 +102,10 @@ def write_figure(compact: str) -> None:
         row = [os.path.join(compact, panel_name(b, e)) for e in BETAS if (b, e) in found]
         if not row:
             continue
-        parts += [f"### batch {b}", "", final_table(row)]
+        table = final_table(row)
+        if len(row) == 1:  # one run's header is its settings: key it by its panel, as read_table
+            table = table.replace("| method | ", f"| method | {os.path.basename(row[0])}: ", 1)
+        parts += [f"### batch {b}", "", table]
         walls = []
         for d in row:
             if not os.path.exists(os.path.join(d, "wall.json")):  # exported, not finished

@@ -342,3 +342,22 @@ def test_fourrooms_figure_compare_reads_the_committed_table(tmp_path, capsys):
         panel((newest["mean"] - want["bchg"]["mean"]) / want["bchg"]["se"]), tables, 2.0
     )
     assert f"{newest['mean']:.4f} +- {newest['se']:.4f}" in capsys.readouterr().out
+
+
+def test_fourrooms_figure_table_of_a_single_panel_reads_back(tmp_path):
+    """A batch row with one panel (a GPU session's ``--panel-only``) is keyed by its panel
+    name as a row of several is, so ``compare`` and ``read_table`` find it."""
+    from benchmarks import fourrooms_figure as ff
+
+    run = tmp_path / "batch100_beta1e-3"
+    write_run(run, methods=("bchg",))
+    J = np.full((1, 10, 40), 0.5)
+    J[0, :, -10:] += np.linspace(-0.01, 0.01, 10)[:, None]
+    np.savez(
+        run / "bchg" / "metrics.npz", J=J, grid_lr=np.array([0.1]), summary_window=np.asarray(10)
+    )
+    ff.write_figure(str(tmp_path))
+    got = ff.read_table(str(tmp_path / "table.md"))
+    assert list(got) == ["batch100_beta1e-3"]
+    assert got["batch100_beta1e-3"]["bchg"]["mean"] == pytest.approx(0.5, abs=1e-3)
+    assert got["batch100_beta1e-3"]["bchg"]["se"] > 0
