@@ -47,6 +47,8 @@ class FollowerResponse(NamedTuple):
 
     Attributes:
       policy: [S, A, B] g(b|s, a), the policy the follower plays.
+      log_policy: [S, A, B] log g, computed in log space (finite where g underflows to 0 at a
+        small beta; :func:`~bchg_jax.games.tabular.exact.soft_policy_evaluation` needs it).
       Q: [S, A, B] Q^g, the soft policy evaluation of g against f (the leader's view).
       V: [S, A] V^g(s, a) = sum_b g (Q^g - beta log g) (the leader's V_F).
       sweeps: [] int32, sweeps of the best-response solve (soft Q-iteration to f).
@@ -58,6 +60,7 @@ class FollowerResponse(NamedTuple):
     """
 
     policy: Array
+    log_policy: Array
     Q: Array
     V: Array
     sweeps: Array
@@ -73,6 +76,27 @@ def played_policy(model: FollowerModel, own: Array, beta) -> Array:
         return own
     g = jax.nn.softmax(own / beta, -1)
     return explore_mix(g, model.explore) if model.kind == "q_learning" else g
+
+
+def played_log_policy(
+    model: FollowerModel, own: Array, beta, best_q: Array, previous: Optional[Array] = None
+) -> Array:
+    """log of :func:`played_policy`, in log space: exact where the policy underflows to 0.
+
+    ``best_q``: the best response's soft Q (``lag`` mixes in ``log_softmax(best_q / beta)``);
+    ``previous``: ``lag``'s log policy before this reaction (None: the start, at the best
+    response)."""
+    if model.kind == "lag":
+        log_best = jax.nn.log_softmax(best_q / beta, -1)
+        if previous is None:
+            return log_best
+        mix = jnp.asarray(model.mix, own.dtype)
+        return jnp.logaddexp(jnp.log1p(-mix) + previous, jnp.log(mix) + log_best)
+    log_g = jax.nn.log_softmax(own / beta, -1)
+    if model.kind == "q_learning" and model.explore:
+        e = jnp.asarray(model.explore, own.dtype)
+        return jnp.logaddexp(jnp.log1p(-e) + log_g, jnp.log(e / own.shape[-1]))
+    return log_g
 
 
 def q_learning_update(game, Q: Array, episodes, f: Array, beta, backup: str, lr) -> Array:
@@ -154,9 +178,11 @@ def follower_pieces(game, model: FollowerModel, backup: str, tol, max_sweeps) ->
         else:  # q_learning: its table changes only when it learns from a batch
             own = memory.own
         g = played_policy(model, own, beta)
-        Q, V = soft_policy_evaluation(game, f, g, beta, backup)
+        previous = None if memory is None else memory.log_policy
+        log_g = played_log_policy(model, own, beta, best.Q, previous)
+        Q, V = soft_policy_evaluation(game, f, g, beta, backup, log_g=log_g)
         gap = jnp.max(jnp.abs(g - best.policy))
-        return FollowerResponse(g, Q, V, best.sweeps, best.residual, own, best.Q, gap)
+        return FollowerResponse(g, log_g, Q, V, best.sweeps, best.residual, own, best.Q, gap)
 
     def learn(f, memory: FollowerResponse, episodes, beta) -> FollowerResponse:
         """``q_learning``: the memory after learning from the batch its policy just played."""

@@ -54,6 +54,7 @@ from bchg_jax.core.follower_model import FollowerSettings
 from bchg_jax.core.loop import Trainer, check_setup
 from bchg_jax.core.networks import MLP
 from bchg_jax.core.rounding import within_tolerance
+from bchg_jax.core.validate import warn_float32_long_horizon
 from bchg_jax.games.actor_critic import (
     Critic,
     Leader,
@@ -284,6 +285,9 @@ def make_train(
         0.99 leave 0.22).
     """
     check_setup(game, method, config, METHODS)
+    warn_float32_long_horizon(
+        f"{game.name}: games.tabular.make_train", config.dtype, game.gamma_F, game.gamma_L
+    )
     if game.time_limit is None:  # the episodes' length and the exact J's horizon
         raise ValueError(
             "make_train needs game.time_limit: the trainer's episodes have that many steps "
@@ -414,7 +418,12 @@ def make_train(
         e, t = sample_discounted(key, buf, TRACK_MINIBATCH, gL)
         grad = jax.grad(actor_objective)(actor, Q, resp.policy, resp.V, beta, e, t, buf)
         est = jax.tree.map(lambda x: Z * x, grad)
-        target = as_if_optimal_hypergradient(policy, actor, game, resp.policy, beta, config.backup)
+        # log g in log space (a best response's log_softmax(Q_F / beta)): exact where g underflows
+        log_g = getattr(resp, "log_policy", None)
+        log_g = jax.nn.log_softmax(resp.Q / beta, -1) if log_g is None else log_g
+        target = as_if_optimal_hypergradient(
+            policy, actor, game, resp.policy, beta, config.backup, log_g=log_g
+        )
         through = through_reference(actor, resp, beta)
         return {**alignment("target", est, target), **alignment("through", est, through)}
 

@@ -80,6 +80,68 @@ def test_as_if_optimal_hypergradient_is_the_exact_one_at_the_best_response(x64, 
     assert np.abs(far - exact).max() > 1e-3
 
 
+def _underflow_game():
+    """A 3-state float32 game where the best response at beta = 1e-3 underflows to 0 in
+    different actions b for different leader actions a (the reference backup's geometric mean
+    of g over a then needs log g where g is 0), and a leader policy f."""
+    rng = np.random.default_rng(2)
+    S, A, B = 3, 2, 2
+    P = rng.random((S, A, B, S)) ** 2
+    P /= P.sum(-1, keepdims=True)
+    game = games.TabularGame(
+        jnp.asarray(P, jnp.float32),
+        jnp.full((S,), 1 / S, jnp.float32),
+        jnp.asarray(rng.normal(size=(S, A, B)), jnp.float32),
+        jnp.asarray(rng.normal(size=(S, A, B)), jnp.float32),
+        0.9,
+        0.9,
+        50,
+    ).validate()
+    return game, jax.nn.softmax(jnp.asarray(0.5 * rng.normal(size=(S, A)), jnp.float32), -1)
+
+
+def test_soft_policy_evaluation_of_a_best_response_that_underflowed():
+    """At beta = 1e-3 the float32 best response has exact zeros. With g alone (log g clipped
+    at log(tiny)) the reference backup's Q^g missed Q_F by 1.59 (|Q_F| 6.6), silently; now that
+    call warns, and with ``log_g`` (log space) Q^g and V^g are Q_F and V_F to rounding."""
+    game, f = _underflow_game()
+    beta = 1e-3
+    br = ex.best_response(game, f, beta, "reference")
+    assert float(br.policy.min()) == 0.0  # the case is reached
+    with pytest.warns(UserWarning, match="underflowed to 0"):
+        Q_clipped, _ = ex.soft_policy_evaluation(game, f, br.policy, beta, "reference")
+    assert float(jnp.abs(Q_clipped - br.Q).max()) > 0.1  # what log_g is for
+    log_g = jax.nn.log_softmax(br.Q / beta, -1)
+    Q, V = ex.soft_policy_evaluation(game, f, br.policy, beta, "reference", log_g=log_g)
+    np.testing.assert_allclose(Q, br.Q, atol=1e-4)
+    np.testing.assert_allclose(V, br.V, atol=1e-4)
+    with pytest.raises(ValueError, match="log_g"):
+        ex.soft_policy_evaluation(game, f, br.policy, beta, "reference", log_g=log_g[0])
+
+
+def test_followers_log_policy_is_their_policy_in_log_space():
+    """Every follower model hands the leader's soft policy evaluation its log policy: at the
+    start (the best response) its Q^g is Q_F even where g underflowed (off by 1.59 before), and
+    exp(log_policy) is the policy played, after a reaction too."""
+    game, f0 = _underflow_game()
+    f1 = jax.nn.softmax(jnp.log(f0) + 0.3, -1).at[0].set(jnp.array([0.8, 0.2]))
+    beta = 1e-3
+    best = ex.best_response(game, f0, beta, "reference")
+    for kind, kw in [("k_step", dict(steps=2)), ("lag", dict(mix=0.3)), ("q_learning", {})]:
+        pieces = follower_pieces(
+            game, FollowerModel(kind, **kw).validate(), "reference", 1e-7, 10**4
+        )
+        start = pieces.follower(f0, beta)
+        np.testing.assert_allclose(start.Q, best.Q, atol=1e-4, err_msg=kind)
+        new = pieces.follower(f1, beta, start)
+        for r in (start, new):
+            np.testing.assert_allclose(jnp.exp(r.log_policy), r.policy, atol=1e-6, err_msg=kind)
+            assert np.all(np.isfinite(np.asarray(r.log_policy))), kind
+    explore = FollowerModel("q_learning", explore=0.1).validate()
+    start = follower_pieces(game, explore, "reference", 1e-7, 10**4).follower(f0, beta)
+    np.testing.assert_allclose(jnp.exp(start.log_policy), start.policy, atol=1e-6)
+
+
 @pytest.mark.parametrize("K", [1, 3])
 @pytest.mark.parametrize("backup", BACKUPS)
 def test_k_step_hypergradient_matches_central_differences(x64, K, backup):
