@@ -27,6 +27,7 @@ from bchg_jax.core.validate import (
     check_shape,
     check_theta,
     transition_sizes,
+    warn_float32_long_horizon,
 )
 from bchg_jax.tabular.cmdp import TabularCMDP
 from bchg_jax.tabular.follower import BestResponse, boltzmann, continuation, soft_q, soft_v
@@ -302,7 +303,13 @@ def exact_hypergradient(problem: TabularCMDP, theta: Array, beta, **solve) -> Ar
       the gradient, shaped like ``theta`` (includes grad Phi_L).
     Raises:
       ValueError: as :func:`best_response`.
+    Warns:
+      float32 with a discount above :data:`~bchg_jax.core.validate.FLOAT32_GAMMA_WARN`.
     """
     # checked here, where theta is concrete (under grad it is a tracer: no finiteness check)
     _check_inputs(problem, theta, beta)
+    dtype = jnp.result_type(*jax.tree_util.tree_leaves(theta))
+    warn_float32_long_horizon(
+        "tabular.exact_hypergradient", dtype, problem.gamma_F, problem.gamma_L
+    )
     return jax.grad(leader_objective, argnums=1)(problem, theta, beta, **solve)

@@ -32,7 +32,13 @@ from bchg_jax.core.follower_model import FollowerSettings, agreement, lag_mix
 from bchg_jax.core.loop import Trainer, build_trainer, check_setup, sgd_ascent
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.rounding import within_tolerance
-from bchg_jax.core.validate import check_beta, check_config, check_positive, check_unit_interval
+from bchg_jax.core.validate import (
+    check_beta,
+    check_config,
+    check_positive,
+    check_unit_interval,
+    warn_float32_long_horizon,
+)
 from bchg_jax.tabular import critics, estimators
 from bchg_jax.tabular.cmdp import TabularCMDP
 from bchg_jax.tabular.exact import exact_hypergradient, policy_evaluation_sweeps
@@ -288,6 +294,12 @@ def make_train(
         ``config.grouping != "every_visit"``.
     """
     check_setup(problem, method, config, METHODS, TabularCMDP)
+    warn_float32_long_horizon(
+        f"{problem.name}: tabular.make_train",
+        jnp.asarray(problem.theta0).dtype,
+        problem.gamma_F,
+        problem.gamma_L,
+    )
     S, B = problem.num_states, problem.num_actions
     terminal = problem.terminal_mask
     critic_kind, guide, use_oracle = METHOD_SPECS[method]
