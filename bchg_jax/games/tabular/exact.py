@@ -23,6 +23,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bchg_jax.core.follower_model import lag_mix
 from bchg_jax.core.precision import full_precision
@@ -330,11 +331,12 @@ def _log_policy(g: Array, log_g: Optional[Array], backup: str, caller: str) -> A
     if log_g is not None:
         check_shape("log_g", log_g, g.shape, "g's shape")
         return jnp.asarray(log_g, g.dtype)
-    if backup == "reference" and is_concrete(g) and bool(jnp.any(g < jnp.finfo(g.dtype).tiny)):
+    # numpy: a concrete g may still be closed over by a trace (jnp would stage the comparison)
+    if backup == "reference" and is_concrete(g) and np.any(np.asarray(g) < np.finfo(g.dtype).tiny):
         warnings.warn(
             f"games.tabular.{caller}: g has entries that underflowed to 0 (a softmax at a small "
             "beta?); the reference backup's geometric mean then uses log g clipped at "
-            f"{float(jnp.log(jnp.finfo(g.dtype).tiny)):.0f} and Q^g can be off by a few percent: "
+            f"{np.log(np.finfo(g.dtype).tiny):.0f} and Q^g can be off by a few percent: "
             "pass log_g (e.g. jax.nn.log_softmax(Q / beta, -1))",
             stacklevel=3,
         )
