@@ -8,7 +8,8 @@ Every trainer records two per-iteration flags in its metrics (int32, 0 or 1 per 
   rounding floor, :mod:`bchg_jax.core.rounding`). The answer used that iteration is
   then approximate (tabular families), or the update is undone (LQ families).
 * ``update_skipped``: the iteration's update was dropped (a non-converged Riccati solve, a
-  non-finite estimate, an LQ closed loop that diverges under the discounts: ``diverging``).
+  non-finite estimate, an LQ closed loop that diverges under the discounts: ``diverging``, a
+  tabular update to a theta whose tables are not distributions: ``model_invalid``).
 * ``support_lost`` (tabular trainers with the sparse solvers): ``transition(theta)`` put mass
   outside the successor table; that iteration was solved and sampled on the whole table.
 

@@ -276,7 +276,11 @@ def make_train(
       J_L(theta_i)), ``grad_norm``, ``sweeps`` (soft-VI sweeps of the follower),
       ``solve_capped`` (1: the follower's or the metric's solve hit ``vi_max_sweeps`` before
       ``vi_tol`` or the float rounding floor of :mod:`bchg_jax.core.rounding`),
-      ``update_skipped`` (1: a non-finite estimate was dropped),
+      ``update_skipped`` (1: the update was dropped: a non-finite estimate, or ``model_invalid``),
+      ``model_invalid`` (1: the update would have taken theta where ``transition``, the
+      sampler's table or ``init_dist`` are not distributions within
+      :meth:`~bchg_jax.tabular.cmdp.TabularCMDP.row_sum_tolerance`: ``validate()`` checks
+      theta0 only, and there every solve and J are finite but meaningless),
       ``support_lost`` (1: with the sparse solvers, ``transition(theta_i)`` or the sampler's
       table put more than rounding-level mass outside the successor table; that iteration's
       follower and metric were then solved densely, so ``J`` and ``sweeps`` are the dense
@@ -558,6 +562,20 @@ def make_train(
             guide_batch=segments,
         )
 
+    row_tol = problem.row_sum_tolerance(dtype)
+
+    def tables_invalid(theta):
+        """[] bool: a probability table at theta off the simplex by more than ``row_tol``
+        (a negative entry or a sum off 1), as ``validate()`` checks at theta0."""
+        rho = problem.init_dist(theta)
+        bad = (jnp.min(rho) < -row_tol) | (jnp.abs(jnp.sum(rho) - 1) > row_tol)
+        tables = [problem.transition(theta)]
+        if problem.sample_transition is not None:
+            tables.append(problem.sampler_transition(theta))
+        for P in tables:
+            bad |= (jnp.min(P) < -row_tol) | (jnp.max(jnp.abs(jnp.sum(P, -1) - 1)) > row_tol)
+        return bad
+
     def step(state: TrainState, hp: HParams):
         hp = hp.cast(dtype)
         theta, beta = state.theta, hp.beta
@@ -583,14 +601,13 @@ def make_train(
             rF, lr = problem.follower_reward(theta), jnp.asarray(fm.lr, dtype)
             own = q_learning_update(own, batch, rF, beta, problem.gamma_F, lr)
         grad_norm = jnp.sqrt(sum(jnp.sum(x**2) for x in jax.tree.leaves(grad)))
-        # a non-finite estimate is dropped (flagged), never spread into theta; a follower or
-        # metric solve that hit its sweep cap is flagged (its approximate answer is still used)
-        skipped = ~jnp.isfinite(grad_norm)
-        new_theta = jax.tree.map(
-            lambda new, old: jnp.where(skipped, old, new),
-            sgd_ascent(theta, grad, hp.lr, config.clip_norm),
-            theta,
-        )
+        # a non-finite estimate is dropped (flagged), never spread into theta, and so is an
+        # update to a theta whose tables are not distributions; a follower or metric solve that
+        # hit its sweep cap is flagged (its approximate answer is still used)
+        proposed = sgd_ascent(theta, grad, hp.lr, config.clip_norm)
+        invalid = tables_invalid(proposed)
+        skipped = ~jnp.isfinite(grad_norm) | invalid
+        new_theta = jax.tree.map(lambda new, old: jnp.where(skipped, old, new), proposed, theta)
         # converged: the last change within vi_tol or at the float rounding floor (core.rounding)
         capped = ~(
             within_tolerance(br.residual, br.V, config.vi_tol)
@@ -602,6 +619,7 @@ def make_train(
             "sweeps": br.sweeps,
             "solve_capped": capped.astype(jnp.int32),
             "update_skipped": skipped.astype(jnp.int32),
+            "model_invalid": invalid.astype(jnp.int32),
             "support_lost": (model_lost | sampler_lost).astype(jnp.int32),
         }
         if not fm.best_response:
@@ -622,6 +640,7 @@ def make_train(
         "references": references,
         "evaluate": evaluate,
         "support_lost": support_lost,
+        "tables_invalid": tables_invalid,
         "solves": checked_solves,
         "collect": collect,
         "checked_collect": checked_collect,
