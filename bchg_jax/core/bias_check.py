@@ -4,8 +4,12 @@ Shared by the families' ``check_problem`` (:func:`bchg_jax.tabular.check.check_p
 :func:`bchg_jax.lq.check.check_problem`). For estimates ``x_1..x_N`` of a gradient ``g`` [D]:
 
 * ``mean``, ``se`` (the standard error of the mean, per component) and ``z = (mean - g) / se``;
+  a difference within float rounding (:data:`ROUNDING_EPS` x the largest |g| or |mean|) gives
+  ``z = 0``, and a component with no spread at that resolution (e.g. a regulariser-only one,
+  the same in every batch) that differs from ``g`` beyond rounding gives ``z = inf``: an exact
+  mismatch, counted in ``exact_mismatches``;
 * ``bias_se``: max |z| over the components; above ~4 the estimator is biased at this resolution
-  (with D components, a few |z| near 3 are chance);
+  (with D components, a few |z| near 3 are chance); ``inf`` for an exact mismatch;
 * ``rel_error`` = ||mean - g|| / ||g|| and ``rel_se`` = ||se|| / ||g||, the resolution of that
   number: a relative error well above ``rel_se`` is bias, not noise;
 * ``cosine`` = cos(mean, g). A cosine near 1 can hide a 10% bias in the norm, so the three
@@ -14,7 +18,12 @@ Shared by the families' ``check_problem`` (:func:`bchg_jax.tabular.check.check_p
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
+
+# float rounding of a comparison, relative to the largest |exact| or |mean| entry: a few float32
+# eps (estimates are often float32; a wider eps where the inputs' dtype is coarser)
+ROUNDING_EPS = 8 * float(np.finfo(np.float32).eps)
 
 
 def check_best_response_config(config) -> None:
@@ -58,15 +67,26 @@ def compare(exact, estimates) -> dict:
       estimates: N independent estimates, [N, ...] with D entries each.
     Returns:
       dict: ``exact``, ``mean``, ``se``, ``z`` (float64 [D]), ``bias_se``, ``rel_error``,
-      ``rel_se``, ``cosine`` (floats). Non-finite estimates give NaN statistics (never a
-      silently good verdict).
+      ``rel_se``, ``cosine`` (floats) and ``exact_mismatches`` (int: the components with no
+      spread that differ from ``exact`` beyond rounding, ``z = inf``). Non-finite estimates
+      give NaN statistics (never a silently good verdict).
     """
+    eps = max(ROUNDING_EPS, 8 * _eps(exact), 8 * _eps(estimates))
     g = np.ravel(np.asarray(exact, np.float64))
     est = np.asarray(estimates, np.float64).reshape(len(estimates), -1)
     tiny = np.finfo(np.float64).tiny
     mean = est.mean(0)
     se = est.std(0, ddof=1) / np.sqrt(est.shape[0])
-    z = (mean - g) / np.maximum(se, tiny)
+    diff = mean - g
+    # the resolution of float rounding, from the finite entries (NaNs are handled below)
+    mags = np.abs(np.concatenate([g, mean]))
+    tol = eps * float(mags[np.isfinite(mags)].max(initial=0.0))
+    # |diff| <= tol: equal up to rounding (z = 0). se <= tol: no spread at that resolution (a
+    # deterministic component), so a difference beyond rounding is an exact mismatch (z = inf);
+    # dividing by such an se would overflow. Otherwise |z| <= ~2 / eps: no overflow.
+    z = np.where(np.abs(diff) <= tol, 0.0, np.copysign(np.inf, diff))
+    np.divide(diff, se, out=z, where=(se > tol) & (np.abs(diff) > tol))
+    z[~(np.isfinite(diff) & np.isfinite(se))] = np.nan
     norm_g = max(np.linalg.norm(g), tiny)
     return {
         "exact": g,
@@ -74,6 +94,7 @@ def compare(exact, estimates) -> dict:
         "se": se,
         "z": z,
         "bias_se": float(np.abs(z).max()),
+        "exact_mismatches": int(np.isinf(z).sum()),
         "rel_error": float(np.linalg.norm(mean - g) / norm_g),
         "rel_se": float(np.linalg.norm(se) / norm_g),
         "cosine": float(mean @ g / max(np.linalg.norm(mean) * norm_g, tiny)),
@@ -83,8 +104,28 @@ def compare(exact, estimates) -> dict:
 def describe(row: dict) -> str:
     """One line of :func:`compare`'s numbers, e.g. ``bias 1.2 SE (max over 4 components),
     relative error 0.52% (resolution 0.40%), cosine 0.9999``."""
+    n = row.get("exact_mismatches", 0)
+    if n:
+        bias = (
+            f"bias: EXACT MISMATCH in {n} of {row['exact'].size} components (the same in "
+            "every batch, so no standard error, and different from the exact value beyond "
+            "float rounding)"
+        )
+        finite = np.abs(row["z"][np.isfinite(row["z"])])
+        if finite.size:
+            bias += f"; the others: bias {finite.max():.1f} SE"
+    else:
+        bias = f"bias {row['bias_se']:.1f} SE (max over {row['exact'].size} components)"
     return (
-        f"bias {row['bias_se']:.1f} SE (max over {row['exact'].size} components), "
+        f"{bias}, "
         f"relative error {100 * row['rel_error']:.2f}% "
         f"(resolution {100 * row['rel_se']:.2f}%), cosine {row['cosine']:.4f}"
     )
+
+
+def _eps(x) -> float:
+    """The machine epsilon of ``x``'s dtype if it is a float (bfloat16 included), else 0."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        return 0.0
+    return float(jnp.finfo(dtype).eps)

@@ -13,6 +13,7 @@ import warnings
 from typing import Callable, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -31,6 +32,29 @@ def is_concrete(*values) -> bool:
       False inside a transformation (``jit``, ``vmap``, ``grad``) that traces one of them.
     """
     return not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(values))
+
+
+def validate_if_concrete(problem, *args) -> None:
+    """``problem.validate(*args)`` where its tables can be evaluated, also under a trace.
+
+    Runs under ``jax.ensure_compile_time_eval`` (a problem built inside a user's ``jit`` has
+    concrete tables, but its checks would otherwise be staged); a problem whose tables depend
+    on traced values is skipped, as traced arguments are.
+
+    Raises:
+      ValueError: whatever ``problem.validate`` raises.
+    """
+    if not hasattr(problem, "validate"):
+        return
+    try:
+        with jax.ensure_compile_time_eval():
+            problem.validate(*args)
+    except (
+        jax.errors.ConcretizationTypeError,
+        jax.errors.TracerArrayConversionError,
+        jax.errors.TracerIntegerConversionError,
+    ):
+        pass  # a problem made of traced values (built inside a trace): nothing to check
 
 
 def check_if_concrete(check: Callable[..., None], *args) -> None:
@@ -254,7 +278,7 @@ def check_theta_array(pname: str, theta, name: str = "theta0", ndim: Optional[in
             "jax.flatten_util.ravel_pytree and unflatten inside the problem's functions)"
         )
     arr = np.asarray(theta)
-    if not np.issubdtype(arr.dtype, np.floating):
+    if not jnp.issubdtype(arr.dtype, jnp.floating):  # numpy's test is False for bfloat16
         raise ValueError(f"{pname}: {name} must be a floating array, got dtype {arr.dtype}")
     if ndim is not None and arr.ndim != ndim:
         raise ValueError(
@@ -297,7 +321,7 @@ def check_theta(problem, theta, name: str = "theta", last_axis: Optional[int] = 
     if is_concrete(theta):
         for leaf in jax.tree_util.tree_leaves(theta):
             arr = np.asarray(leaf)
-            if np.issubdtype(arr.dtype, np.number) and not np.all(np.isfinite(arr)):
+            if jnp.issubdtype(arr.dtype, jnp.inexact) and not np.all(np.isfinite(arr)):
                 raise ValueError(f"{pname}: {name} must be finite, got {_show(arr)}")
 
 

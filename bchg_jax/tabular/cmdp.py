@@ -230,8 +230,19 @@ class TabularCMDP:
                 raise ValueError(f"{self.name}: {label}(theta) has non-finite entries")
         atol = self.row_sum_tolerance(theta.dtype) if atol is None else float(atol)
         for label, table in (("transition", p), ("sample_transition", ps)):
+            if np.any(table < -atol):
+                # named first: normalising would not fix a negative entry (its row may sum to 1)
+                at = np.argwhere(table < -atol)[0].tolist()
+                raise ValueError(
+                    f"{self.name}: {label}(theta) rows must be probabilities (entries >= 0) "
+                    f"summing to 1 within {atol:.2g}; first bad (s, b): {at[:2]} has the "
+                    f"negative entry {table[tuple(at)]:.3g} at s' = {at[2]} (its row sums to "
+                    f"{table[tuple(at[:2])].sum():.9g}; negative entries in all: "
+                    f"{int(np.sum(table < -atol))}): return probabilities, e.g. a softmax of "
+                    "logits"
+                )
             off = np.abs(table.sum(-1) - 1.0)
-            bad_rows = np.any(table < -atol, -1) | (off > atol)
+            bad_rows = off > atol
             if np.any(bad_rows):
                 first = tuple(np.argwhere(bad_rows)[0].tolist())
                 raise ValueError(
@@ -242,7 +253,13 @@ class TabularCMDP:
                     "the exact hypergradient would not be those of the sampled MDP: normalise "
                     "the rows, e.g. P / P.sum(-1, keepdims=True))"
                 )
-        if np.any(rho < -atol) or abs(rho.sum() - 1.0) > atol:
+        if np.any(rho < -atol):
+            at = int(np.argmax(rho < -atol))
+            raise ValueError(
+                f"{self.name}: init_dist(theta) must be a probability vector (entries >= 0); "
+                f"init_dist[{at}] = {rho[at]:.3g} is negative (sum {rho.sum():.9g})"
+            )
+        if abs(rho.sum() - 1.0) > atol:
             raise ValueError(
                 f"{self.name}: init_dist(theta) must be a probability vector summing to 1 "
                 f"within {atol:.2g}, got sum {rho.sum():.9g}, min entry {rho.min():.3g}"

@@ -64,8 +64,9 @@ class TabularGame:
         Returns:
           ``self``.
         Raises:
-          ValueError: a bad shape, a non-stochastic ``transition`` / ``init_dist``, a
-            non-finite reward, a discount outside [0, 1) or a bad ``time_limit``.
+          ValueError: a bad shape, a non-stochastic ``transition`` / ``init_dist`` (a negative
+            entry is named, with its index), a non-finite entry, a discount outside [0, 1) or a
+            bad ``time_limit``.
         """
         check_problem_settings(self)
         P = np.asarray(self.transition, np.float64)
@@ -78,11 +79,27 @@ class TabularGame:
             np.result_type(np.asarray(self.transition).dtype, np.float32),
             cap=1e-6,
         )
+        if not np.all(np.isfinite(P)):
+            at = np.argwhere(~np.isfinite(P))[0].tolist()
+            raise ValueError(
+                f"{self.name}: transition has non-finite entries (first at (s, a, b, s') = "
+                f"{at}: {P[tuple(at)]})"
+            )
+        if np.any(P < -1e-9):
+            # named first: normalising a row with a negative entry would not make it a
+            # probability vector, and its sum may well be 1
+            at = np.argwhere(P < -1e-9)[0].tolist()
+            raise ValueError(
+                f"{self.name}: transition rows must be probability vectors (entries >= 0); "
+                f"transition[{', '.join(map(str, at))}] (s, a, b, s') = {P[tuple(at)]:.3g} is "
+                f"negative (its row sums to {P[tuple(at[:-1])].sum():.9g}; negative entries in "
+                f"all: {int(np.sum(P < -1e-9))})"
+            )
         off = np.abs(P.sum(-1) - 1.0)
-        if not np.all(np.isfinite(P)) or np.any(P < -1e-9) or np.any(off > tol):
+        if np.any(off > tol):
             raise ValueError(
                 f"{self.name}: transition rows must be probability vectors summing to 1 within "
-                f"{tol:.2g} (largest |row sum - 1|: {np.nanmax(off):.3g}; normalise them, e.g. "
+                f"{tol:.2g} (largest |row sum - 1|: {off.max():.3g}; normalise them, e.g. "
                 "P / P.sum(-1, keepdims=True))"
             )
         rho = np.asarray(self.init_dist, np.float64)
@@ -90,7 +107,15 @@ class TabularGame:
             raise ValueError(
                 f"{self.name}: init_dist must have shape ({S},) ({src}), got {rho.shape}"
             )
-        if np.any(rho < -1e-9) or abs(rho.sum() - 1.0) > tol:
+        if not np.all(np.isfinite(rho)):
+            raise ValueError(f"{self.name}: init_dist must be finite, got {rho}")
+        if np.any(rho < -1e-9):
+            at = int(np.argmax(rho < -1e-9))
+            raise ValueError(
+                f"{self.name}: init_dist must be a probability vector (entries >= 0); "
+                f"init_dist[{at}] = {rho[at]:.3g} is negative (sum {rho.sum():.9g})"
+            )
+        if abs(rho.sum() - 1.0) > tol:
             raise ValueError(
                 f"{self.name}: init_dist must be a probability vector summing to 1 within "
                 f"{tol:.2g}, got sum {rho.sum():.9g}"
