@@ -1139,3 +1139,27 @@ def test_float32_at_a_long_horizon_warns_in_the_tabular_families():
         with jax.enable_x64(True):
             g64 = random_tabular_game(gamma=0.999)
             game_tab.exact_hypergradient(policy_fn, theta.astype(jnp.float64), g64, 0.5)
+
+
+def test_exact_functions_check_the_tables_of_an_unvalidated_problem():
+    """docs/api.md: a problem that fails validate() is refused by every public function. The
+    exact references of both tabular families took an unvalidated problem whose rows summed to
+    0.9 (or an init_dist summing to 7) and gave finite numbers (a gradient ~8x too large)."""
+    short = _cmdp(transition=lambda th: jnp.full((S, B, S), 0.3))  # rows sum to 0.9
+    with pytest.raises(ValueError, match="transition"):
+        tabular.exact_hypergradient(short, TH, 0.5)
+    with pytest.raises(ValueError, match="transition"):
+        tabular.leader_objective(short, TH, 0.5)
+    heavy = _cmdp(init_dist=lambda th: jnp.full(S, 7.0 / S))
+    with pytest.raises(ValueError, match="init_dist"):
+        tabular.best_response(heavy, TH, 0.5)
+    tabular.exact_hypergradient(_cmdp(), TH, 0.5)  # a valid one passes
+    toy = toy_game()
+    bad = dataclasses.replace(toy, transition=0.9 * toy.transition)
+    f = jnp.full(toy.init_dist.shape + (toy.transition.shape[1],), 1.0 / toy.transition.shape[1])
+    policy_fn = lambda th: jax.nn.softmax(th, -1)  # noqa: E731
+    with pytest.raises(ValueError, match="transition"):
+        game_tab.exact_hypergradient(policy_fn, jnp.log(f), bad, 0.05)
+    with pytest.raises(ValueError, match="transition"):
+        game_tab.leader_objective(bad, f, 0.05)
+    game_tab.leader_objective(toy, f, 0.05)

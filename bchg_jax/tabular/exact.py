@@ -26,7 +26,9 @@ from bchg_jax.core.validate import (
     check_problem_settings,
     check_shape,
     check_theta,
+    is_concrete,
     transition_sizes,
+    validate_if_concrete,
     warn_float32_long_horizon,
 )
 from bchg_jax.tabular.cmdp import TabularCMDP
@@ -161,10 +163,14 @@ def soft_newton(P: Array, r: Array, beta, gamma, cont: Array, V0: Array, iters: 
 
 def _check_inputs(problem: TabularCMDP, theta: Array, beta) -> None:
     """The checks of :func:`best_response` and the functions built on it: the scalar settings of
-    ``problem``, a concrete ``beta`` and ``theta`` (shape, finiteness when concrete)."""
+    ``problem``, a concrete ``beta`` and ``theta`` (shape, finiteness when concrete) and, at a
+    concrete theta, ``problem.validate(theta)`` (the tables there: an unvalidated problem whose
+    rows summed to 0.9 gave finite numbers)."""
     check_problem_settings(problem)
     check_beta_if_concrete(beta)
     check_theta(problem, theta)
+    if is_concrete(theta):
+        validate_if_concrete(problem, theta)
 
 
 @full_precision

@@ -32,7 +32,6 @@ from bchg_jax.core.validate import (
     check_count,
     check_discount,
     check_if_concrete,
-    check_problem_settings,
     check_shape,
     check_unit_interval,
     is_concrete,
@@ -41,6 +40,7 @@ from bchg_jax.core.validate import (
 from bchg_jax.games.tabular.follower import (
     BACKUPS,
     GameBestResponse,
+    check_game,
     response_from_q,
     soft_q_backup,
     soft_q_backups,
@@ -94,7 +94,7 @@ def best_response(
         discount outside [0, 1), ...), ``f`` not [S, A], an unknown ``backup``, or
         ``newton_iters`` not a non-negative integer.
     """
-    check_problem_settings(game)
+    check_game(game)
     check_beta_if_concrete(beta)
     check_policy_shapes(game, f)
     if isinstance(newton_iters, bool) or not isinstance(newton_iters, int) or newton_iters < 0:
@@ -194,7 +194,7 @@ def leader_return(
         a positive integer, a concrete ``gamma`` outside [0, 1], a bad scalar setting of
         ``game``, or ``f`` / ``g`` not shaped by ``game.transition``.
     """
-    check_problem_settings(game)
+    check_game(game)
     H = game.time_limit if horizon is None else horizon
     check_count("horizon (or game.time_limit when horizon is None)", H)
     check_if_concrete(check_discount, "gamma", gamma, True)
@@ -223,7 +223,7 @@ def leader_values(game, f: Array, g: Array):
       ValueError: a bad scalar setting of ``game`` (a discount outside [0, 1), ...) or ``f`` /
         ``g`` not shaped by ``game.transition``.
     """
-    check_problem_settings(game)
+    check_game(game)
     check_policy_shapes(game, f, g)
     P_pi, r_pi = joint_chain(game, f, g)
     S = r_pi.shape[0]
@@ -251,7 +251,7 @@ def leader_objective(game, f: Array, beta, backup: str = "reference") -> Array:
     Raises:
       ValueError: as :func:`best_response`.
     """
-    check_problem_settings(game)
+    check_game(game)
     check_beta_if_concrete(beta)
     br = best_response(game, f, beta, backup)
     return leader_objective_at(game, f, br.policy)
@@ -298,7 +298,7 @@ def exact_hypergradient(
     Warns:
       float32 with a discount above :data:`~bchg_jax.core.validate.FLOAT32_GAMMA_WARN`.
     """
-    check_problem_settings(game)
+    check_game(game)
     check_beta_if_concrete(beta)
     dtype = jnp.result_type(*jax.tree_util.tree_leaves(theta))
     warn_float32_long_horizon(
@@ -387,7 +387,7 @@ def soft_policy_evaluation(
     """
     if backup not in BACKUPS:
         raise ValueError(f"backup must be one of {BACKUPS}, got {backup!r}")
-    check_problem_settings(game)
+    check_game(game)
     check_beta_if_concrete(beta)
     check_policy_shapes(game, f, g)
     P = jnp.asarray(game.transition, f.dtype)
@@ -437,7 +437,7 @@ def as_if_optimal_hypergradient(
     Returns:
       a pytree like ``theta``.
     """
-    check_problem_settings(game)
+    check_game(game)
     check_beta_if_concrete(beta)
     g, sg = jax.lax.stop_gradient(g), jax.lax.stop_gradient
 
@@ -469,7 +469,7 @@ def k_step_hypergradient(policy_fn, theta, game, Q_prev: Array, beta, K: int, ba
     Returns:
       a pytree like ``theta``.
     """
-    check_problem_settings(game)
+    check_game(game)
     check_beta_if_concrete(beta)
     check_count("K", K)
     Q_prev = jax.lax.stop_gradient(Q_prev)
@@ -511,7 +511,7 @@ def lag_hypergradient(
       ValueError: a bad scalar setting of ``game``, a concrete ``beta`` not finite and > 0, or
         a concrete ``mix`` outside (0, 1] (as ``FollowerModel``).
     """
-    check_problem_settings(game)
+    check_game(game)
     check_beta_if_concrete(beta)
     check_if_concrete(check_unit_interval, "mix", mix)
     g_prev = jax.lax.stop_gradient(g_prev)

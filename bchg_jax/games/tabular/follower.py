@@ -31,8 +31,21 @@ from bchg_jax.core.validate import (
     check_positive,
     check_problem_settings,
     check_shape,
+    is_concrete,
+    validate_if_concrete,
 )
 from bchg_jax.games.tabular.game import check_policy_shapes
+
+
+def check_game(game) -> None:
+    """The game's scalar settings and, when its tables are concrete (not closed over by a
+    trace of its own values), its ``validate()``: rows that are not distributions, shapes,
+    non-finite entries. The exact functions gave finite numbers for an unvalidated game whose
+    rows summed to 0.9."""
+    check_problem_settings(game)
+    if is_concrete([getattr(game, k, None) for k in ("transition", "init_dist")]):
+        validate_if_concrete(game)
+
 
 Array = jax.Array
 BACKUPS = ("reference", "paper")
@@ -168,7 +181,7 @@ def soft_q_iteration(
     """
     if backup not in BACKUPS:
         raise ValueError(f"backup must be one of {BACKUPS}, got {backup!r}")
-    check_problem_settings(game)
+    check_game(game)
     check_beta_if_concrete(beta)
     check_policy_shapes(game, f)
     check_if_concrete(check_positive, "tol", tol)
