@@ -1163,3 +1163,21 @@ def test_exact_functions_check_the_tables_of_an_unvalidated_problem():
     with pytest.raises(ValueError, match="transition"):
         game_tab.leader_objective(bad, f, 0.05)
     game_tab.leader_objective(toy, f, 0.05)
+
+
+def test_lq_function_of_a_wider_dtype_than_theta_is_refused(x64):
+    """Under jax_enable_x64 a float32 theta0 with an A_fn returning float64 (a numpy constant)
+    passed validate() and then failed inside the Riccati while_loop ("carry input and carry
+    output must have equal types"); validate() now names the function, as TabularCMDP's does."""
+    with pytest.raises(
+        ValueError, match=r"A\(theta\) has dtype float64, wider than theta's float32"
+    ):
+        _lq(A_fn=lambda th: np.eye(2) * 0.5, theta0=jnp.zeros(1, jnp.float32)).validate()
+    with pytest.raises(ValueError, match="leader_quadratic.*Ms has dtype float64"):
+        _lq(
+            A_fn=lambda th: jnp.eye(2, dtype=th.dtype) * 0.5,
+            B_fn=lambda th: jnp.ones((2, 1), th.dtype),
+            leader_quadratic=lambda th: (np.eye(2), jnp.eye(1, dtype=th.dtype), jnp.zeros(())),
+            theta0=jnp.zeros(1, jnp.float32),
+        ).validate()
+    _lq(A_fn=lambda th: np.eye(2) * 0.5, theta0=jnp.zeros(1, jnp.float64)).validate()

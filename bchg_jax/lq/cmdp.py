@@ -246,8 +246,26 @@ class LQConfigurableMDP:
             check_theta_array(self.name, theta, "theta", ndim=1)
         theta = np.asarray(self.theta0 if theta is None else theta)
         check_discounts(self.name, self.gamma_F, self.gamma_L, self.horizon)
-        A = np.asarray(self.A_fn(jnp.asarray(theta)), np.float64)
-        B = np.asarray(self.B_fn(jnp.asarray(theta)), np.float64)
+        th = jnp.asarray(theta)
+        raw_A, raw_B = self.A_fn(th), self.B_fn(th)
+        raw_quad = self.leader_quadratic(th)
+        # the Riccati loops carry theta's dtype: a matrix of a wider dtype (a float64 numpy
+        # constant under jax_enable_x64 with a float32 theta) failed deep inside a while_loop
+        # ("carry input and carry output must have equal types"); narrower is fine, and so is
+        # the scalar c (it is only added to J)
+        for label, x in (("A(theta)", raw_A), ("B(theta)", raw_B)) + tuple(
+            (f"leader_quadratic(theta)'s {k}", v)
+            for k, v in zip(("Ms", "Mb"), raw_quad, strict=False)
+        ):
+            dtype = jnp.asarray(x).dtype
+            if jnp.promote_types(dtype, th.dtype) != th.dtype:
+                raise ValueError(
+                    f"{self.name}: {label} has dtype {dtype}, wider than theta's {th.dtype}; "
+                    f"return it in theta's dtype (e.g. jnp.asarray(x, theta.dtype)) or use a "
+                    f"{dtype} theta0"
+                )
+        A = np.asarray(raw_A, np.float64)
+        B = np.asarray(raw_B, np.float64)
         if A.ndim != 2 or A.shape[0] != A.shape[1] or A.shape[0] < 1:
             raise ValueError(f"{self.name}: A(theta) must have shape [n, n], got {A.shape}")
         n = A.shape[0]
@@ -275,7 +293,7 @@ class LQConfigurableMDP:
             )
         if not np.allclose(C0, C0.T) or np.linalg.eigvalsh(C0).min() <= 0:
             raise ValueError(f"{self.name}: init_cov must be symmetric positive definite")
-        Ms, Mb, c = (np.asarray(x, np.float64) for x in self.leader_quadratic(jnp.asarray(theta)))
+        Ms, Mb, c = (np.asarray(x, np.float64) for x in raw_quad)
         for label, x, shape in (("Ms", Ms, (n, n)), ("Mb", Mb, (m, m)), ("c", c, ())):
             check_shape(f"{self.name}: leader_quadratic(theta)'s {label}", x, shape, src)
             if not np.all(np.isfinite(x)):
