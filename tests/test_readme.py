@@ -16,6 +16,7 @@ def test_readme_example_runs_and_learns():
     J = np.asarray(ns["metrics"]["J"])
     assert np.all(np.isfinite(J)) and J[-100:].mean() > J[0] + 3.0
     assert abs(float(ns["g"][1])) > 0.5
+    assert abs(float(ns["g"][0])) > 0.01  # the transition's parameter matters (it was a no-op)
 
 
 @pytest.mark.slow
