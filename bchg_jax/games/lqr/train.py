@@ -258,12 +258,11 @@ def make_train(
         buf = critic_data(state)
         scale = input_scale(buf) if cc.normalize else None
 
-        def draw(key):  # a minibatch of transitions, and the key of its TD targets' draws
-            trans = transitions(buf, *sample_uniform(key, buf, cc.minibatch or M))
-            return trans, jax.random.fold_in(key, 1)
+        def draw(key):  # a minibatch of transitions
+            return transitions(buf, *sample_uniform(key, buf, cc.minibatch or M))
 
-        def loss(params, batch, _):
-            (s, a, b, s2), key = batch
+        def loss(params, batch, key):  # key: the TD targets' draws, independent of the batch's
+            s, a, b, s2 = batch
             return td_loss(Q, game, cc.target_samples, params, state, scale, resp, s, a, b, s2, key)
 
         return Critic(state.critic.params, scale), loss, draw
@@ -326,7 +325,7 @@ def make_train(
     # the leader's Adam, its schedule (if any) over the run's actor updates (a traced count)
     a_opt = lambda actor_steps: ax.optimizer(actor_updates(config, T, actor_steps))  # noqa: E731
     c_opt = optax.adam(cc.lr)
-    steps = dict(Q=Q, follower=follower, collect=collect, estimator=est)
+    steps = dict(Q=Q, follower=follower, collect=collect, critic_task=critic_task, estimator=est)
     steps["actor_objective"] = actor_objective
     steps["actor_grad"] = jax.grad(actor_objective)
     return assemble(game, method, config, leader, HParams, a_opt, c_opt, steps)

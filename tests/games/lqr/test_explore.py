@@ -195,3 +195,23 @@ def test_a_clip_piece_changes_only_the_guiding_term(cv):
     np.testing.assert_allclose(
         grad("bchg_det", guide.clip(1e-9)), direct, rtol=1e-4, atol=1e-5 * np.linalg.norm(guiding)
     )
+
+
+def test_td_targets_draw_with_a_key_of_their_own():
+    """The critic's TD targets average follower actions b' ~ g(.|s', a') drawn with the key the
+    actor-critic loop gives the loss (``fold_in(key, 10_000 + i)``), not with one derived from
+    the minibatch's key: ``fold_in(k, 1)`` is ``split(k)[1]``, the key whose bits
+    ``sample_uniform`` turns into the step indices, so the targets' noise repeated those bits.
+    The same minibatch under two loss keys gives two losses."""
+    game = lqr_game()
+    tr = lqr.make_train(game, "bchg_det", explore_config(1))
+    theta = jnp.array([-4.0, 0.0])
+    hp = lqr.HParams(actor_steps=0, critic_steps=1, beta=0.1)
+    resp = tr.steps["follower"](theta, jnp.float32(0.1))
+    state = tr.init(jax.random.key(0), hp)._replace(actor=theta, actor_targ=theta)
+    state, _ = tr.steps["collect"](jax.random.key(1), state, resp)
+    critic, loss, draw = tr.steps["critic_task"](state, resp)
+    batch = draw(jax.random.key(2))
+    assert len(batch) == 4  # (s, a, b, s'): the minibatch carries no key
+    losses = [float(loss(critic.params, batch, jax.random.key(k))) for k in (3, 4)]
+    assert np.all(np.isfinite(losses)) and losses[0] != losses[1], losses
