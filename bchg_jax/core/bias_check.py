@@ -129,3 +129,28 @@ def _eps(x) -> float:
     if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
         return 0.0
     return float(jnp.finfo(dtype).eps)
+
+
+def discount_weight_beyond(gamma_L, gamma_F, horizon: int) -> float:
+    """The discount weight of Theorem 1 (or 2) beyond a cut of the episodes at ``horizon``
+    (derivation: :mod:`bchg_jax.tabular.check`).
+
+    P(K + J >= H) for independent K, J on {0, 1, ...} with P(K >= n) = gamma_L^n and
+    P(J >= n) = gamma_F^n: the share of the double sum ``sum_k gamma_L^k sum_j gamma_F^j`` of the
+    guiding term (and, through K alone, of the partial term's ``sum_t gamma_L^t``) that lies past
+    the cut, ``gamma_L^H + (1 - gamma_L) sum_{k<H} gamma_L^k gamma_F^(H-k)``; for equal discounts
+    (1 + H (1 - gamma)) gamma^H. It is the relative bias of a cut when the per-step terms are of
+    even size; a problem whose gradient comes late in the episode loses more
+    (:func:`bchg_jax.tabular.check.truncated_hypergradient` gives the exact figure in the
+    tabular CMDP family).
+
+    Args:
+      gamma_L: leader discount in [0, 1).
+      gamma_F: follower discount in [0, 1).
+      horizon: the cut H >= 0 (steps 0..H-1 kept).
+    Returns:
+      the weight in [0, 1] (1 at H = 0).
+    """
+    gL, gF, H = float(gamma_L), float(gamma_F), int(horizon)
+    k = np.arange(H, dtype=np.float64)
+    return float(gL**H + (1.0 - gL) * np.sum(gL**k * gF ** (H - k)))

@@ -39,10 +39,13 @@ whatever the lengths, and divide by the number of streams E (not random): the su
 expectation ``sum_{t<T} a_t``, i.e. exactly the term of Theorem 1 whenever that episode ends at
 a terminal state within the batch. An episode cut before a terminal state gives the term
 truncated at the cut, T = ``num_steps`` (the end of the batch) or T = ``time_limit``: a bias of
-at most the discounted tail beyond T of one episode, for any number of streams: ~gamma_L^T of
-the partial term, and ~max(gamma_L, gamma_F)^T of the guiding term, whose segments of
-Eq. (nablaQF) are discounted by gamma_F (one starting at step k loses ~gamma_F^(T - k) of its
-sum; gamma_F 0.99, gamma_L 0.5, T 40: 68% of the gradient, 225 SE). A time limit is such a cut
+the discounted tail beyond T of one episode, for any number of streams: ~gamma_L^T of the
+partial term, and of the guiding term the steps past T and the tails of the segments of
+Eq. (nablaQF) started before it (one starting at step k loses ~gamma_F^(T - k) of its sum):
+about :func:`~bchg_jax.core.bias_check.discount_weight_beyond` (~(1 + T (1 - gamma))
+gamma^T), more where the gradient comes late; gamma_F 0.99, gamma_L 0.5, T 40: 68% of the
+gradient, 225 SE. :func:`bchg_jax.tabular.check.truncated_hypergradient` is the exact
+truncated target. A time limit is such a cut
 (the sampler resets there; Theorem 1 and :func:`~bchg_jax.tabular.exact.exact_hypergradient`
 have no time limit), so
 ``time_limit <= num_steps`` does not make these forms exact: ``random_tabular_cmdp`` (gamma_L
@@ -355,8 +358,8 @@ def hypergradient(
     ``grouping="first_episode", partial="first_episode"`` is the unbiased literal form of
     Theorem 1 for any number of episodes per stream (each stream's first episode over the number
     of streams; exact when that episode ends at a terminal state within the batch, truncated at
-    a time limit or the batch's end otherwise: a bias of up to ~max(gamma_L, gamma_F)^T, module
-    docstring).
+    a time limit or the batch's end otherwise: a bias of about
+    :func:`~bchg_jax.core.bias_check.discount_weight_beyond`, module docstring).
     ``"per_visit"`` / ``"trajectory"`` divide sums over every step by the number of completed
     episodes: consistent, but biased by the cut-off episodes (O(1 / episodes per stream)). The
     defaults (``"every_visit"``) are the reference convention of the paper's runs.

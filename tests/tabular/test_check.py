@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from bchg_jax import tabular
+from bchg_jax.core.bias_check import discount_weight_beyond
 from bchg_jax.problems import random_tabular_cmdp
 from bchg_jax.tabular import TrainConfig
+from bchg_jax.tabular.check import truncated_hypergradient
 from bchg_jax.tabular.train import resolve_solver
 
 
@@ -92,9 +94,9 @@ def test_check_problem_rejects_bad_arguments():
 def test_check_problem_reports_episodes_cut_by_the_time_limit(x64):
     """No terminal state, ``time_limit = num_steps = 10``, gamma_L 0.9: every first episode is cut
     by the time limit, which the exact hypergradient does not have: the report says so
-    (``truncated`` 1, ``cut_weight`` 0.9^10) with a warning, and the estimate is biased (measured
-    34%, 15.9 SE over 800 batches). Episodes that end at a terminal state within the batch: no
-    warning."""
+    (``truncated`` 1, ``cut_weight`` the discount weight beyond step 10, 0.61) with a warning,
+    and the estimate is biased by ``cut_bias`` (33%; measured 34%, 15.9 SE over 800 batches).
+    Episodes that end at a terminal state within the batch: no warning."""
     prob = random_tabular_cmdp(jax.random.key(3), dtype=jnp.float64, time_limit=10)
     config = TrainConfig(
         num_envs=16, num_steps=10, grouping="first_episode", partial="first_episode"
@@ -104,8 +106,10 @@ def test_check_problem_reports_episodes_cut_by_the_time_limit(x64):
             prob, [prob.theta0], 0.5, config=config, batches=200, verbose=False
         )
     assert row["truncated"] == 1.0
-    np.testing.assert_allclose(row["cut_weight"], 0.9**10)
+    np.testing.assert_allclose(row["cut_weight"], discount_weight_beyond(0.9, 0.85, 10))
     assert row["bias_se"] > 4.0 and row["rel_error"] > 0.2, (row["z"], row["rel_error"])
+    assert abs(row["rel_error"] - row["cut_bias"]) < 3 * row["rel_se"], row
+    assert np.abs((row["mean"] - row["truncated_target"]) / row["se"]).max() < 4.0
     terminal = TrainConfig(num_envs=16, num_steps=60, grouping="first_episode")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -140,10 +144,11 @@ def test_check_problem_samples_from_the_whole_table_where_the_support_moved(tele
 
 
 def test_check_problem_cut_weight_uses_the_slower_discount():
-    """The guiding term's FollowerQGrad segments are discounted by gamma_F: a cut at H loses
-    ~max(gamma_L, gamma_F)^H of the gradient. gamma_F 0.99, gamma_L 0.5, H 40: cut_weight is
-    0.99^40 = 0.67 with a warning (before: 0.5^40 = 9e-13 and no warning, while the estimate was
-    biased by 68%, 225 SE)."""
+    """The guiding term's FollowerQGrad segments are discounted by gamma_F: gamma_F 0.99,
+    gamma_L 0.5, H 40: cut_weight is the discount weight beyond the cut, 0.676 (>= 0.99^40 =
+    0.669), and cut_bias, the exact gap of the truncated hypergradient, 0.676, with a warning
+    (before the slower discount: 0.5^40 = 9e-13 and no warning, while the estimate was biased
+    by 68%, 225 SE)."""
     P = np.zeros((3, 2, 3))
     P[0, 0, 1] = P[0, 1, 2] = P[1, :, 1] = P[2, :, 2] = 1.0
     P = jnp.asarray(P, jnp.float32)
@@ -162,7 +167,100 @@ def test_check_problem_cut_weight_uses_the_slower_discount():
     config = TrainConfig(
         num_envs=8, num_steps=40, grouping="first_episode", partial="first_episode"
     )
-    with pytest.warns(UserWarning, match=r"max\(gamma_L, gamma_F\)\^40 = 0.669"):
+    with pytest.warns(UserWarning, match="by 0.68 of its norm .* beyond the cut is 0.68"):
         (row,) = tabular.check_problem(prob, [prob.theta0], 1.0, config=config, batches=4)
     assert row["truncated"] == 1.0
-    np.testing.assert_allclose(row["cut_weight"], 0.99**40)
+    np.testing.assert_allclose(row["cut_weight"], discount_weight_beyond(0.5, 0.99, 40))
+    assert row["cut_weight"] > 0.99**40
+    np.testing.assert_allclose(row["cut_bias"], 0.6757, atol=2e-4)
+
+
+def _chain(num_states=6, time_limit=10):
+    """A chain whose leader reward lies at its far end, ``num_states - 1`` steps from the start:
+    the follower moves forward (action 0, paid theta[0] - 0.2) or back (action 1, paid
+    theta[1]), each succeeding with probability 0.8; gamma_L = gamma_F = 0.9, no terminal
+    state. Most of the gradient comes late in the episode, where a cut takes most of it."""
+    S = num_states
+    P = np.zeros((S, 2, S))
+    for s in range(S):
+        P[s, 0, min(s + 1, S - 1)] += 0.8
+        P[s, 0, s] += 0.2
+        P[s, 1, max(s - 1, 0)] += 0.8
+        P[s, 1, s] += 0.2
+    rL = np.zeros((S, 2))
+    rL[-1] = 1.0
+    return tabular.TabularCMDP(
+        transition=lambda th: jnp.asarray(P, th.dtype),
+        init_dist=lambda th: jnp.eye(S, dtype=th.dtype)[0],
+        follower_reward=lambda th: jnp.stack([jnp.full(S, th[0] - 0.2), jnp.full(S, th[1])], -1),
+        leader_reward=lambda th: jnp.asarray(rL, th.dtype),
+        gamma_F=0.9,
+        gamma_L=0.9,
+        theta0=jnp.zeros(2, jnp.float64),
+        time_limit=time_limit,
+    ).validate()
+
+
+def test_check_problem_reports_the_bias_of_a_cut_at_least_as_measured(x64):
+    """Every first episode cut at H = 10 on :func:`_chain`: the first-episode forms' mean is the
+    truncated hypergradient (within its SE) and ``cut_bias``, its exact gap to the exact
+    hypergradient (0.55), is the measured relative error (0.546 +- 0.023 over 100 batches).
+    The figure of the warning before, max(gamma_L, gamma_F)^10 = 0.35, was no bound (the
+    guiding term's segments started at k < H lose gamma_F^(H-k) each: ~H gamma^H in all); the
+    discount weight beyond the cut, (1 + H (1 - gamma)) gamma^H = 0.70, is above it. Cut at
+    2000 instead, the truncated hypergradient is the exact one."""
+    prob = _chain()
+    config = TrainConfig(
+        num_envs=16, num_steps=10, grouping="first_episode", partial="first_episode"
+    )
+    with pytest.warns(UserWarning, match="cut at step 10") as caught:
+        (row,) = tabular.check_problem(
+            prob, [prob.theta0], 1.0, config=config, batches=100, verbose=False
+        )
+    assert row["truncated"] == 1.0
+    np.testing.assert_allclose(
+        row["truncated_target"], np.ravel(truncated_hypergradient(prob, prob.theta0, 1.0, 10))
+    )
+    assert np.abs((row["mean"] - row["truncated_target"]) / row["se"]).max() < 4.0, row
+    measured, resolution = row["rel_error"], row["rel_se"]
+    assert resolution < 0.04 and abs(row["cut_bias"] - measured) < 3 * resolution, row
+    assert 0.9**10 < measured - 4 * resolution  # the old figure was below the bias
+    np.testing.assert_allclose(row["cut_weight"], 2 * 0.9**10)  # (1 + 10 x 0.1) 0.9^10
+    assert row["cut_weight"] > measured + 3 * resolution
+    (message,) = [str(w.message) for w in caught if "cut at step" in str(w.message)]
+    assert f"by {row['cut_bias']:.2g} of its norm" in message and "max(gamma_L" not in message
+    # no cut: the exact hypergradient (Theorem 1 is an identity)
+    np.testing.assert_allclose(
+        truncated_hypergradient(prob, prob.theta0, 1.0, 2000), row["exact"], rtol=1e-9
+    )
+
+
+def test_truncated_hypergradient_tends_to_the_exact_one_with_terminal_states(x64):
+    """Episodes ended by a terminal state (~6 steps): cut at 2000 the truncated hypergradient is
+    the exact one (Theorem 1 is an identity; no transition out of a terminal state), cut at 5
+    it is not; a horizon below 1 is refused. (Without terminal states: the test above.)"""
+    prob = _problem()
+    theta = prob.theta0 + 0.1
+    exact = tabular.exact_hypergradient(prob, theta, 0.5)
+    np.testing.assert_allclose(
+        truncated_hypergradient(prob, theta, 0.5, 2000), exact, rtol=1e-9, atol=1e-12
+    )
+    short = truncated_hypergradient(prob, theta, 0.5, 5)
+    assert np.linalg.norm(short - exact) > 1e-3 * np.linalg.norm(exact)
+    with pytest.raises(ValueError, match="horizon"):
+        truncated_hypergradient(prob, theta, 0.5, 0)
+
+
+def test_discount_weight_beyond_the_cut():
+    """P(K + J >= H) for geometric K, J (gamma_L, gamma_F): (1 + H (1 - gamma)) gamma^H for equal
+    discounts, at least max(gamma_L, gamma_F)^H, gamma_F^H for a myopic leader, 1 at H = 0."""
+    assert discount_weight_beyond(0.9, 0.9, 10) == pytest.approx(2 * 0.9**10)
+    assert discount_weight_beyond(0.95, 0.9, 30) == pytest.approx(0.3697, abs=1e-4)
+    for gL, gF in ((0.9, 0.85), (0.5, 0.99), (0.95, 0.9)):
+        for H in (1, 10, 40):
+            assert discount_weight_beyond(gL, gF, H) >= max(gL, gF) ** H
+    assert discount_weight_beyond(0.0, 0.5, 3) == pytest.approx(0.5**3)
+    assert discount_weight_beyond(0.9, 0.8, 0) == 1.0
+    rng = np.random.default_rng(0)
+    K, J = rng.geometric(0.1, 200_000) - 1, rng.geometric(0.15, 200_000) - 1
+    assert discount_weight_beyond(0.9, 0.85, 10) == pytest.approx(np.mean(K + J >= 10), abs=0.01)

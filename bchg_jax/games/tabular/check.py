@@ -23,8 +23,10 @@ What it shows, and what to do about it:
   76% on a random 5-state game; ``docs/followers.md``). The check measures that bias on your
   game; train with ``TrainConfig(backup="paper")`` where it matters;
 * a cut: episodes end at ``horizon`` while the exact gradient has no time limit, and the
-  influence sums of the last steps lose ~gamma_F^(steps left) of their weight: a bias of up to
-  ~``cut_weight = max(gamma_L, gamma_F)^horizon`` of the gradient, warned about above
+  influence sums of the last steps lose ~gamma_F^(steps left) of their weight: a bias of about
+  ``cut_weight`` = :func:`~bchg_jax.core.bias_check.discount_weight_beyond` (gamma_L, gamma_F,
+  horizon) of the gradient (~(1 + H (1 - gamma)) gamma^H; more where the gradient comes late in
+  the episode; derivation in :mod:`bchg_jax.tabular.check`), warned about above
   :data:`CUT_WEIGHT_WARN`.
 
 The numbers (``bias_se``, ``rel_error``, ``rel_se``, ``cosine``) are those of
@@ -40,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.core.bias_check import check_batches, compare, describe
+from bchg_jax.core.bias_check import check_batches, compare, describe, discount_weight_beyond
 from bchg_jax.core.validate import check_beta, check_count, check_probability_rows_if_concrete
 from bchg_jax.games.estimators import hypergradient
 from bchg_jax.games.tabular.exact import best_response, exact_hypergradient, leader_values
@@ -147,13 +149,14 @@ def check_problem(
     for i, theta in enumerate(theta_list):
         label = f"theta {i}: policy_fn(theta) (leader policy)"
         check_probability_rows_if_concrete(label, policy_fn(theta))
-    cut_weight = max(float(game.gamma_L), float(game.gamma_F)) ** horizon
+    cut_weight = discount_weight_beyond(game.gamma_L, game.gamma_F, horizon)
     if cut_weight > CUT_WEIGHT_WARN:
         warnings.warn(
-            f"{game.name}: episodes of {horizon} steps leave max(gamma_L, gamma_F)^{horizon} "
-            f"= {cut_weight:.3g} of the discount weight beyond the cut, while the exact "
-            "hypergradient has no time limit: the estimates target the gradient truncated "
-            f"there (a bias of up to ~{cut_weight:.2g} of it); pass a longer horizon",
+            f"{game.name}: episodes of {horizon} steps leave {cut_weight:.3g} of the discount "
+            "weight beyond the cut (the leader's steps past it and the tails of the follower's "
+            "influence sums started before it), while the exact hypergradient has no time "
+            "limit: the estimates target the gradient truncated there (a bias of about "
+            f"{cut_weight:.2g} of it, more where the gradient comes late); pass a longer horizon",
             stacklevel=2,
         )
     out = []
