@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
+from bchg_jax.core.bias_check import discount_weight_beyond
 from bchg_jax.core.buffers import buffer_init, index_dtype, sample_discounted, sample_uniform
 from bchg_jax.core.follower_model import FollowerSettings
 from bchg_jax.core.loop import Trainer, check_setup
@@ -280,9 +281,10 @@ def make_train(
       ValueError: an unknown method, a game without ``time_limit``, or a failed ``validate()``
         of the game or the config.
     Warns:
-      UserWarning: ``track_reference`` with ``max(gamma_L, gamma_F)^time_limit`` above
+      UserWarning: ``track_reference`` with a discount weight beyond ``time_limit``
+        (:func:`~bchg_jax.core.bias_check.discount_weight_beyond`) above
         :data:`TRUNCATION_WARN` (the references have no time limit; the toy game's 150 steps at
-        0.99 leave 0.22).
+        0.99 leave 0.55).
     """
     check_setup(game, method, config, METHODS)
     warn_float32_long_horizon(
@@ -293,14 +295,14 @@ def make_train(
             "make_train needs game.time_limit: the trainer's episodes have that many steps "
             "(e.g. dataclasses.replace(game, time_limit=150))"
         )
-    cut = max(float(game.gamma_L), float(game.gamma_F)) ** int(game.time_limit)
+    cut = discount_weight_beyond(game.gamma_L, game.gamma_F, int(game.time_limit))
     if config.track_reference and cut > TRUNCATION_WARN:
         warnings.warn(
             f"{game.name}: track_reference compares the estimates with infinite-horizon exact "
-            f"references, but the episodes end at time_limit {game.time_limit}, where "
-            f"max(gamma_L, gamma_F)^T = {cut:.3g}: the estimates target the gradient truncated "
-            "there, so cos_* / proj_* also measure the truncation (a longer time_limit "
-            "removes it)",
+            f"references, but the episodes end at time_limit {game.time_limit}, which leaves "
+            f"{cut:.3g} of the discount weight beyond it: the estimates target the gradient "
+            "truncated there, so cos_* / proj_* also measure the truncation (a longer "
+            "time_limit removes it)",
             stacklevel=2,
         )
     dtype, model = jnp.dtype(config.dtype), config.follower

@@ -337,7 +337,7 @@ def test_config_validation_names_the_field():
 
 def test_track_reference_warns_when_episodes_cut_the_discount():
     """The exact references have no time limit: track_reference on episodes that leave a
-    discount weight above TRUNCATION_WARN (the toy game: 0.99^150 = 0.22) warns, a time limit
+    discount weight above TRUNCATION_WARN (the toy game: 0.55 beyond 150 steps) warns, a time limit
     long enough does not, and without track_reference nothing is said."""
     import dataclasses
     import warnings
@@ -348,9 +348,12 @@ def test_track_reference_warns_when_episodes_cut_the_discount():
     config = games.TrainConfig(iterations=2, actor="tabular", track_reference=True)
     with pytest.warns(UserWarning, match="truncat"):
         games.make_train(game, "bchg", config)
-    long = dataclasses.replace(
-        game, time_limit=int(np.ceil(np.log(TRUNCATION_WARN) / np.log(0.99)))
+    from bchg_jax.core.bias_check import discount_weight_beyond
+
+    T = next(
+        t for t in range(150, 5000) if discount_weight_beyond(0.99, 0.99, t) <= TRUNCATION_WARN
     )
+    long = dataclasses.replace(game, time_limit=T)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         games.make_train(long, "bchg", config)
