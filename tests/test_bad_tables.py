@@ -1,0 +1,123 @@
+"""Bad problems that used to pass silently: float32 at long horizons, unvalidated tables given
+to the exact functions, LQ matrices of a wider dtype than theta (split from test_bad_input.py to
+balance the two test workers)."""
+
+import dataclasses
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bchg_jax import tabular
+from bchg_jax.core.validate import warn_float32_long_horizon
+from bchg_jax.games import tabular as game_tab
+from bchg_jax.games.tabular.game import TabularGame
+from bchg_jax.lq.cmdp import LQConfigurableMDP
+from bchg_jax.problems import random_tabular_cmdp, random_tabular_game
+from bchg_jax.problems.toy_game import toy_game
+from bchg_jax.tabular.cmdp import TabularCMDP
+
+S, B = 3, 2
+TH = jnp.zeros(1)
+
+
+def _cmdp(**over):
+    kw = dict(
+        transition=lambda th: jnp.full((S, B, S), 1.0 / S),
+        init_dist=lambda th: jnp.full(S, 1.0 / S),
+        follower_reward=lambda th: jnp.zeros((S, B)) + th[0],
+        leader_reward=lambda th: jnp.ones((S, B)),
+        gamma_F=0.9,
+        gamma_L=0.9,
+        theta0=jnp.zeros(1),
+    )
+    kw.update(over)
+    return TabularCMDP(**kw)
+
+
+def _lq(**over):
+    kw = dict(
+        A_fn=lambda th: jnp.eye(2) * 0.5,
+        B_fn=lambda th: jnp.ones((2, 1)),
+        U=np.eye(2) * 0.1,
+        Qbar=np.eye(2),
+        Rbar=np.eye(1),
+        leader_quadratic=lambda th: (jnp.eye(2), jnp.eye(1), jnp.zeros(())),
+        init_cov=np.eye(2),
+        gamma_F=0.9,
+        gamma_L=0.9,
+        theta0=jnp.zeros(1),
+    )
+    kw.update(over)
+    return LQConfigurableMDP(**kw)
+
+
+def test_float32_at_a_long_horizon_warns_in_the_tabular_families():
+    """float32 above gamma 0.99: the tabular game's exact hypergradient was off by 1-29% of its
+    norm at 0.999 against float64 (3% on this game at beta 0.5), with no word. The exact
+    hypergradients and make_train of both tabular families now warn; 0.99 (the paper's) and
+    float64 stay quiet."""
+    policy_fn = lambda th: jax.nn.softmax(th, -1)  # noqa: E731
+    theta = jnp.asarray(np.random.default_rng(0).normal(size=(4, 2)), jnp.float32)
+
+    def game(gamma, dtype=jnp.float32):
+        g = random_tabular_game(gamma=gamma)
+        arrays = (g.transition, g.init_dist, g.follower_reward, g.leader_reward)
+        return TabularGame(*(jnp.asarray(x, dtype) for x in arrays), gamma, gamma, 100)
+
+    with pytest.warns(UserWarning, match=r"float32 with a discount of 0\.999"):
+        game_tab.exact_hypergradient(policy_fn, theta, game(0.999), 0.5)
+    with pytest.warns(UserWarning, match="float32 with a discount of 0.995"):
+        game_tab.make_train(game(0.995), "bchg", game_tab.TrainConfig())
+    cmdp = random_tabular_cmdp(jax.random.key(0), gamma_F=0.999, gamma_L=0.9)
+    with pytest.warns(UserWarning, match="float32 with a discount of 0.999"):
+        tabular.make_train(cmdp, "bchg")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        game_tab.make_train(game(0.99), "bchg", game_tab.TrainConfig())
+        tabular.make_train(random_tabular_cmdp(jax.random.key(0), gamma_F=0.99), "bchg")
+        warn_float32_long_horizon("here", jnp.float64, 0.9999)
+
+
+def test_exact_functions_check_the_tables_of_an_unvalidated_problem():
+    """docs/api.md: a problem that fails validate() is refused by every public function. The
+    exact references of both tabular families took an unvalidated problem whose rows summed to
+    0.9 (or an init_dist summing to 7) and gave finite numbers (a gradient ~8x too large)."""
+    short = _cmdp(transition=lambda th: jnp.full((S, B, S), 0.3))  # rows sum to 0.9
+    with pytest.raises(ValueError, match="transition"):
+        tabular.exact_hypergradient(short, TH, 0.5)
+    with pytest.raises(ValueError, match="transition"):
+        tabular.leader_objective(short, TH, 0.5)
+    heavy = _cmdp(init_dist=lambda th: jnp.full(S, 7.0 / S))
+    with pytest.raises(ValueError, match="init_dist"):
+        tabular.best_response(heavy, TH, 0.5)
+    tabular.exact_hypergradient(_cmdp(), TH, 0.5)  # a valid one passes
+    toy = toy_game()
+    bad = dataclasses.replace(toy, transition=0.9 * toy.transition)
+    f = jnp.full(toy.init_dist.shape + (toy.transition.shape[1],), 1.0 / toy.transition.shape[1])
+    policy_fn = lambda th: jax.nn.softmax(th, -1)  # noqa: E731
+    with pytest.raises(ValueError, match="transition"):
+        game_tab.exact_hypergradient(policy_fn, jnp.log(f), bad, 0.05)
+    with pytest.raises(ValueError, match="transition"):
+        game_tab.leader_objective(bad, f, 0.05)
+    game_tab.leader_objective(toy, f, 0.05)
+
+
+def test_lq_function_of_a_wider_dtype_than_theta_is_refused(x64):
+    """Under jax_enable_x64 a float32 theta0 with an A_fn returning float64 (a numpy constant)
+    passed validate() and then failed inside the Riccati while_loop ("carry input and carry
+    output must have equal types"); validate() now names the function, as TabularCMDP's does."""
+    with pytest.raises(
+        ValueError, match=r"A\(theta\) has dtype float64, wider than theta's float32"
+    ):
+        _lq(A_fn=lambda th: np.eye(2) * 0.5, theta0=jnp.zeros(1, jnp.float32)).validate()
+    with pytest.raises(ValueError, match="leader_quadratic.*Ms has dtype float64"):
+        _lq(
+            A_fn=lambda th: jnp.eye(2, dtype=th.dtype) * 0.5,
+            B_fn=lambda th: jnp.ones((2, 1), th.dtype),
+            leader_quadratic=lambda th: (np.eye(2), jnp.eye(1, dtype=th.dtype), jnp.zeros(())),
+            theta0=jnp.zeros(1, jnp.float32),
+        ).validate()
+    _lq(A_fn=lambda th: np.eye(2) * 0.5, theta0=jnp.zeros(1, jnp.float64)).validate()
