@@ -12,45 +12,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from small_problems import cmdp as _cmdp
+from small_problems import lq as _lq
 
 from bchg_jax.core.sweep import product_grid
 from bchg_jax.games.tabular.game import TabularGame
-from bchg_jax.lq.cmdp import LQConfigurableMDP
 from bchg_jax.problems.lqr_game import lqr_game
-from bchg_jax.tabular.cmdp import TabularCMDP
 
 S, B = 3, 2
-
-
-def _cmdp(**over):
-    kw = dict(
-        transition=lambda th: jnp.full((S, B, S), 1.0 / S),
-        init_dist=lambda th: jnp.full(S, 1.0 / S),
-        follower_reward=lambda th: jnp.zeros((S, B)) + th[0],
-        leader_reward=lambda th: jnp.ones((S, B)),
-        gamma_F=0.9,
-        gamma_L=0.9,
-        theta0=jnp.zeros(1),
-    )
-    kw.update(over)
-    return TabularCMDP(**kw)
-
-
-def _lq(**over):
-    kw = dict(
-        A_fn=lambda th: jnp.eye(2) * 0.5,
-        B_fn=lambda th: jnp.ones((2, 1)),
-        U=np.eye(2) * 0.1,
-        Qbar=np.eye(2),
-        Rbar=np.eye(1),
-        leader_quadratic=lambda th: (jnp.eye(2), jnp.eye(1), jnp.zeros(())),
-        init_cov=np.eye(2),
-        gamma_F=0.9,
-        gamma_L=0.9,
-        theta0=jnp.zeros(1),
-    )
-    kw.update(over)
-    return LQConfigurableMDP(**kw)
 
 
 # ---- problems --------------------------------------------------------------------------------

@@ -254,6 +254,23 @@ def warn_float32_long_horizon(where: str, dtype, *gammas) -> None:
         )
 
 
+def check_not_wider(where: str, label: str, value, theta_dtype) -> None:
+    """A problem function's output must not have a wider dtype than theta's: the solvers' loops
+    carry theta's dtype, and a wider table (a float64 numpy constant under ``jax_enable_x64``
+    with a float32 theta) changes the carry's dtype and fails deep inside a ``while_loop``
+    ("carry input and carry output must have equal types"). Narrower outputs are promoted.
+
+    Raises:
+      ValueError: ``value``'s dtype promotes ``theta_dtype``, naming ``label`` and the fix.
+    """
+    dtype = jnp.asarray(value).dtype
+    if jnp.promote_types(dtype, theta_dtype) != theta_dtype:
+        raise ValueError(
+            f"{where}: {label} has dtype {dtype}, wider than theta's {theta_dtype}; return it in "
+            f"theta's dtype (e.g. jnp.asarray(x, theta.dtype)) or use a {dtype} theta"
+        )
+
+
 def check_theta_array(pname: str, theta, name: str = "theta0", ndim: Optional[int] = None) -> None:
     """The leader's parameters of a family that takes one array (tabular CMDPs: any shape; LQ:
     [d]): a single floating array, not a pytree (dict, list, tuple) of arrays, and finite.

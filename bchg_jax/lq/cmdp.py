@@ -30,6 +30,7 @@ from bchg_jax.core.validate import (
     check_costs,
     check_discounts,
     check_dtype_available,
+    check_not_wider,
     check_shape,
     check_theta_array,
     shape_property,
@@ -257,13 +258,7 @@ class LQConfigurableMDP:
             (f"leader_quadratic(theta)'s {k}", v)
             for k, v in zip(("Ms", "Mb"), raw_quad, strict=False)
         ):
-            dtype = jnp.asarray(x).dtype
-            if jnp.promote_types(dtype, th.dtype) != th.dtype:
-                raise ValueError(
-                    f"{self.name}: {label} has dtype {dtype}, wider than theta's {th.dtype}; "
-                    f"return it in theta's dtype (e.g. jnp.asarray(x, theta.dtype)) or use a "
-                    f"{dtype} theta0"
-                )
+            check_not_wider(self.name, label, x, th.dtype)
         A = np.asarray(raw_A, np.float64)
         B = np.asarray(raw_B, np.float64)
         if A.ndim != 2 or A.shape[0] != A.shape[1] or A.shape[0] < 1:

@@ -21,6 +21,7 @@ import numpy as np
 
 from bchg_jax.core.validate import (
     check_dtype_available,
+    check_not_wider,
     check_problem_settings,
     check_theta_array,
     probability_tolerance,
@@ -180,13 +181,7 @@ class TabularCMDP:
         # numpy constant under jax_enable_x64 with a float32 theta) would change the carry's
         # dtype and fail deep inside a while_loop; narrower tables are promoted and are fine
         for label, table in raw.items():
-            dtype = jnp.asarray(table).dtype
-            if jnp.promote_types(dtype, theta.dtype) != theta.dtype:
-                raise ValueError(
-                    f"{self.name}: {label}(theta) has dtype {dtype}, wider than "
-                    f"theta's {theta.dtype}; return it in theta's dtype (e.g. "
-                    f"jnp.asarray(table, theta.dtype)) or use a {dtype} theta"
-                )
+            check_not_wider(self.name, f"{label}(theta)", table, theta.dtype)
         p, rho, rf, rl, ps = (
             np.asarray(raw[k], dtype=np.float64)
             for k in (

@@ -16,11 +16,11 @@ import warnings
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from small_problems import cmdp as _cmdp
 
 from bchg_jax.core.bias_check import compare, describe
 from bchg_jax.games.tabular.game import TabularGame
 from bchg_jax.problems.random_tabular import random_tabular_game
-from bchg_jax.tabular.cmdp import TabularCMDP
 
 S, B = 3, 2
 
@@ -114,20 +114,6 @@ def test_game_negative_transition_entry_is_named():
     P[0, 0, 0, 0] = np.nan
     with pytest.raises(ValueError, match=r"transition has non-finite entries"):
         _game_with(transition=P).validate()
-
-
-def _cmdp(**over) -> TabularCMDP:
-    kw = dict(
-        transition=lambda th: jnp.full((S, B, S), 1.0 / S),
-        init_dist=lambda th: jnp.full(S, 1.0 / S),
-        follower_reward=lambda th: jnp.zeros((S, B)) + th[0],
-        leader_reward=lambda th: jnp.ones((S, B)),
-        gamma_F=0.9,
-        gamma_L=0.9,
-        theta0=jnp.zeros(1),
-    )
-    kw.update(over)
-    return TabularCMDP(**kw)
 
 
 def test_cmdp_negative_transition_entry_is_named():
