@@ -31,20 +31,18 @@ from bchg_jax.core.validate import (
     check_positive,
     check_problem_settings,
     check_shape,
-    is_concrete,
     validate_if_concrete,
 )
 from bchg_jax.games.tabular.game import check_policy_shapes
 
 
 def check_game(game) -> None:
-    """The game's scalar settings and, when its tables are concrete (not closed over by a
-    trace of its own values), its ``validate()``: rows that are not distributions, shapes,
-    non-finite entries. The exact functions gave finite numbers for an unvalidated game whose
-    rows summed to 0.9."""
+    """The game's scalar settings and, where its tables are concrete, its ``validate()``
+    (:func:`~bchg_jax.core.validate.validate_if_concrete`): rows that are not distributions,
+    shapes, non-finite entries. The exact functions gave finite numbers for an unvalidated game
+    whose rows summed to 0.9."""
     check_problem_settings(game)
-    if is_concrete([getattr(game, k, None) for k in ("transition", "init_dist")]):
-        validate_if_concrete(game)
+    validate_if_concrete(game)
 
 
 Array = jax.Array
