@@ -17,8 +17,16 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.maxent_lqr import nan_unless
 from bchg_jax.core.precision import full_precision
-from bchg_jax.core.rounding import keep_sweeping, progress_init, progress_update, stall_window
+from bchg_jax.core.rounding import (
+    keep_sweeping,
+    progress_init,
+    progress_update,
+    rounding_floor,
+    stall_window,
+    within_tolerance,
+)
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_discount,
@@ -181,6 +189,7 @@ def best_response(
     V0: Optional[Array] = None,
     newton_iters: int = 30,
     polish_sweeps: int = 200,
+    tol: Optional[float] = 1e-6,
 ) -> BestResponse:
     """The follower's best response g^{theta dagger}, differentiable in theta (implicit diff.).
 
@@ -196,13 +205,19 @@ def best_response(
       V0: [S] warm start of the forward solve (not differentiated), or None for zeros.
       newton_iters: Newton steps before the sweeps (0: soft value iteration only).
       polish_sweeps: soft value-iteration sweeps after Newton.
+      tol: the residual the solve must reach, ``max(tol, rounding_floor(V))``
+        (:func:`~bchg_jax.core.rounding.within_tolerance`); None: no check (a caller that
+        checks its own solve, as the trainer does its warm-started one).
     Returns:
       :class:`BestResponse`: ``policy`` [S, B], ``V`` [S], ``Q`` [S, B], ``sweeps`` []
-      (= ``polish_sweeps``), ``residual`` [] (sup-norm of T(V) - V).
+      (= ``polish_sweeps``), ``residual`` [] (sup-norm of T(V) - V). A solve that missed
+      ``tol`` under a trace (``jit`` / ``vmap`` / ``grad``) returns NaN ``policy``, ``V``,
+      ``Q`` (and NaN derivatives), never a number from an unconverged solve.
     Raises:
       ValueError: a concrete ``beta`` not finite and > 0, a bad scalar setting of
-        ``problem`` (a discount outside [0, 1), a bad ``time_limit``), or ``theta`` not shaped
-        like ``problem.theta0`` or not finite.
+        ``problem`` (a discount outside [0, 1), a bad ``time_limit``), ``theta`` not shaped
+        like ``problem.theta0`` or not finite, or a concrete solve that missed ``tol`` (too
+        few ``newton_iters`` / ``polish_sweeps``, or a ``V0`` far from the fixed point).
     """
     _check_inputs(problem, theta, beta)
     P = problem.transition(theta)
@@ -236,6 +251,20 @@ def best_response(
 
     V_init = jnp.zeros_like(r[:, 0]) if V0 is None else jax.lax.stop_gradient(V0)
     V = jax.lax.custom_root(f, V_init, solve, tangent_solve)
+    residual = jnp.max(jnp.abs(f(V)))
+    if tol is not None:
+        ok = within_tolerance(residual, V, tol)
+        if is_concrete(ok) and not bool(ok):  # also under an eager grad, where ok is concrete
+            res, V_seen = jax.lax.stop_gradient((residual, V))
+            raise ValueError(
+                "tabular.best_response: the solve missed its tolerance (residual "
+                f"{float(res):.3g} > max(tol={tol:g}, rounding floor "
+                f"{float(rounding_floor(V_seen)):.3g})) with newton_iters={newton_iters}, "
+                f"polish_sweeps={polish_sweeps}: raise them (the defaults are 30 and 200), give "
+                "a V0 nearer the fixed point, or pass tol=None to take the unconverged solve "
+                "as it is"
+            )
+        V = nan_unless(ok, V)
     Q = soft_q(P, r, V, gamma, cont)
     V = soft_v(Q, beta)
     return BestResponse(
@@ -243,7 +272,7 @@ def best_response(
         V=V,
         Q=Q,
         sweeps=jnp.asarray(polish_sweeps, jnp.int32),
-        residual=jnp.max(jnp.abs(f(V))),
+        residual=residual,
     )
 
 
@@ -284,7 +313,7 @@ def leader_objective(problem: TabularCMDP, theta: Array, beta, **solve) -> Array
       theta: leader parameters, shaped like ``problem.theta0``.
       beta: the follower's entropy weight (> 0).
       **solve: the follower solve, passed to :func:`best_response` by keyword: ``V0`` ([S] or
-        None), ``newton_iters``, ``polish_sweeps``.
+        None), ``newton_iters``, ``polish_sweeps``, ``tol``.
     Returns:
       [] scalar J_L, differentiable in ``theta`` through the follower's fixed point.
     Raises:
@@ -304,7 +333,7 @@ def exact_hypergradient(problem: TabularCMDP, theta: Array, beta, **solve) -> Ar
 
     Args:
       problem, theta, beta, **solve: as :func:`leader_objective` (``solve``: ``V0``,
-        ``newton_iters``, ``polish_sweeps`` of :func:`best_response`, by keyword).
+        ``newton_iters``, ``polish_sweeps``, ``tol`` of :func:`best_response`, by keyword).
     Returns:
       the gradient, shaped like ``theta`` (includes grad Phi_L).
     Raises:

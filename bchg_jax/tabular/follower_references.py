@@ -124,7 +124,14 @@ def k_step_hypergradient(problem: TabularCMDP, theta: Array, V_prev: Array, beta
 
 @full_precision
 def lag_hypergradient(
-    problem: TabularCMDP, theta: Array, previous: Array, beta, mix, V0=None, V_star=None
+    problem: TabularCMDP,
+    theta: Array,
+    previous: Array,
+    beta,
+    mix,
+    V0=None,
+    V_star=None,
+    tol=1e-6,
 ) -> Array:
     """d/dtheta J_L(theta, (1 - mix) g_prev + mix g^{theta dagger}) with ``previous`` = g_prev
     [S, B] fixed; the best response implicitly differentiated at its fixed point V_F = T(V_F)
@@ -139,19 +146,23 @@ def lag_hypergradient(
       V_star: [S] the fixed point V_F^{theta dagger} if already solved (the trainer's converged
         best response), or None: the solve only polishes it (``POLISHED_SWEEPS`` soft sweeps,
         no Newton step). The derivative is taken at whatever V it ends at, so ``V_star`` must be
-        the solution (a V_F of theta + 0.3 gave a 3.5% error, zeros 31%); pass a mere start as
-        ``V0``.
+        the solution (a V_F of theta + 0.3 gave a 3.5% error, zeros 31%, before the polished
+        residual was checked against ``tol``: now an error); pass a mere start as ``V0``.
+      tol: the residual the best response must reach (:func:`~bchg_jax.tabular.exact.best_response`;
+        a ``V_star`` that is not the solution misses it), or None: no check (the trainer
+        flags its own solve).
     Returns:
-      the gradient, shaped like ``theta``.
+      the gradient, shaped like ``theta``; NaN under a trace where the solve missed ``tol``.
     Raises:
-      ValueError: both ``V0`` and ``V_star`` given, or as :func:`as_if_optimal_hypergradient`.
+      ValueError: both ``V0`` and ``V_star`` given, a concrete solve that missed ``tol``, or as
+        :func:`as_if_optimal_hypergradient`.
     """
     _check(problem, theta, beta)
     if V0 is not None and V_star is not None:
         raise ValueError("pass V0 (a warm start) or V_star (the solved fixed point), not both")
-    solve = {"V0": V0}
+    solve = {"V0": V0, "tol": tol}
     if V_star is not None:
-        solve = {"V0": V_star, "newton_iters": 0, "polish_sweeps": POLISHED_SWEEPS}
+        solve = {"V0": V_star, "newton_iters": 0, "polish_sweeps": POLISHED_SWEEPS, "tol": tol}
 
     def objective(th):
         best = best_response(problem, th, beta, **solve).policy

@@ -372,14 +372,14 @@ def make_train(
         theta (:mod:`bchg_jax.tabular.follower_references`); NaN where none is defined."""
         if fm.best_response:
             exact = exact_hypergradient(
-                problem, theta, beta, V0=br.V, newton_iters=0, polish_sweeps=3
+                problem, theta, beta, V0=br.V, newton_iters=0, polish_sweeps=3, tol=None
             )
             return exact, exact
         target = as_if_optimal_hypergradient(problem, theta, policy, beta)
         if fm.kind == "k_step":
             through = k_step_hypergradient(problem, theta, own, beta, fm.steps)
         elif fm.kind == "lag":
-            through = lag_hypergradient(problem, theta, own, beta, fm.mix, V_star=br.V)
+            through = lag_hypergradient(problem, theta, own, beta, fm.mix, V_star=br.V, tol=None)
         else:
             through = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), target)
         return target, through
@@ -587,7 +587,7 @@ def make_train(
         critic, learns = state.critic, fm.kind == "q_learning"
         if method == "exact":
             grad = exact_hypergradient(
-                problem, theta, beta, V0=br.V, newton_iters=0, polish_sweeps=3
+                problem, theta, beta, V0=br.V, newton_iters=0, polish_sweeps=3, tol=None
             )
             if learns:  # the follower acts (and learns) whatever the leader's gradient
                 batch, _ = checked_collect(k_roll, theta, policy, sampler_lost)

@@ -73,3 +73,25 @@ def test_fourrooms_start_values_match_independent_implementation(x64, slip_model
     x = 0.01 * jax.random.normal(jax.random.key(0), (105,), jnp.float64)
     got = [float(exact.leader_objective(prob, x, b)) for b in (1e-3, 3e-3, 5e-3)]
     np.testing.assert_allclose(got, expected, atol=6e-4)
+
+
+def test_a_best_response_that_missed_its_tolerance_is_an_error_or_nan():
+    """A solve capped below convergence (no Newton step, 20 sweeps: residual ~0.5) raises when
+    concrete and is NaN under a trace (value and gradient); the defaults meet the tolerance and
+    ``tol=None`` takes the capped solve as it is."""
+    problem = random_tabular_cmdp(jax.random.key(3), gamma_F=0.95)
+    theta, capped = problem.theta0, dict(newton_iters=0, polish_sweeps=20)
+    br = exact.best_response(problem, theta, 0.5)
+    assert float(br.residual) <= 1e-6
+    with pytest.raises(ValueError, match="missed its tolerance.*polish_sweeps=20"):
+        exact.best_response(problem, theta, 0.5, **capped)
+    with pytest.raises(ValueError, match="missed its tolerance"):  # eager grad: still concrete
+        exact.exact_hypergradient(problem, theta, 0.5, **capped)
+    as_is = exact.best_response(problem, theta, 0.5, tol=None, **capped)
+    assert float(as_is.residual) > 1e-2 and bool(jnp.all(jnp.isfinite(as_is.V)))
+    traced = jax.jit(lambda th: exact.exact_hypergradient(problem, th, 0.5, **capped))(theta)
+    assert bool(jnp.all(jnp.isnan(traced)))
+    J = jax.jit(lambda th: exact.leader_objective(problem, th, 0.5, **capped))(theta)
+    assert bool(jnp.isnan(J))
+    good = jax.jit(lambda th: exact.exact_hypergradient(problem, th, 0.5))(theta)
+    np.testing.assert_allclose(good, exact.exact_hypergradient(problem, theta, 0.5), atol=1e-4)

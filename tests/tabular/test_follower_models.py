@@ -293,7 +293,8 @@ def test_follower_model_validation_names_the_field():
 def test_lag_hypergradient_V0_is_only_a_warm_start(x64):
     """Any ``V0`` gives the gradient of the cold solve, to rounding (before, a ``V0`` switched the
     solve to 3 soft sweeps from it: a 31% error from zeros, 3.5% from V_F of theta + 0.3); a
-    solved fixed point goes in ``V_star`` (polished only), a wrong one is not repaired."""
+    solved fixed point goes in ``V_star`` (polished only); a wrong one is refused (its polished
+    residual misses the tolerance), and with ``tol=None`` it is not repaired."""
     prob, theta = _problem()
     previous = jax.nn.softmax(jax.random.normal(jax.random.key(5), (5, 3)), -1)
     cold = np.asarray(refs.lag_hypergradient(prob, theta, previous, BETA, 0.7))
@@ -304,7 +305,9 @@ def test_lag_hypergradient_V0_is_only_a_warm_start(x64):
         np.testing.assert_allclose(warm, cold, rtol=1e-9, atol=1e-12)
     solved = refs.lag_hypergradient(prob, theta, previous, BETA, 0.7, V_star=V_star)
     np.testing.assert_allclose(solved, cold, rtol=1e-9, atol=1e-12)
-    wrong = refs.lag_hypergradient(prob, theta, previous, BETA, 0.7, V_star=jnp.zeros(5))
+    with pytest.raises(ValueError, match="missed its tolerance"):  # a wrong one is refused
+        refs.lag_hypergradient(prob, theta, previous, BETA, 0.7, V_star=jnp.zeros(5))
+    wrong = refs.lag_hypergradient(prob, theta, previous, BETA, 0.7, V_star=jnp.zeros(5), tol=None)
     assert np.abs(wrong - cold).max() > 1e-3
     with pytest.raises(ValueError, match="not both"):
         refs.lag_hypergradient(prob, theta, previous, BETA, 0.7, V0=V_star, V_star=V_star)

@@ -26,7 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from bchg_jax.core.follower_model import lag_mix
+from bchg_jax.core.maxent_lqr import nan_unless
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.rounding import rounding_floor, within_tolerance
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_count,
@@ -49,6 +51,10 @@ from bchg_jax.games.tabular.follower import (
 from bchg_jax.games.tabular.game import check_policy_shapes
 
 Array = jax.Array
+
+
+# the fixed-point residual a best response must reach (or its rounding floor, or a looser ``tol``)
+RESPONSE_TOL = 1e-6
 
 
 @full_precision
@@ -88,11 +94,15 @@ def best_response(
     Returns:
       :class:`~bchg_jax.games.tabular.follower.GameBestResponse` (``policy`` g(b|s, a)
       [S, A, B], ``Q`` [S, A, B], ``V`` [S, A]); ``sweeps`` is reported as 0 and ``residual``
-      is the fixed-point residual [] at the solution.
+      is the fixed-point residual [] at the solution. A residual above ``max(tol,
+      RESPONSE_TOL, rounding floor)`` (:func:`~bchg_jax.core.rounding.within_tolerance`) under
+      a trace (``jit`` / ``vmap`` / ``grad``) makes ``policy``, ``Q``, ``V`` (and their
+      derivatives) NaN, never numbers from an unconverged solve.
     Raises:
       ValueError: a concrete ``beta`` not finite and > 0, a bad scalar setting of ``game`` (a
-        discount outside [0, 1), ...), ``f`` not [S, A], an unknown ``backup``, or
-        ``newton_iters`` not a non-negative integer.
+        discount outside [0, 1), ...), ``f`` not [S, A], an unknown ``backup``,
+        ``newton_iters`` not a non-negative integer, or a concrete solve whose residual missed
+        the tolerance (``max_sweeps`` and ``newton_iters`` set too low).
     """
     check_game(game)
     check_beta_if_concrete(beta)
@@ -102,7 +112,19 @@ def best_response(
     sg = jax.lax.stop_gradient
     Q_star = soft_q_iteration(game, sg(f), sg(beta), backup, tol=tol, max_sweeps=max_sweeps).Q
     Q_star = newton_polish(game, sg(f), sg(beta), Q_star, backup, newton_iters)
-    return implicit_response(game, f, beta, Q_star, backup)
+    br = implicit_response(game, f, beta, Q_star, backup)
+    ok = within_tolerance(br.residual, br.Q, max(tol, RESPONSE_TOL))
+    if is_concrete(ok) and not bool(ok):  # also under an eager grad, where ok is concrete
+        res, Q_seen = sg((br.residual, br.Q))
+        raise ValueError(
+            "games.tabular.best_response: the solve missed its tolerance (fixed-point residual "
+            f"{float(res):.3g} > max(tol, {RESPONSE_TOL:g}, rounding floor "
+            f"{float(rounding_floor(Q_seen)):.3g})) with max_sweeps={max_sweeps}, "
+            f"newton_iters={newton_iters}: raise them (the defaults are 100000 and 3)"
+        )
+    return br._replace(
+        policy=nan_unless(ok, br.policy), Q=nan_unless(ok, br.Q), V=nan_unless(ok, br.V)
+    )
 
 
 def _bellman_residual(game, f: Array, beta, backup: str):

@@ -1,9 +1,12 @@
 """The tabular game's exact best response near gamma_F = 1: soft Q-iteration hits its sweep cap
 (it contracts by gamma_F per sweep along the constant direction of Q) and the Newton steps
-after it bring Q to the fixed point."""
+after it bring Q to the fixed point; a solve capped short of it is an error, or NaN under a
+trace."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from bchg_jax.games import tabular as gt
 
@@ -42,7 +45,8 @@ def _soft_policy_iteration(P, rF, f, beta, gamma_F):
 
 def test_newton_steps_reach_the_fixed_point_near_gamma_one(x64):
     """gamma_F = 0.9999, beta 0.5, float64: soft Q-iteration alone (the 100,000-sweep cap)
-    leaves Q off by a constant of ~0.3 (the policy is right); with the Newton steps Q is within
+    leaves Q off by a constant of ~0.3 (the policy is right; the residual 6e-6 makes a best
+    response without Newton steps an error); with the Newton steps Q is within
     1e-7 of the policy-iteration solution (measured 3.6e-10)."""
     beta = 0.5
     game, f, P, rF = _game(0.9999)
@@ -54,6 +58,25 @@ def test_newton_steps_reach_the_fixed_point_near_gamma_one(x64):
     assert np.abs(np.asarray(br.V) - V_ref).max() < 1e-7
     assert np.abs(np.asarray(br.policy) - g_ref).max() < 1e-10
     assert float(br.residual) < 1e-9
-    vi_only = gt.best_response(game, jnp.asarray(f), beta, "paper", newton_iters=0)
+    vi_only = gt.soft_q_iteration(
+        game, jnp.asarray(f), beta, "paper", tol=1e-12, max_sweeps=100_000
+    )
     assert np.abs(np.asarray(vi_only.Q) - Q_ref).max() > 1e-2  # what the Newton steps fix
     assert np.abs(np.asarray(vi_only.policy) - g_ref).max() < 1e-10
+    with pytest.raises(ValueError, match="missed its tolerance"):  # and no longer silently
+        gt.best_response(game, jnp.asarray(f), beta, "paper", newton_iters=0)
+
+
+def test_a_capped_best_response_is_an_error_or_nan():
+    """Five sweeps and no Newton step leave a fixed-point residual ~0.3: a concrete solve raises,
+    a traced one is NaN (the exact hypergradient too); the defaults reach the rounding floor."""
+    game, f, _, _ = _game(0.9)
+    f = jnp.asarray(f, jnp.float32)
+    capped = dict(max_sweeps=5, newton_iters=0)
+    assert float(gt.best_response(game, f, 0.3).residual) < 1e-6
+    with pytest.raises(ValueError, match="missed its tolerance.*max_sweeps=5"):
+        gt.best_response(game, f, 0.3, **capped)
+    traced = jax.jit(lambda f: gt.best_response(game, f, 0.3, **capped))(f)
+    assert float(traced.residual) > 1e-2 and bool(jnp.all(jnp.isnan(traced.policy)))
+    grad = jax.jit(jax.grad(lambda f: jnp.sum(gt.best_response(game, f, 0.3, **capped).V)))(f)
+    assert bool(jnp.all(jnp.isnan(grad)))
