@@ -646,7 +646,36 @@ SHAPE_CALLS = [
         "policy.K",
         None,
     ),
+    (
+        "lq.as_if_optimal_hypergradient policy of another problem",
+        lambda: lq_family.as_if_optimal_hypergradient(_lq(), TH, _other_lq_response(), 0.1),
+        "policy.K",
+        None,
+    ),
+    (
+        "lq.leader_objective br of another problem",
+        lambda: lq_family.leader_objective(_lq(), TH, 0.1, br=_other_lq_response()),
+        "br.K",
+        None,
+    ),
+    (
+        "lq.k_step_hypergradient P_prev",
+        lambda: lq_family.k_step_hypergradient(_lq(), TH, jnp.eye(3), 0.1, 1),
+        "P_prev",
+        None,
+    ),
+    (
+        "LQConfigurableMDP.validate A against B",
+        lambda: _lq(A_fn=lambda th: jnp.eye(3) * 0.5).validate(),
+        "A(theta) is (3, 3) and B(theta) is (2, 1)",
+        None,
+    ),
 ]
+
+
+def _other_lq_response():
+    """A best response of a problem with a 2-d follower action (this file's has 1)."""
+    return lq_family.best_response(_lq(B_fn=lambda th: jnp.ones((2, 2)), Rbar=np.eye(2)), TH, 0.1)
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,9 @@ follower terms, control variates and estimator options), so what is judged is wh
 run of ``method`` with ``config`` would follow. The mean is compared with the exact
 infinite-horizon hypergradient (:func:`~bchg_jax.lq.exact.exact_hypergradient` with
 ``horizon=None``): the estimators bootstrap with infinite-horizon critics and follower values,
-and :func:`~bchg_jax.lq.train.make_train` already refuses a horizon whose truncation
-``max(gamma_L, gamma_F)^T`` exceeds 1e-3. The numbers (``bias_se``, ``rel_error``, ``rel_se``,
-``cosine``) are those of :mod:`bchg_jax.core.bias_check`.
+and :func:`~bchg_jax.lq.train.make_train` already refuses a horizon whose cut leaves more
+than 1e-3 of the discount weight (:func:`~bchg_jax.lq.train.check_truncation`). The numbers
+(``bias_se``, ``rel_error``, ``rel_se``, ``cosine``) are those of :mod:`bchg_jax.core.bias_check`.
 
 What it shows on the library's own settings (``tests/lq/test_lq_check.py``): BC-HG with the
 default cross-fitted critic (``critic="quadratic_loo"``) agrees within the resolution; the

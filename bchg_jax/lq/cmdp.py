@@ -266,7 +266,9 @@ class LQConfigurableMDP:
         n = A.shape[0]
         if B.ndim != 2 or B.shape[0] != n or B.shape[1] < 1:
             raise ValueError(
-                f"{self.name}: B(theta) must have shape [n={n}, m] (n from A(theta)), got {B.shape}"
+                f"{self.name}: A(theta) is {A.shape} and B(theta) is {B.shape}: B must be [n, m] "
+                f"with A's n={n} (one of the two has the wrong state dimension; Qbar is "
+                f"{np.shape(self.Qbar)}, init_cov {np.shape(self.init_cov)})"
             )
         m = B.shape[1]
         src = f"n={n} from A(theta), m={m} from B(theta)"
@@ -343,3 +345,17 @@ class LQConfigurableMDP:
                     f"under {label}: spectral radius {rho:.4g}, {label} rho^2 = "
                     f"{float(g) * rho**2:.4g} >= 1: {why}"
                 )
+
+
+def check_policy_fits(problem: LQConfigurableMDP, policy, what: str = "policy") -> None:
+    """Trace-time check that a Gaussian follower ``policy`` (gain ``K`` [m, n], ``cov``
+    [m, m]) fits ``problem``'s sizes: a response of another problem is named, not a matmul
+    error deep inside.
+
+    Raises:
+      ValueError: ``K`` or ``cov`` of another shape.
+    """
+    n, m = problem.state_dim, problem.action_dim
+    src = f"n={n}, m={m} from {problem.name}"
+    check_shape(f"{what}.K (the follower's gain)", policy.K, (m, n), src)
+    check_shape(f"{what}.cov", policy.cov, (m, m), src)

@@ -32,7 +32,7 @@ from bchg_jax.core.validate import (
     check_problem_settings,
     check_theta,
 )
-from bchg_jax.lq.cmdp import LQConfigurableMDP
+from bchg_jax.lq.cmdp import LQConfigurableMDP, check_policy_fits
 
 Array = jax.Array
 
@@ -204,12 +204,14 @@ def leader_objective(
       as it is (check ``br.converged``).
     Raises:
       ValueError: a concrete ``beta`` not finite and > 0, a bad ``horizon``, a bad scalar
-        setting of ``problem`` (a discount outside [0, 1), ...), or a concrete solve here that
-        did not converge.
+        setting of ``problem`` (a discount outside [0, 1), ...), a ``br`` whose gain or
+        covariance does not fit the problem, or a concrete solve here that did not converge.
     """
     _check_args(problem, beta, horizon, theta)
     H = problem.horizon if horizon == "default" else horizon
     solved = br is None
+    if not solved:
+        check_policy_fits(problem, br, "br")
     br = problem.best_response(theta, beta, tol=tol, max_iters=max_iters) if solved else br
     X = discounted_state_covariance(problem, theta, br, H)
     Ms, Mb, c = problem.leader_quadratic(theta)

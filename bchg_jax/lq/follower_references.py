@@ -21,8 +21,8 @@ import jax.numpy as jnp
 
 from bchg_jax.core.maxent_lqr import GaussianBestResponse
 from bchg_jax.core.precision import full_precision
-from bchg_jax.core.validate import check_beta_if_concrete, check_count, check_theta
-from bchg_jax.lq.cmdp import LQConfigurableMDP
+from bchg_jax.core.validate import check_beta_if_concrete, check_count, check_shape, check_theta
+from bchg_jax.lq.cmdp import LQConfigurableMDP, check_policy_fits
 from bchg_jax.lq.exact import leader_objective
 from bchg_jax.lq.follower_models import k_step_response, policy_value
 
@@ -46,11 +46,12 @@ def as_if_optimal_hypergradient(
     it were optimal (module docstring); ``horizon`` as :func:`~bchg_jax.lq.exact.leader_objective`.
 
     Raises:
-      ValueError: ``theta`` not shaped like ``theta0`` or not finite, or a concrete ``beta`` not
-        finite and > 0.
+      ValueError: ``theta`` not shaped like ``theta0`` or not finite, a concrete ``beta`` not
+        finite and > 0, or a ``policy`` whose gain or covariance does not fit the problem.
     """
     check_theta(problem, theta)
     check_beta_if_concrete(beta)
+    check_policy_fits(problem, policy)
     g = jax.lax.stop_gradient(policy)
     prec = jnp.linalg.inv(g.cov)
 
@@ -73,11 +74,14 @@ def k_step_hypergradient(
     """d/dtheta J_L(theta, g_K(theta)), g_K the K-step learner's policy from ``P_prev`` [n, n].
 
     Raises:
-      ValueError: as :func:`as_if_optimal_hypergradient`, or ``K`` not an integer >= 1.
+      ValueError: as :func:`as_if_optimal_hypergradient`, ``P_prev`` not [n, n], or ``K``
+        not an integer >= 1.
     """
     check_theta(problem, theta)
     check_beta_if_concrete(beta)
     check_count("K (Riccati steps)", K)
+    n = problem.state_dim
+    check_shape("P_prev", P_prev, (n, n), f"n={n} from {problem.name}")
 
     def objective(th):
         played, _ = k_step_response(problem, th, beta, P_prev, K)

@@ -25,7 +25,7 @@ def _run(family, dtype):
         hp = tabular.HParams(0.1, 0.5, 1e-2)
     elif family == "lq":
         tr = lq.make_train(
-            thermal(dtype=dtype, horizon=66),  # the shortest the 0.9 discounts allow (1e-3)
+            thermal(dtype=dtype, horizon=88),  # the shortest the 0.9 discounts allow (1e-3)
             "bchg",
             lq.TrainConfig(num_episodes=2, iterations=2, weights_init_std=0.0),
         )
