@@ -114,7 +114,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 class ExperimentParser(argparse.ArgumentParser):
     """An experiment CLI's parser. ``parse_args`` applies ``--smoke``: at most
     :data:`SMOKE_SEEDS` seeds and ``smoke_iterations`` iterations, chunks of ``smoke_chunk``
-    (a CLI shrinks its own flags after that)."""
+    unless ``--chunk`` is given (a CLI shrinks its own flags after that)."""
 
     def __init__(
         self, *args, smoke_iterations: int, smoke_chunk: int, grid_flags: str = "", **kwargs
@@ -140,7 +140,8 @@ class ExperimentParser(argparse.ArgumentParser):
                 min(a.seeds, SMOKE_SEEDS),
                 min(a.iterations, self.smoke_iterations),
             )
-            a.chunk = self.smoke_chunk
+            if "chunk" not in a._explicit:  # an explicit --chunk is kept (and checked)
+                a.chunk = self.smoke_chunk
         return a
 
 
@@ -243,7 +244,7 @@ def base_parser(
         "--smoke",
         action="store_true",
         help=f"tiny run: at most {SMOKE_SEEDS} seeds and {smoke[0]} iterations, "
-        f"chunks of {smoke[1]}" + (f", {smoke_help}" if smoke_help else ""),
+        f"chunks of {smoke[1]} unless --chunk is given" + (f", {smoke_help}" if smoke_help else ""),
     )
     return p
 

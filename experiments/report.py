@@ -104,23 +104,27 @@ def _health_cells(health: dict):
     return (f"{health.get('capped_share', 0.0):.4f}", int(health.get("update_skipped", 0)))
 
 
-def _saved_summaries(run_dir: str, done: set, window: int) -> list:
-    """The summaries of the method folders in ``run_dir`` that are not in ``done``, computed
-    from their ``metrics.npz`` (nothing is rewritten)."""
-    out = []
+def _saved_summaries(run_dir: str, done: set, window: int, iterations=None) -> tuple:
+    """(summaries, stopped): the summaries of the method folders in ``run_dir`` that are not in
+    ``done`` and hold all ``iterations`` (None: any length), computed from their
+    ``metrics.npz`` (nothing is rewritten), and {method: iterations done} of the folders of a
+    stopped run, left out (a mean over part of a run is not that method's result)."""
+    out, stopped = [], {}
     for name in sorted(os.listdir(run_dir)):
         path = os.path.join(run_dir, name, "metrics.npz")
         if name in done or not os.path.isfile(path):
             continue
         data = dict(np.load(path))
         grid = {k[5:]: v for k, v in data.items() if k.startswith("grid_")}
-        if "J" in data and grid:
+        if "J" in data and grid and iterations is not None and data["J"].shape[2] < iterations:
+            stopped[name] = int(data["J"].shape[2])
+        elif "J" in data and grid:
             out.append(
                 finish_method(
                     os.path.join(run_dir, name), name, grid, data, window, "", "", write=False
                 )
             )
-    return out
+    return out, stopped
 
 
 def finish_run(
@@ -128,19 +132,21 @@ def finish_run(
     summaries: Sequence[dict],
     window: int,
     extra_figures: Optional[Callable[[str], None]] = None,
+    iterations: Optional[int] = None,
+    experiment: str = "",
 ) -> None:
-    """The run's summary: with several methods (``summaries`` and the method folders an earlier
-    command left in ``run_dir``) its ``summary.csv`` and ``figure.png``; ``extra_figures(run_dir)``;
-    the printed table of best grid points and a warning naming the methods with poor solver
-    health."""
+    """The run's summary: with several methods (``summaries`` and the complete method folders an
+    earlier command left in ``run_dir``; one stopped short of ``iterations`` is left out and
+    named, with the command that finishes it) its ``summary.csv`` and ``figure.png``;
+    ``extra_figures(run_dir)``; the printed table of best grid points and a warning naming the
+    methods with poor solver health."""
     from bchg_jax.core.health import WARN_SHARE, health_text, health_warning
     from bchg_jax.core.io import save_csv, save_figure
     from experiments.plot import METHOD_ORDER, panel_figure
 
     # the run's other method folders (trained by an earlier command into the same --out)
-    summaries = list(summaries) + _saved_summaries(
-        run_dir, {s["method"] for s in summaries}, window
-    )
+    saved, stopped = _saved_summaries(run_dir, {s["method"] for s in summaries}, window, iterations)
+    summaries = list(summaries) + saved
     rank = {m: i for i, m in enumerate(METHOD_ORDER)}
     summaries.sort(key=lambda s: rank.get(s["method"], len(rank)))
     if len(summaries) > 1:
@@ -184,6 +190,14 @@ def finish_run(
             f"WARNING: solves hit their cap or updates were skipped in more than "
             f"{100 * WARN_SHARE:g}% of the run-iterations of: {', '.join(unhealthy)} "
             "(see the warnings above)",
+            file=sys.stderr,
+            flush=True,
+        )
+    if stopped:
+        done = ", ".join(f"{m} ({n} / {iterations} iterations)" for m, n in stopped.items())
+        print(
+            f"NOT in the summary: {done}, stopped before the end; finish with\n"
+            f"  python -m experiments.{experiment or '<experiment>'} --resume {run_dir}",
             file=sys.stderr,
             flush=True,
         )

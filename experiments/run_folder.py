@@ -68,7 +68,7 @@ def run_experiment(
     run_dir = prepare_run_dir(a, experiment, methods, setting_keys, argv)
     try:
         summaries = [run_method(m, a, run_dir) for m in methods]
-        finish_run(run_dir, summaries, window, extra_figures)
+        finish_run(run_dir, summaries, window, extra_figures, a.iterations, experiment)
     except KeyboardInterrupt:
         print(
             f"\ninterrupted {_where(run_dir)}; nothing saved is lost. Resume with:\n"

@@ -81,8 +81,8 @@ def from_grid(
     Returns:
       a validated ``cls`` whose every field is a [G] array (G = 1 when all entries are scalars).
     Raises:
-      ValueError: unknown names, values of more than one axis, grid axes of different lengths,
-        ``validate`` failures, or a value that does not fit in ``dtype``
+      ValueError: unknown names, an empty axis, values of more than one axis, grid axes of
+        different lengths, ``validate`` failures, or a value that does not fit in ``dtype``
         (:func:`check_representable`).
     """
     unknown = sorted(set(grid) - set(cls._fields))
@@ -91,6 +91,9 @@ def from_grid(
             f"unknown hyperparameter(s) {unknown} for {cls.__module__}.HParams; "
             f"valid names: {list(cls._fields)}"
         )
+    empty = sorted(k for k, v in grid.items() if np.ndim(v) == 1 and np.size(v) == 0)
+    if empty:
+        raise ValueError(f"grid axis {empty} is empty: give at least one value per grid point")
     deep = {k: np.shape(v) for k, v in grid.items() if np.ndim(v) > 1}
     if deep:  # (product_grid flattens several axes into the one grid axis)
         raise ValueError(
@@ -129,7 +132,9 @@ class HParamsMixin:
         Args:
           grid: name -> [G] values or a scalar (see :func:`from_grid`).
           dtype: float dtype of the result.
-          **validate_kw: passed to ``validate``.
+          **validate_kw: passed to ``validate``: the trainer's own bounds, e.g. the game
+            trainers' ``max_steps`` (a step count above it would run as ``max_steps`` under a
+            trace). ``trainer.hparams(grid)`` passes the trainer's dtype and bounds.
         Returns:
           an instance of this class, every field a [G] array.
         """

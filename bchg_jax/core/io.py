@@ -14,6 +14,7 @@ import csv
 import io
 import json
 import os
+import shutil
 import tempfile
 from typing import Dict, Iterable, Sequence
 
@@ -134,6 +135,7 @@ def save_state(directory: str, state, step: int = 0) -> None:
 
     Orbax writes each step to a temporary folder and renames it when complete; the previous
     step is deleted only after that, so a run killed while saving keeps its last checkpoint.
+    The temporary folders of saves that a kill interrupted are removed after the next save.
     Leaves are stored with their tree paths (``jax.tree_util.keystr``), typed PRNG keys as raw
     key data, so a restore checks the structure leaf by leaf.
 
@@ -161,6 +163,17 @@ def save_state(directory: str, state, step: int = 0) -> None:
             force=True,
         )
         mgr.wait_until_finished()
+    if jax.process_index() == 0:  # every process has finished its part (orbax waits for all)
+        _remove_unfinished(directory)
+
+
+def _remove_unfinished(directory: str) -> None:
+    """Removes the temporary folders of saves that never finished (a run killed while writing
+    step k leaves ``k.orbax-checkpoint-tmp...``; a resume with another ``--chunk`` never writes
+    step k again, so nothing else would remove it: a whole extra copy of the state)."""
+    for name in os.listdir(directory):
+        if ".orbax-checkpoint-tmp" in name:
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
 
 
 def checkpoint_step(directory: str):

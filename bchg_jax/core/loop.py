@@ -128,7 +128,8 @@ def build_trainer(
                     raise ValueError(
                         f"{fn.__name__}: hyperparameters of one run are scalars, got shapes "
                         f"{shaped}; for a grid use bchg_jax.core.sweep.run_grid (or vmap over "
-                        "HParams.from_grid)"
+                        "trainer.hparams(grid), the grid checked against this trainer's "
+                        "settings)"
                     )
                 hparams.validate(hp, **validate_kw)
                 if hasattr(hp, "check_representable"):  # 1e-46 > 0 in float64, 0 in float32

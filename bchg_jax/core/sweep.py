@@ -1,7 +1,9 @@
 """Seeds x hyperparameter grids as one compiled program.
 
 A grid of G hyperparameter points and N seeds is flattened into R = G*N independent runs and
-``vmap``ped; hparams are traced arrays, so a new grid value never retraces. ``run_grid`` drives
+``vmap``ped; hparams are traced arrays, so a new grid value never retraces, also in a later
+``run_grid`` call with the same trainer and grid size (:func:`grid_functions` keeps its
+compiled functions on the trainer). ``run_grid`` drives
 the program in jitted chunks of ``chunk`` iterations (progress, per-chunk results and
 checkpoints between chunks; nothing inside a chunk syncs with the host). With ``shard=True`` the
 run axis is split over all devices with ``jax.shard_map`` (each device advances its own runs; a
@@ -91,15 +93,33 @@ def grid_hparams(trainer: Trainer, grid: Dict[str, np.ndarray]):
 def grid_functions(trainer: Trainer):
     """(init, run): jitted functions over [G] hparams x [N] keys; state leaves are [G, N, ...].
 
+    The same functions for every call with one trainer (kept as an attribute of ``trainer.run``
+    where it takes one): a second grid of the same size compiles nothing.
+
     Args:
       trainer: a :class:`~bchg_jax.core.loop.Trainer`.
     Returns:
       (init, run): ``init(keys [N], hp [G]) -> state [G, N, ...]`` and
       ``run(state [G, N, ...], hp [G], n) -> (state, metrics [G, N, n, ...])`` (``n`` static).
     """
+    return _kept(trainer)[0]
+
+
+def _kept(trainer: Trainer):
+    """((init, run) of :func:`grid_functions`, the set of program shapes they have run): made
+    once per trainer and kept as an attribute of ``trainer.run`` (a reference cycle through it,
+    collected with it), or made afresh where ``run`` takes no attributes."""
+    kept = getattr(trainer.run, "_bchg_grid_functions", None)
+    if kept is not None and kept[0] is trainer.init:
+        return kept[1]
     init = jax.jit(jax.vmap(jax.vmap(trainer.init, (0, None)), (None, 0)))
     run = jax.jit(jax.vmap(jax.vmap(trainer.run, (0, None, None)), (0, 0, None)), static_argnums=2)
-    return init, run
+    made = ((init, run), set())
+    try:
+        trainer.run._bchg_grid_functions = (trainer.init, made)
+    except AttributeError:  # a run function of the user's that takes no attributes
+        pass
+    return made
 
 
 def _flat(tree, G, N):
@@ -273,7 +293,9 @@ def run_grid(
         raise ValueError(f"start must be in [0, iterations], got {start}")
     hp = grid_hparams(trainer, grid)
     G = int(jax.tree.leaves(hp)[0].shape[0])  # grid points (from the HParams)
-    init, run = grid_functions(trainer)
+    (init, run), compiled = _kept(trainer)  # compiled: program shapes run so far (not re-marked)
+    if shard:
+        compiled = set()  # the sharded program is made per call
     if state is None:
         state = init(seed_keys(N, base_seed), hp)
     if shard:
@@ -298,15 +320,14 @@ def run_grid(
 
     chunks = [] if metrics is None else [metrics]
     done, t0, warned = start, time.perf_counter(), False
-    compiled = set()  # chunk lengths run so far: a new length (a shorter last chunk) compiles
     while done < iterations:
         n = min(chunk, iterations - done)
         tc = time.perf_counter()
         state, m = run(state, hp, n)
         chunks.append(jax.tree.map(np.asarray, m))  # host copy once per chunk (the only sync)
         dt = time.perf_counter() - tc
-        first = n not in compiled
-        compiled.add(n)
+        first = (G, N, n) not in compiled  # a new shape (a shorter last chunk) compiles
+        compiled.add((G, N, n))
         done += n
         metrics = join_chunks(chunks)
         chunks = [metrics]

@@ -156,3 +156,19 @@ def test_progress_line_marks_every_compiling_chunk_and_never_picks_a_nan_point(c
     assert ["incl. compile" in x for x in lines] == [True, False, True], lines
     J = np.stack([np.full((2, 3), 0.1), np.full((2, 3), np.nan), np.full((2, 3), 0.7)])
     assert "grid point 2" in progress_line(J, 3, 3, 3, 1.0, False, 1.0, window=2)
+
+
+def test_a_save_removes_the_folder_an_interrupted_save_left(tmp_path):
+    """A kill while step 80 was written leaves ``80.orbax-checkpoint-tmp-...``; a resume with
+    another chunk never writes step 80 again, and the folder (a whole copy of the state) stayed
+    for good. The next completed save removes it and keeps the checkpoint."""
+    from bchg_jax.core.io import checkpoint_step, load_state, save_state
+
+    ckpt = str(tmp_path / "checkpoint")
+    state = {"x": jnp.arange(3.0)}
+    save_state(ckpt, state, 60)
+    stale = os.path.join(ckpt, "80.orbax-checkpoint-tmp-1234")
+    os.makedirs(os.path.join(stale, "arrays"))
+    save_state(ckpt, {"x": jnp.arange(3.0) + 1}, 75)
+    assert not os.path.exists(stale) and checkpoint_step(ckpt) == 75
+    np.testing.assert_array_equal(load_state(ckpt, state)["x"], [1.0, 2.0, 3.0])

@@ -467,3 +467,13 @@ def test_config_of_a_smoke_run_keeps_explicit_flags(module, flags, tmp_path):
         getattr(b, f[2:].replace("-", "_")) < int(v)
         for f, v in zip(flags[::2], flags[1::2], strict=True)
     )
+
+
+def test_smoke_keeps_an_explicit_chunk_and_checks_it():
+    """``--smoke`` sets chunks of 10 only when --chunk is not given: ``--smoke --chunk 5`` ran in
+    chunks of 10 (and saved 10), and ``--smoke --chunk 0`` was accepted."""
+    assert cli.parse_args(["--smoke"]).chunk == 10
+    a = cli.parse_args(["--smoke", "--chunk", "5"])
+    assert a.chunk == 5 and a.iterations == 20
+    with pytest.raises(ValueError, match="chunk"):
+        cli.validate_args(cli.parse_args(["--smoke", "--chunk", "0"]))

@@ -2,6 +2,7 @@
 refuses, extends a run by --iterations (bit for bit the longer run), refuses changed settings,
 --config repeats a run exactly, and Ctrl-C exits 130 with a resumable checkpoint."""
 
+import csv
 import importlib
 import json
 import os
@@ -245,3 +246,22 @@ def test_a_run_saved_before_the_solver_flag_resumes_with_the_dense_solvers(tmp_p
         np.testing.assert_array_equal(a[k], b[k])
     with open(os.path.join(old, "config.json")) as f:
         assert json.load(f)["args"]["solver"] == "dense"
+
+
+def test_the_run_summary_leaves_out_a_method_that_stopped_short(tmp_path, capsys):
+    """A method folder stopped at 20 of 50 iterations (a killed run, then another method added
+    to the folder) is not summarised as if finished: summary.csv holds the complete methods,
+    and the stopped one is named with the command that finishes it. Before, its mean over the
+    20 iterations done went into the table with nothing to say so."""
+    from experiments.report import finish_run
+
+    for method, done in (("bchg", 20), ("naive", 50), ("exact", 50)):
+        os.makedirs(tmp_path / method)
+        J = np.linspace(0.0, 1.0, done)[None, None, :] * np.ones((1, 2, 1))
+        np.savez(tmp_path / method / "metrics.npz", J=J, grid_lr=np.array([0.1]))
+    finish_run(str(tmp_path), [], 10, iterations=50, experiment="fourrooms")
+    err = capsys.readouterr().err
+    rows = list(csv.DictReader(open(tmp_path / "summary.csv")))
+    assert sorted(r["method"] for r in rows) == ["exact", "naive"]
+    assert "NOT in the summary: bchg (20 / 50 iterations)" in err
+    assert f"experiments.fourrooms --resume {tmp_path}" in err
