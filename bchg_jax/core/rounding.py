@@ -143,3 +143,29 @@ def keep_sweeping(residual: Array, values: Array, tol, progress: Progress, windo
     """
     stalled = (residual <= rounding_floor(values, axis)) & (progress.since >= window)
     return (residual > tol) & ~stalled
+
+
+def refuse_unless_within(residual: Array, values: Array, tol, what: str, caps: str) -> Array:
+    """Whether a differentiable solve met its tolerance (:func:`within_tolerance`), refusing a
+    concrete miss: an exact best response never returns an unconverged solve silently.
+
+    Args:
+      residual: the solve's fixed-point residual [] (may be traced, or under an eager ``grad``).
+      values: its values (V, or a game's Q), for the rounding floor.
+      tol: the requested tolerance.
+      what: the function, for the message.
+      caps: the caller's iteration settings, for the message (e.g. ``"max_sweeps=5"``).
+    Returns:
+      ``ok`` [] bool: pass it to :func:`bchg_jax.core.maxent_lqr.nan_unless` so that a traced
+      miss gives NaN values (and derivatives).
+    Raises:
+      ValueError: a concrete miss (also under an eager ``grad``, where ``ok`` is concrete).
+    """
+    ok = within_tolerance(residual, values, tol)
+    if not isinstance(ok, jax.core.Tracer) and not bool(ok):
+        res, seen = jax.lax.stop_gradient((residual, values))
+        raise ValueError(
+            f"{what}: the solve missed its tolerance (residual {float(res):.3g} > max(tol="
+            f"{float(tol):g}, rounding floor {float(rounding_floor(seen)):.3g})) with {caps}"
+        )
+    return ok

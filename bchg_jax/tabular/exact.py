@@ -23,9 +23,8 @@ from bchg_jax.core.rounding import (
     keep_sweeping,
     progress_init,
     progress_update,
-    rounding_floor,
+    refuse_unless_within,
     stall_window,
-    within_tolerance,
 )
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
@@ -253,17 +252,15 @@ def best_response(
     V = jax.lax.custom_root(f, V_init, solve, tangent_solve)
     residual = jnp.max(jnp.abs(f(V)))
     if tol is not None:
-        ok = within_tolerance(residual, V, tol)
-        if is_concrete(ok) and not bool(ok):  # also under an eager grad, where ok is concrete
-            res, V_seen = jax.lax.stop_gradient((residual, V))
-            raise ValueError(
-                "tabular.best_response: the solve missed its tolerance (residual "
-                f"{float(res):.3g} > max(tol={tol:g}, rounding floor "
-                f"{float(rounding_floor(V_seen)):.3g})) with newton_iters={newton_iters}, "
-                f"polish_sweeps={polish_sweeps}: raise them (the defaults are 30 and 200), give "
-                "a V0 nearer the fixed point, or pass tol=None to take the unconverged solve "
-                "as it is"
-            )
+        ok = refuse_unless_within(
+            residual,
+            V,
+            tol,
+            "tabular.best_response",
+            f"newton_iters={newton_iters}, polish_sweeps={polish_sweeps}: raise them (the "
+            "defaults are 30 and 200), give a V0 nearer the fixed point, or pass tol=None to "
+            "take the unconverged solve as it is",
+        )
         V = nan_unless(ok, V)
     Q = soft_q(P, r, V, gamma, cont)
     V = soft_v(Q, beta)

@@ -28,7 +28,7 @@ import numpy as np
 from bchg_jax.core.follower_model import lag_mix
 from bchg_jax.core.maxent_lqr import nan_unless
 from bchg_jax.core.precision import full_precision
-from bchg_jax.core.rounding import rounding_floor, within_tolerance
+from bchg_jax.core.rounding import refuse_unless_within
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_count,
@@ -113,15 +113,14 @@ def best_response(
     Q_star = soft_q_iteration(game, sg(f), sg(beta), backup, tol=tol, max_sweeps=max_sweeps).Q
     Q_star = newton_polish(game, sg(f), sg(beta), Q_star, backup, newton_iters)
     br = implicit_response(game, f, beta, Q_star, backup)
-    ok = within_tolerance(br.residual, br.Q, max(tol, RESPONSE_TOL))
-    if is_concrete(ok) and not bool(ok):  # also under an eager grad, where ok is concrete
-        res, Q_seen = sg((br.residual, br.Q))
-        raise ValueError(
-            "games.tabular.best_response: the solve missed its tolerance (fixed-point residual "
-            f"{float(res):.3g} > max(tol, {RESPONSE_TOL:g}, rounding floor "
-            f"{float(rounding_floor(Q_seen)):.3g})) with max_sweeps={max_sweeps}, "
-            f"newton_iters={newton_iters}: raise them (the defaults are 100000 and 3)"
-        )
+    ok = refuse_unless_within(
+        br.residual,
+        br.Q,
+        max(tol, RESPONSE_TOL),
+        "games.tabular.best_response",
+        f"max_sweeps={max_sweeps}, newton_iters={newton_iters}: raise them (the defaults are "
+        "100000 and 3)",
+    )
     return br._replace(
         policy=nan_unless(ok, br.policy), Q=nan_unless(ok, br.Q), V=nan_unless(ok, br.V)
     )
