@@ -288,7 +288,13 @@ def leader_objective_at(game, f: Array, g: Array) -> Array:
 
 @full_precision
 def exact_hypergradient(
-    policy_fn, theta, game, beta, backup: str = "reference", Q_star: Optional[Array] = None
+    policy_fn,
+    theta,
+    game,
+    beta,
+    backup: str = "reference",
+    Q_star: Optional[Array] = None,
+    tol: Optional[float] = RESPONSE_TOL,
 ):
     """d J_L(policy_fn(theta)) / d theta exactly (autodiff through :func:`leader_objective`).
 
@@ -311,11 +317,15 @@ def exact_hypergradient(
       Q_star: optional [S, A, B] soft-Q fixed point at ``policy_fn(theta)`` already solved (a
         trainer's warm-started solution): no forward solve (:func:`implicit_response`);
         None: solved here to 1e-12 (:func:`best_response`).
+      tol: the fixed-point residual a given ``Q_star`` must reach (or its rounding floor):
+        one that misses it raises (NaN under a trace); None: taken as it is (the trainer,
+        which flags its own capped solves).
     Returns:
       a pytree like ``theta``.
     Raises:
-      ValueError: a concrete ``beta`` not finite and > 0, a bad scalar setting of ``game``, or
-        as :func:`best_response` for ``policy_fn(theta)``.
+      ValueError: a concrete ``beta`` not finite and > 0, a bad scalar setting of ``game``, a
+        concrete ``Q_star`` that misses ``tol``, or as :func:`best_response` for
+        ``policy_fn(theta)``.
     Warns:
       float32 with a discount above :data:`~bchg_jax.core.validate.FLOAT32_GAMMA_WARN`.
     """
@@ -328,16 +338,30 @@ def exact_hypergradient(
 
     def J(th):
         f = policy_fn(th)
-        return leader_objective_at(game, f, _response(game, f, beta, backup, Q_star).policy)
+        br = _response(game, f, beta, backup, Q_star, tol, "games.tabular.exact_hypergradient")
+        return leader_objective_at(game, f, br.policy)
 
     return jax.grad(J)(theta)
 
 
-def _response(game, f, beta, backup, Q_star):
-    """The differentiable best response to f, solved here or at the given ``Q_star``."""
+def _response(game, f, beta, backup, Q_star, tol, caller):
+    """The differentiable best response to f, solved here or at the given ``Q_star``; a given
+    ``Q_star`` whose fixed-point residual misses ``tol`` (None: not checked) is refused as
+    :func:`best_response` refuses a capped solve (concrete: ValueError; traced: NaN)."""
     if Q_star is None:
         return best_response(game, f, beta, backup)
-    return implicit_response(game, f, beta, jax.lax.stop_gradient(Q_star), backup)
+    br = implicit_response(game, f, beta, jax.lax.stop_gradient(Q_star), backup)
+    if tol is None:
+        return br
+    ok = refuse_unless_within(
+        br.residual,
+        br.Q,
+        tol,
+        caller,
+        "a Q_star that is not the soft-Q fixed point at policy_fn(theta) (pass tol=None to "
+        "take it as it is)",
+    )
+    return br._replace(policy=nan_unless(ok, br.policy))
 
 
 def safe_log(p: Array) -> Array:
@@ -515,6 +539,7 @@ def lag_hypergradient(
     mix,
     backup: str = "reference",
     Q_star: Optional[Array] = None,
+    tol: Optional[float] = RESPONSE_TOL,
 ):
     """The total derivative of ``J_L(f_theta, (1 - mix) g_prev + mix g^{theta dagger})`` with
     ``g_prev`` [S, A, B] held fixed: the ``lag`` follower's reaction, ``mix`` times the best
@@ -526,11 +551,13 @@ def lag_hypergradient(
       game: the tabular game. g_prev: [S, A, B] the follower's previous policy.
       beta: the follower's entropy weight (> 0). mix: the weight of the new best response.
       backup: the follower's backup form. Q_star: optional solved [S, A, B] fixed point.
+      tol: as :func:`exact_hypergradient` (the residual a given ``Q_star`` must reach).
     Returns:
       a pytree like ``theta``.
     Raises:
-      ValueError: a bad scalar setting of ``game``, a concrete ``beta`` not finite and > 0, or
-        a concrete ``mix`` outside (0, 1] (as ``FollowerModel``).
+      ValueError: a bad scalar setting of ``game``, a concrete ``beta`` not finite and > 0, a
+        concrete ``mix`` outside (0, 1] (as ``FollowerModel``), or a concrete ``Q_star`` that
+        misses ``tol``.
     """
     check_game(game)
     check_beta_if_concrete(beta)
@@ -539,7 +566,8 @@ def lag_hypergradient(
 
     def J(th):
         f = policy_fn(th)
-        best = _response(game, f, beta, backup, Q_star).policy
+        best = _response(game, f, beta, backup, Q_star, tol, "games.tabular.lag_hypergradient")
+        best = best.policy
         return leader_objective_at(game, f, lag_mix(g_prev, best, mix))
 
     return jax.grad(J)(theta)

@@ -400,12 +400,13 @@ def make_train(
         (None for ``q_learning``, whose update is sample-based)."""
         args = (policy, actor, game)
         if model.kind == "best_response":
-            return exact_hypergradient(*args, beta, config.backup, Q_star=resp.Q)
+            # tol=None: the trainer flags its own capped solves (solve_capped)
+            return exact_hypergradient(*args, beta, config.backup, Q_star=resp.Q, tol=None)
         if model.kind == "k_step":
             return k_step_hypergradient(*args, resp.own, beta, model.steps, config.backup)
         if model.kind == "lag":
             g = resp.policy
-            return lag_hypergradient(*args, g, beta, model.mix, config.backup, resp.best)
+            return lag_hypergradient(*args, g, beta, model.mix, config.backup, resp.best, tol=None)
         return None
 
     # Z = sum_{t<T} gamma_L^t: the actor's minibatch mean over segment starts drawn with

@@ -80,3 +80,32 @@ def test_a_capped_best_response_is_an_error_or_nan():
     assert float(traced.residual) > 1e-2 and bool(jnp.all(jnp.isnan(traced.policy)))
     grad = jax.jit(jax.grad(lambda f: jnp.sum(gt.best_response(game, f, 0.3, **capped).V)))(f)
     assert bool(jnp.all(jnp.isnan(grad)))
+
+
+def test_a_given_q_star_that_is_not_the_fixed_point_is_refused():
+    """exact_hypergradient / lag_hypergradient with a given Q_star: the solved one gives the
+    same gradient as solving here; a Q_star off the fixed point by 0.05 (which shifts the
+    policy and the gradient silently before) raises when concrete and is NaN under a trace;
+    tol=None takes it as it is (the trainer, which flags its own solves)."""
+    game, f, _, _ = _game(0.9)
+    theta = jnp.log(jnp.asarray(f, jnp.float32))
+
+    def policy(th):
+        return jax.nn.softmax(th, -1)
+
+    Q = gt.best_response(game, policy(theta), 0.3).Q
+    exact = gt.exact_hypergradient(policy, theta, game, 0.3)
+    given = gt.exact_hypergradient(policy, theta, game, 0.3, Q_star=Q)
+    np.testing.assert_allclose(given, exact, atol=1e-5)
+    wrong = Q + 0.05 * jax.random.normal(jax.random.key(0), Q.shape)
+    as_is = gt.exact_hypergradient(policy, theta, game, 0.3, Q_star=wrong, tol=None)
+    assert float(jnp.max(jnp.abs(as_is - exact))) > 1e-3  # what the check catches
+    g_prev = gt.best_response(game, policy(theta), 1.0).policy
+    for call in (
+        lambda th, q: gt.exact_hypergradient(policy, th, game, 0.3, Q_star=q),
+        lambda th, q: gt.lag_hypergradient(policy, th, game, g_prev, 0.3, 0.5, Q_star=q),
+    ):
+        assert bool(jnp.all(jnp.isfinite(call(theta, Q))))
+        with pytest.raises(ValueError, match="missed its tolerance.*Q_star"):
+            call(theta, wrong)
+        assert bool(jnp.all(jnp.isnan(jax.jit(call)(theta, wrong))))
