@@ -141,8 +141,9 @@ def discount_weight_beyond(gamma_L, gamma_F, horizon: int) -> float:
     the cut, ``gamma_L^H + (1 - gamma_L) sum_{k<H} gamma_L^k gamma_F^(H-k)``; for equal discounts
     (1 + H (1 - gamma)) gamma^H. It is the relative bias of a cut when the per-step terms are of
     even size; a problem whose gradient comes late in the episode loses more
-    (:func:`bchg_jax.tabular.check.truncated_hypergradient` gives the exact figure in the
-    tabular CMDP family).
+    (:func:`bchg_jax.tabular.check.truncated_hypergradient` and
+    :func:`bchg_jax.games.tabular.check.truncated_hypergradient` give the exact figure in the
+    tabular families).
 
     Args:
       gamma_L: leader discount in [0, 1).

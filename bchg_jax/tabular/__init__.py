@@ -5,7 +5,7 @@ Family protocol (shared by every family): ``best_response``, ``rollout``, ``hype
 ``METHODS``.
 """
 
-from bchg_jax.tabular.check import check_problem
+from bchg_jax.tabular.check import check_problem, truncated_hypergradient
 from bchg_jax.tabular.cmdp import TabularCMDP
 from bchg_jax.tabular.critics import (
     benefit,
@@ -89,5 +89,6 @@ __all__ = [
     "TrainConfig",
     "make_train",
     "check_problem",
+    "truncated_hypergradient",
     "first_episode_mask",
 ]

@@ -208,7 +208,8 @@ def check_problem(
     Returns:
       one dict per theta: ``exact`` [D] and ``mean``, ``se``, ``z`` (all flattened like theta),
       ``bias_se`` (max |z|), ``rel_error``, ``rel_se``, ``cosine``, ``truncated``,
-      ``truncated_target`` [D] (:func:`truncated_hypergradient` at the cut), ``cut_bias`` and
+      ``truncated_target`` [D] (:func:`truncated_hypergradient` at the cut),
+      ``truncated_bias_se`` (max |mean - truncated_target| / SE, as ``bias_se``), ``cut_bias`` and
       ``cut_weight`` (module docstring; a warning when an episode was cut and either exceeds
       ``CUT_WEIGHT_WARN``),
       ``support_lost`` (the batches came from the whole table: module docstring),
@@ -290,6 +291,7 @@ def check_problem(
         row.update(
             truncated=truncated,
             truncated_target=target,
+            truncated_bias_se=compare(target, est)["bias_se"],
             cut_bias=cut_bias,
             cut_weight=cut_weight,
             support_lost=bool(lost),

@@ -221,7 +221,8 @@ def test_check_problem_reports_the_bias_of_a_cut_at_least_as_measured(x64):
     np.testing.assert_allclose(
         row["truncated_target"], np.ravel(truncated_hypergradient(prob, prob.theta0, 1.0, 10))
     )
-    assert np.abs((row["mean"] - row["truncated_target"]) / row["se"]).max() < 4.0, row
+    z_cut = np.abs((row["mean"] - row["truncated_target"]) / row["se"]).max()
+    assert z_cut < 4.0 and row["truncated_bias_se"] == pytest.approx(z_cut, rel=1e-6), row
     measured, resolution = row["rel_error"], row["rel_se"]
     assert resolution < 0.04 and abs(row["cut_bias"] - measured) < 3 * resolution, row
     assert 0.9**10 < measured - 4 * resolution  # the old figure was below the bias

@@ -6,11 +6,12 @@ game (Section "2-Player Markov Games (Discrete)") is one instance.
 
 Family protocol: ``best_response``, ``rollout``, ``hypergradient``, ``leader_objective``,
 ``exact_hypergradient``, ``make_train``, ``TrainConfig``, ``HParams``, ``METHODS``; and
-``check_problem`` (Theorem 2's estimator against the exact hypergradient on your game).
+``check_problem`` (Theorem 2's estimator against the exact hypergradient on your game) with
+``truncated_hypergradient`` (what its estimates target on episodes cut at a horizon).
 """
 
 from bchg_jax.games.estimators import hypergradient
-from bchg_jax.games.tabular.check import check_problem
+from bchg_jax.games.tabular.check import check_problem, truncated_hypergradient
 from bchg_jax.games.tabular.exact import (
     as_if_optimal_hypergradient,
     best_response,
@@ -31,6 +32,7 @@ from bchg_jax.games.tabular.train import METHODS, HParams, TrainConfig, make_tra
 __all__ = [
     "hypergradient",
     "check_problem",
+    "truncated_hypergradient",
     "best_response",
     "exact_hypergradient",
     "leader_objective",
