@@ -1,4 +1,4 @@
-"""How the estimators hold up when the follower is not at its best response (issue 30).
+"""How the estimators hold up when the follower is not at its best response.
 
     python -m benchmarks.follower_study run [--out results/follower_study] [--iterations 3000]
         [--followers k_step1 ...]

@@ -11,8 +11,8 @@ the difference of the seed means, (mean_B - mean_A) / sqrt(SE_A^2 + SE_B^2).
 
 from __future__ import annotations
 
+import argparse
 import os
-import sys
 
 import numpy as np
 
@@ -47,7 +47,13 @@ def load(path: str) -> dict:
 
 
 def main(argv=None):
-    run_a, run_b = (argv if argv is not None else sys.argv[1:])[:2]
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("run_a", help="run folder (or kept summary.csv) A")
+    p.add_argument("run_b", help="run folder (or kept summary.csv) B, compared against A")
+    args = p.parse_args(argv)
+    run_a, run_b = args.run_a, args.run_b
     a, b = load(run_a), load(run_b)
     if not (np.allclose(a["lr"], b["lr"]) and np.allclose(a["alpha"], b["alpha"])):
         raise SystemExit("error: the two runs have different grids")

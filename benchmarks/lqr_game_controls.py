@@ -1,21 +1,21 @@
 """Two LQR-game studies that are not methods, written as estimator pieces: the shuffled-Benefit
 control and the median-relative bound of the guiding term.
 
-``python -m benchmarks.lqr_game_controls [--seeds 20] [--iterations 500] [--actor-steps 10]``
-runs the control: BC-HG under the reference preset (``bchg_jax.games.lqr.presets.reference``)
-whose guiding term pairs each sample's influence sum with the Benefit of another minibatch
-sample (:func:`shuffled`, a random permutation): the term keeps its noise and loses its mean.
-It prints the mean +- SE over seeds of the exact return over the last 50 iterations next to
-plain BC-HG's on the same seeds. (Before issue 29 this was ``python -m experiments.lqr_game
---estimator shuffled``; the permutation now draws from the Benefit's key, so the numbers are
-the same control with other random draws.) Finding (``benchmarks/RESULTS.md``, 20 seeds x 500
-iterations, 2026-11-28): 0.098 +- 0.033 against BC-HG's 0.174 +- 0.112 (medians 0.020; 5 and 6
-of 20 seeds above 0.05).
+``python -m benchmarks.lqr_game_controls [--seeds 20] [--iterations 500] [--actor-steps 10]`` runs
+the control: BC-HG under the reference preset (``bchg_jax.games.lqr.presets.reference``) whose
+guiding term pairs each sample's influence sum with the Benefit of another minibatch sample
+(:func:`shuffled`, a random permutation): the term keeps its noise and loses its mean. It prints the
+mean +- SE over seeds of the exact return over the last 50 iterations next to plain BC-HG's on the
+same seeds. (Before the estimator options became pieces, 2026-11-28, this was ``python -m
+experiments.lqr_game --estimator shuffled``; the permutation now draws from the Benefit's key, so
+the numbers are the same control with other random draws.) Finding (``benchmarks/RESULTS.md``, 20
+seeds x 500 iterations, 2026-11-28): 0.098 +- 0.033 against BC-HG's 0.174 +- 0.112 (medians 0.020; 5
+and 6 of 20 seeds above 0.05).
 
-:func:`median_bound` (before issue 29: ``TrainConfig.guide_bound``) shrinks every sample's guiding
-gradient to at most ``b`` times the minibatch median norm; ``python -m
-benchmarks.lqr_game_learned_quality --set guide_bound=3`` measures it (finding: it removes the
-K_2 signal on the slope, ``benchmarks/RESULTS.md``).
+:func:`median_bound` (before the estimator options became pieces, 2026-11-28:
+``TrainConfig.guide_bound``) shrinks every sample's guiding gradient to at most ``b`` times the
+minibatch median norm; ``python -m benchmarks.lqr_game_learned_quality --set guide_bound=3``
+measures it (finding: it removes the K_2 signal on the slope, ``benchmarks/RESULTS.md``).
 """
 
 from __future__ import annotations

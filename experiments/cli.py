@@ -29,7 +29,7 @@ LEGACY_SETTINGS = {
     "replay": lambda saved: 200 if saved.get("preset") == "explore" else 0,
     "tau": lambda saved: 0.05 if saved.get("preset") == "explore" else 0.01,
     "explore_episodes": lambda saved: 2 if saved.get("preset") == "explore" else 0,
-    # the follower model (issue 30): runs before it had the paper's best-response follower
+    # the follower model: runs before it had the paper's best-response follower
     "follower": "best_response",
     "follower_steps": 1,
     "follower_mix": 0.1,
@@ -277,6 +277,16 @@ FOLLOWER_SETTINGS = (
 )
 
 
+# what --follower's help says of each kind
+FOLLOWER_HELP = {
+    "best_response": "solved every iteration, the paper",
+    "k_step": "K steps of its own solver per iteration from its last value: soft Bellman backups "
+    "on tables, Riccati steps in the linear-quadratic problems",
+    "lag": "mixes its last policy with the best response",
+    "q_learning": "soft Q-learning on its own transitions of the leader's batch, a black box",
+}
+
+
 def add_follower_args(p: argparse.ArgumentParser, kinds=None, estimate="the estimate") -> None:
     """``--follower`` and its settings (:class:`bchg_jax.core.follower_model.FollowerModel`),
     and ``--track-reference``; ``kinds``: the follower models the experiment's family simulates
@@ -290,10 +300,7 @@ def add_follower_args(p: argparse.ArgumentParser, kinds=None, estimate="the esti
         "--follower",
         choices=kinds,
         default="best_response",
-        help="the simulated follower: 'best_response' (solved every iteration, the paper), "
-        "'k_step' (K soft Bellman backups per iteration from its last value), 'lag' (mixes "
-        "its last policy with the best response), 'q_learning' (soft Q-learning on its own "
-        "transitions of the leader's batch, a black box); here: " + ", ".join(kinds),
+        help="the simulated follower: " + ", ".join(f"'{k}' ({FOLLOWER_HELP[k]})" for k in kinds),
     )
     g.add_argument(
         "--track-reference",

@@ -1,4 +1,4 @@
-"""Followers that are not at their best response, in a tabular Markov game (issue 30).
+"""Followers that are not at their best response, in a tabular Markov game.
 
 The tabular game trainer simulates the follower that its ``TrainConfig.follower`` names
 (:class:`~bchg_jax.core.follower_model.FollowerModel`; ``docs/followers.md``). With f_i the
