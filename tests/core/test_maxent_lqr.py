@@ -39,6 +39,25 @@ def test_riccati_solves_the_equation(x64):
     assert int(info2.iterations) <= 2
 
 
+def test_newton_steps_finish_a_riccati_iteration_near_a_marginal_closed_loop(x64):
+    """Scalar system with discounted closed-loop rate ~0.9998 (state cost 1e-8): the iteration
+    stops 'converged' (relative step < 1e-6) with P off by ~1e-3 of the stabilising root of the
+    scalar Riccati quadratic; the two Newton steps after it bring P to within 1e-9 of it."""
+    g, a, b, q, r = 0.9, (1 - 1e-4) / np.sqrt(0.9), 1.0, 1e-8, 1.0
+    # P = q + g a^2 P - g^2 a^2 b^2 P^2 / (r + g b^2 P), times (r + g b^2 P):
+    # g b^2 P^2 + (r (1 - g a^2) - q g b^2) P - q r = 0, the stabilising solution its root > 0
+    c2, c1, c0 = g * b**2, r * (1 - g * a**2) - q * g * b**2, -q * r
+    P_true = max(np.roots([c2, c1, c0]).real)
+    args = [jnp.array([[x]]) for x in (a, b, q, r)]
+    P_iter, info = riccati(*args, g, newton_iters=0)
+    P, info_polished = riccati(*args, g)
+    assert bool(info.converged) and bool(info_polished.converged)
+    assert abs(float(P_iter[0, 0]) / P_true - 1) > 1e-4  # what the Newton steps fix
+    assert abs(float(P[0, 0]) / P_true - 1) < 1e-9
+    rate = g * (a - b * g * b * P_true * a / (r + g * b**2 * P_true)) ** 2
+    assert 0.999 < rate < 1
+
+
 def test_riccati_implicit_gradient_matches_finite_differences(x64):
     A, B, Q, R, _ = _system(1)
     f = lambda a: jnp.sum(riccati(A * a, B, Q, R, 0.9, tol=1e-14)[0] * np.arange(9).reshape(3, 3))  # noqa: E731
