@@ -258,6 +258,14 @@ def check_truncation(problem: LQConfigurableMDP, method: str, tol: float = TRUNC
         )
 
 
+def expected_next_value(Q: Array, r: Array, gamma) -> Array:
+    """The score terms' control variate E[V(s') | s, b] = (Q(s, b) - r(s, b)) / gamma, from a
+    critic's Q; 0 when gamma = 0, where the V(s') term it centres has weight gamma = 0 (a
+    division would make every estimate NaN)."""
+    gamma = jnp.asarray(gamma, Q.dtype)
+    return jnp.where(gamma > 0, (Q - r) / jnp.where(gamma > 0, gamma, 1), 0)
+
+
 def make_train(
     problem: LQConfigurableMDP, method: str = "bchg", config: TrainConfig = TrainConfig()
 ) -> Trainer:
@@ -375,7 +383,7 @@ def make_train(
             bs = br.sample(k_val, jnp.broadcast_to(s[None], (config.value_samples,) + s.shape))
             xv = jnp.concatenate([jnp.broadcast_to(s[None], bs.shape[:-1] + (n,)), bs], -1)
             V = jnp.mean(critics.apply_scaled(q_model, params, xv, xs, ys)[..., 0], 0)
-        EV = (Q - rL) / problem.gamma_L if config.control_variates else None
+        EV = expected_next_value(Q, rL, problem.gamma_L) if config.control_variates else None
         return V, Q, EV, params
 
     def fit_grad_vf(key, traj, y, critic_init):
@@ -450,7 +458,7 @@ def make_train(
                 s,
                 b,
             )
-            EV_F = (QF - problem.follower_reward(theta, s, b)) / problem.gamma_F
+            EV_F = expected_next_value(QF, problem.follower_reward(theta, s, b), problem.gamma_F)
         kw, v_params = {}, None
         if guide is not None and guide != "none":
             need_vf = guide == "hpgd" or config.state_baseline
