@@ -254,6 +254,47 @@ def warn_float32_long_horizon(where: str, dtype, *gammas) -> None:
         )
 
 
+# warn when float32 rounds the follower's logits Q / beta by more than this (absolute)
+FLOAT32_LOGIT_WARN = 1e-2
+
+
+def float32_logit_rounding(Q, beta) -> float:
+    """``eps(float32) * max |Q| / beta``: the rounding of the logits Q / beta of a soft policy
+    softmax(Q / beta) computed in float32 (0 for other dtypes or traced values)."""
+    Q = jax.lax.stop_gradient(Q)  # concrete under an eager grad
+    if not is_concrete(Q, beta) or jnp.asarray(Q).dtype != jnp.float32:
+        return 0.0
+    scale = float(jnp.max(jnp.abs(Q)))
+    return float(np.finfo(np.float32).eps) * scale / float(jax.lax.stop_gradient(beta))
+
+
+def warn_float32_logit_rounding(where: str, Q, beta, stacklevel: int = 3) -> float:
+    """Warns when a float32 soft policy softmax(Q / beta) has logits rounded by more than
+    :data:`FLOAT32_LOGIT_WARN` (:func:`float32_logit_rounding`: beta small next to the
+    follower's values). The policy, the objective and the hypergradient then carry errors
+    that no tolerance shows: measured with two nearly tied actions, a rounding of 1.2 gave a
+    2.3% error of the hypergradient, 12 gave 24%, while Four-Rooms at beta 1e-3 has 1.2e-4.
+    Skipped for traced values and other dtypes.
+
+    Returns:
+      the rounding (0.0 where skipped).
+    """
+    rounding = float32_logit_rounding(Q, beta)
+    if rounding > FLOAT32_LOGIT_WARN:
+        beta = float(jax.lax.stop_gradient(beta))
+        scale = rounding * beta / float(np.finfo(np.float32).eps)
+        warnings.warn(
+            f"{where}: float32 with beta {beta:g} next to follower values up to {scale:.3g}: "
+            f"the soft policy's logits Q / beta are rounded by ~{rounding:.2g} (> "
+            f"{FLOAT32_LOGIT_WARN:g}), so the policy, the objective and the hypergradient can "
+            "be off by percent where actions are nearly tied, with every solve converged; "
+            "compute in float64 (jax.config.update('jax_enable_x64', True) and float64 arrays "
+            "or config dtype)",
+            stacklevel=stacklevel,
+        )
+    return rounding
+
+
 def check_not_wider(where: str, label: str, value, theta_dtype) -> None:
     """A problem function's output must not have a wider dtype than theta's: the solvers' loops
     carry theta's dtype, and a wider table (a float64 numpy constant under ``jax_enable_x64``

@@ -91,6 +91,7 @@ from bchg_jax.core.bias_check import (
     discount_weight_beyond,
 )
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.validate import FLOAT32_LOGIT_WARN, warn_float32_logit_rounding
 from bchg_jax.tabular import critics
 from bchg_jax.tabular.cmdp import TabularCMDP
 from bchg_jax.tabular.estimators import Cotangents, apply_cotangents, first_episode_mask
@@ -273,15 +274,19 @@ def check_problem(
             sampler_lost,
             gap,
             jnp.ravel(target),
+            jnp.max(jnp.abs(br.Q)),
         )
 
     # the discount weight beyond the cut, per cut episode (module docstring)
     weight = discount_weight_beyond(problem.gamma_L, problem.gamma_F, horizon)
     out = []
     for i, theta in enumerate(theta_list):
-        g, est, cut, lost, gap, target = exact_and_estimates(
+        g, est, cut, lost, gap, target, q_max = exact_and_estimates(
             jnp.asarray(theta, dtype), jax.random.split(jax.random.fold_in(key, i), batches)
         )
+        # float32 rounding of the follower's logits: the exact references and the truncated
+        # target carry it too, so a large one is named before any bias is read
+        rounding = warn_float32_logit_rounding(f"tabular.check_problem, theta {i}", q_max, beta)
         truncated = float(np.mean(np.asarray(cut, np.float64)))
         cut_weight = truncated * weight
         row = compare(g, est)
@@ -313,8 +318,15 @@ def check_problem(
                 "estimates target the hypergradient truncated there, while the exact "
                 "reference has no time limit. Truncated there, the first-episode forms' "
                 f"target (exact critics) is off the exact hypergradient by {cut_bias:.2g} of "
-                f"its norm (cut_bias, computed exactly); the discount weight beyond the cut is "
-                f"{cut_weight:.2g} (cut_weight); other estimator forms add their own bias",
+                f"its norm (cut_bias, computed exactly"
+                + (
+                    f", up to the float32 rounding of the logits, {rounding:.2g}, warned about "
+                    "above: with float64 cut_bias may be far smaller"
+                    if rounding > FLOAT32_LOGIT_WARN
+                    else ""
+                )
+                + f"); the discount weight beyond the cut is {cut_weight:.2g} (cut_weight); "
+                "other estimator forms add their own bias",
                 stacklevel=2,
             )
         if verbose:

@@ -36,6 +36,7 @@ from bchg_jax.core.validate import (
     is_concrete,
     transition_sizes,
     validate_if_concrete,
+    warn_float32_logit_rounding,
     warn_float32_long_horizon,
 )
 from bchg_jax.tabular.cmdp import TabularCMDP
@@ -263,6 +264,7 @@ def best_response(
         )
         V = nan_unless(ok, V)
     Q = soft_q(P, r, V, gamma, cont)
+    warn_float32_logit_rounding("tabular.best_response", Q, beta)
     V = soft_v(Q, beta)
     return BestResponse(
         policy=boltzmann(Q, V, beta),

@@ -72,6 +72,7 @@ from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_count,
     check_probability_rows_if_concrete,
+    warn_float32_logit_rounding,
 )
 from bchg_jax.games.estimators import hypergradient
 from bchg_jax.games.tabular.exact import best_response, exact_hypergradient, leader_values
@@ -325,7 +326,8 @@ def check_problem(
             _truncated(game, policy_fn, theta, beta, h, br, V_L, Q_L, guide, baseline)
             for h in (horizon, None)
         ]
-        return exact_hypergradient(policy_fn, theta, game, beta, backup), est, *targets
+        g = exact_hypergradient(policy_fn, theta, game, beta, backup)
+        return g, est, *targets, jnp.max(jnp.abs(br.Q))
 
     for i, theta in enumerate(theta_list):
         label = f"theta {i}: policy_fn(theta) (leader policy)"
@@ -334,9 +336,11 @@ def check_problem(
     cut_weight = discount_weight_beyond(game.gamma_L, game.gamma_F, horizon)
     out = []
     for i, theta in enumerate(theta_list):
-        g, est, target, uncut = exact_and_estimates(
+        g, est, target, uncut, q_max = exact_and_estimates(
             theta, jax.random.split(jax.random.fold_in(key, i), batches)
         )
+        # float32 rounding of the follower's logits (the references carry it too)
+        warn_float32_logit_rounding(f"games.tabular.check_problem, theta {i}", q_max, beta)
         est = jax.vmap(_flat)(est)
         row = compare(_flat(g), est)
         target, uncut = (np.asarray(_flat(x), np.float64) for x in (target, uncut))

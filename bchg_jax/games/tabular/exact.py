@@ -37,6 +37,7 @@ from bchg_jax.core.validate import (
     check_shape,
     check_unit_interval,
     is_concrete,
+    warn_float32_logit_rounding,
     warn_float32_long_horizon,
 )
 from bchg_jax.games.tabular.follower import (
@@ -113,6 +114,7 @@ def best_response(
     Q_star = soft_q_iteration(game, sg(f), sg(beta), backup, tol=tol, max_sweeps=max_sweeps).Q
     Q_star = newton_polish(game, sg(f), sg(beta), Q_star, backup, newton_iters)
     br = implicit_response(game, f, beta, Q_star, backup)
+    warn_float32_logit_rounding("games.tabular.best_response", br.Q, beta)
     ok = refuse_unless_within(
         br.residual,
         br.Q,
