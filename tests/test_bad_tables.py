@@ -44,10 +44,26 @@ def test_float32_at_a_long_horizon_warns_in_the_tabular_families():
     with pytest.warns(UserWarning, match="float32 with a discount of 0.999"):
         tabular.make_train(cmdp, "bchg")
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.filterwarnings("error", message=".*float32")
         game_tab.make_train(game(0.99), "bchg", game_tab.TrainConfig())
         tabular.make_train(random_tabular_cmdp(jax.random.key(0), gamma_F=0.99), "bchg")
         warn_float32_long_horizon("here", jnp.float64, 0.9999)
+
+
+def test_tabular_trainer_warns_when_every_episode_ends_by_a_cut():
+    """No terminal state: every episode stops at min(time_limit, num_steps), and with 0.4 of the
+    discount weight beyond it (gamma 0.99, 100 steps) the estimates target the truncated
+    hypergradient (the README's problem cut at 10 steps: 37% off, 11 SE, with no word; the LQ
+    trainer refuses such a horizon). make_train now warns; the exact method, a long enough
+    batch and a problem with terminal states (Four-Rooms, 0.40 by the formula) stay quiet."""
+    cmdp = random_tabular_cmdp(jax.random.key(0), gamma_F=0.99, gamma_L=0.9)
+    with pytest.warns(UserWarning, match="no terminal state, so every episode is cut at step 100"):
+        tabular.make_train(cmdp, "bchg")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*no terminal state")
+        tabular.make_train(cmdp, "exact")
+        tabular.make_train(cmdp, "naive", tabular.TrainConfig(num_steps=3000))
+        tabular.make_train(fourrooms(), "bchg")
 
 
 def _tied_cmdp(scale, beta, dtype):

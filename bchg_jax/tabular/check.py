@@ -231,7 +231,9 @@ def check_problem(
     if critic not in CRITICS:
         raise ValueError(f"critic must be one of {CRITICS}, got {critic!r}")
     batches = check_batches(batches)
-    steps = make_train(problem, method, config).steps
+    with warnings.catch_warnings():  # the cut is measured and reported below, per theta
+        warnings.filterwarnings("ignore", message=".*no terminal state, so every episode")
+        steps = make_train(problem, method, config).steps
     key = jax.random.key(0) if key is None else key
     dtype = jnp.asarray(problem.theta0).dtype
 

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core import hparams as hparams_lib
+from bchg_jax.core.bias_check import discount_weight_beyond
 from bchg_jax.core.follower_model import FollowerSettings, agreement, lag_mix
 from bchg_jax.core.loop import Trainer, build_trainer, check_setup, sgd_ascent
 from bchg_jax.core.precision import full_precision
@@ -258,6 +259,38 @@ def resolve_solver(problem: TabularCMDP, solver: str = "auto", explain: bool = F
     return out if explain else out[:2]
 
 
+# warn when episodes that can only end by the cut leave more discount weight beyond it
+CUT_WEIGHT_WARN = 1e-3
+
+
+def warn_cut_without_terminal(problem: TabularCMDP, method: str, config: "TrainConfig") -> None:
+    """Warns when a sampling method's episodes can only end by a cut: no terminal state, so
+    every episode stops at ``min(time_limit, num_steps)`` (or earlier, at the batch's end),
+    and the discount weight beyond that step
+    (:func:`~bchg_jax.core.bias_check.discount_weight_beyond`) exceeds
+    :data:`CUT_WEIGHT_WARN`. The estimates then target the hypergradient truncated there, a
+    bias of about that weight (the problem of the README, cut at 10 steps: 37% of the
+    gradient; :func:`~bchg_jax.tabular.check.check_problem` measures it). With terminal
+    states the cut's share depends on how often episodes reach them, which only sampling shows
+    (``check_problem``'s ``truncated``), so nothing is said here; the LQ trainer, whose
+    episodes always end by the cut, refuses such a horizon instead.
+    """
+    if method == "exact" or bool(jnp.any(problem.terminal_mask)):
+        return
+    cut = min(int(problem.time_limit or config.num_steps), int(config.num_steps))
+    weight = discount_weight_beyond(float(problem.gamma_L), float(problem.gamma_F), cut)
+    if weight > CUT_WEIGHT_WARN:
+        warnings.warn(
+            f"{problem.name}: tabular.make_train({method!r}): no terminal state, so every "
+            f"episode is cut at step {cut} at the latest (time_limit {problem.time_limit}, "
+            f"num_steps {config.num_steps}), which leaves {weight:.2g} of the discount weight "
+            "beyond it: the estimates target the hypergradient truncated there (a bias of "
+            "about that share; tabular.check_problem measures it on your problem). Raise "
+            "time_limit and num_steps",
+            stacklevel=3,
+        )
+
+
 def make_train(
     problem: TabularCMDP, method: str = "bchg", config: TrainConfig = TrainConfig()
 ) -> Trainer:
@@ -304,6 +337,7 @@ def make_train(
         problem.gamma_F,
         problem.gamma_L,
     )
+    warn_cut_without_terminal(problem, method, config)
     S, B = problem.num_states, problem.num_actions
     terminal = problem.terminal_mask
     critic_kind, guide, use_oracle = METHOD_SPECS[method]
