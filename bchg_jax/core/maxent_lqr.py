@@ -421,8 +421,9 @@ def check_solution(
     if not np.all(ok):
         raise ValueError(
             f"{what} did not converge (relative change {np.asarray(info.residual).max():.3g} after "
-            f"{int(np.asarray(info.iterations).max())} iterations): the pair (sqrt(gamma) A, B) "
-            "may be unstabilisable, or raise max_iters"
+            f"{int(np.asarray(info.iterations).max())} iterations): the follower's pair "
+            "(sqrt(gamma) A, B) may be unstabilisable (in an LQR game A is A + C K, the dynamics "
+            "under the leader's gain K), or raise max_iters"
         )
     return br
 
