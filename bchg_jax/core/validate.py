@@ -248,8 +248,8 @@ def warn_float32_long_horizon(where: str, dtype, *gammas) -> None:
             f"{where}: float32 with a discount of {max(concrete):g} (> {FLOAT32_GAMMA_WARN:g}): "
             "the soft fixed points and the exact hypergradient lose accuracy as 1 / (1 - gamma) "
             "grows (exact tabular-game hypergradient against float64: errors of 0.1-2% at "
-            "0.995, 1-29% at 0.999); compute in float64 (jax.config.update('jax_enable_x64', "
-            "True) and float64 arrays or config dtype)",
+            "0.995, 1-29% at 0.999, 61% on a 1-state game at 0.9999); compute in float64 "
+            "(jax.config.update('jax_enable_x64', True) and float64 arrays or config dtype)",
             stacklevel=3,
         )
 
