@@ -1,7 +1,10 @@
 """Small hand-made problems shared by the bad-input and message tests (imported, not collected):
 ``cmdp(**over)`` a uniform 3-state, 2-action TabularCMDP and ``lq(**over)`` a 2-d
-LQConfigurableMDP, each with its fields replaceable by keyword and not validated."""
+LQConfigurableMDP, each with its fields replaceable by keyword and not validated, and
+``tied_cmdp(scale, beta, dtype)`` (validated) whose two actions are nearly tied (float32
+rounding of the follower's logits)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -40,3 +43,25 @@ def lq(**over) -> LQConfigurableMDP:
     )
     kw.update(over)
     return LQConfigurableMDP(**kw)
+
+
+def tied_cmdp(scale, beta, dtype):
+    """3 states, two actions with the same transitions whose follower rewards differ by
+    beta (0.7 + theta[1]) on top of ``scale``: g(1|s) = sigmoid(0.7 + theta[1]) exactly."""
+    L0 = jnp.asarray([[0.2, -0.3, 0.5], [1.0, 0.0, -1.0], [-0.5, 0.4, 0.1]], dtype)
+    D = jnp.asarray([[1.0, -1.0, 0.0], [0.0, 1.0, -1.0], [-1.0, 0.0, 1.0]], dtype)
+    c = scale * jnp.asarray([1.0, 0.5, -0.3], dtype)
+
+    def transition(th):
+        p = jax.nn.softmax(L0 + th[0] * D, -1)
+        return jnp.stack([p, p], 1)
+
+    return TabularCMDP(
+        transition=transition,
+        init_dist=lambda th: jnp.ones(3, dtype) / 3,
+        follower_reward=lambda th: jnp.stack([c, c + beta * (0.7 + th[1])], -1),
+        leader_reward=lambda th: jnp.asarray([[0.0, 1.0]] * 3, dtype),
+        gamma_F=0.9,
+        gamma_L=0.9,
+        theta0=np.zeros(2, dtype),
+    ).validate()

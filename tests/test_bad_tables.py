@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from small_problems import cmdp as _cmdp
 from small_problems import lq as _lq
+from small_problems import tied_cmdp
 
 from bchg_jax import tabular
 from bchg_jax.core.validate import warn_float32_long_horizon
@@ -66,35 +67,13 @@ def test_tabular_trainer_warns_when_every_episode_ends_by_a_cut():
         tabular.make_train(fourrooms(), "bchg")
 
 
-def _tied_cmdp(scale, beta, dtype):
-    """3 states, two actions with the same transitions whose follower rewards differ by
-    beta (0.7 + theta[1]) on top of ``scale``: g(1|s) = sigmoid(0.7 + theta[1]) exactly."""
-    L0 = jnp.asarray([[0.2, -0.3, 0.5], [1.0, 0.0, -1.0], [-0.5, 0.4, 0.1]], dtype)
-    D = jnp.asarray([[1.0, -1.0, 0.0], [0.0, 1.0, -1.0], [-1.0, 0.0, 1.0]], dtype)
-    c = scale * jnp.asarray([1.0, 0.5, -0.3], dtype)
-
-    def transition(th):
-        p = jax.nn.softmax(L0 + th[0] * D, -1)
-        return jnp.stack([p, p], 1)
-
-    return tabular.TabularCMDP(
-        transition=transition,
-        init_dist=lambda th: jnp.ones(3, dtype) / 3,
-        follower_reward=lambda th: jnp.stack([c, c + beta * (0.7 + th[1])], -1),
-        leader_reward=lambda th: jnp.asarray([[0.0, 1.0]] * 3, dtype),
-        gamma_F=0.9,
-        gamma_L=0.9,
-        theta0=np.zeros(2, dtype),
-    ).validate()
-
-
 def test_float32_logits_rounded_by_a_small_beta_warn():
     """Follower values ~5e3 at beta 1e-4 (two tied actions): float32 rounds the logits Q / beta
     by ~6 and the exact hypergradient was 24% off (the policy 0.99 / 0.5 for 0.71 in every
     state) with every solve converged and no word; the exact references of both tabular
     families now warn. Four-Rooms at beta 1e-3 (rounding 1.2e-4) and float64 stay quiet."""
     theta = jnp.asarray([0.1, 0.2], jnp.float32)
-    problem = _tied_cmdp(1e3, 1e-4, jnp.float32)
+    problem = tied_cmdp(1e3, 1e-4, jnp.float32)
     with pytest.warns(UserWarning, match=r"logits Q / beta are rounded by ~5\.8"):
         tabular.exact_hypergradient(problem, theta, 1e-4)
     policy_fn = lambda th: jax.nn.softmax(th, -1)  # noqa: E731
@@ -116,7 +95,7 @@ def test_float32_logits_rounded_by_a_small_beta_warn():
         tabular.best_response(fourrooms_problem, fourrooms_problem.theta0, 1e-3)
         with jax.enable_x64(True):
             tabular.best_response(
-                _tied_cmdp(1e3, 1e-4, jnp.float64), theta.astype(jnp.float64), 1e-4
+                tied_cmdp(1e3, 1e-4, jnp.float64), theta.astype(jnp.float64), 1e-4
             )
 
 

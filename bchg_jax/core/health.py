@@ -12,6 +12,10 @@ Every trainer records two per-iteration flags in its metrics (int32, 0 or 1 per 
   tabular update to a theta whose tables are not distributions: ``model_invalid``).
 * ``support_lost`` (tabular trainers with the sparse solvers): ``transition(theta)`` put mass
   outside the successor table; that iteration was solved and sampled on the whole table.
+* ``logits_rounded`` (tabular trainers, float32): the follower's logits Q / beta were rounded by
+  more than :data:`~bchg_jax.core.validate.FLOAT32_LOGIT_WARN` (beta small next to the
+  follower's values, :func:`~bchg_jax.core.validate.logits_rounded`): every solve converged,
+  but the policy, J and the estimates can be off by percent; float64 removes it.
 
 A share above :data:`WARN_SHARE` (1%) of all run-iterations is a sign that the run is not what it
 claims to be (e.g. float32 matmuls at reduced precision on an accelerator, a tolerance below what
@@ -24,7 +28,7 @@ from typing import Dict, Mapping, Optional
 
 import numpy as np
 
-FLAGS = ("solve_capped", "update_skipped", "support_lost")
+FLAGS = ("solve_capped", "update_skipped", "support_lost", "logits_rounded")
 WARN_SHARE = 0.01
 
 
@@ -37,13 +41,15 @@ def solver_health(metrics: Mapping[str, np.ndarray]) -> Dict[str, float]:
     Returns:
       ``{"run_iterations": n, "solve_capped": count, "capped_share": share,
       "update_skipped": count, "skipped_share": share, "support_lost": count,
-      "lost_share": share}`` for the flags present (an empty dict when none is).
+      "lost_share": share, "logits_rounded": count, "rounded_share": share}`` for the flags
+      present (an empty dict when none is).
     """
     out: Dict[str, float] = {}
     for flag, share in (
         ("solve_capped", "capped_share"),
         ("update_skipped", "skipped_share"),
         ("support_lost", "lost_share"),
+        ("logits_rounded", "rounded_share"),
     ):
         if flag in metrics:
             x = np.asarray(metrics[flag])
@@ -62,6 +68,8 @@ def health_text(health: Mapping[str, float]) -> str:
         parts.append(f"skipped {health['update_skipped']}")
     if health.get("support_lost"):  # shown only when it happened
         parts.append(f"support lost {health['support_lost']}")
+    if health.get("logits_rounded"):  # shown only when it happened
+        parts.append(f"float32 logits rounded {health['logits_rounded']}")
     return " ".join(parts)
 
 
@@ -89,13 +97,24 @@ def health_warning(health: Mapping[str, float], share: float = WARN_SHARE) -> Op
         )
         if health.get(key, 0.0) > share
     ]
-    if not bad:
+    rounded = health.get("rounded_share", 0.0) > share
+    if not bad and not rounded:
         return None
     lines = [
         f"WARNING: in {100 * v:.1f}% of {health['run_iterations']} run-iterations "
         f"{what} ({n} times)"
         for what, v, n in bad
     ]
+    if rounded:
+        lines.append(
+            f"WARNING: in {100 * health['rounded_share']:.1f}% of {health['run_iterations']} "
+            "run-iterations float32 rounded the follower's logits Q / beta by more than 1e-2 "
+            "(beta small next to the follower's values): the solves converged, but the policy, "
+            "J and the estimates can be off by percent. Run in float64 (jax_enable_x64 and a "
+            "float64 problem or config dtype); the flags are in metrics.npz (logits_rounded)."
+        )
+    if not bad:
+        return "\n".join(lines)
     lines.append(
         "WARNING: the results of this run are not converged solves. Likely causes: "
         "float32 matmuls at reduced precision on a GPU/TPU (a solver of your own should "

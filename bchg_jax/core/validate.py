@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+Array = jax.Array
+
 
 def _show(value) -> str:
     """A value for an error message: numbers as numbers, arrays as lists."""
@@ -266,6 +268,16 @@ def float32_logit_rounding(Q, beta) -> float:
         return 0.0
     scale = float(jnp.max(jnp.abs(Q)))
     return float(np.finfo(np.float32).eps) * scale / float(jax.lax.stop_gradient(beta))
+
+
+def logits_rounded(Q: Array, beta) -> Array:
+    """In-graph (traced) form of the check of :func:`warn_float32_logit_rounding`: [] int32, 1
+    when ``Q`` is float32 and ``eps * max |Q| / beta`` exceeds :data:`FLOAT32_LOGIT_WARN` (the
+    trainers' ``logits_rounded`` flag, :mod:`bchg_jax.core.health`); 0 for other dtypes."""
+    if Q.dtype != jnp.float32:
+        return jnp.zeros((), jnp.int32)
+    rounding = jnp.finfo(jnp.float32).eps * jnp.max(jnp.abs(Q)) / beta
+    return (rounding > FLOAT32_LOGIT_WARN).astype(jnp.int32)
 
 
 def warn_float32_logit_rounding(where: str, Q, beta, stacklevel: int = 3) -> float:

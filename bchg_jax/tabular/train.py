@@ -38,6 +38,7 @@ from bchg_jax.core.validate import (
     check_config,
     check_positive,
     check_unit_interval,
+    logits_rounded,
     warn_float32_long_horizon,
 )
 from bchg_jax.tabular import critics, estimators
@@ -655,6 +656,7 @@ def make_train(
             "update_skipped": skipped.astype(jnp.int32),
             "model_invalid": invalid.astype(jnp.int32),
             "support_lost": (model_lost | sampler_lost).astype(jnp.int32),
+            "logits_rounded": logits_rounded(br.Q, beta),  # float32 and a small beta
         }
         if not fm.best_response:
             metrics["follower_gap"] = policy_gap(policy, br.policy)

@@ -4,6 +4,7 @@ progress line shows them and a run with more than 1% warns loudly (on stderr).""
 import jax
 import numpy as np
 import pytest
+from small_problems import tied_cmdp
 
 from bchg_jax import games, lq, problems, run_grid, tabular
 from bchg_jax.core.health import health_text, health_warning, solver_health
@@ -61,6 +62,23 @@ def test_tabular_cap_is_flagged_and_warned(capsys):
     )
     assert m["solve_capped"].all() and m["update_skipped"].sum() == 0
     assert "capped 100.00%" in out.out and "WARNING" in out.err and "solves hit" in out.err
+
+
+def test_float32_logit_rounding_is_flagged_and_warned(capsys):
+    """A float32 tabular run at beta 1e-4 with follower values ~5e3 (two nearly tied actions:
+    the exact hypergradient 24% off, every solve converged) was silent; every iteration is now
+    flagged ``logits_rounded``, shown on the progress line and warned about. The same problem
+    at beta 0.5 (rounding 1e-4 of the threshold's scale) is not flagged."""
+    cfg = tabular.TrainConfig(num_envs=2, num_steps=100, iterations=3)
+    grid = {"lr": [0.1], "sarsa_alpha": [0.5], "beta": [1e-4]}
+    problem = tied_cmdp(1e3, 1e-4, np.float32)
+    _, m = run_grid(tabular.make_train(problem, "bchg", cfg), grid, seeds=2, iterations=3, chunk=3)
+    out = capsys.readouterr()
+    assert m["logits_rounded"].all() and not m["solve_capped"].any()
+    assert "float32 logits rounded 6" in out.out and "rounded the follower's logits" in out.err
+    grid["beta"] = [0.5]
+    m = _run_healthy(tabular.make_train(problem, "bchg", cfg), grid, capsys)
+    assert not m["logits_rounded"].any()
 
 
 def test_lq_cap_is_flagged_skipped_and_warned(capsys):

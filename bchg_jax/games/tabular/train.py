@@ -55,7 +55,7 @@ from bchg_jax.core.follower_model import FollowerSettings
 from bchg_jax.core.loop import Trainer, check_setup
 from bchg_jax.core.networks import MLP
 from bchg_jax.core.rounding import within_tolerance
-from bchg_jax.core.validate import warn_float32_long_horizon
+from bchg_jax.core.validate import logits_rounded, warn_float32_long_horizon
 from bchg_jax.games.actor_critic import (
     Critic,
     Leader,
@@ -391,6 +391,7 @@ def make_train(
             "follower_sweeps": br.sweeps,
             "solve_capped": capped.astype(jnp.int32),  # at its sweep cap (the answer still used)
             "update_skipped": jnp.zeros((), jnp.int32),  # this trainer never drops one
+            "logits_rounded": logits_rounded(solved, beta),  # float32 and a small beta
             **gap,
             **problem_metrics(metrics_fn, f, br),
         }
