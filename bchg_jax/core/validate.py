@@ -263,11 +263,15 @@ FLOAT32_LOGIT_WARN = 1e-2
 def float32_logit_rounding(Q, beta) -> float:
     """``eps(float32) * max |Q| / beta``: the rounding of the logits Q / beta of a soft policy
     softmax(Q / beta) computed in float32 (0 for other dtypes or traced values)."""
-    Q = jax.lax.stop_gradient(Q)  # concrete under an eager grad
+    Q, beta = jax.lax.stop_gradient((Q, beta))  # concrete under an eager grad
     if not is_concrete(Q, beta) or jnp.asarray(Q).dtype != jnp.float32:
         return 0.0
-    scale = float(jnp.max(jnp.abs(Q)))
-    return float(np.finfo(np.float32).eps) * scale / float(jax.lax.stop_gradient(beta))
+    return float(_logit_rounding(Q, beta))
+
+
+def _logit_rounding(Q: Array, beta) -> Array:
+    """``eps(float32) * max |Q| / beta`` as an array (traced or not)."""
+    return jnp.finfo(jnp.float32).eps * jnp.max(jnp.abs(Q)) / beta
 
 
 def logits_rounded(Q: Array, beta) -> Array:
@@ -276,8 +280,7 @@ def logits_rounded(Q: Array, beta) -> Array:
     trainers' ``logits_rounded`` flag, :mod:`bchg_jax.core.health`); 0 for other dtypes."""
     if Q.dtype != jnp.float32:
         return jnp.zeros((), jnp.int32)
-    rounding = jnp.finfo(jnp.float32).eps * jnp.max(jnp.abs(Q)) / beta
-    return (rounding > FLOAT32_LOGIT_WARN).astype(jnp.int32)
+    return (_logit_rounding(Q, beta) > FLOAT32_LOGIT_WARN).astype(jnp.int32)
 
 
 def warn_float32_logit_rounding(where: str, Q, beta, stacklevel: int = 3) -> float:
