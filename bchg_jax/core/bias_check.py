@@ -131,6 +131,11 @@ def _eps(x) -> float:
     return float(jnp.finfo(dtype).eps)
 
 
+# the discount weight beyond a cut (or a cut's shift of the target) above which the checks and
+# the tabular trainer warn (:func:`discount_weight_beyond`)
+CUT_WEIGHT_WARN = 1e-3
+
+
 def discount_weight_beyond(gamma_L, gamma_F, horizon: int) -> float:
     """The discount weight of Theorem 1 (or 2) beyond a cut of the episodes at ``horizon``
     (derivation: :mod:`bchg_jax.tabular.check`).

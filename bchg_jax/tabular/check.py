@@ -84,6 +84,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bchg_jax.core.bias_check import (
+    CUT_WEIGHT_WARN,
     check_batches,
     check_best_response_config,
     compare,
@@ -101,10 +102,6 @@ from bchg_jax.tabular.train import METHOD_SPECS, TrainConfig, make_train
 
 Array = jax.Array
 CRITICS = ("exact", "monte_carlo")
-# warn when the sampled first episodes lose more discount weight than this to a cut, or when the
-# hypergradient truncated at the cut is further than this from the exact one (module docstring):
-# the estimator's target is then the truncated hypergradient, not the exact one
-CUT_WEIGHT_WARN = 1e-3
 # warn when the sampler's table differs from the model's by more than rounding (module docstring)
 MODEL_GAP_WARN = 1e-6
 

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core import hparams as hparams_lib
-from bchg_jax.core.bias_check import discount_weight_beyond
+from bchg_jax.core.bias_check import CUT_WEIGHT_WARN, discount_weight_beyond
 from bchg_jax.core.follower_model import FollowerSettings, agreement, lag_mix
 from bchg_jax.core.loop import Trainer, build_trainer, check_setup, sgd_ascent
 from bchg_jax.core.precision import full_precision
@@ -258,10 +258,6 @@ def resolve_solver(problem: TabularCMDP, solver: str = "auto", explain: bool = F
                 f"{probe.probes} probed thetas",
             )
     return out if explain else out[:2]
-
-
-# warn when episodes that can only end by the cut leave more discount weight beyond it
-CUT_WEIGHT_WARN = 1e-3
 
 
 def warn_cut_without_terminal(problem: TabularCMDP, method: str, config: "TrainConfig") -> None:

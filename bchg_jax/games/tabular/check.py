@@ -65,7 +65,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.core.bias_check import check_batches, compare, describe, discount_weight_beyond
+from bchg_jax.core.bias_check import (
+    CUT_WEIGHT_WARN,
+    check_batches,
+    compare,
+    describe,
+    discount_weight_beyond,
+)
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import (
     check_beta,
@@ -83,9 +89,6 @@ from bchg_jax.games.tabular.rollout import rollout
 Array = jax.Array
 GUIDES = ("benefit", "none")
 BASELINES = ("state", "none")
-# warn when the episodes' cut leaves more discount weight than this, or moves the estimates'
-# target by more than this (relative to the exact hypergradient; module docstring)
-CUT_WEIGHT_WARN = 1e-3
 
 
 def _flat(tree) -> Array:
