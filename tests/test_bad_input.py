@@ -222,6 +222,7 @@ def test_cli_unwritable_output(module, tmp_path, capsys):
     assert blocker.read_text() == "not a folder"
 
 
+@pytest.mark.slow
 def test_existing_results_are_never_lost(tmp_path, capsys, digest):
     """A finished run folder survives a rerun with bad arguments, a rerun with other settings,
     and a resume of the complete run, byte for byte."""

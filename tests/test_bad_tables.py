@@ -67,6 +67,7 @@ def test_tabular_trainer_warns_when_every_episode_ends_by_a_cut():
         tabular.make_train(fourrooms(), "bchg")
 
 
+@pytest.mark.slow
 def test_float32_logits_rounded_by_a_small_beta_warn():
     """Follower values ~5e3 at beta 1e-4 (two tied actions): float32 rounds the logits Q / beta
     by ~6 and the exact hypergradient was 24% off (the policy 0.99 / 0.5 for 0.71 in every

@@ -50,6 +50,7 @@ def _run_healthy(trainer, grid, capsys, iterations=3):
     return m
 
 
+@pytest.mark.slow
 def test_tabular_cap_is_flagged_and_warned(capsys):
     prob = problems.random_tabular_cmdp(jax.random.key(0), num_states=5, num_actions=3)
     grid = {"lr": [0.1], "sarsa_alpha": [0.5], "beta": [0.1]}

@@ -57,6 +57,7 @@ def test_sharded_grid_equals_unsharded_on_four_cpu_devices():
     assert "SHARDED_OK" in out.stdout
 
 
+@pytest.mark.slow
 def test_resumed_run_equals_uninterrupted_run(tmp_path):
     prob = random_tabular_cmdp(jax.random.key(1), num_states=5, num_actions=3, time_limit=20)
     tr = make_train(prob, "bchg", TrainConfig(num_envs=1, num_steps=20, iterations=30))
@@ -142,6 +143,7 @@ def test_grid_values_that_the_dtype_rounds_to_zero_or_inf_are_refused(x64):
         tr.train(jax.random.key(0), HParams(beta=1e-46))
 
 
+@pytest.mark.slow
 def test_progress_line_marks_every_compiling_chunk_and_never_picks_a_nan_point(capsys):
     """The last, shorter chunk compiles again (a new static length): its rate said nothing of
     it. A diverged (NaN) grid point was reported as the best (np.argmax returns the first NaN),

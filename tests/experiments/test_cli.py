@@ -69,6 +69,7 @@ def test_atomic_writes_leave_no_temporary_files(tmp_path):
     assert (os.stat(tmp_path / "a.json").st_mode & 0o044) == 0o044  # readable by others
 
 
+@pytest.mark.slow
 def test_stopped_run_resumes_without_losing_or_repeating_work(tmp_path, monkeypatch):
     import bchg_jax.core.io as bio
 
@@ -144,6 +145,7 @@ def test_plot_cli_draws_panels_and_table(tmp_path, capsys):
     assert plot.final_table([run]) == plot.final_table([str(tmp_path / "compact")])
 
 
+@pytest.mark.slow
 def test_methods_can_be_added_to_a_run_folder_but_settings_cannot_change(tmp_path, capsys):
     run = str(tmp_path / "r")
     cli.main(["--smoke", "--method", "naive", "--out", run, "--exact-out"])

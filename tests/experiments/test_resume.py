@@ -226,6 +226,7 @@ def test_ctrl_c_exits_130_with_a_resumable_checkpoint(tmp_path):
     assert int(np.asarray(state.step).reshape(-1)[0]) == step
 
 
+@pytest.mark.slow
 def test_a_run_saved_before_the_solver_flag_resumes_with_the_dense_solvers(tmp_path):
     """Runs saved without ``solver`` in their config were made with the dense solvers; --resume
     keeps them there (LEGACY_SETTINGS): the extended run equals a fresh dense run bit for bit."""

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from bchg_jax.core.buffers import buffer_init
 from bchg_jax.core.io import load_state, save_state
@@ -117,6 +118,7 @@ def test_checkpoints_of_the_old_state_types_load_into_the_shared_state(tmp_path)
     assert got.replay is None and int(got.step) == 2
 
 
+@pytest.mark.slow
 def test_problem_metrics_come_from_the_caller():
     """The trainers add a problem's metrics only when ``metrics_fn`` is given (the CLIs pass
     ``toy_game_metrics`` / ``gain_metrics``); without it they report none of them."""

@@ -97,6 +97,7 @@ def test_infinite_horizon_objective_and_critic_are_nan_when_diverging(x64):
     assert np.isnan(float(exact_lq.leader_objective(q, jnp.zeros(1), 0.1, None, tol=1e-13)))
 
 
+@pytest.mark.slow
 def test_exact_critic_flags_a_diverging_theta(x64):
     """The trainer (stable at theta0 = 1) with the exact critic at theta = 0: no finite
     estimate, so the step is flagged and skipped."""
@@ -146,6 +147,7 @@ def _lazy_follower():
     ).validate()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["bchg", "exact"])
 def test_updates_past_the_edge_of_stability_are_dropped_and_flagged(method):
     """validate() checks theta0 only; a run can step past the edge. There J_L and every critic

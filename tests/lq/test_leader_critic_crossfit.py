@@ -70,6 +70,7 @@ def test_leave_one_out_lstd_vector_rewards(x64):
         np.testing.assert_allclose(W[e], np.asarray(ref), rtol=1e-8, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_trainer_leader_critic_uses_the_other_episodes(x64, random_lq):
     """The trainer's leader_critic step with critic='quadratic_loo': episode e's Q_L, V_L and
     control variate from fit_quadratic_q on the other episodes; E = 1 is refused at make_train."""

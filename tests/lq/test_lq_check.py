@@ -15,6 +15,7 @@ from bchg_jax.lq.train import TrainConfig
 THETA = [jnp.array([0.3, -0.2])]
 
 
+@pytest.mark.slow
 def test_unbiased_bchg_passes_and_naive_pgd_is_flagged(random_lq, capsys):
     """1000 batches of 4 episodes (float32): BC-HG with the default cross-fitted critic and with
     the exact critic within 4 SE; Naive-PGD (no guiding term) ~7% off, > 8 SE."""
@@ -31,6 +32,7 @@ def test_unbiased_bchg_passes_and_naive_pgd_is_flagged(random_lq, capsys):
     assert "[naive, critic=quadratic_loo," in out
 
 
+@pytest.mark.slow
 def test_zero_discounts_estimate_without_nan(random_lq):
     """gamma_L = 0 or gamma_F = 0 (legal discounts): the score terms' control variate
     E[V(s') | s, b] = (Q - r) / gamma was 0 / 0, so every estimate was NaN and every update

@@ -46,6 +46,7 @@ def _follower_terms(E, redraw=False):
     return np.asarray(kw["dVF"])
 
 
+@pytest.mark.slow
 def test_trainer_baseline_ignores_its_own_episode(x64):
     """Episode 0's baseline at s_0 depends on s_0 and on the other episodes, not on the rest of
     episode 0 (its actions and what they lead to): an in-sample fit fails this."""

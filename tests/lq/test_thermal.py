@@ -33,6 +33,7 @@ def test_thermal_dynamics_and_start_value(x64):
     assert -265 < J < -255  # spec: start about -259
 
 
+@pytest.mark.slow
 def test_exact_objective_matches_monte_carlo(x64):
     p = thermal(jnp.float64)
     w = jnp.asarray(W_TEST)

@@ -43,6 +43,7 @@ def test_check_problem_passes_the_unbiased_forms_and_flags_the_ratio_forms(x64, 
     assert capsys.readouterr().out == ""
 
 
+@pytest.mark.slow
 def test_check_problem_any_method_and_critic(x64):
     prob = _problem()
     (row,) = tabular.check_problem(
@@ -58,6 +59,7 @@ def test_check_problem_any_method_and_critic(x64):
     assert np.all(np.isfinite(row["mean"])) and -1.0 <= row["cosine"] <= 1.0
 
 
+@pytest.mark.slow
 def test_check_problem_warns_when_the_sampler_is_another_mdp(x64):
     """A problem with its own sampler table is sampled from another MDP than the exact
     hypergradient's: ``model_gap`` is the largest entry difference and a warning says so;
@@ -120,6 +122,7 @@ def test_check_problem_reports_episodes_cut_by_the_time_limit(x64):
     assert row["truncated"] < 0.1 and row["cut_weight"] < 1e-3
 
 
+@pytest.mark.slow
 def test_check_problem_samples_from_the_whole_table_where_the_support_moved(teleport_chain):
     """The chain teleports only when theta[0] > 100, which no probe sees: ``auto`` takes the
     sparse form. At theta[0] = 102 the successor table has lost half of each 'right' row, and
@@ -201,6 +204,7 @@ def _chain(num_states=6, time_limit=10):
     ).validate()
 
 
+@pytest.mark.slow
 def test_check_problem_reports_the_bias_of_a_cut_at_least_as_measured(x64):
     """Every first episode cut at H = 10 on :func:`_chain`: the first-episode forms' mean is the
     truncated hypergradient (within its SE) and ``cut_bias``, its exact gap to the exact
@@ -236,6 +240,7 @@ def test_check_problem_reports_the_bias_of_a_cut_at_least_as_measured(x64):
     )
 
 
+@pytest.mark.slow
 def test_truncated_hypergradient_tends_to_the_exact_one_with_terminal_states(x64):
     """Episodes ended by a terminal state (~6 steps): cut at 2000 the truncated hypergradient is
     the exact one (Theorem 1 is an identity; no transition out of a terminal state), cut at 5

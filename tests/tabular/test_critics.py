@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from bchg_jax.problems import random_tabular_cmdp
 from bchg_jax.tabular import benefit, exact, rollout, sarsa_update, state_value
@@ -38,6 +39,7 @@ def test_benefit_has_zero_policy_mean():
     np.testing.assert_allclose(state_value(Q, g) + benefit(Q, g)[:, 0], Q[:, 0], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_sarsa_converges_to_exact_leader_q():
     prob = random_tabular_cmdp(jax.random.key(1), num_states=4, num_actions=2, gamma_L=0.7)
     th = prob.theta0
@@ -56,6 +58,7 @@ def test_sarsa_converges_to_exact_leader_q():
     np.testing.assert_allclose(Q, Q_exact, atol=0.1)
 
 
+@pytest.mark.slow
 def test_monte_carlo_critic_matches_exact_values():
     from bchg_jax.tabular import monte_carlo_critic
 

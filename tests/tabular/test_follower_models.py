@@ -218,6 +218,7 @@ GOLDEN = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(GOLDEN))
 def test_best_response_follower_reproduces_the_trainer_before_follower_models(method):
     """K = infinity (the default best response) is today's trainer: the same J and gradient

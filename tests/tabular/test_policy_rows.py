@@ -9,6 +9,7 @@ probability ~0.
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from bchg_jax.problems import fourrooms
 from bchg_jax.tabular import TrainConfig, exact, make_train, rollout, soft_value_iteration
@@ -65,6 +66,7 @@ def test_sampler_never_draws_outside_a_row_that_sums_below_one():
         np.testing.assert_allclose(np.mean(starts == 0), 0.6 / 0.99, atol=0.02)
 
 
+@pytest.mark.slow
 def test_float32_trainer_estimate_agrees_with_float64_on_the_same_batches(x64):
     """The BC-HG estimate of the float32 trainer (``steps["follower"]`` then
     ``steps["estimate"]``, V_L = sum_b g Q_L as with the SARSA critic) on a batch vs the float64

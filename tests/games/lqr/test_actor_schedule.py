@@ -4,6 +4,7 @@ iteration after the critic-only warm-up (``ActorConfig.lr_schedule``, ``train.ac
 import jax
 import numpy as np
 import optax
+import pytest
 
 from bchg_jax.games import lqr
 from bchg_jax.games.lqr.config import ActorConfig, ExplorationConfig
@@ -23,6 +24,7 @@ def _train(iterations, actor_steps, warmup_steps):
     return game, config, state, m
 
 
+@pytest.mark.slow
 def test_cosine_schedule_keeps_the_leader_moving_to_the_last_iteration():
     """5 actor steps per iteration: theta moves in every iteration, by less and less, and the
     Adam count at the end is the run's 100 updates (before: the decay spanned 20 steps, so

@@ -91,6 +91,7 @@ def _trained_at(theta, iterations, method="bchg_det", seed=0, **kw):
     return game, tr, state, resp
 
 
+@pytest.mark.slow
 def test_exploration_data_feed_the_critic_ring():
     """Every iteration adds the 2 target-policy episodes and 2 behaviour episodes
     ``a = K s + 0.5 eps``; the follower responds to the action it observes."""

@@ -187,6 +187,7 @@ def _train(method, iterations, **kw):
     return jax.jit(trainer.train)(jax.random.PRNGKey(3), hp)
 
 
+@pytest.mark.slow
 def test_exact_method_climbs():
     """Adam on the exact hypergradient leaves the flat start (J ~ 0.015; at most 0.05 for any
     theta0 ~ N(0, I) in practice) and climbs above 1 within 60 iterations."""

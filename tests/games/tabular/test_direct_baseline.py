@@ -5,6 +5,7 @@ with the sampled b, which depends on a) adds E[grad log f(a|s) sum_a' f(a'|s) Q(
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from bchg_jax.core.buffers import EpisodeBuffer
 from bchg_jax.games import tabular as tgame
@@ -31,6 +32,7 @@ def _expected_direct_term(game, theta, g, Q, w, baseline):
     return jnp.einsum("n,nij->ij", weight, per), f
 
 
+@pytest.mark.slow
 def test_state_baseline_is_unbiased_and_the_reference_one_is_not(x64):
     game = random_tabular_game()
     rng = np.random.default_rng(3)

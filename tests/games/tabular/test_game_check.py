@@ -119,6 +119,7 @@ def test_truncated_hypergradient_without_a_cut_is_the_exact_one(x64):
         truncated_hypergradient(game, policy_fn, theta, BETA, CUT, guide="hpgd")
 
 
+@pytest.mark.slow
 def test_check_problem_estimates_the_truncated_hypergradient(x64):
     """Episodes of 6 steps, paper backup: the mean of 3000 batches is within 4 SE of
     truncated_target (measured 1.6 SE) and far off the exact hypergradient (50 SE; relative

@@ -7,6 +7,7 @@ projection over minibatches is 1 within sampling error; it was 1/Z (0.2 here) be
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from bchg_jax.core.buffers import buffer_add, buffer_init
 from bchg_jax.games import tabular as tgame
@@ -15,6 +16,7 @@ from bchg_jax.games.tabular.rollout import rollout
 from bchg_jax.problems import random_tabular_game
 
 
+@pytest.mark.slow
 def test_tracked_projection_of_an_unbiased_estimate_is_one(x64):
     game = random_tabular_game()  # gamma 0.8, 60-step episodes: Z = 5.0
     T, E, beta = int(game.time_limit), 4000, 0.5
