@@ -364,11 +364,15 @@ def follower_model(a):
 
 def parse_methods(spec: str, all_methods: Sequence[str], valid: Sequence[str]):
     """``--method`` value -> list of names: 'all', one name or a comma-separated list (a name
-    given twice counts once)."""
-    names = (
-        list(all_methods) if spec == "all" else [m.strip() for m in spec.split(",") if m.strip()]
-    )
+    given twice counts once; an empty one, as in ``bchg,,naive``, is refused: a name may have
+    been lost)."""
+    names = list(all_methods) if spec == "all" else [m.strip() for m in spec.split(",")]
     names = list(dict.fromkeys(names))
+    if "" in names:
+        raise ValueError(
+            f"--method {spec!r} has an empty name between its commas; give 'all' or names "
+            f"from {tuple(valid)} separated by single commas"
+        )
     if not names or any(m not in valid for m in names):
         raise ValueError(f"--method must be 'all' or names from {tuple(valid)}, got {spec!r}")
     return names

@@ -438,6 +438,11 @@ def test_a_method_named_twice_is_trained_and_listed_once():
     from experiments.cli import parse_methods
 
     assert parse_methods("bchg,naive,bchg", cli.ALL_METHODS, cli.ALL_METHODS) == ["bchg", "naive"]
+    assert parse_methods(" bchg, naive", cli.ALL_METHODS, cli.ALL_METHODS) == ["bchg", "naive"]
+    # an empty name was dropped: 'bchg,,naive' may have lost a method between its commas
+    for spec in ("bchg,,", "bchg,,naive", ",bchg", ""):
+        with pytest.raises(ValueError, match="empty name"):
+            parse_methods(spec, cli.ALL_METHODS, cli.ALL_METHODS)
 
 
 @pytest.mark.parametrize(
