@@ -442,10 +442,13 @@ def resume_args(a, experiment: str):
         f"--{k.replace('_', '-')} {saved.get(k)!r} there, {jsonable(getattr(a, k))!r} given"
         for k in sorted(a._explicit)
         if k not in NOT_SETTINGS
-        and k != "iterations"
+        and k not in ("iterations", "method")
         and k in saved
         and jsonable(getattr(a, k)) != saved[k]
     ]
+    # another spelling of the saved methods ('all' for the list of all of them) is the same
+    # setting: run_experiment compares the two as the experiment reads them (same_methods)
+    method_given = getattr(a, "method", None) if "method" in a._explicit else None
     if changed:
         fail(
             f"{a.resume} holds a run with other settings ({'; '.join(changed)}); --resume "
@@ -468,4 +471,26 @@ def resume_args(a, experiment: str):
     a.resume, a.out, a.exact_out, a.config = run_dir, run_dir, True, None
     a.iterations, a._explicit = iterations, explicit
     a._saved_iterations = saved["iterations"]  # < a.iterations: the run is being extended
+    a._method_given = method_given if method_given != saved.get("method") else None
     return a
+
+
+def same_methods(a, validate, methods) -> None:
+    """After ``--resume DIR --method SPEC`` with SPEC spelled otherwise than the saved value:
+    exits 2 unless SPEC names the same methods under the run's saved settings (``validate``,
+    the experiment's, reads it: 'all' is the list of all of them, order and repeats do not
+    matter)."""
+    given = getattr(a, "_method_given", None)
+    if given is None:
+        return
+    try:
+        named = validate(argparse.Namespace(**{**vars(a), "method": given}))
+    except ValueError as err:
+        fail(str(err))
+    if set(named) != set(methods):
+        fail(
+            f"{a.resume} holds a run with other settings (--method {a.method!r} there, "
+            f"{given!r} given); --resume continues a run with its saved settings (only "
+            "--iterations may grow and --chunk, --shard, --distributed change); to add methods, "
+            f"run them with the run's settings and --out {a.resume} --exact-out"
+        )

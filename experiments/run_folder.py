@@ -33,6 +33,7 @@ from experiments.cli import (
     jsonable,
     read_run_config,
     resume_args,
+    same_methods,
     saved_args,
     with_legacy,
 )
@@ -65,6 +66,7 @@ def run_experiment(
         methods = validate(a)
     except ValueError as err:
         fail(flag_names(str(err), a, config_flags))
+    same_methods(a, validate, methods)
     run_dir = prepare_run_dir(a, experiment, methods, setting_keys, argv)
     try:
         summaries = [run_method(m, a, run_dir) for m in methods]

@@ -75,13 +75,37 @@ def test_resume_refuses_a_method_folder_and_changed_settings(finished_run, capsy
     toy = importlib.import_module("experiments.toy_game")
     err = _error(toy.main, ["--resume", finished_run], capsys)
     assert "holds a fourrooms run" in err and "experiments.fourrooms --resume" in err
+    # another set of methods is a change; another spelling of the same set is not (below)
+    err = _error(fourrooms.main, ["--resume", finished_run, "--method", "naive,sobirl"], capsys)
+    assert "--method 'naive' there, 'naive,sobirl' given" in err and "--exact-out" in err
+    err = _error(fourrooms.main, ["--resume", finished_run, "--method", "all"], capsys)
+    assert "--method 'naive' there, 'all' given" in err
+    err = _error(fourrooms.main, ["--resume", finished_run, "--method", "naive,,"], capsys)
+    assert "empty name" in err
     # the same value as saved is not a change; a complete run is skipped
-    fourrooms.main(["--resume", finished_run, "--beta", "0.001"])
+    fourrooms.main(["--resume", finished_run, "--beta", "0.001", "--method", " naive,naive"])
     assert "; skipped" in capsys.readouterr().out
     after = digest(finished_run)
     assert {k: v for k, v in after.items() if k != "config.json"} == {
         k: v for k, v in before.items() if k != "config.json"
     }
+
+
+def test_resume_reads_all_as_the_saved_list_of_every_method():
+    """``--resume DIR --method all`` on a run saved with every method spelled out was refused
+    as another setting: 'all' names the same methods."""
+    from argparse import Namespace
+
+    from experiments.cli import same_methods
+
+    def validate(a):
+        return list(fourrooms.ALL_METHODS) if a.method == "all" else a.method.split(",")
+
+    spelled = ",".join(fourrooms.ALL_METHODS)
+    a = Namespace(resume="run", method=spelled, _method_given="all")
+    same_methods(a, validate, validate(a))  # no exit
+    with pytest.raises(SystemExit):
+        same_methods(a, validate, ["naive"])
 
 
 def test_resume_extends_a_finished_run_bit_for_bit(finished_run, tmp_path, capsys):
