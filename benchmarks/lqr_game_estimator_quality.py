@@ -5,8 +5,9 @@
 On the paper's instance (U = 1e-3, beta = 0.1, gamma_L = 0.99, gamma_F = 0.95) at a few leader
 gains, every estimator is computed with *exact* critics (``exact_critic_estimate``: exact
 Q_L^(h), exact follower quantities, Benefit from 16 follower samples) on batches of ``E``
-episodes (default 4: one training iteration's data) of 100 leader steps (+100 steps for the
-follower's influence sums). Reported per estimator: the exact hypergradient's norm, the bias
+episodes (default 4: one training iteration's data) of 100 leader steps, plus the steps the
+follower's influence sums need to lose at most 1e-3 of their discount weight (135 at gamma_F =
+0.95: ``influence_steps``). Reported per estimator: the exact hypergradient's norm, the bias
 |mean - exact| / |exact| (with the standard error of that mean), the per-batch standard
 deviation / |exact| and the mean cosine between a batch's estimate and the exact gradient.
 The learned critic of the training runs can only make these numbers worse.
@@ -23,7 +24,11 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-from bchg_jax.games.lqr.exact import exact_critic_estimate, exact_hypergradient  # noqa: E402
+from bchg_jax.games.lqr.exact import (  # noqa: E402
+    exact_critic_estimate,
+    exact_hypergradient,
+    influence_steps,
+)
 from bchg_jax.problems.lqr_game import lqr_game  # noqa: E402
 
 VARIANTS = {  # name: (stochastic, guide, direct_baseline, influence)
@@ -50,7 +55,8 @@ def main(argv=None):
     game, beta = lqr_game(), 0.1
     print(
         f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "
-        f"{a.batches} batches x {a.episodes} episodes, exact critics"
+        f"{a.batches} batches x {a.episodes} episodes of 100 + {influence_steps(game)} steps, "
+        "exact critics"
     )
     print("| K | estimator | exact norm | bias / norm | SE of bias | std / norm | mean cosine |")
     print("|---|---|---|---|---|---|---|")
@@ -65,7 +71,7 @@ def main(argv=None):
                 key,
                 episodes=a.episodes,
                 leader_steps=100,
-                extra_steps=100,
+                extra_steps=influence_steps(game),
                 stochastic=stoch,
                 guide=guide,
                 direct_baseline=base,

@@ -7,6 +7,7 @@ program is traced.
 
 import importlib
 import os
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -1072,9 +1073,17 @@ def test_game_whole_episode_estimate_and_references_refuse_what_is_not_a_policy(
 
 def test_lqr_exact_critic_estimate_warns_when_influence_sums_are_cut():
     game = lqr_game()  # gamma_F 0.95: 0.95^1 = 0.95 of the weight is cut
-    with pytest.warns(UserWarning, match="cuts the follower's influence sums"):
+    with pytest.warns(UserWarning, match="cuts the follower's influence sums.*>= 135"):
         game_lqr.exact_critic_estimate(
             game, TH_LQR, 0.1, jax.random.key(0), episodes=2, leader_steps=3, extra_steps=1
+        )
+    # influence_steps: the fewest extra steps that stay quiet (0.95^135 = 9.8e-4 <= 1e-3)
+    k = game_lqr.influence_steps(game)
+    assert k == 135 and 0.95**k <= 1e-3 < 0.95 ** (k - 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        game_lqr.exact_critic_estimate(
+            game, TH_LQR, 0.1, jax.random.key(0), episodes=2, leader_steps=3, extra_steps=k
         )
 
 

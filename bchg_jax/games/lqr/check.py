@@ -22,7 +22,6 @@ The numbers (``bias_se``, ``rel_error``, ``rel_se``, ``cosine``) are those of
 
 from __future__ import annotations
 
-import math
 from typing import List, Optional, Sequence
 
 import jax
@@ -32,9 +31,9 @@ import numpy as np
 from bchg_jax.core.bias_check import check_batches, compare, describe
 from bchg_jax.core.validate import check_count
 from bchg_jax.games.lqr.exact import (
-    INFLUENCE_CUT_WARN,
     exact_critic_estimate,
     exact_hypergradient,
+    influence_steps,
 )
 from bchg_jax.games.lqr.game import LQRGame
 
@@ -86,8 +85,7 @@ def check_problem(
     leader_steps = game.horizon if leader_steps is None else leader_steps
     check_count("leader_steps", leader_steps)
     if extra_steps is None:
-        gF = float(game.gamma_F)
-        extra_steps = 0 if gF == 0 else math.ceil(math.log(INFLUENCE_CUT_WARN) / math.log(gF))
+        extra_steps = influence_steps(game)
     batches = check_batches(batches)
     key = jax.random.key(0) if key is None else key
     options = dict(

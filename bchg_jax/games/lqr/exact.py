@@ -19,6 +19,7 @@ conditional mean from a state ``x`` is ``F^t x`` and the covariance does not dep
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import jax
@@ -53,6 +54,15 @@ from bchg_jax.games.lqr.rollout import rollout
 # exact_critic_estimate warns when the follower's influence sums lose more discount weight than
 # this to the end of the episodes (gamma_F ** extra_steps): they stand for infinite sums
 INFLUENCE_CUT_WARN = 1e-3
+
+
+def influence_steps(game: LQRGame) -> int:
+    """The fewest extra steps k whose cut leaves at most :data:`INFLUENCE_CUT_WARN` of the
+    follower's influence sums' discount weight (``gamma_F ** k``): what
+    :func:`exact_critic_estimate` needs to stay quiet, and ``check_problem``'s default."""
+    gF = float(game.gamma_F)
+    return 0 if gF == 0 else math.ceil(math.log(INFLUENCE_CUT_WARN) / math.log(gF))
+
 
 Array = jax.Array
 
@@ -373,8 +383,8 @@ def exact_critic_estimate(
             f"lqr.exact_critic_estimate: extra_steps={extra_steps} cuts the follower's "
             f"influence sums (infinite in Theorem 2) at a discount weight gamma_F^{extra_steps} "
             f"= {cut:.3g} for the last leader step: the estimate is biased by about that share "
-            f"of the follower-response term; take extra_steps >= log({INFLUENCE_CUT_WARN:g}) / "
-            "log(gamma_F)",
+            f"of the follower-response term; take extra_steps >= {influence_steps(game)} "
+            f"(log({INFLUENCE_CUT_WARN:g}) / log(gamma_F): games.lqr.exact.influence_steps)",
             stacklevel=2,
         )
     gL = game.gamma_L if gamma is None else gamma
