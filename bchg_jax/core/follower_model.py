@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import check_config
 
 Array = jax.Array
@@ -149,6 +150,7 @@ def soft_q_learning(Q: Array, index, reward, next_value, cont, lr, gamma) -> Arr
     return Q
 
 
+@full_precision
 def agreement(estimate, reference, name: str) -> dict:
     """``cos_<name>``: the cosine of ``estimate`` and ``reference`` (pytrees of one structure);
     ``proj_<name>``: ``<estimate, reference> / |reference|^2`` (1 for an estimate whose mean

@@ -16,13 +16,22 @@ transposes derived from them) carries ``Precision.HIGHEST`` in the jaxpr, whatev
 ``jax_default_matmul_precision``. Why a scope rather than ``precision=`` on each operation: it
 also covers products the library does not write itself (inside ``jnp.linalg``, inside the
 user's ``transition(theta)``), and a new solver needs one decorator instead of an argument on
-every product. Why not a global setting: neural critics and actors keep the user's choice
+every product.
+The scope covers what is traced while the decorated function runs, and no more: a function that
+a custom rule traces *later* must carry the decorator itself. A ``custom_vmap`` rule
+(:func:`~bchg_jax.core.run_last.run_last`, the sparse solvers) runs when ``vmap`` reaches the
+primitive, which for a solver inside a ``scan`` or ``while_loop`` body is after the body was
+traced, outside the caller's scope: the sparse solvers' bodies are decorated for that reason
+(they were not, and under TF32 the Four-Rooms follower hit its cap in most iterations). Why not
+a global setting: neural critics and actors keep the user's choice
 (TF32 is what makes them fast on a GPU, and SGD does not need 1e-7 products).
 
 :func:`low_precision_dots` walks a jaxpr (and every sub-jaxpr: loops, conditionals, custom
 rules, linear solves) and lists the ``dot_general`` operations that are not at full precision;
-the tests use it on every solver and exact reference, since a CPU run cannot show the
-difference numerically. Users can run it on their own functions too::
+the tests use it on every solver and exact reference, and on the whole vmapped trainers as the
+command lines compose them. A CPU run shows the difference numerically only under
+:func:`~bchg_jax.core.reduced_precision.emulate_reduced_precision`. Users can run it on their
+own functions too::
 
     from bchg_jax.core.precision import low_precision_dots
     assert not low_precision_dots(my_solver, *args)
@@ -58,11 +67,29 @@ def full_precision(fn: Callable) -> Callable:
     return wrapped
 
 
-def _is_full(precision: Any) -> bool:
+def full_precision_fields(obj, names) -> None:
+    """Replaces each callable attribute ``names`` of the (frozen) dataclass ``obj`` by its
+    :func:`full_precision` version, once (a field already wrapped is kept). A problem's table
+    functions (``transition(theta)``, ``A_fn(theta)``, ...) are called by solvers, samplers and
+    estimators alike, inside and outside any solver's scope; a user's table built with a product
+    (``P0 + theta @ D``, ``softmax(W @ theta)``) would otherwise be rounded to TF32 on a GPU
+    where the sampler or an estimator calls it, and the rows of a linear one would no longer sum
+    to 1 (a row sum off by d moves the values by about gamma d / (1 - gamma)). Called by the
+    problem classes' ``__post_init__``; ``None`` and non-callable values are left for their
+    ``validate`` to judge."""
+    for name in names:
+        fn = getattr(obj, name)
+        if callable(fn) and not getattr(fn, "full_precision", False):
+            object.__setattr__(obj, name, full_precision(fn))
+
+
+def is_highest(precision: Any) -> bool:
+    """True when a ``dot_general``'s ``precision`` parameter (one value or a pair) is
+    ``Precision.HIGHEST`` for both operands (``None``, the backend's default, is not)."""
     if precision is None:
         return False
     if isinstance(precision, (tuple, list)):
-        return all(_is_full(p) for p in precision)
+        return all(is_highest(p) for p in precision)
     return precision == HIGHEST or str(precision).endswith("HIGHEST")
 
 
@@ -125,4 +152,4 @@ def low_precision_dots(fn: Callable, *args, **kwargs) -> List[Any]:
     """
     with jax.default_matmul_precision(None):
         jaxpr = jax.make_jaxpr(functools.partial(fn, **kwargs))(*args)
-    return [p for p in jaxpr_dot_precisions(jaxpr) if not _is_full(p)]
+    return [p for p in jaxpr_dot_precisions(jaxpr) if not is_highest(p)]

@@ -12,6 +12,11 @@ where that argument carries a trailing run axis of a common size R (absent in an
 False where it is shared by all runs. It must return a tuple of arrays that all end in the run
 axis (size R, or 1 when no argument has one). Forward-only: a :func:`run_last` function has no
 derivative rule (the training loops use it for solves they do not differentiate).
+
+``impl`` is traced when ``vmap`` reaches the call, which inside a ``scan`` or ``while_loop``
+body is after the body was traced: a matmul precision scope around the caller does not reach
+it, so an ``impl`` that needs full precision carries
+:func:`~bchg_jax.core.precision.full_precision` itself.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import numpy as np
 
 from bchg_jax.core.maxent_lqr import GaussianBestResponse, is_stabilizable
 from bchg_jax.core.maxent_lqr import quad_form as _quad
-from bchg_jax.core.precision import full_precision
+from bchg_jax.core.precision import full_precision, full_precision_fields
 from bchg_jax.core.validate import (
     check_costs,
     check_discounts,
@@ -102,11 +102,15 @@ class LQConfigurableMDP:
     # optional: theta -> {name: (Ms, Mb, c)}, reward terms reported per iteration as metrics
     components: Optional[Callable[[Array], dict]] = None
 
+    def __post_init__(self):
+        full_precision_fields(self, ("A_fn", "B_fn", "leader_quadratic", "components"))
+
     # ---- sizes -----------------------------------------------------------------------------
     state_dim = shape_property("Qbar", 0, "n, the state dimension")
     action_dim = shape_property("Rbar", 0, "m, the follower's action dimension")
 
     # ---- the generic continuous configurable-MDP interface ----------------------------------
+    @full_precision
     def sample_init(self, key: Array, theta: Array, num: int) -> Array:
         """Initial states s_0 ~ N(0, init_cov) (rho_0 does not depend on theta).
 
@@ -133,6 +137,7 @@ class LQConfigurableMDP:
         """
         return s @ self.A_fn(theta).T + b @ self.B_fn(theta).T
 
+    @full_precision
     def step(self, key: Array, theta: Array, s: Array, b: Array) -> Array:
         """Samples s' ~ p_theta(.|s, b) = N(A(theta) s + B(theta) b, U U^T).
 

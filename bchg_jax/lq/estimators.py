@@ -28,6 +28,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.precision import full_precision
 from bchg_jax.core.segments import forward_discounted_sum
 from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings
 from bchg_jax.lq.rollout import Trajectories
@@ -174,6 +175,7 @@ def per_step_follower_grad_pathwise(problem, theta: Array, traj: Trajectories, V
     return g(theta, s, b, noise)
 
 
+@full_precision
 def hypergradient(
     problem,
     theta: Array,

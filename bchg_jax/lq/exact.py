@@ -103,10 +103,17 @@ def discounted_lyapunov(F: Array, C: Array, gamma) -> Array:
     return jnp.where(is_discounted_stable(F, gamma), X, jnp.nan)
 
 
+@full_precision
+def closed_loop_matrix(problem: LQConfigurableMDP, theta: Array, K: Array) -> Array:
+    """F = A(theta) - B(theta) K: the closed loop of the follower's gain K [m, n] -> [n, n]
+    (at full precision: the trainers' stability flag reads it)."""
+    return problem.A_fn(theta) - problem.B_fn(theta) @ K
+
+
 def _closed_loop(problem: LQConfigurableMDP, theta: Array, br: GaussianBestResponse):
-    A, B = problem.A_fn(theta), problem.B_fn(theta)
+    B = problem.B_fn(theta)
     U = jnp.asarray(problem.U, theta.dtype)
-    F = A - B @ br.K
+    F = closed_loop_matrix(problem, theta, br.K)
     W = B @ br.cov @ B.T + U @ U.T
     return F, W
 

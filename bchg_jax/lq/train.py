@@ -518,7 +518,7 @@ def make_train(
         # infinite-horizon J_L, critics and follower values diverge, and the sampled estimates
         # are finite but meaningless (1e13 where 1e4 just inside, with no flag) while the exact
         # method's is NaN; either way the update is dropped and said (validate checks theta0)
-        closed = problem.A_fn(theta) - problem.B_fn(theta) @ played.K
+        closed = exact_lq.closed_loop_matrix(problem, theta, played.K)
         stable = exact_lq.is_discounted_stable(closed, max(problem.gamma_L, problem.gamma_F))
         ok = br.converged & stable & jnp.all(jnp.isfinite(grad))
         grad = jnp.where(ok, grad, 0.0)  # flagged, skipped: never a silent NaN update

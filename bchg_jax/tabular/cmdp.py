@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.core.precision import full_precision_fields
 from bchg_jax.core.validate import (
     check_dtype_available,
     check_not_wider,
@@ -67,6 +68,19 @@ class TabularCMDP:
     sample_transition: Optional[Callable[[Array], Array]] = None
     time_limit: Optional[int] = None
     name: str = "tabular_cmdp"
+
+    def __post_init__(self):
+        full_precision_fields(
+            self,
+            (
+                "transition",
+                "init_dist",
+                "follower_reward",
+                "leader_reward",
+                "leader_regularizer",
+                "sample_transition",
+            ),
+        )
 
     # --- derived static facts -------------------------------------------------------------
     @property

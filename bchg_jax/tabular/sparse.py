@@ -489,6 +489,7 @@ def _gauss_seidel_sweep(order, reward, step, V):
     return V
 
 
+@full_precision  # traced by run_last's batching rule, maybe long after the caller's scope
 def _soft_impl(order, tol, max_sweeps, linear_sweeps, has_run, probs, r, beta, gc, V0):
     """Modified soft policy iteration, run-last (module docstring), on fewer lanes as they
     converge (``compacting_while_loop``), the states in sweep order inside. Returns (V, Q,
@@ -577,6 +578,7 @@ def _soft_impl(order, tol, max_sweeps, linear_sweeps, has_run, probs, r, beta, g
     return V[order.inv], Q[order.inv], policy[order.inv], carry["n"], carry["res"]
 
 
+@full_precision  # likewise
 def _evaluation_impl(order, tol, max_sweeps, has_run, probs, r, policy, gc, V0):
     """Warm-started Gauss-Seidel expectation sweeps to tolerance, run-last, on fewer lanes as
     they converge, the states in sweep order inside. Returns (V, sweeps, residual)."""

@@ -10,13 +10,14 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from bchg_jax import games, lq, problems, tabular
-from bchg_jax.core import maxent_lqr
+from bchg_jax.core import maxent_lqr, sweep
 from bchg_jax.core.precision import (
-    _is_full,
     full_precision,
+    is_highest,
     jaxpr_dot_precisions,
     jaxpr_dots,
     low_precision_dots,
@@ -236,23 +237,111 @@ HIDDEN = 13  # a network width no solver, problem or batch of these tests has
 
 def _network_dots(trainer, grid):
     """(precisions of the products that touch a ``HIDDEN``-wide operand, the other products'):
-    the whole outer iteration of ``trainer`` is traced (``run``), sub-jaxprs included."""
-    hp = jax.tree.map(lambda x: x[0], trainer.hparams(grid))
-    state = trainer.init(jax.random.key(0), hp)
+    the program the command lines compile (``core.sweep.grid_functions``: the outer iterations
+    vmapped over grid points and seeds) is traced, sub-jaxprs included. Tracing it vmapped
+    matters: a ``custom_vmap`` rule inside a loop body is traced only then."""
+    init, run = sweep.grid_functions(trainer)
+    hp = trainer.hparams(grid)
+    state = init(sweep.seed_keys(2), hp)
     net, other = [], []
-    for eqn in jaxpr_dots(jax.make_jaxpr(lambda s: trainer.run(s, hp, 2))(state)):
+    with jax.default_matmul_precision(None):
+        jaxpr = jax.make_jaxpr(run, static_argnums=2)(state, hp, 2)
+    for eqn in jaxpr_dots(jaxpr):
         wide = any(HIDDEN in v.aval.shape for v in eqn.invars)
         (net if wide else other).append(eqn.params.get("precision"))
     return net, other
 
 
-@pytest.mark.parametrize("family", ["thermal_faithful", "toy_game", "lqr_game"])
+def _teleport(dtype=jnp.float32):
+    """A 4-state chain whose support moves with theta (the sparse trainer's dense fallback)."""
+    base = np.zeros((4, 2, 4), np.float32)
+    base[np.arange(4), 0, np.maximum(np.arange(4) - 1, 0)] = 1.0
+    base[np.arange(4), 1, np.minimum(np.arange(4) + 1, 3)] = 1.0
+    tele = base.copy()
+    tele[:, 1] *= 0.5
+    tele[:, 1, 3] += 0.5
+    base, tele = jnp.asarray(base), jnp.asarray(tele)
+    return tabular.TabularCMDP(
+        transition=lambda th: jnp.where(th[0] > 1.0, tele, base),
+        init_dist=lambda th: jnp.zeros(4).at[0].set(1.0),
+        follower_reward=lambda th: jnp.zeros((4, 2)).at[:, 1].set(th[1]),
+        leader_reward=lambda th: jnp.zeros((4, 2)).at[3].set(1.0),
+        gamma_F=0.8,
+        gamma_L=0.8,
+        theta0=jnp.asarray([0.0, 0.5]),
+        time_limit=50,
+        name="teleport",
+    ).validate()
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "fourrooms_sparse",
+        "fourrooms_dense",
+        "fourrooms_exact",
+        "fourrooms_k_step",
+        "fourrooms_q_learning",
+        "moving_support_sparse",
+        "random_cmdp_dense",
+        "random_cmdp_sparse_hpgd_oracle",
+        "thermal",
+        "thermal_hpgd_mc",
+        "thermal_exact",
+        "thermal_k_step",
+    ],
+)
+def test_whole_vmapped_trainers_without_networks_are_at_full_precision(case):
+    """Every product of the grid program the command line compiles, not only of each solver
+    alone: the tabular and LQ families (quadratic critics) have no network, so no product may
+    be left to the accelerator's default. The sparse solvers inside the vmapped loop failed
+    this (their ``custom_vmap`` rule traced the sweeps outside the full-precision scope)."""
+    from bchg_jax.core.follower_model import FollowerModel as fm
+
+    if case.startswith("fourrooms"):
+        method = "exact" if case == "fourrooms_exact" else "bchg"
+        cfg = {
+            "fourrooms_dense": dict(solver="dense"),
+            "fourrooms_k_step": dict(follower=fm("k_step", steps=3), track_reference=True),
+            "fourrooms_q_learning": dict(follower=fm("q_learning", lr=0.1, explore=0.1)),
+        }.get(case, {})
+        trainer = tabular.make_train(problems.fourrooms(), method, tabular.TrainConfig(**cfg))
+        grid = {"lr": [0.1]}
+    elif case.startswith("random_cmdp"):
+        # tables built with products (softmax(W theta + b)): the trainer's sampler and estimators
+        # call them outside any solver, so the problem class wraps them (full_precision_fields)
+        solver, method = ("sparse", "hpgd_oracle") if "sparse" in case else ("dense", "bchg")
+        cm = problems.random_tabular_cmdp(jax.random.key(0), num_states=6, num_actions=3, dim=4)
+        trainer = tabular.make_train(cm, method, tabular.TrainConfig(solver=solver))
+        grid = {"lr": [0.1]}
+    elif case == "moving_support_sparse":
+        cfg = tabular.TrainConfig(solver="sparse", num_steps=50, num_envs=2)
+        trainer, grid = tabular.make_train(_teleport(), "bchg", cfg), {"lr": [0.1]}
+    else:
+        method = {"thermal_hpgd_mc": "hpgd_mc", "thermal_exact": "exact"}.get(case, "bchg")
+        cfg = lq.TrainConfig(
+            num_episodes=4,
+            follower=fm("k_step", steps=3) if case == "thermal_k_step" else fm(),
+            track_reference=case == "thermal_k_step",
+        )
+        trainer, grid = lq.make_train(problems.thermal(), method, cfg), {"lr": [0.1]}
+    net, other = _network_dots(trainer, grid)
+    assert not net and other
+    low = [p for p in other if not is_highest(p)]
+    assert not low, f"{len(low)} of {len(other)} products below full precision"
+
+
+@pytest.mark.parametrize(
+    "family", ["thermal_faithful", "toy_game", "toy_game_k_step", "lqr_game", "lqr_game_det"]
+)
 def test_neural_critics_and_actors_keep_the_users_precision_inside_the_trainer(family):
     """Inside a whole trainer (what the CLIs run), every product of a network (an operand
     ``HIDDEN`` wide: the MLP critics' fits, the actors' steps) keeps the default precision, while
-    the same program's solvers are at HIGHEST: a full-precision scope wrapped around a step
-    would make the networks several times slower on tensor cores (the faithful thermal critic
-    fit is ~1.8 TFLOP per iteration)."""
+    every other product of the same program (solvers, rollouts, linear policies, estimators'
+    sums, metrics) is at HIGHEST: a full-precision scope wrapped around a step would make the
+    networks several times slower on tensor cores (the faithful thermal critic fit is ~1.8
+    TFLOP per iteration), and a linear policy's K s at TF32 is rounded by more than the LQR
+    game's Gaussian leader noise (U = 1e-3)."""
     wide = (HIDDEN, HIDDEN)
     if family == "thermal_faithful":
         cfg = lq.TrainConfig(
@@ -266,8 +355,12 @@ def test_neural_critics_and_actors_keep_the_users_precision_inside_the_trainer(f
             num_episodes=2,
         )
         trainer, grid = lq.make_train(problems.thermal(), "bchg", cfg), {"lr": [0.1]}
-    elif family == "toy_game":
-        cfg = games.tabular.TrainConfig(hidden=wide)
+    elif family.startswith("toy_game"):
+        from bchg_jax.core.follower_model import FollowerModel
+
+        follower = FollowerModel("k_step", steps=2) if family == "toy_game_k_step" else None
+        extra = dict(follower=follower, track_reference=True) if follower else {}
+        cfg = games.tabular.TrainConfig(hidden=wide, **extra)
         trainer = games.tabular.make_train(problems.toy_game(), "bchg", cfg)
         grid = {"actor_steps": [1], "critic_steps": [2]}
     else:
@@ -275,11 +368,16 @@ def test_neural_critics_and_actors_keep_the_users_precision_inside_the_trainer(f
             critic=games.lqr.CriticConfig(hidden=wide),
             exploration=games.lqr.ExplorationConfig(warmup_steps=0),
         )
-        trainer = games.lqr.make_train(problems.lqr_game(), "bchg", cfg)
+        method = "bchg_det" if family == "lqr_game_det" else "bchg"
+        trainer = games.lqr.make_train(problems.lqr_game(), method, cfg)
         grid = {"actor_steps": [1]}
     net, other = _network_dots(trainer, grid)
-    assert net and all(p is None for p in net), f"network products not at the default: {net}"
-    assert any(_is_full(p) for p in other), "no full-precision solver in the program"
+    assert net and any(p is None for p in net), "no network product at the default"
+    # with track_reference the exact references evaluate the leader's network at HIGHEST too
+    if family != "toy_game_k_step":
+        assert all(p is None for p in net), f"network products not at the default: {net}"
+    low = [p for p in other if not is_highest(p)]
+    assert other and not low, f"{len(low)} of {len(other)} other products below full precision"
 
 
 def test_control_variate_ridge_fit():

@@ -29,11 +29,12 @@ from typing import Callable, NamedTuple, Tuple
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.precision import full_precision
 from bchg_jax.games.estimators import deterministic_objective, influence_weights, score_objective
 from bchg_jax.games.guide import control_variate, guide_surrogate
 from bchg_jax.games.lqr.config import EstimatorConfig
 from bchg_jax.games.lqr.follower import follower_q, follower_state_value, follower_value
-from bchg_jax.games.lqr.game import leader_gain, leader_log_prob
+from bchg_jax.games.lqr.game import leader_log_prob, leader_mean
 
 Array = jax.Array
 
@@ -66,10 +67,11 @@ def follower_mean_q(Q, resp, key, s, a, samples: int):
     )
 
 
+@full_precision
 def leader_sample(game, theta, key, s):
     """a ~ f_theta(.|s) = N(K s, U U^T) for ``s`` [..., n] -> [..., k]."""
     eps = jax.random.normal(key, s.shape[:-1] + (game.leader_dim,), s.dtype)
-    return s @ leader_gain(game, theta).T + eps @ jnp.asarray(game.U, s.dtype).T
+    return leader_mean(game, theta, s) + eps @ jnp.asarray(game.U, s.dtype).T
 
 
 def _alternative_actions(sample_leader, key, s, samples):
@@ -175,20 +177,23 @@ def deterministic_surrogate(est, game, theta, Q, resp, beta, key, e, t, buf, gui
     """Theorem 3 (appendix) on the minibatch (e, t) of ``buf``, deterministic leader a = K s
     (arguments as :func:`score_surrogate`; ``key`` draws the Benefit's follower actions)."""
     T = buf.a.shape[1]
-    K = leader_gain(game, theta)
     s, b = buf.s[e, t], buf.b[e, t]
-    a_pi = jax.lax.stop_gradient(s @ K.T)
+    a_pi = jax.lax.stop_gradient(leader_mean(game, theta, s))
     dQL = jax.grad(lambda aa: jnp.sum(Q(s, aa, b)))(a_pi)
     if not guide:
-        return deterministic_objective(s @ K.T, dQL, None, None, None, None, beta, "none")
+        return deterministic_objective(
+            leader_mean(game, theta, s), dQL, None, None, None, None, beta, "none"
+        )
     ben = est.benefit(Q, resp, key, s, a_pi, b, Q(s, a_pi, b))
     se, be = buf.s[e, :T], buf.b[e]
-    ae = jax.lax.stop_gradient(se @ K.T)
+    ae = jax.lax.stop_gradient(leader_mean(game, theta, se))
     dQF = jax.grad(lambda aa: jnp.sum(follower_q(game, resp, theta, se, aa, be)))(ae)
     W = influence_weights(t, T, game.gamma_F, theta.dtype)
-    J = deterministic_objective(s @ K.T, dQL, ben, se @ K.T, dQF, W, beta, "benefit")
+    J = deterministic_objective(
+        leader_mean(game, theta, s), dQL, ben, leader_mean(game, theta, se), dQF, W, beta, "benefit"
+    )
 
     def influence(th):
-        return jnp.sum(W * jnp.sum((se @ leader_gain(game, th).T) * dQF, -1), -1)
+        return jnp.sum(W * jnp.sum(leader_mean(game, th, se) * dQF, -1), -1)
 
     return _with_guide(J, est, influence, theta, ben, s, e, buf, beta)

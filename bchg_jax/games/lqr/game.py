@@ -30,6 +30,7 @@ import numpy as np
 
 from bchg_jax.core.maxent_lqr import is_stabilizable
 from bchg_jax.core.maxent_lqr import quad_form as _quad
+from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import check_costs, check_discounts, shape_property
 
 Array = jax.Array
@@ -195,6 +196,15 @@ def leader_gain(game: LQRGame, theta: Array) -> Array:
     return theta.reshape(theta.shape[:-1] + (game.leader_dim, game.state_dim))
 
 
+@full_precision
+def leader_mean(game: LQRGame, theta: Array, s: Array) -> Array:
+    """K s, the deterministic leader's action and the Gaussian leader's mean, for ``s`` [..., n]
+    -> [..., k] (full precision: the Gaussian leader's noise U = 1e-3 is below TF32's rounding
+    of K s)."""
+    return s @ leader_gain(game, theta).T
+
+
+@full_precision
 def leader_policy(game: LQRGame, theta: Array, s: Array) -> distrax.Distribution:
     """f_theta(.|s) = N(K_theta s, U U^T) for a batch of states ``s`` [..., n].
 
@@ -205,12 +215,12 @@ def leader_policy(game: LQRGame, theta: Array, s: Array) -> distrax.Distribution
     Returns:
       a ``distrax.MultivariateNormalTri`` with batch shape [...] and event shape [k].
     """
-    K = leader_gain(game, theta)
     U = jnp.asarray(game.U, s.dtype)
-    loc = s @ K.T
+    loc = leader_mean(game, theta, s)
     return distrax.MultivariateNormalTri(loc, jnp.broadcast_to(U, loc.shape[:-1] + U.shape))
 
 
+@full_precision
 def leader_log_prob(game: LQRGame, theta: Array, s: Array, a: Array) -> Array:
     """log f_theta(a|s) (differentiable in theta), the score term of Eq. (hg_MG).
 
@@ -225,6 +235,7 @@ def leader_log_prob(game: LQRGame, theta: Array, s: Array, a: Array) -> Array:
     return leader_policy(game, theta, s).log_prob(a)
 
 
+@full_precision
 def leader_reward(game: LQRGame, s: Array) -> Array:
     """r_L = exp(-1/2 (s - s*)^T Sigma (s - s*)) (depends on the pre-transition state only).
 
@@ -238,11 +249,13 @@ def leader_reward(game: LQRGame, s: Array) -> Array:
     return jnp.exp(-0.5 * _quad(jnp.asarray(game.Sigma, s.dtype), d))
 
 
+@full_precision
 def follower_reward(game: LQRGame, s: Array, b: Array) -> Array:
     """r_F(s, a, b) = -(s^T Qbar s + b^T Rbar b) for ``s`` [..., n], ``b`` [..., m] -> [...]."""
     return -(_quad(jnp.asarray(game.Qbar, s.dtype), s) + _quad(jnp.asarray(game.Rbar, s.dtype), b))
 
 
+@full_precision
 def transition(game: LQRGame, s: Array, a: Array, b: Array) -> Array:
     """s' = A s + B b + C a (Eq. (bilevel_lqr_mg_transition), deterministic).
 

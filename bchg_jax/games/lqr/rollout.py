@@ -8,6 +8,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import check_count, check_shape
 from bchg_jax.games.lqr.follower import GameResponse
 from bchg_jax.games.lqr.game import LQRGame, leader_gain, transition
@@ -29,6 +30,7 @@ class GameTrajectories(NamedTuple):
     b: Array  # [E, T, m]
 
 
+@full_precision
 def rollout(
     key: Array,
     game: LQRGame,

@@ -89,7 +89,7 @@ from bchg_jax.games.lqr.estimator import (
 )
 from bchg_jax.games.lqr.exact import leader_objective
 from bchg_jax.games.lqr.follower import best_response
-from bchg_jax.games.lqr.game import LQRGame, leader_gain, leader_reward
+from bchg_jax.games.lqr.game import LQRGame, leader_mean, leader_reward
 from bchg_jax.games.lqr.rollout import rollout
 
 Array = jax.Array
@@ -151,7 +151,7 @@ def td_loss(Q, game, samples: int, params, state, scale, resp, s, a, b, s2, key)
     [M] against ``r_L(s) + gamma_L E_b' Q_targ(s', K_targ s', b')``, b' the follower's mean
     action (``samples`` = 0) or the mean over ``samples`` draws b' ~ g(.|s', K_targ s')."""
     targ = Critic(state.critic_targ, scale)
-    a2 = s2 @ leader_gain(game, state.actor_targ).T
+    a2 = leader_mean(game, state.actor_targ, s2)
     if samples:
         nxt = follower_mean_q(lambda *x: Q(targ, *x), resp, key, s2, a2, samples)
     else:

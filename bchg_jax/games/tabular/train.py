@@ -54,6 +54,7 @@ from bchg_jax.core.buffers import buffer_init, index_dtype, sample_discounted, s
 from bchg_jax.core.follower_model import FollowerSettings
 from bchg_jax.core.loop import Trainer, check_setup
 from bchg_jax.core.networks import MLP
+from bchg_jax.core.precision import full_precision
 from bchg_jax.core.rounding import within_tolerance
 from bchg_jax.core.validate import logits_rounded, warn_float32_long_horizon
 from bchg_jax.games.actor_critic import (
@@ -217,6 +218,7 @@ def surrogate(logf, Q, g, V_F, beta, e, t, buf, gamma_F, direct_baseline: str, g
     return score_objective(logf[s, a], q - base, ben, logf[se, ae], adv_F[se, ae], W, beta, guide)
 
 
+@full_precision
 def alignment(name: str, estimate, reference) -> dict:
     """``cos_<name>`` and ``proj_<name>`` = <estimate, reference> / |reference|^2 of two
     gradient pytrees (NaN for a ``reference`` of None)."""
