@@ -380,6 +380,25 @@ def test_neural_critics_and_actors_keep_the_users_precision_inside_the_trainer(f
     assert other and not low, f"{len(low)} of {len(other)} other products below full precision"
 
 
+@pytest.mark.parametrize("precision", [None, "highest"])
+def test_lqr_game_critic_precision_option(precision):
+    """``CriticConfig.precision``: None keeps the user's setting for the critic's products,
+    "highest" puts them at full precision (the explore preset's choice: its Gaussian leader's
+    Q differences over actions U = 1e-3 apart are swamped by TF32's input rounding)."""
+    wide = (HIDDEN, HIDDEN)
+    cfg = games.lqr.TrainConfig(
+        critic=games.lqr.CriticConfig(hidden=wide, precision=precision),
+        exploration=games.lqr.ExplorationConfig(warmup_steps=0),
+    )
+    trainer = games.lqr.make_train(problems.lqr_game(), "bchg", cfg)
+    net, other = _network_dots(trainer, {"actor_steps": [1]})  # the actor is linear: critic only
+    assert net and all(is_highest(p) == (precision == "highest") for p in net)
+    assert all(is_highest(p) for p in other)
+    from bchg_jax.games.lqr.presets import PRESETS
+
+    assert PRESETS["explore"]().config.critic.precision == "highest"
+
+
 def test_control_variate_ridge_fit():
     from bchg_jax.games.control_variate import crossfit_baseline, quadratic_features
 

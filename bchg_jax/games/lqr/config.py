@@ -11,7 +11,7 @@ solver, dtype) and nests the leader's actor (:class:`ActorConfig`), its critic
 from __future__ import annotations
 
 import dataclasses
-from typing import Tuple
+from typing import Optional, Tuple
 
 import jax.numpy as jnp
 import optax
@@ -82,6 +82,11 @@ class CriticConfig:
       normalize: standardise the inputs (s, a, b) by the mean and std of the data the critic
         trains on (recomputed every iteration; the target critic uses the same scales).
       q_scale: the network outputs ``q_scale * Q_L``.
+      precision: the network's matmul precision: ``None`` follows
+        ``jax_default_matmul_precision`` (TF32 on a GPU), ``"highest"`` is full float32. The
+        Gaussian leader's score-function estimate takes differences Q(s, a', b) - Q(s, a, b)
+        over actions U = 1e-3 apart, which TF32's rounding of the inputs swamps as the gains grow
+        (docs/performance.md); the explore preset sets ``"highest"``.
     """
 
     hidden: Tuple[int, ...] = (64, 64)
@@ -92,11 +97,12 @@ class CriticConfig:
     target_samples: int = 0
     normalize: bool = False
     q_scale: float = 1.0
+    precision: Optional[str] = None
 
     CHECKS = dict(
         nonneg_ints=("minibatch", "replay", "target_samples"),
         positive=("lr", "q_scale"),
-        choices={"init": ("torch", "flax")},
+        choices={"init": ("torch", "flax"), "precision": (None, "highest")},
     )
     validate = validate_checks
 

@@ -80,7 +80,13 @@ def explore() -> Preset:
             tau=0.2,
             actor=ActorConfig(lr=0.02, lr_schedule="cosine", clip=1.0),
             critic=CriticConfig(
-                lr=1e-3, minibatch=256, replay=80, target_samples=8, normalize=True, q_scale=10.0
+                lr=1e-3,
+                minibatch=256,
+                replay=80,
+                target_samples=8,
+                normalize=True,
+                q_scale=10.0,
+                precision="highest",  # Q differences over U = 1e-3 actions: no TF32 inputs
             ),
             exploration=ExplorationConfig(warmup_steps=160000, episodes=6, std=0.5),
             estimator=EstimatorConfig(

@@ -224,7 +224,7 @@ def make_train(
     N = E if config.buffer == "on" else E * config.iterations
     warmup_iters = warmup_iterations(config, T)
     explore_game = dataclasses.replace(game, U=ex.std * np.eye(k))
-    net = MLP(tuple(cc.hidden), 1, cc.init == "torch", dtype)
+    net = MLP(tuple(cc.hidden), 1, cc.init == "torch", dtype, cc.precision)
 
     def Q(critic: Critic, s, a, b):
         return critic_value(net, cc.q_scale, critic, s, a, b)
