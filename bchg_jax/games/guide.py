@@ -25,6 +25,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.precision import full_precision
 from bchg_jax.games.control_variate import crossfit_baseline, quadratic_features
 
 Array = jax.Array
@@ -79,6 +80,7 @@ def guide_surrogate(
     return functools.reduce(operator.add, terms)
 
 
+@full_precision
 def control_variate(samples: GuideSamples, theta):
     """Subtracts a cross-fitted prediction ``c_m`` of ``G_m`` from quadratic features of ``x_m``.
 
@@ -98,6 +100,7 @@ def shrink(limit: Callable[[Array], Any]) -> Callable:
     norm at most ``limit(|h|)`` ([M] norms -> a bound, scalar or [M]), by the surrogate
     ``mean_m (w_m - 1) h_m . theta`` with ``w_m = min(1, limit / |h_m|)`` (biased)."""
 
+    @full_precision
     def piece(samples: GuideSamples, theta):
         h = jax.lax.stop_gradient(samples.ben[:, None] * (samples.G - samples.c) / samples.beta)
         norm = jnp.sqrt(jnp.sum(h**2, -1))

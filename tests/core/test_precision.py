@@ -332,7 +332,8 @@ def test_whole_vmapped_trainers_without_networks_are_at_full_precision(case):
 
 
 @pytest.mark.parametrize(
-    "family", ["thermal_faithful", "toy_game", "toy_game_k_step", "lqr_game", "lqr_game_det"]
+    "family",
+    ["thermal_faithful", "toy_game", "toy_game_k_step", "lqr_game", "lqr_game_det", "lqr_explore"],
 )
 def test_neural_critics_and_actors_keep_the_users_precision_inside_the_trainer(family):
     """Inside a whole trainer (what the CLIs run), every product of a network (an operand
@@ -363,6 +364,19 @@ def test_neural_critics_and_actors_keep_the_users_precision_inside_the_trainer(f
         cfg = games.tabular.TrainConfig(hidden=wide, **extra)
         trainer = games.tabular.make_train(problems.toy_game(), "bchg", cfg)
         grid = {"actor_steps": [1], "critic_steps": [2]}
+    elif family == "lqr_explore":  # the command line's default: control variate, replay, ...
+        import dataclasses
+
+        from bchg_jax.games.lqr.presets import PRESETS
+
+        base = PRESETS["explore"]().config
+        cfg = dataclasses.replace(
+            base,
+            critic=dataclasses.replace(base.critic, hidden=wide, precision=None),
+            exploration=dataclasses.replace(base.exploration, warmup_steps=0),
+        )
+        trainer = games.lqr.make_train(problems.lqr_game(), "bchg", cfg)
+        grid = {"actor_steps": [1]}
     else:
         cfg = games.lqr.TrainConfig(
             critic=games.lqr.CriticConfig(hidden=wide),
@@ -396,7 +410,7 @@ def test_lqr_game_critic_precision_option(precision):
     assert all(is_highest(p) for p in other)
     from bchg_jax.games.lqr.presets import PRESETS
 
-    assert PRESETS["explore"]().config.critic.precision == "highest"
+    assert all(PRESETS[p]().config.critic.precision == "highest" for p in ("explore", "reference"))
 
 
 def test_control_variate_ridge_fit():

@@ -86,7 +86,7 @@ class CriticConfig:
         ``jax_default_matmul_precision`` (TF32 on a GPU), ``"highest"`` is full float32. The
         Gaussian leader's score-function estimate takes differences Q(s, a', b) - Q(s, a, b)
         over actions U = 1e-3 apart, which TF32's rounding of the inputs swamps as the gains grow
-        (docs/performance.md); the explore preset sets ``"highest"``.
+        (docs/performance.md); both presets set ``"highest"``.
     """
 
     hidden: Tuple[int, ...] = (64, 64)

@@ -100,9 +100,14 @@ def explore() -> Preset:
 
 
 def reference() -> Preset:
-    """The reference implementation's settings (module docstring): ``TrainConfig``'s defaults."""
+    """The reference implementation's settings (module docstring): ``TrainConfig``'s defaults,
+    with the critic at full precision (PyTorch, the reference's framework, keeps float32
+    matmuls off TF32 by default; see :func:`explore` for why it matters here)."""
     return Preset(
-        TrainConfig(), HParams(actor_steps=10, critic_steps=5, beta=0.1), "reference", "reference"
+        TrainConfig(critic=CriticConfig(precision="highest")),
+        HParams(actor_steps=10, critic_steps=5, beta=0.1),
+        "reference",
+        "reference",
     )
 
 
