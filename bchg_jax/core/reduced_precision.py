@@ -85,10 +85,17 @@ def emulate_reduced_precision(mantissa_bits: int = TF32_BITS) -> Iterator[Dict[s
       reduced precision, emulated) and ``full`` (``HIGHEST``, or not float32: left exact).
     Raises:
       ValueError: ``mantissa_bits`` outside 1-22.
-      RuntimeError: a JAX without the internal lowering table this relies on.
+      RuntimeError: a JAX without the internal lowering table this relies on, or a default
+        backend other than the CPU (programs would compile for the device, unrounded: there,
+        run on the device itself, or set ``JAX_PLATFORMS=cpu``).
     """
     if not (isinstance(mantissa_bits, int) and 1 <= mantissa_bits <= 22):
         raise ValueError(f"mantissa_bits must be an integer in 1..22, got {mantissa_bits!r}")
+    if jax.default_backend() != "cpu":
+        raise RuntimeError(
+            "emulate_reduced_precision rounds programs compiled for the CPU, but JAX's default "
+            f"backend is {jax.default_backend()!r}: run there without it, or set JAX_PLATFORMS=cpu"
+        )
     mlir, dot_general_p, entry, original = _internals()
     counts = {"rounded": 0, "full": 0}
 

@@ -61,6 +61,15 @@ def test_emulation_rounds_default_products_and_leaves_full_ones():
             pass
 
 
+def test_emulation_refuses_a_device_backend(monkeypatch):
+    """On a GPU machine the programs compile for the GPU, which the CPU rule cannot round: the
+    emulation says so instead of emulating nothing."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    with pytest.raises(RuntimeError, match="JAX_PLATFORMS=cpu"):
+        with emulate_reduced_precision():
+            pass
+
+
 def test_a_users_table_functions_run_at_full_precision_wherever_they_are_called():
     """A linear model ``P0 + theta . D`` (rows summing to 1 for every theta) evaluated by a
     sampler or an estimator outside any solver's scope: under TF32 its rows summed to 1 +- ~1e-3
