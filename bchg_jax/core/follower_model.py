@@ -154,11 +154,17 @@ def soft_q_learning(Q: Array, index, reward, next_value, cont, lr, gamma) -> Arr
 def agreement(estimate, reference, name: str) -> dict:
     """``cos_<name>``: the cosine of ``estimate`` and ``reference`` (pytrees of one structure);
     ``proj_<name>``: ``<estimate, reference> / |reference|^2`` (1 for an estimate whose mean
-    along the reference is the reference)."""
+    along the reference is the reference). Both are 0, not NaN, where a vector is zero (its
+    norm is clamped at the dtype's smallest normal); a ``reference`` of ``None`` (no reference
+    tracked) gives NaN for both."""
     e = jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(estimate)])
+    if reference is None:
+        nan = jnp.full((), jnp.nan, e.dtype)
+        return {f"cos_{name}": nan, f"proj_{name}": nan}
     r = jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(reference)]).astype(e.dtype)
+    tiny = jnp.finfo(e.dtype).tiny
     dot, rr = jnp.dot(e, r), jnp.dot(r, r)
     return {
-        f"cos_{name}": dot / jnp.sqrt(jnp.dot(e, e) * rr),
-        f"proj_{name}": dot / rr,
+        f"cos_{name}": dot / jnp.maximum(jnp.sqrt(jnp.dot(e, e) * rr), tiny),
+        f"proj_{name}": dot / jnp.maximum(rr, tiny),
     }

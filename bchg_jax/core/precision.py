@@ -18,11 +18,14 @@ also covers products the library does not write itself (inside ``jnp.linalg``, i
 user's ``transition(theta)``), and a new solver needs one decorator instead of an argument on
 every product.
 The scope covers what is traced while the decorated function runs, and no more: a function that
-a custom rule traces *later* must carry the decorator itself. A ``custom_vmap`` rule
-(:func:`~bchg_jax.core.run_last.run_last`, the sparse solvers) runs when ``vmap`` reaches the
+a custom rule traces *later* is outside it. A ``custom_vmap`` rule runs when ``vmap`` reaches the
 primitive, which for a solver inside a ``scan`` or ``while_loop`` body is after the body was
-traced, outside the caller's scope: the sparse solvers' bodies are decorated for that reason
-(they were not, and under TF32 the Four-Rooms follower hit its cap in most iterations). Why not
+traced, outside the caller's scope (the sparse solvers' bodies once missed it, and under TF32
+the Four-Rooms follower hit its cap in most iterations).
+:func:`~bchg_jax.core.run_last.run_last` and :func:`~bchg_jax.tabular.sparse.cond_on_any_lane`
+therefore record the precision in force at the call and re-enter it in their rules
+(:func:`~bchg_jax.core.run_last.in_callers_precision`); the sparse solvers' bodies carry the
+decorator as well. Why not
 a global setting: neural critics and actors keep the user's choice
 (TF32 is what makes them fast on a GPU, and SGD does not need 1e-7 products).
 

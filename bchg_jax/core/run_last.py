@@ -14,15 +14,18 @@ axis (size R, or 1 when no argument has one). Forward-only: a :func:`run_last` f
 derivative rule (the training loops use it for solves they do not differentiate).
 
 ``impl`` is traced when ``vmap`` reaches the call, which inside a ``scan`` or ``while_loop``
-body is after the body was traced: a matmul precision scope around the caller does not reach
-it, so an ``impl`` that needs full precision carries
-:func:`~bchg_jax.core.precision.full_precision` itself.
+body is after the body was traced, outside whatever matmul precision scope
+(``jax.default_matmul_precision``, :func:`~bchg_jax.core.precision.full_precision`) surrounded
+the call. :func:`run_last` therefore records the precision in force where the function is
+called and re-enters it around ``impl`` and the batching rule (:func:`in_callers_precision`):
+``impl`` computes at the caller's precision wherever ``vmap`` traces it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +45,21 @@ def _merge(x, batched: bool, has_run: bool, r_out: int, r_in: int):
     return x
 
 
+def callers_precision() -> Optional[str]:
+    """The matmul precision in force where this is called (``jax.default_matmul_precision``'s
+    scope, else the global ``jax_default_matmul_precision``; ``None``: the backend's default)."""
+    return jax.config.jax_default_matmul_precision
+
+
+def in_callers_precision(precision: Optional[str]):
+    """A context that re-enters a precision recorded by :func:`callers_precision`: a custom
+    batching rule traced later (when ``vmap`` reaches it, outside the caller's scope) computes
+    as its caller would have."""
+    if precision is None and jax.config.jax_default_matmul_precision is None:
+        return contextlib.nullcontext()
+    return jax.default_matmul_precision(precision)
+
+
 def run_last(impl: Callable) -> Callable:
     """A per-run function ``f(*arrays) -> tuple of arrays`` from a run-last ``impl`` (module doc).
 
@@ -49,24 +67,31 @@ def run_last(impl: Callable) -> Callable:
       impl: ``impl(has_run, *arrays) -> tuple`` of arrays each ending in the run axis.
     Returns:
       ``f(*arrays)``: the per-run result (the trailing run axis of size 1 removed); under
-      ``vmap`` (any nesting) ``impl`` runs once on the merged run axis.
+      ``vmap`` (any nesting) ``impl`` runs once on the merged run axis, at the matmul
+      precision in force where ``f`` was called (module doc).
     """
 
     @functools.lru_cache(maxsize=None)
-    def level(has_run: Tuple[bool, ...]):
+    def level(has_run: Tuple[bool, ...], precision: Optional[str]):
         @custom_vmap
         def f(*args):
-            return tuple(impl(has_run, *args))
+            with in_callers_precision(precision):
+                return tuple(impl(has_run, *args))
 
         @f.def_vmap
         def rule(axis_size, in_batched, *args):
+            with in_callers_precision(precision):
+                return batched(axis_size, in_batched, *args)
+
+        def batched(axis_size, in_batched, *args):
             sizes = {a.shape[-1] for a, h in zip(args, has_run, strict=False) if h}
             r_in = sizes.pop() if sizes else 1
             new = tuple(
                 _merge(a, b, h, axis_size, r_in)
                 for a, b, h in zip(args, in_batched, has_run, strict=False)
             )
-            outs = level(tuple(b or h for b, h in zip(in_batched, has_run, strict=False)))(*new)
+            merged = tuple(b or h for b, h in zip(in_batched, has_run, strict=False))
+            outs = level(merged, precision)(*new)
             outs = tuple(
                 jnp.moveaxis(o.reshape(o.shape[:-1] + (axis_size, r_in)), -2, 0) for o in outs
             )
@@ -76,7 +101,8 @@ def run_last(impl: Callable) -> Callable:
 
     def per_run(*args):
         args = tuple(jnp.asarray(a) for a in args)
-        return tuple(o[..., 0] for o in level(tuple(False for _ in args))(*args))
+        unbatched = level(tuple(False for _ in args), callers_precision())
+        return tuple(o[..., 0] for o in unbatched(*args))
 
     return per_run
 
@@ -133,4 +159,11 @@ def compacting_while_loop(active, body, carry, smallest: int = 16):
     return carry
 
 
-__all__ = ["run_last", "add_run_axis", "stage_sizes", "compacting_while_loop"]
+__all__ = [
+    "run_last",
+    "callers_precision",
+    "in_callers_precision",
+    "add_run_axis",
+    "stage_sizes",
+    "compacting_while_loop",
+]

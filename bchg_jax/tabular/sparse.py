@@ -80,7 +80,13 @@ from bchg_jax.core.rounding import (
     progress_update,
     stall_window,
 )
-from bchg_jax.core.run_last import add_run_axis, compacting_while_loop, run_last
+from bchg_jax.core.run_last import (
+    add_run_axis,
+    callers_precision,
+    compacting_while_loop,
+    in_callers_precision,
+    run_last,
+)
 from bchg_jax.core.validate import check_discount, check_if_concrete, check_shape, transition_sizes
 from bchg_jax.tabular.cmdp import TabularCMDP
 from bchg_jax.tabular.follower import (
@@ -374,14 +380,16 @@ def cond_on_any_lane(pred, true_fn: Callable, false_fn: Callable, *operands):
 
         return g
 
-    level = _lane_cond_levels(flat(true_fn), flat(false_fn))
+    level = _lane_cond_levels(flat(true_fn), flat(false_fn), callers_precision())
     outs = level((False,) * (len(leaves) + 1))(jnp.asarray(pred, bool), *leaves)
     return jax.tree.unflatten(out_tree[0], outs)
 
 
-def _lane_cond_levels(true_fn, false_fn):
+def _lane_cond_levels(true_fn, false_fn, precision):
     """``level(batched) -> f(pred, *xs)``: :func:`cond_on_any_lane` on arguments of which those
-    marked in ``batched`` carry a leading lane axis (the lanes of the enclosing vmaps)."""
+    marked in ``batched`` carry a leading lane axis (the lanes of the enclosing vmaps). The
+    branches, traced when ``vmap`` reaches the call, compute at the caller's matmul
+    ``precision`` (:func:`~bchg_jax.core.run_last.in_callers_precision`)."""
 
     def impl(batched, pred, xs):
         if not any(batched):
@@ -408,10 +416,15 @@ def _lane_cond_levels(true_fn, false_fn):
     def level(batched):
         @custom_vmap
         def f(pred, *xs):
-            return impl(batched, pred, xs)
+            with in_callers_precision(precision):
+                return impl(batched, pred, xs)
 
         @f.def_vmap
         def rule(axis_size, in_batched, pred, *xs):
+            with in_callers_precision(precision):
+                return lanes_rule(axis_size, in_batched, pred, *xs)
+
+        def lanes_rule(axis_size, in_batched, pred, *xs):
             args = (pred,) + xs
             inner = [
                 a.shape[1] if b else a.shape[0]

@@ -22,6 +22,7 @@ from bchg_jax.core.precision import (
     jaxpr_dots,
     low_precision_dots,
 )
+from bchg_jax.core.run_last import run_last
 from bchg_jax.games.lqr import exact as lqr_exact
 from bchg_jax.games.tabular import exact as game_exact
 from bchg_jax.lq import critics as lq_critics
@@ -423,3 +424,38 @@ def test_control_variate_ridge_fit():
         ),
         x,
     )
+
+
+def _plain_run_last_impl(has_run, x, w):
+    """A run-last implementation that does not decorate itself: x [n(, R)] -> W x [m, R]."""
+    x = x if has_run[0] else x[..., None]
+    return (w @ x,)
+
+
+def test_run_last_and_cond_on_any_lane_compute_at_their_callers_precision():
+    """The batching rules of ``run_last`` and ``cond_on_any_lane`` are traced when ``vmap``
+    reaches them; inside a scanned body that is after the caller's ``full_precision`` scope has
+    closed. Both record the caller's precision and re-enter it, so an implementation (or a
+    branch) without the decorator still computes at full precision there, and one called at
+    the default keeps the default."""
+    f = run_last(_plain_run_last_impl)
+    w = jnp.ones((3, 4))
+    xs = jnp.ones((5, 6, 4))  # 5 runs x 6 scan steps
+
+    def cond_step(x, w):
+        return sparse.cond_on_any_lane(x[0] > 0, lambda a, b: b @ a, lambda a, b: -(b @ a), x, w)
+
+    for step in (lambda x, w: f(x, w)[0], cond_step):
+
+        def trainer(xs, w, solve):
+            return jax.lax.scan(lambda c, x: (c, solve(x, w)), 0.0, xs)[1]
+
+        scoped = functools.partial(trainer, solve=full_precision(step))
+        plain = functools.partial(trainer, solve=step)
+        assert not low_precision_dots(jax.vmap(scoped, in_axes=(0, None)), xs, w)
+        assert not low_precision_dots(
+            jax.vmap(jax.vmap(scoped, in_axes=(0, None)), in_axes=(0, None)), xs[None], w
+        )
+        assert low_precision_dots(jax.vmap(plain, in_axes=(0, None)), xs, w)
+        out = jax.vmap(scoped, in_axes=(0, None))(xs, w)
+        np.testing.assert_allclose(out, jnp.full((5, 6, 3), 4.0))

@@ -47,14 +47,12 @@ from typing import Callable, Optional, Tuple
 import jax
 import jax.numpy as jnp
 import optax
-from jax.flatten_util import ravel_pytree
 
 from bchg_jax.core.bias_check import discount_weight_beyond
 from bchg_jax.core.buffers import buffer_init, index_dtype, sample_discounted, sample_uniform
-from bchg_jax.core.follower_model import FollowerSettings
+from bchg_jax.core.follower_model import FollowerSettings, agreement
 from bchg_jax.core.loop import Trainer, check_setup
 from bchg_jax.core.networks import MLP
-from bchg_jax.core.precision import full_precision
 from bchg_jax.core.rounding import within_tolerance
 from bchg_jax.core.validate import logits_rounded, warn_float32_long_horizon
 from bchg_jax.games.actor_critic import (
@@ -216,21 +214,6 @@ def surrogate(logf, Q, g, V_F, beta, e, t, buf, gamma_F, direct_baseline: str, g
     se, ae = bs[e, :T], ba[e, :T]  # [M, T]
     W = influence_weights(t, T, gamma_F, logf.dtype)
     return score_objective(logf[s, a], q - base, ben, logf[se, ae], adv_F[se, ae], W, beta, guide)
-
-
-@full_precision
-def alignment(name: str, estimate, reference) -> dict:
-    """``cos_<name>`` and ``proj_<name>`` = <estimate, reference> / |reference|^2 of two
-    gradient pytrees (NaN for a ``reference`` of None)."""
-    e = ravel_pytree(estimate)[0]
-    if reference is None:
-        nan = jnp.full((), jnp.nan, e.dtype)
-        return {f"cos_{name}": nan, f"proj_{name}": nan}
-    r = ravel_pytree(reference)[0].astype(e.dtype)
-    tiny = jnp.finfo(e.dtype).tiny
-    dot, rr = jnp.dot(e, r), jnp.dot(r, r)
-    cos = dot / jnp.maximum(jnp.sqrt(jnp.dot(e, e)) * jnp.sqrt(rr), tiny)
-    return {f"cos_{name}": cos, f"proj_{name}": dot / jnp.maximum(rr, tiny)}
 
 
 def make_train(
@@ -431,7 +414,7 @@ def make_train(
             policy, actor, game, resp.policy, beta, config.backup, log_g=log_g
         )
         through = through_reference(actor, resp, beta)
-        return {**alignment("target", est, target), **alignment("through", est, through)}
+        return {**agreement(est, target, "target"), **agreement(est, through, "through")}
 
     def diagnostics(key, state, critic, resp, beta):
         """``track_reference``: the estimate against the exact references (:func:`make_train`)."""
