@@ -86,8 +86,8 @@ def report_unhealthy(bad, fail_on_cap: bool) -> None:
     if not bad:
         return
     print(
-        "FAILED: solves hit their cap, updates were skipped or J was not finite in: "
-        + "; ".join(bad),
+        "FAILED: solves hit their cap, updates were skipped, J was not finite or off the CPU "
+        "reference in: " + "; ".join(bad),
         flush=True,
     )
     if fail_on_cap:

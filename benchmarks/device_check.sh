@@ -6,8 +6,10 @@
 #      the 1- and 10,000-run chunks also profiled (kernels, device busy time, costliest kernels
 #      per iteration: what bounds them).
 # Every table has the share of run-iterations whose follower (or metric) solve hit its cap and
-# the skipped updates beside the speed; each step runs with --fail-on-cap, and a step that
-# fails, or runs past its own time limit, makes the whole script exit 1 after the others ran.
+# the skipped updates beside the speed, and the scaling table compares each row's per-run J
+# with the CPU's (benchmarks/scaling_cpu_reference.json: the same J as the CPU, or the row
+# fails); each step runs with --fail-on-cap, and a step that fails, or runs past its own time
+# limit, makes the whole script exit 1 after the others ran.
 # Usage (repository root, on a machine with a GPU and jax[cuda] installed):
 #   bash benchmarks/device_check.sh [OUTDIR] [EXPERIMENTS]
 # EXPERIMENTS: the scaling table's experiments, comma-separated (default:
@@ -52,7 +54,7 @@ if [ "$experiments" != none ]; then
     --only-mlp --mlp-iterations 2 --fail-on-cap
   for e in ${experiments//,/ }; do
     step "scaling_$e" 75 python3 -m benchmarks.scaling --experiments "$e" \
-      --runs $runs --iterations 2 --profile-runs $profile --fail-on-cap
+      --runs $runs --iterations 2 --profile-runs $profile --reference --fail-on-cap
   done
 fi
 if [ "${#failed[@]}" -gt 0 ]; then

@@ -15,18 +15,40 @@ run-iterations whose follower (or metric) solve hit its cap, the skipped updates
 final J over the runs; ``--fail-on-cap`` exits with status 3 once the table is printed if any
 lane of any row hit its cap, skipped an update or ended with a non-finite J (what
 ``benchmarks/device_check.sh`` relies on).
+
+The same J as the CPU: ``--reference FILE`` compares each row's per-run final J with a CPU
+reference written by ``--write-reference FILE`` (run on the CPU with the same ``--iterations``;
+:data:`REFERENCE_FILE` is the committed one). Runs are independent and ``seed_keys`` gives run r
+the same key at any number of runs, so a row of R runs is compared on its first min(R, 100)
+runs with the reference's first ones (:func:`agrees_with_reference`); a row with no reference
+(another method or iteration count) says so and is not judged. Float32 arithmetic that differs
+only in its rounding (another backend's reduction order, exp / log, TF32 products inside the
+neural networks) moves J by about 1e-6 to 1e-4 of its size in these few iterations; a sampled
+action that flips on a rounding tie moves one run by more, which the share of runs allowed off
+the reference absorbs. A program that computes something else (a product rounded into a
+solver, another random stream) moves most runs: the row fails. Measured on the CPU (2026-12-02,
+100 runs, 4 iterations; the median relative difference per run): another number of vmapped
+runs 1e-7 to 4e-7; TF32 emulated in the toy game's networks 3e-6 (0 runs off); the LQR game's
+critic at TF32 1.4e-5 (1 run off). The program as it was before its solvers ran at full
+precision, every product emulated at TF32: Four-Rooms 2.3e-3 (its follower capped in 72% of
+the run-iterations), the toy game 4.7e-3 (27% of the runs off), both failing; the LQR game
+only 3e-5, as its leader has hardly moved after 4 iterations (there the structural precision
+tests are the guard).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
+import os
 import platform
 
 import jax
 import numpy as np
 
 from bchg_jax.core.health import health_text, solver_health
+from bchg_jax.core.io import save_json
 from benchmarks._timing import report_unhealthy, time_chunks, unhealthy
 from benchmarks.profile_trace import HEADER, summary_row
 
@@ -73,15 +95,54 @@ def trainer_for(name: str, runs: int):
     raise ValueError(f"unknown experiment {name!r}")
 
 
+REFERENCE_FILE = os.path.join(os.path.dirname(__file__), "scaling_cpu_reference.json")
+REFERENCE_RUNS = 100  # per-run final J kept in a reference: the first 100 runs of a row
+MEDIAN_RTOL = 1e-4  # the median run's |J - J_ref| / max(1, |J_ref|) must stay below this
+OFF_RTOL = 1e-2  # a run further off than this counts as off the reference ...
+MAX_OFF_SHARE = 0.1  # ... and at most this share of the compared runs may be
+
+
+def reference_key(name: str, method: str, iterations: int) -> str:
+    """The reference entry of an experiment's method after ``2 * iterations`` iterations (the
+    untimed chunk and the timed one)."""
+    return f"{name}:{method}:{2 * iterations}"
+
+
+def agrees_with_reference(J, ref):
+    """(verdict, text) of a row's per-run final J against the reference's first runs: the
+    median relative difference below :data:`MEDIAN_RTOL` and at most :data:`MAX_OFF_SHARE` of
+    the runs off by more than :data:`OFF_RTOL` (relative to ``max(1, |J_ref|)``)."""
+    J, ref = np.asarray(J, np.float64), np.asarray(ref, np.float64)
+    n = min(J.size, ref.size)
+    if n == 0:
+        return True, "no reference"
+    d = np.abs(J[:n] - ref[:n]) / np.maximum(1.0, np.abs(ref[:n]))
+    if not np.all(np.isfinite(d)):
+        return False, f"{n} runs, non-finite J"
+    median, off = float(np.median(d)), float(np.mean(d > OFF_RTOL))
+    ok = median <= MEDIAN_RTOL and off <= MAX_OFF_SHARE
+    return ok, f"{n} runs: median {median:.1e}, {off:.0%} off"
+
+
 def measure(name: str, runs: int, iterations: int, profile: bool = False):
-    """(method, compile s, s per iteration, health dict, mean final J, profile summary or None)
-    of one row."""
+    """(method, compile s, s per iteration, health dict, per-run final J [runs], profile
+    summary or None) of one row."""
     method, trainer, grid = trainer_for(name, runs)
     comp, per, m, *prof = time_chunks(
         trainer, grid, runs, iterations, with_metrics=True, profile=profile
     )
-    J = float(np.mean(m["J"][..., -1]))
+    J = np.asarray(m["J"][..., -1], np.float64).reshape(-1)
     return method, comp, per, solver_health(m), J, (prof[0] if prof else None)
+
+
+def load_reference(path):
+    """(entries, jax version) of the reference file ``path`` (``({}, None)`` when ``path`` is
+    None or absent)."""
+    if not path or not os.path.exists(path):
+        return {}, None
+    with open(path) as f:
+        data = json.load(f)
+    return data["J"], data.get("jax")
 
 
 def main(argv=None):
@@ -103,22 +164,59 @@ def main(argv=None):
         "second table gives their kernels, device busy time and costliest kernels per "
         "iteration (benchmarks.profile_trace)",
     )
+    p.add_argument(
+        "--reference",
+        nargs="?",
+        const=REFERENCE_FILE,
+        default=None,
+        help="compare each row's per-run final J with this CPU reference (default file: "
+        "benchmarks/scaling_cpu_reference.json); with --fail-on-cap a row that "
+        "disagrees fails like a capped one",
+    )
+    p.add_argument(
+        "--write-reference",
+        metavar="FILE",
+        default=None,
+        help="record each row's first 100 per-run final J in FILE (merged with what it holds), "
+        "to be the reference of another device; run it on the CPU",
+    )
     a = p.parse_args(argv)
+    if a.write_reference and jax.default_backend() != "cpu":
+        p.error(f"--write-reference records the CPU's J; this backend is {jax.default_backend()}")
+    reference, ref_jax = load_reference(a.reference)
+    if a.reference and not reference:
+        p.error(f"--reference: no reference file at {a.reference}")
+    # another JAX may draw other random numbers: a failed row then says which JAX made the file
+    other_jax = f"; reference from jax {ref_jax}" if ref_jax not in (None, jax.__version__) else ""
+    written = load_reference(a.write_reference)[0]
     print(
         f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, devices "
         f"{jax.devices()}, {datetime.date.today()}, {a.iterations} timed iterations"
     )
     print(
         "| experiment | method | vmapped runs | compile (s) | s / outer iteration | "
-        "run-iterations / s | capped | skipped | mean J |"
+        "run-iterations / s | capped | skipped | mean J | same J as the CPU |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     bad, profiles, lines_read = [], [], set()
     for name in a.experiments.split(","):
         for runs in a.runs:
-            method, comp, per, health, J, prof = measure(
+            method, comp, per, health, J_runs, prof = measure(
                 name, runs, a.iterations, profile=runs in a.profile_runs
             )
+            J = float(np.mean(J_runs))
+            key = reference_key(name, method, a.iterations)
+            same = "-"
+            if reference and key not in reference:
+                same = f"no reference for {key}"
+            elif reference:
+                same_ok, text = agrees_with_reference(J_runs, reference[key])
+                text += "" if same_ok else other_jax
+                same = ("yes, " if same_ok else "NO, ") + text
+                if not same_ok:
+                    bad.append(f"{name} at {runs} runs (J off the CPU reference: {text})")
+            if a.write_reference and len(J_runs) > len(written.get(key, [])):
+                written[key] = [float(x) for x in J_runs[:REFERENCE_RUNS]]
             if isinstance(prof, str):
                 profiles.append(f"| {name} {method} x{runs} | no profile: {prof} |")
             elif prof is not None:
@@ -127,7 +225,7 @@ def main(argv=None):
             print(
                 f"| {name} | {method} | {runs} | {comp:.1f} | {per:.4f} | {runs / per:.0f} | "
                 f"{health.get('capped_share', 0.0):.2%} | {health.get('update_skipped', 0)} | "
-                f"{J:.4g} |",
+                f"{J:.4g} | {same} |",
                 flush=True,
             )
             if unhealthy(health) or not np.isfinite(J):
@@ -136,6 +234,12 @@ def main(argv=None):
         print("\nProfiled (one more call of the same chunk under jax.profiler):\n" + HEADER)
         print("\n".join(profiles))
         print("trace lines read: " + ", ".join(sorted(lines_read)), flush=True)
+    if a.write_reference:
+        machine = platform.processor() or platform.machine()
+        meta = f"{machine}, jax {jax.__version__}, {datetime.date.today()}"
+        entries = dict(sorted(written.items()))
+        save_json(a.write_reference, {"machine": meta, "jax": jax.__version__, "J": entries})
+        print(f"reference: {len(written)} entries in {a.write_reference}")
     report_unhealthy(bad, a.fail_on_cap)
 
 

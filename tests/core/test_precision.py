@@ -380,7 +380,7 @@ def test_neural_critics_and_actors_keep_the_users_precision_inside_the_trainer(f
         grid = {"actor_steps": [1]}
     else:
         cfg = games.lqr.TrainConfig(
-            critic=games.lqr.CriticConfig(hidden=wide),
+            critic=games.lqr.CriticConfig(hidden=wide, precision=None),
             exploration=games.lqr.ExplorationConfig(warmup_steps=0),
         )
         method = "bchg_det" if family == "lqr_game_det" else "bchg"
@@ -398,8 +398,8 @@ def test_neural_critics_and_actors_keep_the_users_precision_inside_the_trainer(f
 @pytest.mark.parametrize("precision", [None, "highest"])
 def test_lqr_game_critic_precision_option(precision):
     """``CriticConfig.precision``: None keeps the user's setting for the critic's products,
-    "highest" puts them at full precision (the explore preset's choice: its Gaussian leader's
-    Q differences over actions U = 1e-3 apart are swamped by TF32's input rounding)."""
+    "highest" (the default, and so both presets') puts them at full precision: the Gaussian
+    leader's Q differences over actions U = 1e-3 apart are swamped by TF32's input rounding."""
     wide = (HIDDEN, HIDDEN)
     cfg = games.lqr.TrainConfig(
         critic=games.lqr.CriticConfig(hidden=wide, precision=precision),
@@ -411,6 +411,7 @@ def test_lqr_game_critic_precision_option(precision):
     assert all(is_highest(p) for p in other)
     from bchg_jax.games.lqr.presets import PRESETS
 
+    assert games.lqr.CriticConfig().precision == "highest"
     assert all(PRESETS[p]().config.critic.precision == "highest" for p in ("explore", "reference"))
 
 

@@ -82,11 +82,12 @@ class CriticConfig:
       normalize: standardise the inputs (s, a, b) by the mean and std of the data the critic
         trains on (recomputed every iteration; the target critic uses the same scales).
       q_scale: the network outputs ``q_scale * Q_L``.
-      precision: the network's matmul precision: ``None`` follows
-        ``jax_default_matmul_precision`` (TF32 on a GPU), ``"highest"`` is full float32. The
-        Gaussian leader's score-function estimate takes differences Q(s, a', b) - Q(s, a, b)
-        over actions U = 1e-3 apart, which TF32's rounding of the inputs swamps as the gains grow
-        (docs/performance.md); both presets set ``"highest"``.
+      precision: the network's matmul precision: ``"highest"`` (the default) is full float32,
+        ``None`` follows ``jax_default_matmul_precision`` (TF32 on a GPU). The Gaussian leader's
+        score-function estimate takes differences Q(s, a', b) - Q(s, a, b) over actions
+        U = 1e-3 apart, which TF32's rounding of the inputs swamps as the gains grow
+        (docs/performance.md): choose ``None`` only for a deterministic leader (``grad_a Q``,
+        ~1e-3 relative under TF32) or a critic large enough for TF32's speed to matter.
     """
 
     hidden: Tuple[int, ...] = (64, 64)
@@ -97,7 +98,7 @@ class CriticConfig:
     target_samples: int = 0
     normalize: bool = False
     q_scale: float = 1.0
-    precision: Optional[str] = None
+    precision: Optional[str] = "highest"
 
     CHECKS = dict(
         nonneg_ints=("minibatch", "replay", "target_samples"),

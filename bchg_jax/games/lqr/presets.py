@@ -86,7 +86,6 @@ def explore() -> Preset:
                 target_samples=8,
                 normalize=True,
                 q_scale=10.0,
-                precision="highest",  # Q differences over U = 1e-3 actions: no TF32 inputs
             ),
             exploration=ExplorationConfig(warmup_steps=160000, episodes=6, std=0.5),
             estimator=EstimatorConfig(
@@ -100,11 +99,11 @@ def explore() -> Preset:
 
 
 def reference() -> Preset:
-    """The reference implementation's settings (module docstring): ``TrainConfig``'s defaults,
-    with the critic at full precision (PyTorch, the reference's framework, keeps float32
-    matmuls off TF32 by default; see :func:`explore` for why it matters here)."""
+    """The reference implementation's settings (module docstring): ``TrainConfig``'s defaults
+    (their critic at full precision, as PyTorch, the reference's framework, keeps float32
+    matmuls off TF32 by default; ``CriticConfig.precision`` says why it matters here)."""
     return Preset(
-        TrainConfig(critic=CriticConfig(precision="highest")),
+        TrainConfig(),
         HParams(actor_steps=10, critic_steps=5, beta=0.1),
         "reference",
         "reference",
