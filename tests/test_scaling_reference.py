@@ -37,6 +37,7 @@ def test_the_committed_reference_covers_every_row_of_the_device_check():
     with open(scaling.REFERENCE_FILE) as f:
         data = json.load(f)
     assert data["jax"] and data["machine"]
+    assert scaling.same_random_stream(data["random"]), "this JAX draws other random numbers"
     for name in ("fourrooms", "thermal", "toy_game", "lqr_game"):
         for runs in (1, 100, 1000, 10000):
             method = scaling.trainer_for(name, runs)[0]
@@ -69,3 +70,21 @@ def test_a_row_off_its_reference_fails_the_device_check(tmp_path, capsys):
     assert e.value.code == 3
     out = capsys.readouterr().out
     assert "| NO, 2 runs" in out and "off the CPU reference" in out
+
+
+def test_another_random_stream_is_not_judged(monkeypatch, tmp_path, capsys):
+    """A JAX that draws other random numbers than the reference's leaves the rows unjudged
+    (said on the table), rather than failing every row for a reason that is not the device."""
+    data = {"machine": "m", "jax": "0.0", "random": [0.0], "J": {"fourrooms:bchg:2": [0.5]}}
+    path = tmp_path / "ref.json"
+    path.write_text(json.dumps(data))
+    assert not scaling.same_random_stream([0.0]) and not scaling.same_random_stream(None)
+    monkeypatch.setattr(
+        scaling, "measure", lambda *a, **k: ("bchg", 1.0, 0.1, {}, np.array([9.0]), None)
+    )
+    scaling.main(
+        "--experiments fourrooms --runs 1 --iterations 1 --fail-on-cap".split()
+        + ["--reference", str(path)]
+    )
+    out = capsys.readouterr().out
+    assert "not judged: jax" in out and "| not judged (another random stream) |" in out
