@@ -26,7 +26,7 @@ only in its rounding (another backend's reduction order, exp / log, TF32 product
 neural networks) moves J by about 1e-6 to 1e-4 of its size in these few iterations; a sampled
 action that flips on a rounding tie moves one run by more, which the share of runs allowed off
 the reference absorbs. A program that computes something else (a product rounded into a
-solver, another random stream) moves most runs: the row fails. Measured on the CPU (2026-12-02,
+solver, runs seeded otherwise) moves most runs: the row fails. Measured on the CPU (2026-12-02,
 100 runs, 4 iterations; the median relative difference per run): another number of vmapped
 runs 1e-7 to 4e-7; TF32 emulated in the toy game's networks 3e-6 (0 runs off); the LQR game's
 critic at TF32 1.4e-5 (1 run off). The program as it was before its solvers ran at full
