@@ -25,10 +25,23 @@ def test_agreement_allows_rounding_and_rare_flips_but_not_a_shifted_program():
     # a row of R runs is compared on its first min(R, len(reference)) runs
     assert scaling.agrees_with_reference(ref[:1], ref)[0]
     assert scaling.agrees_with_reference(np.concatenate([ref, ref + 5]), ref)[0]
-    # relative to max(1, |J|): the thermal J of ~ -260 may move by 2.6e-2 at the median
+    # relative to the size of J: the thermal J of ~ -260 may move by 2.6e-2 at the median ...
     big = np.full(10, -260.0)
     assert scaling.agrees_with_reference(big + 1e-2, big)[0]
     assert not scaling.agrees_with_reference(big + 1.0, big)[0]
+    # ... the LQR game's J of ~0.015 by 1.5e-6: its critic at TF32 moved the median run by
+    # 1.4e-5, which max(1, |J|) let pass
+    small = np.random.default_rng(0).uniform(0.014, 0.046, 100)
+    assert scaling.agrees_with_reference(small * (1 + 1e-6), small)[0]
+    assert not scaling.agrees_with_reference(small + 1.4e-5, small)[0]
+    # runs near J = 0 are judged against the row's typical |J|, not their own (20 such runs
+    # off by 1e-7 would be 20% of the runs off by 100x their |J|)
+    near0 = small.copy()
+    near0[:20] = 1e-9
+    assert scaling.agrees_with_reference(near0 + np.r_[np.full(20, 1e-7), np.zeros(80)], near0)[0]
+    zero = np.zeros(4)  # a row of J = 0 exactly: any move fails
+    assert scaling.agrees_with_reference(zero, zero)[0]
+    assert not scaling.agrees_with_reference(zero + 1e-12, zero)[0]
 
 
 def test_the_committed_reference_covers_every_row_of_the_device_check():
