@@ -764,6 +764,22 @@ def test_non_finite_or_misshaped_theta_is_refused():
             fn(cmdp, jnp.array([jnp.nan, 0.0, 0.0, 0.0]), 0.1)
         with pytest.raises(ValueError, match=r"shaped like theta0 \(4,\), got \(9,\)"):
             fn(cmdp, jnp.zeros(9), 0.1)
+    # the estimator too (it returned a 3-vector for a (3,) theta, a finite number for a NaN one)
+    br = tabular.best_response(cmdp, cmdp.theta0, 0.1)
+    _, Q_L = tabular.leader_values(cmdp, cmdp.theta0, br.policy)
+    P0, rho0 = cmdp.transition(cmdp.theta0), cmdp.init_dist(cmdp.theta0)
+    batch = tabular.rollout(jax.random.key(0), br.policy, P0, rho0, None, None, 2, 5)
+    with pytest.raises(ValueError, match=r"theta must be finite, got \[nan"):
+        tabular.hypergradient(cmdp, jnp.array([jnp.nan, 0.0, 0.0, 0.0]), batch, br, Q_L, 0.1)
+    with pytest.raises(ValueError, match=r"shaped like theta0 \(4,\), got \(3,\)"):
+        tabular.hypergradient(cmdp, jnp.zeros(3), batch, br, Q_L, 0.1)
+    # a concrete follower policy must be one (rows summing to 2 gave V_L = -1.25 for rewards in
+    # [0, 1]: the solve of I - 1.8 P)
+    S, B = br.policy.shape
+    for fn in (tabular.leader_values, tabular.policy_objective):
+        with pytest.raises(ValueError, match="policy must hold probability rows"):
+            fn(cmdp, cmdp.theta0, jnp.ones((S, B)))
+        fn(cmdp, cmdp.theta0, jnp.full((S, B), 1.0 / B))
     th = problems.thermal()
     for fn in (lq.exact_hypergradient, lq.leader_objective, lq.best_response):
         with pytest.raises(ValueError, match="theta must be finite"):
@@ -969,6 +985,8 @@ def test_tabular_game_tolerances_and_policy_rows():
     for f, shown in (
         (jnp.full((S, A), -0.5), "smallest entry -0.5"),
         (jnp.ones((S, A)), "sum - 1. 1"),
+        # a NaN used to be hidden by nanmax / nanmin ("largest |row sum - 1| 1.11e-16")
+        (jnp.full((S, A), 1.0 / A).at[1, 0].set(jnp.nan), r"1 non-finite entry .*at \(1, 0\)"),
     ):
         with pytest.raises(
             ValueError, match=f"f \\(leader policy\\) must hold probability rows.*{shown}"
@@ -1115,3 +1133,34 @@ def test_lqr_game_check_refuses_bad_options_before_estimating():
         check_problem(lqr_game(), [TH_LQR], 0.1, direct_baseline="x", batches=2, leader_steps=2)
     with pytest.raises(ValueError, match="beta"):
         check_problem(lqr_game(), [TH_LQR], 0.0, batches=2, leader_steps=2)
+
+
+def test_a_vector_beta_is_refused_by_the_pure_functions():
+    """beta = [0.3, 3.0] broadcast across the columns of the LQR follower's covariance
+    (0.5 beta S^-1): J -30.47 where beta 0.3 gives -17.20 and beta 3.0 -38.49, with no error.
+    One follower has one entropy weight; several are a vmap (or a trainer's grid)."""
+    from bchg_jax import problems
+
+    two = jnp.array([0.3, 3.0])
+    shown = r"beta \(follower entropy coefficient\) must be a scalar, got shape \(2,\)"
+    th = problems.thermal()
+    cmdp = problems.random_tabular_cmdp(jax.random.key(0))
+    game = problems.lqr_game()
+    calls = (
+        lambda b: lq_family.leader_objective(th, th.theta0, b),
+        lambda b: lq_family.exact_hypergradient(th, th.theta0, b),
+        lambda b: lq_family.best_response(th, th.theta0, b),
+        lambda b: tabular.best_response(cmdp, cmdp.theta0, b),
+        lambda b: tabular.exact_hypergradient(cmdp, cmdp.theta0, b),
+        lambda b: game_lqr.leader_objective(game, jnp.zeros(2), b),
+    )
+    for call in calls:
+        with pytest.raises(ValueError, match=shown):
+            call(two)
+        with pytest.raises(ValueError, match=shown):  # a traced vector too (a static shape)
+            jax.jit(call)(two)
+    # a vmap over betas is the way (and a trainer's grid of betas stays valid)
+    Js = jax.vmap(lambda b: lq_family.leader_objective(th, th.theta0, b))(two)
+    for J, b in zip(Js, two, strict=True):
+        np.testing.assert_allclose(J, lq_family.leader_objective(th, th.theta0, b), rtol=1e-5)
+    lq_family.HParams(lr=0.1, beta=two).validate()

@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.stability import is_discounted_stable
 from bchg_jax.core.validate import is_concrete
 
 Array = jax.Array
@@ -89,7 +90,10 @@ class RiccatiInfo(NamedTuple):
 
     iterations: Array
     residual: Array  # relative change of the last iteration
-    converged: Array  # bool: finite and residual <= tol
+    converged: Array  # bool: finite, residual <= tol, and the stabilising solution (below)
+    # bool: the iteration met its test, but at a P whose closed loop A - B K is not stable under
+    # gamma (gamma rho^2 >= 1): not the stabilising solution (module docstring)
+    unstable: Array
 
 
 def _iterate(A, B, Qbar, Rbar, gamma, P0, tol, max_iters):
@@ -105,7 +109,14 @@ def _iterate(A, B, Qbar, Rbar, gamma, P0, tol, max_iters):
     init = (P0, jnp.asarray(jnp.inf, P0.dtype), jnp.asarray(0, jnp.int32))
     P, res, it = jax.lax.while_loop(cond, body, init)
     ok = jnp.isfinite(res) & (res <= tol) & jnp.all(jnp.isfinite(P))
-    return P, RiccatiInfo(it, res, ok)
+    return P, RiccatiInfo(it, res, ok, jnp.zeros((), bool))
+
+
+def riccati_gain(P: Array, A: Array, B: Array, Rbar: Array, gamma) -> Array:
+    """K = gamma (Rbar + gamma B^T P B)^{-1} B^T P A [m, n]: the greedy gain of the value matrix
+    ``P`` (Proposition 1's mean action is -K s)."""
+    S = Rbar + gamma * B.T @ P @ B
+    return gamma * jnp.linalg.solve(0.5 * (S + S.T), B.T @ P @ A)
 
 
 def _fixed_point_jacobian(F, P: Array) -> Array:
@@ -165,7 +176,9 @@ def riccati(
         docstring): 2 reach 1e-9 where the iteration stopped 0.6% off.
     Returns:
       (P, info): [n, n] Riccati solution and its :class:`RiccatiInfo` of the iteration (check
-      ``info.converged``; a non-converged P is returned as is).
+      ``info.converged``: the iteration met ``tol`` and the closed loop ``A - B K`` of the
+      answer is stable under ``gamma``; ``info.unstable``: it met ``tol`` at a solution that is
+      not the stabilising one; a non-converged P is returned as is).
     """
     A, B, Qbar, Rbar = (jnp.asarray(x) for x in (A, B, Qbar, Rbar))
     P0 = Qbar if P0 is None else jnp.asarray(P0, Qbar.dtype)
@@ -177,6 +190,12 @@ def riccati(
     # polish only a converged iteration: Newton from far away can reach another solution of
     # the Riccati equation (not the stabilising one); an unconverged P is flagged as it is
     P_star = jnp.where(info.converged, _newton_polish(*fixed, P_star, newton_iters), P_star)
+    # the stopping test (a small relative change) also passes while P diverges slowly (the
+    # change ~ 1 / t, or a growth rate below tol), and Newton then lands on a non-stabilising
+    # root (module docstring): only a P whose closed loop is stable under gamma is converged
+    A_, B_, _, R_, g_ = fixed
+    stable = is_discounted_stable(A_ - B_ @ riccati_gain(P_star, A_, B_, R_, g_), g_)
+    info = info._replace(converged=info.converged & stable, unstable=info.converged & ~stable)
 
     def f(P):
         return riccati_map(P, A, B, Qbar, Rbar, gamma) - P
@@ -268,7 +287,9 @@ def response_from_value(P, A, B, Rbar, U, gamma, beta, observable: bool = False)
     it is Proposition 1's (``observable``: 2's) best response; at an iterate, a learner's policy
     (:mod:`bchg_jax.lq.follower_models`). ``info`` records no iteration."""
     zero = jnp.zeros((), P.dtype)
-    info = RiccatiInfo(jnp.zeros((), jnp.int32), zero, jnp.isfinite(jnp.sum(P)))
+    info = RiccatiInfo(
+        jnp.zeros((), jnp.int32), zero, jnp.isfinite(jnp.sum(P)), jnp.zeros((), bool)
+    )
     A, B, Rbar, U = (jnp.asarray(x, P.dtype) for x in (A, B, Rbar, U))
     return _response(P, A, B, Rbar, U, gamma, beta, info, observable=observable)
 
@@ -418,6 +439,15 @@ def check_solution(
     """
     info = jax.device_get(br.info)
     ok = np.asarray(info.converged)
+    if np.any(np.asarray(info.unstable)):
+        raise ValueError(
+            f"{what} met its tolerance at a solution that is not the stabilising one: the "
+            "follower's closed loop A - B K diverges under its discount (sqrt(gamma) rho > 1). "
+            "Either no stabilising solution exists (the pair (sqrt(gamma) A, B) is "
+            "unstabilisable; in an LQR game A is A + C K, the dynamics under the leader's gain "
+            "K) or the iteration from Qbar stops at another one (a growing mode that Qbar does "
+            "not penalise); raising max_iters does not help"
+        )
     if not np.all(ok):
         raise ValueError(
             f"{what} did not converge (relative change {np.asarray(info.residual).max():.3g} after "

@@ -75,11 +75,19 @@ def check_if_concrete(check: Callable[..., None], *args) -> None:
 
 
 def check_beta_if_concrete(beta) -> None:
-    """:func:`check_beta` unless ``beta`` is traced.
+    """The follower's entropy weight given to a pure function: a scalar (checked on traced
+    values too: a vector would broadcast against the tables, e.g. across the columns of an
+    LQR covariance, and give a number that is neither beta's answer), and :func:`check_beta`
+    unless traced. Several betas are a ``vmap`` (or a trainer's grid), never one array.
 
     Raises:
-      ValueError: a concrete ``beta`` with an entry that is not finite and > 0.
+      ValueError: a ``beta`` with axes, or a concrete ``beta`` not finite and > 0.
     """
+    if np.ndim(beta) != 0:
+        raise ValueError(
+            "beta (follower entropy coefficient) must be a scalar, got shape "
+            f"{tuple(np.shape(beta))} (for several betas, jax.vmap over them)"
+        )
     check_if_concrete(check_beta, beta)
 
 
@@ -197,11 +205,18 @@ def check_probability_rows_if_concrete(label: str, table) -> None:
         return
     x = np.asarray(table, np.float64)
     off = np.abs(x.sum(-1) - 1.0)
-    if not np.all(np.isfinite(x)) or np.any(x < -POLICY_ROW_TOL) or np.any(off > POLICY_ROW_TOL):
+    finite = np.isfinite(x)
+    if not np.all(finite):
+        first = tuple(int(i) for i in np.argwhere(~finite)[0])
+        raise ValueError(
+            f"{label} must hold probability rows, got {int(np.sum(~finite))} non-finite "
+            f"entr{'y' if np.sum(~finite) == 1 else 'ies'} (the first {x[first]} at {first})"
+        )
+    if np.any(x < -POLICY_ROW_TOL) or np.any(off > POLICY_ROW_TOL):
         raise ValueError(
             f"{label} must hold probability rows (entries >= 0, summing to 1 within "
-            f"{POLICY_ROW_TOL:g}); largest |row sum - 1| {np.nanmax(off):.3g}, "
-            f"smallest entry {np.nanmin(x):.3g}"
+            f"{POLICY_ROW_TOL:g}); largest |row sum - 1| {np.max(off):.3g}, "
+            f"smallest entry {np.min(x):.3g}"
         )
 
 

@@ -39,23 +39,37 @@ from bchg_jax.core.validate import (
 Array = jax.Array
 
 
-def _riccati_gain(A, B, Q, R, gamma, tol: float = 1e-10, max_iters: int = 50_000):
-    """Host-side K = gamma S^{-1} B^T P A of Proposition 1 by the Riccati iteration of
-    Eq. (riccati_equation) from P = Q (the limit the trainer's solver reaches), float64 numpy;
-    None when it does not converge."""
-    P = Q
-    for _ in range(max_iters):
-        BtPA = B.T @ P @ A
-        S = R + gamma * B.T @ P @ B
-        P_new = Q + gamma * A.T @ P @ A - gamma**2 * BtPA.T @ np.linalg.solve(S, BtPA)
-        P_new = 0.5 * (P_new + P_new.T)
-        if not np.all(np.isfinite(P_new)):
+def _riccati_gain(A, B, Q, R, gamma, tol: float = 1e-12, max_doublings: int = 64):
+    """Host-side K = gamma S^{-1} B^T P A of Proposition 1 at the limit P of the Riccati iteration
+    of Eq. (riccati_equation) from P = Q (the limit the trainer's solver reaches: the stabilising
+    solution, or another one when a growing mode costs nothing), float64 numpy; None when the
+    iteration diverges.
+
+    By doubling: with ``A_g = sqrt(gamma) A``, ``B_g = sqrt(gamma) B``, the structure-preserving
+    doubling recursion (``W = I + G H``)
+    ``A <- A W^{-1} A``, ``G <- G + A W^{-1} G A^T``, ``H <- H + A^T H W^{-1} A`` from
+    ``(A_g, B_g R^{-1} B_g^T, Q)`` gives in H the iteration's value after 2^k steps, so k ~ 60
+    doublings reach its limit however slowly the iteration itself converges (a plain iteration
+    capped at 50,000 steps skipped the check near a marginal closed loop).
+    """
+    n = A.shape[0]
+    Ak = np.sqrt(gamma) * A
+    Bg = np.sqrt(gamma) * B
+    G = Bg @ np.linalg.solve(R, Bg.T)
+    H = Q
+    for _ in range(max_doublings):
+        W = np.eye(n) + G @ H
+        WiA, WiG = np.linalg.solve(W, Ak), np.linalg.solve(W, G)
+        H_new = H + Ak.T @ H @ WiA
+        G, Ak = G + Ak @ WiG @ Ak.T, Ak @ WiA
+        H_new, G = 0.5 * (H_new + H_new.T), 0.5 * (G + G.T)
+        if not np.all(np.isfinite(H_new)):
             return None
-        done = np.max(np.abs(P_new - P)) <= tol * max(np.max(np.abs(P_new)), 1e-30)
-        P = P_new
+        done = np.max(np.abs(H_new - H)) <= tol * max(np.max(np.abs(H_new)), 1e-300)
+        H = H_new
         if done:
-            S = R + gamma * B.T @ P @ B
-            return gamma * np.linalg.solve(S, B.T @ P @ A)
+            S = R + gamma * B.T @ H @ B
+            return gamma * np.linalg.solve(S, B.T @ H @ A)
     return None
 
 
@@ -316,8 +330,9 @@ class LQConfigurableMDP:
         """The follower's closed loop F = A - B K at theta (Proposition 1; K does not depend on
         beta) must be stable under both discounts: ``gamma rho(F)^2 < 1``, so that the
         infinite-horizon sums behind J_L, the critics and the follower's values converge
-        (:func:`bchg_jax.lq.exact.discounted_lyapunov`). Skipped when the Riccati iteration
-        (numpy, float64, from Qbar like the trainer's) does not converge (the trainer flags it)."""
+        (:func:`bchg_jax.lq.exact.discounted_lyapunov`). The iteration's limit is found by doubling
+        (numpy, float64, from Qbar like the trainer's); skipped only when it diverges (an
+        unstabilisable pair, refused before this)."""
         K = _riccati_gain(
             A,
             B,

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from bchg_jax.core.maxent_lqr import GaussianBestResponse, nan_unless_converged
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.stability import is_discounted_stable, log_spectral_radius  # noqa: F401
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_count,
@@ -35,49 +36,6 @@ from bchg_jax.core.validate import (
 from bchg_jax.lq.cmdp import LQConfigurableMDP, check_policy_fits
 
 Array = jax.Array
-
-
-@full_precision
-def log_spectral_radius(M: Array, squarings: int = 32) -> Array:
-    """An upper bound of log rho(M) that converges to it, by repeated normalised squaring.
-
-    Gelfand's formula: rho(M) <= ||M^N||^(1/N) for every N (rho(M)^N = rho(M^N) <= ||M^N||, the
-    Frobenius norm), with equality as N -> infinity, the excess being
-    O((log cond + (m - 1) log N) / N) for Jordan blocks of size m. With ``B_0 = M / c_0`` and
-    ``B_{j+1} = B_j^2 / c_{j+1}`` (each c_j the norm of what it divides),
-    ``log ||M^(2^k)|| / 2^k = sum_{j<=k} 2^-j log c_j``. Matrix products only, so it runs under
-    ``jit`` / ``vmap`` and on accelerators (``jnp.linalg.eigvals`` is CPU-only). M = 0 gives
-    ``-inf`` and a non-finite M NaN; when a squaring comes out exactly zero (a nilpotent M, or
-    entries lost to underflow) the last partial sum is kept, still an upper bound. N = 2^32 by
-    default: the excess is below 1e-8 for any reasonable M, and float32 squarings do not yet
-    underflow.
-
-    Args:
-      M: [n, n] matrix (gradients are not propagated).
-      squarings: k, the number of squarings (N = 2^k).
-    Returns:
-      [] the bound of log rho(M) with N = 2^squarings.
-    """
-    M = jax.lax.stop_gradient(M)
-
-    def body(j, carry):
-        B, total, done = carry
-        c = jnp.sqrt(jnp.sum(B * B))
-        zero = c == 0
-        term = jnp.log(jnp.where(zero, 1.0, c)) * 2.0 ** (-j.astype(M.dtype))
-        term = jnp.where(zero, jnp.where(j == 0, -jnp.inf, 0.0), term)
-        total = jnp.where(done, total, total + term)
-        B = B / jnp.where(zero, 1.0, c)
-        return B @ B, total, done | zero
-
-    init = (M, jnp.zeros((), M.dtype), jnp.zeros((), bool))
-    return jax.lax.fori_loop(0, squarings + 1, body, init)[1]
-
-
-def is_discounted_stable(F: Array, gamma) -> Array:
-    """True when sqrt(gamma) F is stable, i.e. gamma rho(F)^2 < 1 (:func:`log_spectral_radius`):
-    the condition for ``sum_t gamma^t F^t C (F^T)^t`` to converge. Bool [], jit-friendly."""
-    return log_spectral_radius(F) + 0.5 * jnp.log(jnp.asarray(gamma, F.dtype)) < 0
 
 
 @full_precision

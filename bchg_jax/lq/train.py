@@ -524,9 +524,11 @@ def make_train(
         grad = jnp.where(ok, grad, 0.0)  # flagged, skipped: never a silent NaN update
         new_theta = sgd_ascent(theta, grad, hp.lr, config.clip_norm)
         metrics["ok"] = ok.astype(jnp.int32)
-        metrics["solve_capped"] = (~br.converged).astype(jnp.int32)
+        # a solve that met its tolerance at a non-stabilising solution (br.info.unstable) is
+        # a diverging closed loop, not a capped solve
+        metrics["solve_capped"] = (~br.converged & ~br.info.unstable).astype(jnp.int32)
         metrics["update_skipped"] = (~ok).astype(jnp.int32)
-        metrics["diverging"] = (~stable).astype(jnp.int32)
+        metrics["diverging"] = (~stable | br.info.unstable).astype(jnp.int32)
         metrics["grad_norm"] = jnp.linalg.norm(raw)  # the estimate's, skipped or not
         if fm.kind == "k_step":
             metrics["follower_gap"] = gain_gap(played, br)

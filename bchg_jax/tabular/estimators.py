@@ -73,6 +73,7 @@ from bchg_jax.core.validate import (
     check_if_concrete,
     check_indices_if_concrete,
     check_problem_settings,
+    check_theta,
 )
 from bchg_jax.tabular.cmdp import TabularCMDP
 from bchg_jax.tabular.critics import state_value
@@ -393,12 +394,14 @@ def hypergradient(
       the estimate, shaped like ``theta`` (includes grad Phi_L(theta)).
     Raises:
       ValueError: an unknown ``guide``/``grouping``/``partial``, a concrete ``beta`` not finite
-        and > 0, a bad scalar setting of ``problem`` (a discount outside [0, 1), ...), or
-        concrete batch indices (``s``, ``b``, ``s_next``) out of range.
+        and > 0, a bad scalar setting of ``problem`` (a discount outside [0, 1), ...), ``theta``
+        not shaped like ``problem.theta0`` (or, when concrete, not finite), or concrete batch
+        indices (``s``, ``b``, ``s_next``) out of range.
     """
     if guide not in GUIDES:
         raise ValueError(f"guide must be one of {GUIDES}, got {guide!r}")
     check_problem_settings(problem)
+    check_theta(problem, theta)
     check_beta_if_concrete(beta)
     S, B = Q_L.shape
     chex.assert_shape(follower.policy, (S, B))

@@ -30,6 +30,7 @@ from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_discount,
     check_if_concrete,
+    check_probability_rows_if_concrete,
     check_problem_settings,
     check_shape,
     check_theta,
@@ -289,14 +290,16 @@ def leader_values(problem: TabularCMDP, theta: Array, policy: Array):
     Returns:
       (V_L, Q_L): [S] and [S, B].
     Raises:
-      ValueError: a bad scalar setting of ``problem`` (a discount outside [0, 1), ...) or a
-        ``policy`` not of shape [S, B] (S, B from ``problem.transition``).
+      ValueError: a bad scalar setting of ``problem`` (a discount outside [0, 1), ...), a
+        ``policy`` not of shape [S, B] (S, B from ``problem.transition``), or a concrete
+        ``policy`` whose rows are not distributions.
     """
     check_problem_settings(problem)
     check_theta(problem, theta)
     P = problem.transition(theta)
     S, B = transition_sizes("problem.transition(theta)", P)
     check_shape("policy", policy, (S, B), f"S={S}, B={B} from problem.transition(theta)")
+    check_probability_rows_if_concrete("policy", policy)
     rL = problem.leader_reward(theta)
     cont = continuation(problem.terminal, rL.shape[0], rL.dtype)
     V = policy_evaluation(P, rL, policy, problem.gamma_L, cont)

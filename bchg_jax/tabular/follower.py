@@ -143,7 +143,8 @@ def check_follower_inputs(P, r, beta, gamma, terminal=None, V0=None, successors=
       S, the number of states.
     Raises:
       ValueError: a concrete ``beta`` not finite and > 0, a concrete ``gamma`` outside [0, 1),
-        or ``r`` / ``successors.index`` / ``terminal`` / ``V0`` not shaped by ``P``'s S, B.
+        ``r`` / ``terminal`` / ``V0`` not shaped by ``P``'s S, B, or a ``successors`` table that
+        fails :meth:`~bchg_jax.tabular.sparse.Successors.check`.
     """
     check_beta_if_concrete(beta)
     check_if_concrete(check_discount, "gamma (the follower's discount)", gamma)
@@ -151,7 +152,7 @@ def check_follower_inputs(P, r, beta, gamma, terminal=None, V0=None, successors=
     src = f"S={S}, B={B} from P [S, B, S]"
     check_shape("r (follower reward)", r, (S, B), src)
     if successors is not None:
-        check_shape("successors.index", successors.index, (S, successors.width), src)
+        successors.check(S, src)
     if terminal is not None:
         check_shape("terminal", terminal, (S,), src)
     if V0 is not None:

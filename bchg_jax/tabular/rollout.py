@@ -121,7 +121,7 @@ def rollout(
     if successors is None:
         p_cdf, nxt = jnp.cumsum(transition, axis=-1), None
     else:
-        check_shape("successors.index", successors.index, (S, successors.width), src)
+        successors.check(S, src)
         p_cdf = jnp.cumsum(successor_probs(transition, successors), axis=-1)  # [S, B, J]
         nxt = jnp.asarray(successors.index)
     rho_cdf = jnp.cumsum(init_dist)

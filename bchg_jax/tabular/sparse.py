@@ -120,7 +120,16 @@ LOST_MASS_ULPS = 64
 
 
 class Successors(NamedTuple):
-    """A fixed successor table: ``index`` [S, J] int32 (padded), ``valid`` [S, J] bool."""
+    """A fixed successor table: ``index`` [S, J] int32 (padded), ``valid`` [S, J] bool.
+
+    Row s lists the states reachable from s; entries with ``valid`` False are padding (read as
+    probability 0, but still a state in [0, S)). The valid entries of a row must be distinct
+    (a repeated one would count its probability twice). The builders
+    (:func:`successors_from_support`, :func:`successors_from_transition`,
+    :func:`problem_successors`) also keep them in increasing order, which makes
+    :func:`~bchg_jax.tabular.rollout.rollout` draw the same states as the dense sampler; every
+    function that takes a table checks it with :meth:`check`.
+    """
 
     index: np.ndarray
     valid: np.ndarray
@@ -129,6 +138,40 @@ class Successors(NamedTuple):
     def width(self) -> int:
         """J, the most successors of any state."""
         return int(self.index.shape[1])
+
+    def check(self, num_states: int, src: str = "") -> None:
+        """Raises ValueError unless this is a successor table of ``num_states`` states: ``index``
+        an integer [S, J] array (J >= 1) of states in [0, S), ``valid`` a boolean array of the
+        same shape, and no state listed twice among a row's valid entries. ``src`` says where
+        S came from (shown in the error)."""
+        index, valid = np.asarray(self.index), np.asarray(self.valid)
+        S, at = int(num_states), f" ({src})" if src else ""
+        if not np.issubdtype(index.dtype, np.integer):
+            raise ValueError(f"successors.index must be an integer array, got dtype {index.dtype}")
+        check_shape("successors.index", index, (S, index.shape[-1] if index.ndim else 0), src)
+        if index.shape[1] < 1:
+            raise ValueError(f"successors.index must have at least one column, got {index.shape}")
+        if valid.dtype != np.bool_ or valid.shape != index.shape:
+            raise ValueError(
+                f"successors.valid must be a bool array shaped like successors.index "
+                f"{index.shape}, got dtype {valid.dtype} shape {valid.shape}"
+            )
+        bad = (index < 0) | (index >= S)
+        if np.any(bad):
+            s, j = np.argwhere(bad)[0]
+            raise ValueError(
+                f"successors.index[{s}, {j}] = {index[s, j]} is not a state in [0, {S}){at} "
+                "(padding too must name a state; mark it invalid instead)"
+            )
+        keyed = np.where(valid, index, -1 - np.arange(index.shape[1]))  # padding never repeats
+        ordered = np.sort(keyed, axis=1)
+        repeated = ordered[:, 1:] == ordered[:, :-1]
+        if np.any(repeated):
+            s, j = np.argwhere(repeated)[0]
+            raise ValueError(
+                f"successors: state {ordered[s, j + 1]} is listed twice among row {s}'s valid "
+                "entries (its probability would count twice); list each successor once"
+            )
 
 
 def successors_from_support(support: np.ndarray) -> Successors:
@@ -765,9 +808,9 @@ def sparse_policy_evaluation(
         ("policy", policy, (S, B)),
         ("cont (continuation)", cont, (S,)),
         ("V0", V0, (S,)),
-        ("successors.index", successors.index, (S, successors.width)),
     ):
         check_shape(name, x, shape, src)
+    successors.check(S, src)
     dtype = r.dtype
     solve = _evaluation_solver(*_key(successors), float(tol), int(max_sweeps))
     probs = successor_probs(P, successors)

@@ -58,6 +58,34 @@ def test_newton_steps_finish_a_riccati_iteration_near_a_marginal_closed_loop(x64
     assert 0.999 < rate < 1
 
 
+@pytest.mark.parametrize("growth", [1e-4, -1e-4])
+def test_a_slowly_diverging_riccati_iteration_is_not_converged(x64, growth):
+    """s1' = lam s1 with gamma lam^2 = 1 + 1e-4, out of the follower's reach (B = [0, 1]) and
+    costed (Qbar = I): no stabilising solution, and P11 grows ~linearly, so the relative change
+    falls below tol (1054 iterations at tol 1e-3; at the default 1e-6 after ~1e6) and the
+    iteration 'converged'; the Newton steps then took P to the non-stabilising root
+    P11 = 1 / (1 - gamma lam^2) = -1.8e4, and the LQR game's exact hypergradient came out as
+    [-60.6, -4.55e7] with no error. ``unstable`` flags it now; the same system with
+    gamma lam^2 = 1 - 1e-4 converges to its stabilising solution."""
+    g = 0.9
+    lam = np.sqrt((1.0 + growth) / g)
+    A, B = jnp.array([[lam, 0.0], [1.0, 0.5]]), jnp.array([[0.0], [1.0]])
+    P, info = riccati(A, B, jnp.eye(2), jnp.eye(1), g, tol=1e-3, max_iters=100_000)
+    br = maxent_lqr(A, B, jnp.eye(2), jnp.eye(1), 0.1 * jnp.eye(2), g, 0.5, tol=1e-3)
+    if growth > 0:
+        assert float(info.residual) <= 1e-3 and int(info.iterations) < 100_000
+        assert bool(info.unstable) and not bool(info.converged)
+        assert bool(br.info.unstable) and not bool(br.converged)
+        with pytest.raises(ValueError, match="not the stabilising one"):
+            check_solution(br)
+    else:
+        assert bool(info.converged) and not bool(info.unstable)
+        Q, R = jnp.eye(2), jnp.eye(1)
+        np.testing.assert_allclose(riccati_map(P, A, B, Q, R, g), P, rtol=1e-9)
+        assert np.linalg.eigvalsh(np.asarray(P)).min() > 0 and float(P[0, 0]) > 1e4
+        check_solution(br)
+
+
 def test_riccati_implicit_gradient_matches_finite_differences(x64):
     A, B, Q, R, _ = _system(1)
     f = lambda a: jnp.sum(riccati(A * a, B, Q, R, 0.9, tol=1e-14)[0] * np.arange(9).reshape(3, 3))  # noqa: E731

@@ -92,9 +92,17 @@ def test_infinite_horizon_objective_and_critic_are_nan_when_diverging(x64):
     J_inf = float(exact_lq.leader_objective(p, w1, 0.1, None, br=br1))
     J_long = float(exact_lq.leader_objective(p, w1, 0.1, 3000, br=br1))
     np.testing.assert_allclose(J_inf, J_long, rtol=1e-8)
-    # undetectable follower cost: rho(F) = 1.2 under gamma 0.9 (was +2.92)
+    # undetectable follower cost: rho(F) = 1.2 under gamma 0.9 (was +2.92, then NaN): the
+    # Riccati iteration meets its tolerance at a P that is not the stabilising solution, which
+    # the solver itself now flags (info.unstable; converged False): an error when concrete,
+    # NaN when traced
     q = _undetectable()
-    assert np.isnan(float(exact_lq.leader_objective(q, jnp.zeros(1), 0.1, None, tol=1e-13)))
+    info = q.best_response(jnp.zeros(1), 0.1, tol=1e-13).info
+    assert bool(info.unstable) and not bool(info.converged) and float(info.residual) < 1e-13
+    with pytest.raises(ValueError, match="not the stabilising one.*does not help"):
+        exact_lq.leader_objective(q, jnp.zeros(1), 0.1, None, tol=1e-13)
+    traced = jax.jit(lambda th: exact_lq.leader_objective(q, th, 0.1, None, tol=1e-13))
+    assert np.isnan(float(traced(jnp.zeros(1))))
 
 
 @pytest.mark.slow
@@ -175,3 +183,40 @@ def test_updates_past_the_edge_of_stability_are_dropped_and_flagged(method):
     # was applied: past the edge every method's estimate blows up (exact 4.8e9 here)
     past = gnorm[first:]
     assert np.all(~np.isfinite(past) | (past > 1e3 * np.median(gnorm[:first]))), past
+
+
+def test_validate_finds_a_diverging_closed_loop_behind_a_slow_riccati_iteration():
+    """A = diag(1 / sqrt(0.9), 0.5), B = [b, 1]: the first mode is barely controllable, and its
+    closed loop, 1.0539 (numpy's eigenvalues of A - B K at the Riccati solution), diverges under
+    gamma_L = 0.95 (0.95 * 1.0539^2 = 1.055). Under gamma_F the iteration converges at rate
+    0.9997; validate's host solver, a plain iteration capped at 50,000 steps, gave up at
+    b = 3e-4 and skipped the check, so validate() and make_train passed a problem whose every
+    update the trainer then skipped. Its doubling form reaches the limit in a few dozen steps."""
+    A, B = np.diag([1.0 / np.sqrt(0.9), 0.5]), np.array([[3e-4], [1.0]])
+    problem = LQConfigurableMDP(
+        A_fn=lambda th: jnp.asarray(A, th.dtype) + 0.0 * th[0],
+        B_fn=lambda th: jnp.asarray(B, th.dtype) * (1.0 + th[0]),
+        U=0.1 * np.eye(2),
+        Qbar=np.eye(2),
+        Rbar=np.eye(1),
+        leader_quadratic=lambda th: (
+            jnp.eye(2, dtype=th.dtype),
+            jnp.eye(1, dtype=th.dtype),
+            jnp.zeros((), th.dtype),
+        ),
+        init_cov=np.eye(2),
+        gamma_F=0.9,
+        gamma_L=0.95,
+        theta0=jnp.zeros(1),
+        horizon=100,
+        name="weak",
+    )
+    with pytest.raises(ValueError, match=r"diverges under gamma_L: spectral radius 1\.054"):
+        problem.validate()
+    with pytest.raises(ValueError, match=r"diverges under gamma_L"):
+        make_train(problem, "exact")
+    # the same limit as the library's Riccati iteration (tol 1e-6 + Newton), in 23k iterations
+    br = problem.best_response(problem.theta0, 0.1)
+    assert bool(br.converged) and int(br.info.iterations) > 20_000
+    rho = np.max(np.abs(np.linalg.eigvals(A - B @ np.asarray(br.K))))
+    assert 1.0539 < rho < 1.0540

@@ -539,3 +539,56 @@ def test_sparse_soft_solver_respects_max_sweeps():
         evaluate = sparse._evaluation_solver(*sparse._key(succ), 1e-6, cap)
         _, n, res = evaluate(probs, r, br.policy, gc, jnp.zeros(P.shape[0]))
         assert int(n) == cap and float(res) > 1e-6, (cap, int(n))
+
+
+def test_a_hand_built_successor_table_is_checked_before_use():
+    """``Successors`` is public, and a hand-built table used to be taken as given: a successor
+    listed twice counted its probability twice (the rollout drew the first successor 49% of the
+    time instead of 38%, lost_mass came out negative, the solvers returned inf / NaN), and an
+    index outside [0, S) gave NaN or a bare IndexError."""
+    prob = _ring_problem(dtype=jnp.float32)
+    theta = prob.theta0
+    P, r = prob.transition(theta), prob.follower_reward(theta)
+    good = sparse.problem_successors(prob)
+    good.check(12)
+    S, B = 12, 3
+    pol = jnp.full((S, B), 1.0 / B)
+    cont = continuation(None, S, jnp.float32)
+    dup = sparse.Successors(
+        np.concatenate([good.index, good.index[:, :1]], 1),
+        np.concatenate([good.valid, good.valid[:, :1]], 1),
+    )
+    index = good.index.copy()
+    index[3, 1] = S
+    outside = sparse.Successors(index, good.valid)
+    padded_negative = sparse.Successors(
+        np.concatenate([good.index, np.full((S, 1), -1)], 1),
+        np.concatenate([good.valid, np.zeros((S, 1), bool)], 1),
+    )
+    cases = (
+        (dup, "state 0 is listed twice among row 0's valid entries"),
+        (outside, r"successors.index\[3, 1\] = 12 is not a state in \[0, 12\)"),
+        (padded_negative, r"successors.index\[0, 3\] = -1 is not a state.*padding too"),
+        (sparse.Successors(good.index.astype(float), good.valid), "integer array, got dtype"),
+        (sparse.Successors(good.index, good.valid[:, :2]), "successors.valid must be a bool"),
+        (sparse.Successors(good.index[:5], good.valid[:5]), r"successors.index must have shape"),
+    )
+    calls = (
+        lambda t: sparse.sparse_soft_value_iteration(P, r, 0.5, 0.9, t),
+        lambda t: sparse.sparse_policy_evaluation(P, r, pol, 0.9, cont, jnp.zeros(S), t, 1e-6),
+        lambda t: rollout(jax.random.key(0), pol, P, jnp.full(S, 1.0 / S), None, None, 2, 3, t),
+    )
+    for table, shown in cases:
+        for call in calls:
+            with pytest.raises(ValueError, match=shown):
+                call(table)
+    for call in calls:
+        call(good)
+    # padding may repeat a valid state (the builders pad a short row with its first successor)
+    support = np.eye(S, dtype=bool) | np.roll(np.eye(S, dtype=bool), 1, axis=1)
+    support[0] = P.sum(1)[0] > 0
+    padded = sparse.successors_from_support(support)
+    assert padded.width == 3 and np.any(~padded.valid)
+    assert np.all(padded.index[1:, 2] == padded.index[1:, 0])
+    for call in calls:
+        call(padded)
