@@ -36,27 +36,33 @@ def _scalar(theta0, gamma_L=0.9):
     )
 
 
-def _undetectable():
-    """The unstable mode 1.2 is not in the follower's cost (Qbar = diag(0, 1)): the Riccati
-    iteration converges to a P that leaves it unstable, rho(F) = 1.2."""
+def _two_state(A, B, Qbar, gamma_L, b_scale, mb, name):
+    """A 2-state, 1-action problem with constant A, Qbar and B(theta) = B (1 + b_scale theta)."""
     return LQConfigurableMDP(
-        A_fn=lambda th: jnp.diag(jnp.array([1.2, 0.5], th.dtype)) * (1.0 + 0.0 * th[0]),
-        B_fn=lambda th: jnp.ones((2, 1), th.dtype) * (1.0 + 0.1 * th[0]),
+        A_fn=lambda th: jnp.asarray(A, th.dtype) + 0.0 * th[0],
+        B_fn=lambda th: jnp.asarray(B, th.dtype) * (1.0 + b_scale * th[0]),
         U=0.1 * np.eye(2),
-        Qbar=np.diag([0.0, 1.0]),
+        Qbar=Qbar,
         Rbar=np.eye(1),
         leader_quadratic=lambda th: (
             jnp.eye(2, dtype=th.dtype),
-            0.1 * jnp.eye(1, dtype=th.dtype),
+            mb * jnp.eye(1, dtype=th.dtype),
             jnp.zeros((), th.dtype),
         ),
         init_cov=np.eye(2),
         gamma_F=0.9,
-        gamma_L=0.9,
+        gamma_L=gamma_L,
         theta0=jnp.zeros(1),
         horizon=100,
-        name="undetectable",
+        name=name,
     )
+
+
+def _undetectable():
+    """The unstable mode 1.2 is not in the follower's cost (Qbar = diag(0, 1)): the Riccati
+    iteration converges to a P that leaves it unstable, rho(F) = 1.2."""
+    A, B = np.diag([1.2, 0.5]), np.ones((2, 1))
+    return _two_state(A, B, np.diag([0.0, 1.0]), 0.9, 0.1, 0.1, "undetectable")
 
 
 def test_spectral_radius_bound_matches_eigenvalues(x64):
@@ -193,24 +199,7 @@ def test_validate_finds_a_diverging_closed_loop_behind_a_slow_riccati_iteration(
     b = 3e-4 and skipped the check, so validate() and make_train passed a problem whose every
     update the trainer then skipped. Its doubling form reaches the limit in a few dozen steps."""
     A, B = np.diag([1.0 / np.sqrt(0.9), 0.5]), np.array([[3e-4], [1.0]])
-    problem = LQConfigurableMDP(
-        A_fn=lambda th: jnp.asarray(A, th.dtype) + 0.0 * th[0],
-        B_fn=lambda th: jnp.asarray(B, th.dtype) * (1.0 + th[0]),
-        U=0.1 * np.eye(2),
-        Qbar=np.eye(2),
-        Rbar=np.eye(1),
-        leader_quadratic=lambda th: (
-            jnp.eye(2, dtype=th.dtype),
-            jnp.eye(1, dtype=th.dtype),
-            jnp.zeros((), th.dtype),
-        ),
-        init_cov=np.eye(2),
-        gamma_F=0.9,
-        gamma_L=0.95,
-        theta0=jnp.zeros(1),
-        horizon=100,
-        name="weak",
-    )
+    problem = _two_state(A, B, np.eye(2), 0.95, 1.0, 1.0, "weak")
     with pytest.raises(ValueError, match=r"diverges under gamma_L: spectral radius 1\.054"):
         problem.validate()
     with pytest.raises(ValueError, match=r"diverges under gamma_L"):
