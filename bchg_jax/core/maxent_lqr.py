@@ -26,7 +26,10 @@ U [n, d] (a factor of the disturbance covariance).
 
 Values here are *rewards* (the paper's propositions state costs, V_cost = -V_F).
 Non-convergence (an unstabilisable pair, or ``max_iters`` too small) is never silent: every
-solution carries ``converged`` (finite and below tolerance) and ``residual``; callers decide
+solution carries ``converged`` (finite, below tolerance, and the stabilising solution: its closed
+loop ``A - B K`` stable under ``gamma``, :mod:`bchg_jax.core.stability`; ``unstable`` when only
+that failed: the relative-change test also passes while P grows slowly without bound, and the
+Newton steps below then reach a non-stabilising root) and ``residual``; callers decide
 whether to raise (:func:`check_solution`) or to skip an update; the exact references
 (:mod:`bchg_jax.lq.exact`, :mod:`bchg_jax.games.lqr.exact`) go through
 :func:`nan_unless_converged`: an error for concrete arguments, NaN (value and gradient) when traced.
