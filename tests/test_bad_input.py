@@ -1164,3 +1164,90 @@ def test_a_vector_beta_is_refused_by_the_pure_functions():
     for J, b in zip(Js, two, strict=True):
         np.testing.assert_allclose(J, lq_family.leader_objective(th, th.theta0, b), rtol=1e-5)
     lq_family.HParams(lr=0.1, beta=two).validate()
+
+
+# ---- the linear-Gaussian families' constant arrays, checked by the pure functions -------------
+TH_LQ = jnp.zeros(1)
+LQ_PURE_CALLS = {
+    "lq.best_response": lambda p: lq_family.best_response(p, TH_LQ, 0.1),
+    "lq.leader_objective": lambda p: lq_family.leader_objective(p, TH_LQ, 0.1),
+    "lq.exact_hypergradient": lambda p: lq_family.exact_hypergradient(p, TH_LQ, 0.1),
+    "lq.exact_hypergradient under jit": lambda p: jax.jit(
+        lambda th: lq_family.exact_hypergradient(p, th, 0.1)
+    )(TH_LQ),
+    "lq.policy_value": lambda p: lq_family.policy_value(
+        p, TH_LQ, lq_family.best_response(_lq(), TH_LQ, 0.1), 0.1
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "over, shown",
+    [
+        (dict(Qbar=np.diag([-0.5, 1.0])), "Qbar must be symmetric positive semi-definite"),
+        (dict(Rbar=np.full((1, 1), np.nan)), "Rbar is not finite"),
+        (dict(U=np.triu(np.ones((2, 2)))), "U must be lower-triangular"),
+        (dict(init_cov=-np.eye(2)), "init_cov must be symmetric positive definite"),
+        (dict(init_cov=np.eye(3)), r"init_cov must have shape \(2, 2\) \(n=2 from Qbar"),
+    ],
+)
+@pytest.mark.parametrize("call", LQ_PURE_CALLS)
+def test_lq_pure_functions_refuse_bad_constant_arrays(over, shown, call):
+    """Before: an indefinite Qbar, an upper-triangular U or a negative init_cov gave a finite
+    hypergradient (0.0 here) from every exact reference; nobody had called validate()."""
+    with pytest.raises(ValueError, match=shown):
+        LQ_PURE_CALLS[call](_lq(**over))
+
+
+GAME_PURE_CALLS = {
+    "games.lqr.best_response": lambda g: game_lqr.best_response(g, TH_LQR, 0.1),
+    "games.lqr.leader_objective": lambda g: game_lqr.leader_objective(g, TH_LQR, 0.1),
+    "games.lqr.exact_hypergradient": lambda g: game_lqr.exact_hypergradient(g, TH_LQR, 0.1),
+    "games.lqr.exact_critic_estimate": lambda g: game_lqr.exact_critic_estimate(
+        g, TH_LQR, 0.1, K, episodes=2, leader_steps=3, extra_steps=1, stochastic=False
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "over, shown",
+    [
+        (dict(Sigma=-np.eye(2)), "Sigma must be symmetric positive semi-definite"),
+        (dict(Qbar=-np.eye(2)), "Qbar must be symmetric positive semi-definite"),
+        (dict(U=-np.eye(1)), "U must be lower-triangular with a non-negative diagonal"),
+    ],
+)
+@pytest.mark.parametrize("call", GAME_PURE_CALLS)
+def test_lqr_game_pure_functions_refuse_bad_constant_arrays(over, shown, call):
+    """Before: Sigma = -I (a bump that is a well) gave a finite hypergradient [0.109, 0.007]."""
+    with pytest.raises(ValueError, match=shown):
+        GAME_PURE_CALLS[call](dataclasses.replace(lqr_game(), **over))
+
+
+def test_a_leader_without_noise_is_refused_by_the_score_estimate_only():
+    """U = 0 is the deterministic leader: its exact J and hypergradient are defined (and equal
+    the deterministic leader's), its score log f_theta(a|s) is not (the estimate was NaN)."""
+    game = dataclasses.replace(lqr_game(), U=np.zeros((1, 1)))
+    g_stoch = game_lqr.exact_hypergradient(game, TH_LQR, 0.1)
+    g_det = game_lqr.exact_hypergradient(game, TH_LQR, 0.1, stochastic=False)
+    np.testing.assert_allclose(g_stoch, g_det, rtol=1e-5, atol=1e-8)
+    opts = dict(episodes=2, leader_steps=3, extra_steps=1)
+    est = game_lqr.exact_critic_estimate(game, TH_LQR, 0.1, K, stochastic=False, **opts)
+    assert np.all(np.isfinite(est))
+    with pytest.raises(ValueError, match=r"positive-definite covariance U U\^T.*stochastic=False"):
+        game_lqr.exact_critic_estimate(game, TH_LQR, 0.1, K, **opts)
+
+
+def test_the_constants_check_runs_once_per_problem_object(monkeypatch):
+    """Checked on first use, remembered for that object; a replaced problem is a new object."""
+    calls = []
+    problem = _lq()
+    original = type(problem).check_constants
+    monkeypatch.setattr(
+        type(problem), "check_constants", lambda self: calls.append(self) or original(self)
+    )
+    for _ in range(3):
+        lq_family.leader_objective(problem, TH_LQ, 0.1)
+    assert calls == [problem]
+    lq_family.leader_objective(dataclasses.replace(problem, name="other"), TH_LQ, 0.1)
+    assert len(calls) == 2

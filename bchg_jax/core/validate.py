@@ -10,6 +10,7 @@ The public pure functions check their concrete arguments with :func:`check_if_co
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import Callable, Optional
 
 import jax
@@ -57,6 +58,43 @@ def validate_if_concrete(problem, *args) -> None:
         jax.errors.TracerIntegerConversionError,
     ):
         pass  # a problem made of traced values (built inside a trace): nothing to check
+
+
+# problems whose theta-independent arrays passed ``check_constants`` (keyed by the object: the
+# problem types are frozen dataclasses hashed by identity; ``dataclasses.replace`` makes a new one)
+_CONSTANTS_CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def check_constants_once(problem) -> None:
+    """``problem.check_constants()`` the first time a pure function sees this problem object.
+
+    The exact references and best responses of the linear-Gaussian families take a problem
+    that nobody may have validated; its theta-independent arrays (costs, noise factors,
+    initial covariances) are checked here, once per object, so an indefinite cost or a
+    covariance that is no covariance is named instead of giving a finite, meaningless number.
+    The theta-dependent checks stay in ``validate(theta)`` (at a diverging theta the exact
+    functions answer NaN by design). Skipped for an object without ``check_constants`` and
+    while any of its fields is traced.
+
+    Raises:
+      ValueError: whatever ``problem.check_constants`` raises (not cached).
+    """
+    check = getattr(problem, "check_constants", None)
+    if check is None:
+        return
+    try:
+        if problem in _CONSTANTS_CHECKED:
+            return
+    except TypeError:  # not weak-referenceable: check every time
+        pass
+    if not is_concrete(list(vars(problem).values())):
+        return
+    with jax.ensure_compile_time_eval():
+        check()
+    try:
+        _CONSTANTS_CHECKED[problem] = True
+    except TypeError:
+        pass
 
 
 def check_if_concrete(check: Callable[..., None], *args) -> None:

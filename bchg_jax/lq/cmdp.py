@@ -291,24 +291,7 @@ class LQConfigurableMDP:
             )
         m = B.shape[1]
         src = f"n={n} from A(theta), m={m} from B(theta)"
-        Q, R, U, C0 = (
-            np.asarray(x, np.float64) for x in (self.Qbar, self.Rbar, self.U, self.init_cov)
-        )
-        for label, x, shape in (
-            ("Qbar", Q, (n, n)),
-            ("Rbar", R, (m, m)),
-            ("U", U, (n, n)),
-            ("init_cov", C0, (n, n)),
-        ):
-            check_shape(f"{self.name}: {label}", x, shape, src)
-        check_costs(self.name, Q, R)
-        if not np.allclose(U, np.tril(U)) or np.any(np.abs(np.diagonal(U)) <= 0):
-            raise ValueError(
-                f"{self.name}: U must be lower-triangular with a non-zero diagonal "
-                "(a Cholesky factor of the noise covariance)"
-            )
-        if not np.allclose(C0, C0.T) or np.linalg.eigvalsh(C0).min() <= 0:
-            raise ValueError(f"{self.name}: init_cov must be symmetric positive definite")
+        self._check_constant_arrays(n, m, src)
         Ms, Mb, c = (np.asarray(x, np.float64) for x in raw_quad)
         for label, x, shape in (("Ms", Ms, (n, n)), ("Mb", Mb, (m, m)), ("c", c, ())):
             check_shape(f"{self.name}: leader_quadratic(theta)'s {label}", x, shape, src)
@@ -325,6 +308,56 @@ class LQConfigurableMDP:
             )
         self._check_closed_loop(theta, A, B)
         return self
+
+    def check_constants(self) -> "LQConfigurableMDP":
+        """The checks that do not depend on theta (no call of ``A_fn`` / ``B_fn``): discounts
+        and horizon, Qbar [n, n] and Rbar [m, m] square (they give n and m here), U and
+        init_cov [n, n], every array finite, the costs (Qbar PSD, Rbar PD), U a Cholesky
+        factor and init_cov positive definite.
+
+        The exact references and the best response run it once per problem object
+        (:func:`bchg_jax.core.validate.check_constants_once`); :meth:`validate` runs it too,
+        with n and m from the dynamics.
+
+        Returns:
+          ``self``.
+        Raises:
+          ValueError: the first failed check.
+        """
+        check_discounts(self.name, self.gamma_F, self.gamma_L, self.horizon)
+        dims = []
+        for label, x in (("Qbar", self.Qbar), ("Rbar", self.Rbar)):
+            shape = np.shape(x)
+            if len(shape) != 2 or shape[0] != shape[1] or shape[0] < 1:
+                raise ValueError(f"{self.name}: {label} must be a square matrix, got {shape}")
+            dims.append(shape[0])
+        n, m = dims
+        self._check_constant_arrays(n, m, f"n={n} from Qbar, m={m} from Rbar")
+        return self
+
+    def _check_constant_arrays(self, n: int, m: int, src: str) -> None:
+        """Qbar, Rbar, U, init_cov: shapes against (n, m), finite, the costs, U a Cholesky
+        factor, init_cov positive definite."""
+        Q, R, U, C0 = (
+            np.asarray(x, np.float64) for x in (self.Qbar, self.Rbar, self.U, self.init_cov)
+        )
+        for label, x, shape in (
+            ("Qbar", Q, (n, n)),
+            ("Rbar", R, (m, m)),
+            ("U", U, (n, n)),
+            ("init_cov", C0, (n, n)),
+        ):
+            check_shape(f"{self.name}: {label}", x, shape, src)
+            if not np.all(np.isfinite(x)):
+                raise ValueError(f"{self.name}: {label} is not finite")
+        check_costs(self.name, Q, R)
+        if not np.allclose(U, np.tril(U)) or np.any(np.abs(np.diagonal(U)) <= 0):
+            raise ValueError(
+                f"{self.name}: U must be lower-triangular with a non-zero diagonal "
+                "(a Cholesky factor of the noise covariance)"
+            )
+        if not np.allclose(C0, C0.T) or np.linalg.eigvalsh(C0).min() <= 0:
+            raise ValueError(f"{self.name}: init_cov must be symmetric positive definite")
 
     def _check_closed_loop(self, theta, A: np.ndarray, B: np.ndarray) -> None:
         """The follower's closed loop F = A - B K at theta (Proposition 1; K does not depend on

@@ -29,6 +29,7 @@ from bchg_jax.core.precision import full_precision
 from bchg_jax.core.stability import is_discounted_stable, log_spectral_radius  # noqa: F401
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
+    check_constants_once,
     check_count,
     check_problem_settings,
     check_theta,
@@ -109,6 +110,7 @@ def _check_args(problem: LQConfigurableMDP, beta=None, horizon="default", theta=
     """The problem's scalar settings, a concrete beta (> 0; None: not checked), ``horizon``
     (``"default"``, None or a positive integer) and ``theta`` (shaped like theta0, finite)."""
     check_problem_settings(problem)
+    check_constants_once(problem)
     if theta is not None:
         check_theta(problem, theta)
     if beta is not None:

@@ -23,7 +23,12 @@ from bchg_jax.core.maxent_lqr import (
     soft_value,
 )
 from bchg_jax.core.precision import full_precision
-from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings, check_theta
+from bchg_jax.core.validate import (
+    check_beta_if_concrete,
+    check_constants_once,
+    check_problem_settings,
+    check_theta,
+)
 
 Array = jax.Array
 
@@ -63,6 +68,7 @@ def best_response(
         ``problem`` (a discount outside [0, 1), a bad ``horizon``).
     """
     check_problem_settings(problem)
+    check_constants_once(problem)
     check_beta_if_concrete(beta)
     check_theta(problem, theta)
     dt = theta.dtype

@@ -21,7 +21,7 @@ import numpy as np
 
 from bchg_jax.core.maxent_lqr import GaussianBestResponse, response_from_value, riccati_map
 from bchg_jax.core.precision import full_precision
-from bchg_jax.core.validate import check_count
+from bchg_jax.core.validate import check_constants_once, check_count
 from bchg_jax.lq.cmdp import LQConfigurableMDP
 from bchg_jax.lq.exact import discounted_lyapunov
 
@@ -29,6 +29,7 @@ Array = jax.Array
 
 
 def _model(problem: LQConfigurableMDP, theta: Array):
+    check_constants_once(problem)  # the costs and U: named here, not a finite wrong value
     dt = theta.dtype
     A, B = problem.A_fn(theta), problem.B_fn(theta)
     Qbar, Rbar, U = (jnp.asarray(x, dt) for x in (problem.Qbar, problem.Rbar, problem.U))

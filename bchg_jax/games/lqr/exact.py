@@ -29,6 +29,7 @@ from bchg_jax.core.maxent_lqr import nan_unless_converged
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
+    check_constants_once,
     check_count,
     check_discount,
     check_if_concrete,
@@ -72,6 +73,7 @@ def _check_args(game: LQRGame, beta=None, horizon=None, gamma=None, theta=None) 
     concrete return discount gamma (in [0, 1]: a finite-horizon sum may be undiscounted) and
     theta ([..., k * n], finite); None skips an argument."""
     check_problem_settings(game)
+    check_constants_once(game)
     if theta is not None:
         check_theta(game, theta, last_axis=game.num_params)
     if beta is not None:
@@ -369,6 +371,11 @@ def exact_critic_estimate(
         setting of ``game``, or an unknown ``guide``.
     """
     _check_args(game, beta, gamma=gamma, theta=theta)
+    if stochastic:
+        game.check_gaussian_leader(
+            "exact_critic_estimate(stochastic=True)",
+            "pass stochastic=False for a leader without noise (Theorem 3)",
+        )
     if direct_baseline not in ("value", "same_b", "same_noise", "none"):
         raise ValueError(f"unknown direct_baseline {direct_baseline!r}")
     if influence not in ("raw", "baseline"):

@@ -22,7 +22,12 @@ import numpy as np
 from bchg_jax.core.maxent_lqr import GaussianBestResponse, RiccatiInfo, maxent_lqr_observable
 from bchg_jax.core.maxent_lqr import quad_form as _quad
 from bchg_jax.core.precision import full_precision
-from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings, check_theta
+from bchg_jax.core.validate import (
+    check_beta_if_concrete,
+    check_constants_once,
+    check_problem_settings,
+    check_theta,
+)
 from bchg_jax.games.lqr.game import LQRGame, follower_reward, leader_gain, transition
 
 Array = jax.Array
@@ -115,6 +120,7 @@ def best_response(
         discount outside [0, 1), a bad ``horizon``), or ``theta`` not [k * n].
     """
     check_problem_settings(game)
+    check_constants_once(game)
     check_beta_if_concrete(beta)
     check_theta(game, theta, last_axis=game.num_params)
     dt = theta.dtype

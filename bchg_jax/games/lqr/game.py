@@ -31,7 +31,7 @@ import numpy as np
 from bchg_jax.core.maxent_lqr import is_stabilizable
 from bchg_jax.core.maxent_lqr import quad_form as _quad
 from bchg_jax.core.precision import full_precision
-from bchg_jax.core.validate import check_costs, check_discounts, shape_property
+from bchg_jax.core.validate import check_costs, check_discounts, is_concrete, shape_property
 
 Array = jax.Array
 
@@ -173,6 +173,36 @@ class LQRGame:
                         "Riccati equation has no stabilising solution"
                     )
         return self
+
+    def check_constants(self) -> "LQRGame":
+        """Every check of :meth:`validate` (all of the game's arrays are theta-independent);
+        what the exact references and the best response run once per game object
+        (:func:`bchg_jax.core.validate.check_constants_once`).
+
+        Returns:
+          ``self``.
+        Raises:
+          ValueError: the first failed check.
+        """
+        return self.validate()
+
+    def check_gaussian_leader(self, what: str, instead: str) -> None:
+        """U with a positive diagonal, so that U U^T is positive definite: ``what`` uses the
+        Gaussian leader's score grad_theta log f_theta(a|s) (Theorem 2), undefined along a
+        direction without leader noise (a concrete U only).
+
+        Args:
+          what: the caller, named in the error.
+          instead: what to use for a leader without noise, appended to the error.
+        Raises:
+          ValueError: a zero or negative diagonal entry of U.
+        """
+        if is_concrete(self.U) and not np.all(np.diagonal(np.asarray(self.U, np.float64)) > 0):
+            raise ValueError(
+                f"{self.name}: {what} needs a Gaussian leader with a positive-definite "
+                f"covariance U U^T (a positive diagonal of U), got U={np.asarray(self.U).tolist()}"
+                f": its score log f_theta(a|s) is undefined; {instead}"
+            )
 
 
 # ---- the leader -----------------------------------------------------------------------------

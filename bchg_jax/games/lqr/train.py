@@ -197,12 +197,11 @@ def make_train(
         action vary after the warm-up, so its ``grad_a Q_L`` is not identified by the data.
     """
     check_setup(game, method, config, METHODS)
-    if method in SCORE and not np.all(np.diagonal(np.asarray(game.U, np.float64)) > 0):
-        raise ValueError(
-            f"{game.name}: method {method!r} needs a Gaussian leader with a positive-definite "
-            f"covariance U U^T (a positive diagonal of U), got U={np.asarray(game.U).tolist()}: "
-            "its score log f_theta(a|s) is undefined; use a deterministic method "
-            "(bchg_det, naive_det) or an exact one for a leader without noise"
+    if method in SCORE:
+        game.check_gaussian_leader(
+            f"method {method!r}",
+            "use a deterministic method (bchg_det, naive_det) or an exact one for a leader "
+            "without noise",
         )
     guide, det = method in GUIDED, method in DETERMINISTIC
     if guide:
