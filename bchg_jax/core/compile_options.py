@@ -10,6 +10,12 @@ program (``jax.jit(..., compiler_options=...)``, tried): it must be in ``XLA_FLA
 CPU backend starts. jaxlib 0.11.2 and 0.12.0.1 run the same chunk without the flag (thermal at
 1000 runs: 3.5 and 4.1 s per iteration, 2026-11-28), so only 0.10.x gets it.
 
+The cause (native stacks, 2026-12-02): jaxlib 0.10.x's batched LAPACK kernels split their batch
+over the intra-op pool and block until the pieces finish, so as many concurrent kernels as pool
+threads wait on each other forever. The scheduler flag makes that rarer, not impossible; the
+per-sample densities therefore avoid sample-batched LAPACK calls altogether
+(:func:`bchg_jax.core.maxent_lqr.whiten`, docs/performance.md).
+
 :func:`configure_xla_cpu` (called when :mod:`bchg_jax` is imported) appends the flag to
 ``XLA_FLAGS`` when all of these hold: the variable does not mention the option already (a
 user's own setting wins), ``BCHG_JAX_KEEP_XLA_FLAGS`` is not set, no JAX backend has started yet,

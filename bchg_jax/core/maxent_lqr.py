@@ -256,8 +256,7 @@ class GaussianBestResponse(NamedTuple):
     @full_precision
     def log_prob(self, s: Array, b: Array, w: Array | None = None) -> Array:
         """log g(b|s[, w]) for ``s`` [..., n], ``b`` [..., m] (``w`` [..., n] or None) -> [...]."""
-        d = b - self.mean(s, w)
-        z = jax.scipy.linalg.solve_triangular(self.chol, d[..., None], lower=True)[..., 0]
+        z = whiten(self.chol, b - self.mean(s, w))
         m = self.K.shape[0]
         logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(self.chol)))
         return -0.5 * (jnp.sum(z**2, -1) + m * np.log(2 * np.pi) + logdet)
@@ -491,6 +490,29 @@ def nan_unless_converged(br, x: Array, what: str) -> Array:
 
 
 @full_precision
+@full_precision
+def whiten(L: Array, d: Array) -> Array:
+    """z = L^{-1} d for a lower-triangular ``L`` [k, k] and vectors ``d`` [..., k] -> [..., k].
+
+    The inverse factor is computed once (a triangular solve against the identity, batched only
+    over ``L``'s own batch under ``vmap``) and applied as a product, rather than one triangular
+    solve per vector: jaxlib 0.10.x runs a batched LAPACK solve by splitting the batch over
+    XLA:CPU's intra-op thread pool and blocking until the pieces are done, so two such solves
+    over a batch of samples, run at once by the executor on a 2-thread pool, wait on each other
+    forever (docs/performance.md, "The XLA:CPU stall"). The factors here are small and well
+    conditioned (Cholesky factors of covariances), so the product loses nothing measurable.
+
+    Args:
+      L: [k, k] lower-triangular, non-singular.
+      d: [..., k] vectors.
+    Returns:
+      [..., k] the solutions.
+    """
+    eye = jnp.eye(L.shape[-1], dtype=L.dtype)
+    L_inv = jax.scipy.linalg.solve_triangular(L, eye, lower=True)
+    return d @ L_inv.T
+
+
 def quad_form(M: Array, z: Array) -> Array:
     """z^T M z over the last axis of ``z`` [..., d] (``M`` [d, d]) -> [...].
 

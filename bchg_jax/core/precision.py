@@ -106,26 +106,39 @@ def _sub_jaxprs(value):
             yield from _sub_jaxprs(v)
 
 
+def jaxpr_eqns(jaxpr, names) -> List[Any]:
+    """Every equation of ``jaxpr`` and its sub-jaxprs (loops, conditionals, custom rules,
+    linear solves) whose primitive is named in ``names`` (e.g. ``{"triangular_solve", "lu"}``).
+
+    Args:
+      jaxpr: a ``Jaxpr`` or ``ClosedJaxpr`` (e.g. from ``jax.make_jaxpr``).
+      names: primitive names.
+    Returns:
+      the list of equations (``eqn.invars``: the operands, ``eqn.params``: the parameters).
+    """
+    names = set(names)
+    out = []
+    stack = list(_sub_jaxprs(jaxpr))
+    while stack:
+        jx = stack.pop()
+        for eqn in jx.eqns:
+            if eqn.primitive.name in names:
+                out.append(eqn)
+            for v in eqn.params.values():
+                stack.extend(_sub_jaxprs(v))
+    return out
+
+
 def jaxpr_dots(jaxpr) -> List[Any]:
-    """Every ``dot_general`` equation of ``jaxpr`` and its sub-jaxprs (loops, conditionals,
-    custom rules, linear solves): ``eqn.params["precision"]`` is its precision, ``eqn.invars``
-    its operands.
+    """Every ``dot_general`` equation of ``jaxpr`` and its sub-jaxprs (:func:`jaxpr_eqns`):
+    ``eqn.params["precision"]`` is its precision, ``eqn.invars`` its operands.
 
     Args:
       jaxpr: a ``Jaxpr`` or ``ClosedJaxpr`` (e.g. from ``jax.make_jaxpr``).
     Returns:
       the list of equations.
     """
-    out = []
-    stack = list(_sub_jaxprs(jaxpr))
-    while stack:
-        jx = stack.pop()
-        for eqn in jx.eqns:
-            if eqn.primitive.name == "dot_general":
-                out.append(eqn)
-            for v in eqn.params.values():
-                stack.extend(_sub_jaxprs(v))
-    return out
+    return jaxpr_eqns(jaxpr, ("dot_general",))
 
 
 def jaxpr_dot_precisions(jaxpr) -> List[Any]:

@@ -140,7 +140,9 @@ def expected_bump(game: LQRGame, mu: Array, cov: Array) -> Array:
     Mx = jnp.eye(n, dtype=mu.dtype) + W @ cov  # [..., n, n]
     d = mu - jnp.asarray(game.s_star, mu.dtype)
     Wd = d @ W.T
-    z = jnp.linalg.solve(jnp.broadcast_to(Mx, d.shape[:-1] + (n, n)), Wd[..., None])[..., 0]
+    # inverted on cov's own batch and applied as a product, not solved once per mean: a batched
+    # LAPACK solve over the samples can stall jaxlib 0.10.x (core.maxent_lqr.whiten)
+    z = jnp.einsum("...ij,...j->...i", jnp.linalg.inv(Mx), Wd)
     return jnp.exp(-0.5 * jnp.sum(d * z, -1)) / jnp.sqrt(jnp.linalg.det(Mx))
 
 

@@ -19,7 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.core.maxent_lqr import GaussianBestResponse, RiccatiInfo, maxent_lqr_observable
+from bchg_jax.core.maxent_lqr import (
+    GaussianBestResponse,
+    RiccatiInfo,
+    maxent_lqr_observable,
+    whiten,
+)
 from bchg_jax.core.maxent_lqr import quad_form as _quad
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import (
@@ -79,8 +84,7 @@ class GameResponse(NamedTuple):
     @full_precision
     def log_prob(self, s: Array, a: Array, b: Array) -> Array:
         """log g(b|s, a) for ``s`` [..., n], ``a`` [..., k], ``b`` [..., m] -> [...]."""
-        d = b - self.mean(s, a)
-        z = jax.scipy.linalg.solve_triangular(self.chol, d[..., None], lower=True)[..., 0]
+        z = whiten(self.chol, b - self.mean(s, a))
         m = self.K_s.shape[0]
         logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(self.chol)))
         return -0.5 * (jnp.sum(z**2, -1) + m * np.log(2 * np.pi) + logdet)

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.core.maxent_lqr import is_stabilizable
+from bchg_jax.core.maxent_lqr import is_stabilizable, whiten
 from bchg_jax.core.maxent_lqr import quad_form as _quad
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import check_costs, check_discounts, is_concrete, shape_property
@@ -260,9 +260,15 @@ def leader_log_prob(game: LQRGame, theta: Array, s: Array, a: Array) -> Array:
       s: [..., n] states.
       a: [..., k] leader actions.
     Returns:
-      [...] log-densities.
+      [...] log-densities (those of :func:`leader_policy`, computed with the inverse of U
+      applied as a product: distrax's ``log_prob`` solves one triangular system per sample,
+      a batched LAPACK call that can stall jaxlib 0.10.x, :func:`~bchg_jax.core.maxent_lqr.whiten`).
     """
-    return leader_policy(game, theta, s).log_prob(a)
+    U = jnp.asarray(game.U, s.dtype)
+    z = whiten(U, a - leader_mean(game, theta, s))
+    k = U.shape[0]
+    logdet = jnp.sum(jnp.log(jnp.abs(jnp.diagonal(U))))
+    return -0.5 * (jnp.sum(z**2, -1) + k * np.log(2 * np.pi)) - logdet
 
 
 @full_precision
