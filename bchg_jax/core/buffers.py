@@ -131,8 +131,8 @@ def sample_uniform(key: Array, buf: EpisodeBuffer, num: int):
     """
     T = buf.a.shape[1]
     ke, kt = jax.random.split(key)
-    e = jax.random.randint(ke, (num,), 0, stored(buf))
-    return e, jax.random.randint(kt, (num,), 0, T)
+    e = jax.random.randint(ke, (num,), 0, stored(buf), jnp.int32)
+    return e, jax.random.randint(kt, (num,), 0, T, jnp.int32)
 
 
 def sample_discounted(key: Array, buf: EpisodeBuffer, num: int, gamma):
@@ -153,7 +153,7 @@ def sample_discounted(key: Array, buf: EpisodeBuffer, num: int, gamma):
     cdf = jnp.cumsum(gamma ** jnp.arange(T, dtype=jnp.float32))
     cdf = cdf / cdf[-1]
     ke, kt = jax.random.split(key)
-    e = jax.random.randint(ke, (num,), 0, stored(buf))
+    e = jax.random.randint(ke, (num,), 0, stored(buf), jnp.int32)
     # drawn in the cdf's dtype (float32), not JAX's default float: the same indices with
     # jax_enable_x64 on or off
     t = jnp.minimum(jnp.searchsorted(cdf, jax.random.uniform(kt, (num,), cdf.dtype)), T - 1)

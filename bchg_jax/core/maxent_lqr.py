@@ -256,10 +256,7 @@ class GaussianBestResponse(NamedTuple):
     @full_precision
     def log_prob(self, s: Array, b: Array, w: Array | None = None) -> Array:
         """log g(b|s[, w]) for ``s`` [..., n], ``b`` [..., m] (``w`` [..., n] or None) -> [...]."""
-        z = whiten(self.chol, b - self.mean(s, w))
-        m = self.K.shape[0]
-        logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(self.chol)))
-        return -0.5 * (jnp.sum(z**2, -1) + m * np.log(2 * np.pi) + logdet)
+        return gaussian_log_density(self.chol, b - self.mean(s, w))
 
 
 def _response(P, A, B, Rbar, U, gamma, beta, info, observable: bool):
@@ -511,6 +508,27 @@ def whiten(L: Array, d: Array) -> Array:
     eye = jnp.eye(L.shape[-1], dtype=L.dtype)
     L_inv = jax.scipy.linalg.solve_triangular(L, eye, lower=True)
     return d @ L_inv.T
+
+
+def gaussian_log_density(L: Array, d: Array) -> Array:
+    """log N(d; 0, L L^T) for a lower-triangular factor ``L`` [k, k] and ``d`` [..., k] -> [...].
+
+    ``-|L^{-1} d|^2 / 2 - (k / 2) log(2 pi) - sum_i log|L_ii|``: the Gaussian densities of the
+    follower's best response, the LQ transition and the game leader (their scores are the
+    hypergradients' score terms). ``L^{-1} d`` goes through :func:`whiten` (no LAPACK call
+    batched over ``d``), and the constant is cast to ``d``'s dtype, so a float32 density stays
+    float32 under ``jax_enable_x64`` (a numpy float64 constant would promote it).
+
+    Args:
+      L: [k, k] lower-triangular, non-singular (a Cholesky factor; a diagonal of either sign).
+      d: [..., k] deviations from the mean.
+    Returns:
+      [...] log-densities.
+    """
+    z = whiten(L, d)
+    log_det = jnp.sum(jnp.log(jnp.abs(jnp.diagonal(L)))).astype(d.dtype)  # log|L| = log|LL^T| / 2
+    log_2pi = jnp.asarray(0.5 * L.shape[-1] * np.log(2 * np.pi), d.dtype)
+    return -0.5 * jnp.sum(z**2, -1) - log_det - log_2pi
 
 
 def quad_form(M: Array, z: Array) -> Array:

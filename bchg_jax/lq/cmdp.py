@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.core.maxent_lqr import GaussianBestResponse, is_stabilizable, whiten
+from bchg_jax.core.maxent_lqr import GaussianBestResponse, gaussian_log_density, is_stabilizable
 from bchg_jax.core.maxent_lqr import quad_form as _quad
 from bchg_jax.core.precision import full_precision, full_precision_fields
 from bchg_jax.core.validate import (
@@ -180,12 +180,8 @@ class LQConfigurableMDP:
         Returns:
           [...] log-densities.
         """
-        U = jnp.asarray(self.U, s.dtype)
         d = s2 - self.mean_next(theta, s, b)
-        z = whiten(U, d)
-        n = self.state_dim
-        logdet = jnp.sum(jnp.log(jnp.abs(jnp.diagonal(U))))
-        return -0.5 * jnp.sum(z**2, -1) - logdet - 0.5 * n * np.log(2 * np.pi)
+        return gaussian_log_density(jnp.asarray(self.U, d.dtype), d)
 
     @full_precision
     def follower_reward(self, theta: Array, s: Array, b: Array) -> Array:

@@ -426,7 +426,7 @@ def td_fit(
 
     def step(c, k):
         p, o = c
-        idx = None if not minibatch else jax.random.randint(k, (minibatch,), 0, N)
+        idx = None if not minibatch else jax.random.randint(k, (minibatch,), 0, N, jnp.int32)
         g = jax.grad(loss)(p, idx)
         u, o = opt.update(g, o, p)
         return (optax.apply_updates(p, u), o), None

@@ -116,3 +116,24 @@ def test_float32_run_is_the_same_with_x64_on_or_off(family):
         on = run()
     assert on.dtype == np.float32
     np.testing.assert_array_equal(off, on)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["fourrooms", "thermal", "toy_game", "lqr_game"])
+def test_a_float32_run_draws_32_bit_randomness_under_x64(name):
+    """Every random draw of a float32 run takes 32-bit bits with jax_enable_x64 on too (tracing
+    only). The game trainers' minibatch indices were drawn as int64 there (64-bit bits: other
+    indices, so other runs); the float32 runs of the game trainers still differ in the last bits
+    with x64 on, through optax's Adam (docs/architecture.md, "dtype")."""
+    from bchg_jax.core.precision import jaxpr_eqns
+
+    with jax.enable_x64(True):
+        trainer, grid = _trainers()[name]
+        init, run = grid_functions(trainer)
+        hp = grid_hparams(trainer, grid)
+        state = init(seed_keys(2, 0), hp)
+        jaxpr = jax.make_jaxpr(lambda s: run(s, hp, 1))(state)
+    draws = jaxpr_eqns(jaxpr, {"random_bits"})
+    assert draws, "no random draw found: the check would pass vacuously"
+    wide = {str(v.aval) for e in draws for v in e.outvars if v.aval.dtype.itemsize > 4}
+    assert not wide, f"64-bit random draws under x64: {sorted(wide)}"

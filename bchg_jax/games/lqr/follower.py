@@ -17,13 +17,12 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from bchg_jax.core.maxent_lqr import (
     GaussianBestResponse,
     RiccatiInfo,
+    gaussian_log_density,
     maxent_lqr_observable,
-    whiten,
 )
 from bchg_jax.core.maxent_lqr import quad_form as _quad
 from bchg_jax.core.precision import full_precision
@@ -84,10 +83,7 @@ class GameResponse(NamedTuple):
     @full_precision
     def log_prob(self, s: Array, a: Array, b: Array) -> Array:
         """log g(b|s, a) for ``s`` [..., n], ``a`` [..., k], ``b`` [..., m] -> [...]."""
-        z = whiten(self.chol, b - self.mean(s, a))
-        m = self.K_s.shape[0]
-        logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(self.chol)))
-        return -0.5 * (jnp.sum(z**2, -1) + m * np.log(2 * np.pi) + logdet)
+        return gaussian_log_density(self.chol, b - self.mean(s, a))
 
 
 @full_precision

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.core.maxent_lqr import is_stabilizable, whiten
+from bchg_jax.core.maxent_lqr import gaussian_log_density, is_stabilizable
 from bchg_jax.core.maxent_lqr import quad_form as _quad
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import check_costs, check_discounts, is_concrete, shape_property
@@ -264,11 +264,8 @@ def leader_log_prob(game: LQRGame, theta: Array, s: Array, a: Array) -> Array:
       applied as a product: distrax's ``log_prob`` solves one triangular system per sample,
       a batched LAPACK call that can stall jaxlib 0.10.x, :func:`~bchg_jax.core.maxent_lqr.whiten`).
     """
-    U = jnp.asarray(game.U, s.dtype)
-    z = whiten(U, a - leader_mean(game, theta, s))
-    k = U.shape[0]
-    logdet = jnp.sum(jnp.log(jnp.abs(jnp.diagonal(U))))
-    return -0.5 * (jnp.sum(z**2, -1) + k * np.log(2 * np.pi)) - logdet
+    d = a - leader_mean(game, theta, s)
+    return gaussian_log_density(jnp.asarray(game.U, d.dtype), d)
 
 
 @full_precision
