@@ -292,8 +292,22 @@ def run_method_folder(
     state, start, metrics = None, 0, None
     PROGRESS["method"] = method
     if os.path.exists(metrics_path):
-        data = dict(np.load(metrics_path))
-        done = data["J"].shape[-1]
+        try:
+            data = dict(np.load(metrics_path))
+            shape = np.shape(data["J"])
+        except Exception as err:  # noqa: BLE001 - any unreadable file gets the same advice
+            fail(
+                f"{metrics_path} cannot be read ({type(err).__name__}: {err}); the folder was "
+                f"damaged: delete {out} to train {method} again from iteration 0"
+            )
+        runs = (_num_points(grid), a.seeds)
+        if len(shape) < 3 or tuple(shape[:2]) != runs:
+            fail(
+                f"{metrics_path} holds J of shape {shape}, not [grid points, seeds, iterations] "
+                f"= [{runs[0]}, {runs[1]}, ...] as the run's settings ask; was the folder edited "
+                f"by hand? Delete {out} to train {method} again from iteration 0"
+            )
+        done = shape[-1]
         if done >= a.iterations:
             # a run stopped between its last chunk and its summary gets the summary now
             written = "final" in data and all(

@@ -7,10 +7,12 @@ import numpy as np
 
 
 def summarize(J: np.ndarray, window: int):
-    """Per seed mean of the last ``window`` iterations -> (final [G,N], mean [G], se [G], best)."""
+    """Per seed mean of the last ``window`` iterations -> (final [G,N], mean [G], se [G], best).
+
+    ``se`` is NaN with one seed: a standard error needs two, and 0 would read as exact."""
     final = J[..., -min(window, J.shape[-1]) :].mean(-1)
     n = final.shape[1]
-    se = final.std(-1, ddof=1) / np.sqrt(n) if n > 1 else np.zeros(final.shape[0])
+    se = final.std(-1, ddof=1) / np.sqrt(n) if n > 1 else np.full(final.shape[0], np.nan)
     mean = final.mean(-1)
     # a grid point with a non-finite run (e.g. a diverged policy) is never "best"
     return final, mean, se, int(np.argmax(np.where(np.isfinite(mean), mean, -np.inf)))

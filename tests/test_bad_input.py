@@ -1251,3 +1251,135 @@ def test_the_constants_check_runs_once_per_problem_object(monkeypatch):
     assert calls == [problem]
     lq_family.leader_objective(dataclasses.replace(problem, name="other"), TH_LQ, 0.1)
     assert len(calls) == 2
+
+
+# ---- masks, 16-bit floats and overflows (an audit of user-defined tabular problems) -----------
+def test_a_terminal_mask_that_is_not_bool_is_refused_and_read_as_the_sampler_reads_it():
+    """The exact solvers took ``1 - terminal`` as the continuation, the sampler ``terminal != 0``:
+    a mask entry of 2 (or 0.5) gave two different problems, silently (J +0.07 against -0.64)."""
+    from bchg_jax import tabular
+
+    for mask in ([0, 0, 2], [0, 0, 0.5], [0, 0, np.nan]):
+        with pytest.raises(ValueError, match="terminal must be a bool mask"):
+            _cmdp(terminal=np.asarray(mask)).validate()
+    _cmdp(terminal=np.asarray([0, 0, 1])).validate()
+    _cmdp(terminal=np.asarray([0.0, 0.0, 1.0])).validate()
+    with pytest.raises(ValueError, match="terminal must be a bool mask"):  # the pure functions too
+        tabular.leader_objective(_cmdp(terminal=np.array([0, 0, 2])), jnp.ones(1), 1.0)
+    # the solvers' continuation reads a mask as the sampler does: any non-zero entry is terminal
+    cont = tabular.follower.continuation(np.array([0, 3, 1]), 3, jnp.float32)
+    np.testing.assert_array_equal(np.asarray(cont), [1, 0, 0])
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_a_16_bit_theta_is_refused(dtype):
+    """float16 / bfloat16 passed validate(), and a tabular run trained with a row-sum tolerance
+    of 0.03 / 0.25 and reported J up to 7% off with no flag; the exact references failed deep
+    in a linear solve."""
+    from bchg_jax import lq, tabular
+
+    with pytest.raises(ValueError, match=f"theta0 is {np.dtype(dtype).name}"):
+        _cmdp(theta0=jnp.zeros(1, dtype)).validate()
+    with pytest.raises(ValueError, match=f"theta0 is {np.dtype(dtype).name}"):
+        _lq(theta0=jnp.zeros(1, dtype)).validate()
+    with pytest.raises(ValueError, match=f"theta is {np.dtype(dtype).name}"):
+        tabular.exact_hypergradient(_cmdp(), jnp.zeros(1, dtype), 1.0)
+    with pytest.raises(ValueError, match=f"theta is {np.dtype(dtype).name}"):
+        lq.exact_hypergradient(_lq(), jnp.zeros(1, dtype), 1.0)
+
+
+def test_an_overflowing_solve_is_not_called_short(x64):
+    """beta = 1e-200 overflows r / beta in float64: the message said to raise the iteration
+    caps, which cannot help."""
+    from bchg_jax import tabular
+
+    problem = _cmdp(theta0=jnp.zeros(1, jnp.float64))
+    with pytest.raises(ValueError, match="non-finite values .* not a short solve"):
+        tabular.best_response(problem, jnp.ones(1, jnp.float64), 1e-200)
+
+
+def test_a_float32_leader_objective_stays_float32_under_x64(x64):
+    """Without a leader regulariser Phi_L was a zero in JAX's default float (float64 under x64),
+    which promoted J."""
+    from bchg_jax import tabular
+
+    f32 = jnp.float32
+    problem = _cmdp(
+        transition=lambda th: jnp.full((S, B, S), 1.0 / S, f32),
+        init_dist=lambda th: jnp.full(S, 1.0 / S, f32),
+        follower_reward=lambda th: jnp.zeros((S, B), f32) + th[0],
+        leader_reward=lambda th: jnp.ones((S, B), f32),
+        theta0=jnp.zeros(1, f32),
+    )
+    assert tabular.leader_objective(problem, jnp.ones(1, f32), 1.0).dtype == f32
+
+
+# ---- LQ estimators' inputs (an audit of user-defined LQ problems) ---------------------------
+def _lq_batch():
+    from bchg_jax import lq
+
+    problem = _lq(theta0=jnp.zeros(2))
+    theta = jnp.asarray([0.1, -0.2])
+    br = lq.best_response(problem, theta, 1.0)
+    traj = lq.rollout(jax.random.key(0), problem, theta, br, 4, 6)
+    return problem, theta, traj
+
+
+def test_lq_estimators_refuse_a_short_theta_and_misshapen_batch_arrays():
+    """A short theta was indexed past its end inside the user's functions (JAX clamps th[2] to
+    th[1]) and a [1, T+1] V_L broadcast over the episodes: wrong estimates, no error."""
+    from bchg_jax import lq
+
+    problem, theta, traj = _lq_batch()
+    E, T1 = traj.s.shape[:2]
+    V = jnp.zeros((E, T1))
+    short = theta[:1]
+    with pytest.raises(ValueError, match=r"theta must be shaped like theta0 \(2,\), got \(1,\)"):
+        lq.rollout(jax.random.key(0), problem, short, lq.best_response(problem, theta, 1.0), 4, 6)
+    with pytest.raises(ValueError, match="theta must be shaped like theta0"):
+        lq.hypergradient(problem, short, traj, 1.0, V, V, "none")
+    with pytest.raises(ValueError, match="theta must be shaped like theta0"):
+        lq.per_step_follower_grad_pathwise(problem, short, traj, lambda s: jnp.sum(s, -1))
+    with pytest.raises(ValueError, match=r"V_L must have shape \(4, 7\)"):
+        lq.hypergradient(problem, theta, traj, 1.0, V[:1], V, "none")
+    with pytest.raises(ValueError, match=r"benefit must have shape \(4, 6\)"):
+        lq.hypergradient(problem, theta, traj, 1.0, V, V, "benefit", benefit=V)
+    with pytest.raises(ValueError, match=r"dQF must have shape \(4, 6, 2\)"):
+        lq.hypergradient(problem, theta, traj, 1.0, V, V, "benefit", V[:, 1:], dQF=V[:, 1:])
+    with pytest.raises(ValueError, match=r"V_F_next must have shape \(4, 6\)"):
+        lq.per_step_follower_grad(problem, theta, traj, V)
+    with pytest.raises(ValueError, match=r"traj.b must have shape \(4, 7, 1\)"):
+        lq.hypergradient(problem, theta, traj._replace(b=traj.b[:, 1:]), 1.0, V, V, "none")
+    # the right shapes pass
+    lq.hypergradient(problem, theta, traj, 1.0, V, V, "benefit", V[:, 1:], dQF=jnp.zeros((4, 6, 2)))
+
+
+def test_lq_pure_functions_refuse_an_integer_theta_and_name_a_wider_A(x64):
+    """An int theta gave an OverflowError (or 'grad requires real-valued inputs'); a float64
+    A(theta) with a float32 theta failed inside the Riccati while_loop ('carry input and carry
+    output must have equal types') when called without validate()."""
+    from bchg_jax import lq
+
+    problem = _lq(theta0=jnp.zeros(1, jnp.float32))
+    with pytest.raises(ValueError, match="theta must be a floating array, got dtype int32"):
+        lq.leader_objective(problem, jnp.zeros(1, jnp.int32), 1.0)
+    wide = _lq(
+        theta0=jnp.zeros(1, jnp.float32),
+        A_fn=lambda th: np.eye(2) * 0.5 + th[0],  # numpy float64 under x64
+        B_fn=lambda th: jnp.ones((2, 1), jnp.float32),
+    )
+    with pytest.raises(ValueError, match=r"A\(theta\) has dtype float64, wider than theta's"):
+        lq.best_response(wide, jnp.zeros(1, jnp.float32), 1.0)
+
+
+def test_lqr_game_leader_objective_checks_an_s0_override():
+    """A NaN s0 returned NaN and a wrong-length one a dot_general TypeError."""
+    from bchg_jax.games import lqr
+
+    game = lqr_game()
+    theta = jnp.zeros(game.num_params)
+    with pytest.raises(ValueError, match=r"s0 must have shape \(2,\)"):
+        lqr.leader_objective(game, theta, 0.1, s0=jnp.zeros(3))
+    with pytest.raises(ValueError, match="s0 must be finite"):
+        lqr.leader_objective(game, theta, 0.1, s0=jnp.asarray([np.nan, 0.0]))
+    assert np.isfinite(float(lqr.leader_objective(game, theta, 0.1, s0=jnp.ones(2))))

@@ -46,6 +46,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
@@ -159,11 +160,19 @@ def refuse_unless_within(residual: Array, values: Array, tol, what: str, caps: s
       ``ok`` [] bool: pass it to :func:`bchg_jax.core.maxent_lqr.nan_unless` so that a traced
       miss gives NaN values (and derivatives).
     Raises:
-      ValueError: a concrete miss (also under an eager ``grad``, where ``ok`` is concrete).
+      ValueError: a concrete miss (also under an eager ``grad``, where ``ok`` is concrete); a
+        non-finite residual or value is named as such, not as a short solve.
     """
     ok = within_tolerance(residual, values, tol)
     if not isinstance(ok, jax.core.Tracer) and not bool(ok):
         res, seen = jax.lax.stop_gradient((residual, values))
+        if not (np.isfinite(float(res)) and np.all(np.isfinite(np.asarray(seen)))):
+            raise ValueError(
+                f"{what}: the solve gave non-finite values (residual {float(res):.3g}): an "
+                f"overflow in {np.asarray(seen).dtype} (e.g. rewards / beta beyond its range "
+                "at a tiny beta) or non-finite inputs, not a short solve: more iterations "
+                "would not help"
+            )
         raise ValueError(
             f"{what}: the solve missed its tolerance (residual {float(res):.3g} > max(tol="
             f"{float(tol):g}, rounding floor {float(rounding_floor(seen)):.3g})) with {caps}"

@@ -258,8 +258,28 @@ def check_probability_rows_if_concrete(label: str, table) -> None:
         )
 
 
+def check_not_half(where: str, dtype) -> None:
+    """Refuses a 16-bit float (float16, bfloat16) for a leader's parameters or a run's dtype.
+
+    Args:
+      where: what has the dtype, shown first in the error.
+      dtype: the dtype (anything ``np.dtype`` takes).
+    Returns:
+      None.
+    Raises:
+      ValueError: a floating dtype narrower than 32 bits.
+    """
+    if jnp.issubdtype(dtype, jnp.floating) and np.dtype(dtype).itemsize < 4:
+        raise ValueError(
+            f"{where} is {np.dtype(dtype).name}: the solvers' tolerances, the probability "
+            "checks and the linear solves need at least float32 (a 16-bit float keeps ~3 "
+            "significant digits, and XLA's linear solves refuse it); pass float32 or float64"
+        )
+
+
 def check_dtype_available(where: str, dtype) -> None:
-    """A run's float dtype must be one JAX computes in: float64 needs ``jax_enable_x64``.
+    """A run's float dtype must be one JAX computes in at the solvers' accuracy: float32, or
+    float64 with ``jax_enable_x64``.
     Without it JAX truncates every float64 array to float32 (a warning at most), so a user who
     asked for float64 (for the accurate linear solves at small beta) would get a float32 run.
 
@@ -269,8 +289,10 @@ def check_dtype_available(where: str, dtype) -> None:
     Returns:
       None.
     Raises:
-      ValueError: float64 while ``jax_enable_x64`` is off, naming both ways out.
+      ValueError: float64 while ``jax_enable_x64`` is off, naming both ways out; a 16-bit float
+        (float16, bfloat16).
     """
+    check_not_half(where, dtype)
     if np.dtype(dtype) == np.float64 and not jax.config.jax_enable_x64:
         raise ValueError(
             f"{where} is float64 but jax_enable_x64 is off, so the run would silently compute "
@@ -381,6 +403,31 @@ def check_not_wider(where: str, label: str, value, theta_dtype) -> None:
         )
 
 
+def check_bool_mask(where: str, mask) -> None:
+    """A mask documented as bool must hold booleans or 0 / 1 only: the exact solvers and the
+    sampler would otherwise read a 2 or a 0.5 differently (``1 - mask`` against ``mask != 0``).
+
+    Args:
+      where: what the mask is, shown first in the error (``"chain: terminal"``).
+      mask: the mask (array-like).
+    Returns:
+      None.
+    Raises:
+      ValueError: an entry that is not False / True / 0 / 1 (NaN included).
+    """
+    m = np.asarray(mask)
+    if m.dtype == bool:
+        return
+    if not (np.issubdtype(m.dtype, np.number) and np.all((m == 0) | (m == 1))):
+        flat = m.ravel()
+        if np.issubdtype(m.dtype, np.number):
+            flat = flat[~((flat == 0) | (flat == 1))]
+        raise ValueError(
+            f"{where} must be a bool mask (True / False or 1 / 0), got {m.dtype} entries such "
+            f"as {flat[0].item()!r}"
+        )
+
+
 def check_theta_array(pname: str, theta, name: str = "theta0", ndim: Optional[int] = None) -> None:
     """The leader's parameters of a family that takes one array (tabular CMDPs: any shape; LQ:
     [d]): a single floating array, not a pytree (dict, list, tuple) of arrays, and finite.
@@ -428,7 +475,8 @@ def check_theta(problem, theta, name: str = "theta", last_axis: Optional[int] = 
     Returns:
       None.
     Raises:
-      ValueError: another tree structure or shape, or a NaN / inf entry.
+      ValueError: another tree structure or shape, a dtype that is not float32 / float64, or
+        a NaN / inf entry.
     """
     pname = getattr(problem, "name", type(problem).__name__)
     if last_axis is not None:
@@ -445,6 +493,11 @@ def check_theta(problem, theta, name: str = "theta", last_axis: Optional[int] = 
             raise ValueError(
                 f"{pname}: {name} must be shaped like theta0 {shown(want)}, got {shown(got)}"
             )
+    for leaf in jax.tree_util.tree_leaves(theta):  # dtypes are static: traced leaves too
+        dtype = jnp.result_type(leaf)
+        if not jnp.issubdtype(dtype, jnp.floating):  # an int theta: no gradient, int tables
+            raise ValueError(f"{pname}: {name} must be a floating array, got dtype {dtype}")
+        check_not_half(f"{pname}: {name}", dtype)
     if is_concrete(theta):
         for leaf in jax.tree_util.tree_leaves(theta):
             arr = np.asarray(leaf)

@@ -30,12 +30,45 @@ import jax.numpy as jnp
 
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.segments import forward_discounted_sum
-from bchg_jax.core.validate import check_beta_if_concrete, check_problem_settings
+from bchg_jax.core.validate import (
+    check_beta_if_concrete,
+    check_problem_settings,
+    check_shape,
+    check_theta,
+)
 from bchg_jax.lq.rollout import Trajectories
 
 Array = jax.Array
 
 GUIDES = ("benefit", "hpgd", "none")
+
+
+def check_batch(problem, theta: Array, traj: Trajectories, **arrays) -> None:
+    """The estimators' inputs fit each other: ``theta`` shaped like ``problem.theta0``, ``traj``'s
+    actions on its states' [E, T+1] grid (and its sizes the problem's ``state_dim`` /
+    ``action_dim`` where it has them), and each named array of ``arrays`` (None: skipped)
+    shaped by its name's suffix: ``*_states`` [E, T+1], ``*_steps`` [E, T], ``*_grads``
+    [E, T, *theta.shape]. Shapes are static, so this holds for traced values too; a wrong
+    shape would otherwise broadcast into a wrong estimate (a [1, T+1] ``V_L``) or index past
+    theta's end (JAX clamps), with no error.
+
+    Raises:
+      ValueError: the first array whose shape does not fit, named.
+    """
+    check_theta(problem, theta)
+    E, T1 = traj.s.shape[:2]
+    src = f"E={E}, T={T1 - 1} from traj.s"
+    check_shape("traj.b", traj.b, (E, T1) + tuple(traj.b.shape[2:]), src)
+    for attr, dim, arr in (("state_dim", 2, traj.s), ("action_dim", 2, traj.b)):
+        size = getattr(problem, attr, None)
+        if size is not None and (arr.ndim != 3 or arr.shape[dim] != size):
+            label = "traj.s" if arr is traj.s else "traj.b"
+            raise ValueError(f"{label} must have shape [E, T+1, {size}] ({attr}), got {arr.shape}")
+    want = {"states": (E, T1), "steps": (E, T1 - 1), "grads": (E, T1 - 1) + tuple(theta.shape)}
+    for key, value in arrays.items():
+        if value is not None:
+            name, kind = key.rsplit("_", 1)
+            check_shape(name, value, want[kind], src)
 
 
 def discounted_returns(r: Array, gamma) -> Array:
@@ -135,6 +168,7 @@ def per_step_follower_grad(problem, theta: Array, traj: Trajectories, V_F_next: 
     Returns:
       [E, T, d] per-step gradients y_k.
     """
+    check_batch(problem, theta, traj, V_F_next_steps=V_F_next)
     s, b, s2 = traj.s[:, :-1], traj.b[:, :-1], traj.s[:, 1:]
 
     def one(th, si, bi, s2i, vi):
@@ -163,6 +197,7 @@ def per_step_follower_grad_pathwise(problem, theta: Array, traj: Trajectories, V
     Returns:
       [E, T, d] per-step gradients y_k.
     """
+    check_batch(problem, theta, traj)
     s, b, s2 = traj.s[:, :-1], traj.b[:, :-1], traj.s[:, 1:]
     noise = jax.lax.stop_gradient(s2 - problem.mean_next(theta, s, b))
 
@@ -235,8 +270,9 @@ def hypergradient(
     Returns:
       [d] estimate of grad_theta J_L (an ascent direction).
     Raises:
-      ValueError: unknown ``guide``, a missing input it needs, a concrete ``beta`` not finite
-        and > 0, or a bad scalar setting of ``problem`` (a discount outside [0, 1), ...).
+      ValueError: unknown ``guide``, a missing input it needs, an input shaped unlike the
+        batch or theta (:func:`check_batch`), a concrete ``beta`` not finite and > 0, or a bad
+        scalar setting of ``problem`` (a discount outside [0, 1), ...).
     """
     if guide not in GUIDES:
         raise ValueError(f"guide must be one of {GUIDES}, got {guide!r}")
@@ -247,6 +283,19 @@ def hypergradient(
         raise ValueError(f"guide={guide!r} needs {'benefit' if guide == 'benefit' else 'Q_L'}")
     if guide == "hpgd" and dVF is None:
         raise ValueError("guide='hpgd' needs dVF")
+    check_batch(
+        problem,
+        theta,
+        traj,
+        V_L_states=V_L,
+        V_F_states=V_F,
+        benefit_steps=benefit,
+        Q_L_steps=Q_L,
+        EV_L_steps=EV_L,
+        EV_F_steps=EV_F,
+        dVF_grads=dVF,
+        dQF_grads=dQF,
+    )
     VL_next = V_L[:, 1:] if EV_L is None else V_L[:, 1:] - EV_L
     VF_next = V_F[:, 1:] if EV_F is None else V_F[:, 1:] - EV_F
     mc_weights = gw if dQF is None else None

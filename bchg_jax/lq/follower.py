@@ -26,6 +26,7 @@ from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_constants_once,
+    check_not_wider,
     check_problem_settings,
     check_theta,
 )
@@ -72,9 +73,12 @@ def best_response(
     check_beta_if_concrete(beta)
     check_theta(problem, theta)
     dt = theta.dtype
+    A, B = problem.A_fn(theta), problem.B_fn(theta)
+    for label, value in (("A(theta)", A), ("B(theta)", B)):  # the Riccati loop carries dt
+        check_not_wider(getattr(problem, "name", "the problem"), label, value, dt)
     return maxent_lqr(
-        problem.A_fn(theta),
-        problem.B_fn(theta),
+        A,
+        B,
         jnp.asarray(problem.Qbar, dt),
         jnp.asarray(problem.Rbar, dt),
         jnp.asarray(problem.U, dt),

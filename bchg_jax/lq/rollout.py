@@ -12,7 +12,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from bchg_jax.core.validate import check_count, check_shape
+from bchg_jax.core.validate import check_count, check_shape, check_theta
 
 Array = jax.Array
 
@@ -63,6 +63,7 @@ def rollout(
     """
     check_count("num_episodes", num_episodes)
     check_count("horizon", horizon)
+    check_theta(problem, theta)  # a short theta would be indexed past its end (JAX clamps)
     K = getattr(policy, "K", None)
     if K is not None and hasattr(problem, "state_dim") and hasattr(problem, "action_dim"):
         n, m = problem.state_dim, problem.action_dim

@@ -21,6 +21,7 @@ import numpy as np
 
 from bchg_jax.core.precision import full_precision_fields
 from bchg_jax.core.validate import (
+    check_bool_mask,
     check_dtype_available,
     check_not_wider,
     check_problem_settings,
@@ -120,7 +121,8 @@ class TabularCMDP:
           [] scalar.
         """
         if self.leader_regularizer is None:
-            return jnp.zeros((), dtype=jnp.result_type(float))
+            # theta's dtype, not JAX's default float (float64 under x64 for a float32 run)
+            return jnp.zeros((), dtype=jnp.asarray(theta).dtype)
         return self.leader_regularizer(theta)
 
     # --- validation (eager, before any jit) ------------------------------------------------
@@ -278,4 +280,6 @@ class TabularCMDP:
                 f"{self.name}: terminal must be a bool mask of shape ({S},), "
                 f"got {np.shape(self.terminal)}"
             )
+        if self.terminal is not None:
+            check_bool_mask(f"{self.name}: terminal", self.terminal)
         return self

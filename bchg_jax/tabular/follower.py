@@ -71,7 +71,8 @@ def continuation(terminal: Optional[Array], num_states: int, dtype) -> Array:
     """
     if terminal is None:
         return jnp.ones((num_states,), dtype)
-    return 1.0 - jnp.asarray(terminal, dtype)
+    # through bool, as the sampler reads the mask: any non-zero entry is terminal
+    return 1.0 - jnp.asarray(terminal, bool).astype(dtype)
 
 
 def soft_q(P: Array, r: Array, V: Array, gamma, cont: Array) -> Array:

@@ -133,6 +133,6 @@ def test_cmdp_negative_transition_entry_is_named():
 def test_bfloat16_theta0_is_a_floating_array():
     with pytest.raises(ValueError) as err:
         _cmdp(theta0=jnp.zeros(1, jnp.bfloat16)).validate()
-    # rejected for its float32 tables (like a float16 theta0), not as "not a floating array"
+    # rejected as a 16-bit float (float16 alike, test_bad_input), not as "not a floating array"
     assert "must be a floating array" not in str(err.value), err.value
-    assert "wider than theta's bfloat16" in str(err.value), err.value
+    assert "theta0 is bfloat16" in str(err.value), err.value

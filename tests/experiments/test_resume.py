@@ -290,3 +290,26 @@ def test_the_run_summary_leaves_out_a_method_that_stopped_short(tmp_path, capsys
     assert sorted(r["method"] for r in rows) == ["exact", "naive"]
     assert "NOT in the summary: bchg (20 / 50 iterations)" in err
     assert f"experiments.fourrooms --resume {tmp_path}" in err
+
+
+def test_resume_of_a_hand_damaged_folder_says_so(finished_run, tmp_path, capsys):
+    """An unreadable metrics.npz gave numpy's traceback; seeds edited in config.json gave a
+    concatenate error from the sweep after the checkpoint was loaded."""
+    import shutil
+
+    garbled = str(tmp_path / "garbled")
+    shutil.copytree(finished_run, garbled)
+    with open(os.path.join(garbled, "naive", "metrics.npz"), "wb") as f:
+        f.write(b"not an npz file")
+    err = _error(fourrooms.main, ["--resume", garbled, "--iterations", "30"], capsys)
+    assert "metrics.npz cannot be read" in err and "the folder was damaged" in err
+    edited = str(tmp_path / "edited")
+    shutil.copytree(finished_run, edited)
+    path = os.path.join(edited, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config["args"]["seeds"] = 3
+    with open(path, "w") as f:
+        json.dump(config, f)
+    err = _error(fourrooms.main, ["--resume", edited, "--iterations", "30"], capsys)
+    assert "not [grid points, seeds, iterations] = [1, 3, ...]" in err and "by hand" in err

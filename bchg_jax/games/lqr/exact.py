@@ -24,6 +24,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bchg_jax.core.maxent_lqr import nan_unless_converged
 from bchg_jax.core.precision import full_precision
@@ -35,7 +36,9 @@ from bchg_jax.core.validate import (
     check_if_concrete,
     check_int_range,
     check_problem_settings,
+    check_shape,
     check_theta,
+    is_concrete,
 )
 from bchg_jax.games.estimators import (
     continuous_hypergradient,
@@ -183,10 +186,14 @@ def leader_objective(
     Raises:
       ValueError: a concrete ``beta`` not finite and > 0, a ``horizon`` that is not a positive
         integer, a concrete ``gamma`` outside [0, 1], a bad scalar setting of ``game`` (a
-        discount outside [0, 1), ...), ``theta`` not [k * n], or a concrete solve here that did
-        not converge.
+        discount outside [0, 1), ...), ``theta`` not [k * n], an ``s0`` not a finite [n], or a
+        concrete solve here that did not converge.
     """
     _check_args(game, beta, horizon, gamma, theta=theta)
+    if s0 is not None:  # the game's own s0 is validated; an override is checked here
+        check_shape("s0", s0, (game.state_dim,), f"n={game.state_dim} from {game.name}")
+        if is_concrete(s0) and not np.all(np.isfinite(np.asarray(s0))):
+            raise ValueError(f"{game.name}: s0 must be finite, got {np.asarray(s0)}")
     T = int(game.horizon if horizon is None else horizon)
     solved = resp is None
     if solved:
