@@ -1383,3 +1383,80 @@ def test_lqr_game_leader_objective_checks_an_s0_override():
     with pytest.raises(ValueError, match="s0 must be finite"):
         lqr.leader_objective(game, theta, 0.1, s0=jnp.asarray([np.nan, 0.0]))
     assert np.isfinite(float(lqr.leader_objective(game, theta, 0.1, s0=jnp.ones(2))))
+
+
+def test_the_lower_level_pure_functions_refuse_a_bad_beta_or_discount():
+    """These computed on: q_learning_policy at beta 0 gave NaN, soft_policy_value at beta -1
+    finite values, riccati at gamma 1.5 'converged', and the segment sums took gamma 1.5."""
+    from bchg_jax import lq, tabular
+    from bchg_jax.core.segments import discounted_suffix_sum, forward_discounted_sum
+    from bchg_jax.tabular.rollout import Batch
+
+    P = jnp.full((S, B, S), 1.0 / S)
+    r, pol, cont = jnp.zeros((S, B)), jnp.full((S, B), 1.0 / B), jnp.ones(S)
+    with pytest.raises(ValueError, match="beta"):
+        tabular.q_learning_policy(r, 0.0, 0.0)
+    with pytest.raises(ValueError, match="beta"):
+        tabular.soft_policy_value(P, r, pol, -1.0, 0.9, cont)
+    with pytest.raises(ValueError, match=r"gamma \(the follower's discount\)"):
+        tabular.soft_policy_value(P, r, pol, 1.0, 1.5, cont)
+    z = jnp.zeros((2, 3), jnp.int32)
+    batch = Batch(z, z, z, z, z.astype(bool), z.astype(bool))
+    with pytest.raises(ValueError, match=r"gamma \(the follower's discount\)"):
+        tabular.q_learning_update(r, batch, r, 1.0, 1.5, 0.1)
+    for gamma in (1.5, -0.1):
+        with pytest.raises(ValueError, match=r"gamma \(the Riccati discount\)"):
+            lq.riccati(jnp.eye(2), jnp.ones((2, 1)), jnp.eye(2), jnp.eye(1), gamma)
+    x, done = jnp.ones((2, 3)), jnp.zeros((2, 3), bool)
+    for fn in (discounted_suffix_sum, forward_discounted_sum):
+        with pytest.raises(ValueError, match=r"gamma \(segment discount\) must be a number in"):
+            fn(x, 1.5, done)
+        fn(x, 1.0, done)  # an undiscounted finite sum is fine
+
+
+def test_the_followers_references_refuse_a_bad_policy_mix_or_previous_value():
+    """From an audit of the off-best-response references: rows summing to 2 gave the tabular
+    as-if gradient of no policy (33% off the normalised one), lag_hypergradient took mix 1.5 and
+    a [B] previous policy (broadcast), the game's lag took a [B] g_prev, its K-step a wrong
+    Q_prev with a scan-carry TypeError, and the LQ K-step learner P_prev = -I (a sign slip) with
+    a finite J and gradient from a covariance with negative eigenvalues."""
+    from bchg_jax import lq, tabular
+    from bchg_jax.games import tabular as games
+    from bchg_jax.problems import random_tabular_game
+    from bchg_jax.problems.thermal import thermal
+
+    problem, theta = _cmdp(), jnp.ones(1)
+    uniform = jnp.full((S, B), 1.0 / B)
+    with pytest.raises(ValueError, match="policy must hold probability rows"):
+        tabular.as_if_optimal_hypergradient(problem, theta, 2 * uniform, 1.0)
+    with pytest.raises(ValueError, match=r"policy must have shape \(3, 2\)"):
+        tabular.as_if_optimal_hypergradient(problem, theta, uniform[:1], 1.0)
+    with pytest.raises(ValueError, match=r"mix must be in \(0, 1\]"):
+        tabular.lag_hypergradient(problem, theta, uniform, 1.0, 1.5)
+    with pytest.raises(ValueError, match=r"previous must have shape \(3, 2\)"):
+        tabular.lag_hypergradient(problem, theta, uniform[0], 1.0, 0.5)
+    with pytest.raises(ValueError, match="explore must be in"):
+        tabular.q_learning_policy(uniform, 1.0, 2.0)
+
+    game = random_tabular_game(0, S=4, A=2, B=3)
+    th = jnp.zeros((4, 2))
+
+    def policy_fn(t):
+        return jax.nn.softmax(t, -1)
+
+    g = jnp.full((4, 2, 3), 1.0 / 3)
+    with pytest.raises(ValueError, match=r"g \(follower policy\) must have shape \(4, 2, 3\)"):
+        games.lag_hypergradient(policy_fn, th, game, g[0, 0], 1.0, 0.5)
+    with pytest.raises(ValueError, match="must hold probability rows"):
+        games.lag_hypergradient(policy_fn, th, game, 2 * g, 1.0, 0.5)
+    with pytest.raises(ValueError, match=r"Q_prev must have shape \(4, 2, 3\)"):
+        games.k_step_hypergradient(policy_fn, th, game, jnp.zeros((2, 3)), 1.0, 2)
+
+    p = thermal()
+    t = jnp.asarray(p.theta0)
+    with pytest.raises(ValueError, match="P_prev must be positive semi-definite"):
+        lq.k_step_response(p, t, 0.1, -jnp.eye(4), 2)
+    with pytest.raises(ValueError, match="P_prev must be positive semi-definite"):
+        lq.k_step_hypergradient(p, t, -jnp.eye(4), 0.1, 2)
+    with pytest.raises(ValueError, match="beta"):
+        lq.k_step_response(p, t, 0.0, jnp.eye(4), 2)

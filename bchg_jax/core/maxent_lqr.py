@@ -56,7 +56,7 @@ import numpy as np
 
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.stability import is_discounted_stable
-from bchg_jax.core.validate import is_concrete
+from bchg_jax.core.validate import check_discount, check_if_concrete, is_concrete
 
 Array = jax.Array
 
@@ -182,7 +182,10 @@ def riccati(
       ``info.converged``: the iteration met ``tol`` and the closed loop ``A - B K`` of the
       answer is stable under ``gamma``; ``info.unstable``: it met ``tol`` at a solution that is
       not the stabilising one; a non-converged P is returned as is).
+    Raises:
+      ValueError: a concrete ``gamma`` outside [0, 1) (1.5 "converged" to a meaningless P).
     """
+    check_if_concrete(check_discount, "gamma (the Riccati discount)", gamma)
     A, B, Qbar, Rbar = (jnp.asarray(x) for x in (A, B, Qbar, Rbar))
     P0 = Qbar if P0 is None else jnp.asarray(P0, Qbar.dtype)
     n = A.shape[0]

@@ -15,6 +15,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.validate import check_discount, check_if_concrete
+
 Array = jax.Array
 
 
@@ -32,7 +34,10 @@ def forward_discounted_sum(w: Array, gamma, done: Array) -> Array:
       done: [E, T] bool, the episode ends after step t.
     Returns:
       [E, T, ...] per-step coefficients.
+    Raises:
+      ValueError: a concrete ``gamma`` outside [0, 1] (1: an undiscounted finite sum).
     """
+    check_if_concrete(check_discount, "gamma (segment discount)", gamma, True)
     started = jnp.concatenate([jnp.ones_like(done[:, :1]), done[:, :-1]], axis=1)
     decay = _broadcast_time(gamma * (1.0 - started.astype(w.dtype)), w)
 
@@ -61,7 +66,10 @@ def discounted_suffix_sum(x: Array, gamma, done: Array) -> Array:
       done: [E, T] bool, the episode ends after step t.
     Returns:
       [E, T, ...] segment sums.
+    Raises:
+      ValueError: a concrete ``gamma`` outside [0, 1] (1: an undiscounted finite sum).
     """
+    check_if_concrete(check_discount, "gamma (segment discount)", gamma, True)
     keep = _broadcast_time(gamma * (1.0 - done.astype(x.dtype)), x)
 
     def combine(a, b):  # reverse scan: a is the later element

@@ -21,7 +21,13 @@ import numpy as np
 
 from bchg_jax.core.maxent_lqr import GaussianBestResponse, response_from_value, riccati_map
 from bchg_jax.core.precision import full_precision
-from bchg_jax.core.validate import check_constants_once, check_count
+from bchg_jax.core.validate import (
+    check_beta_if_concrete,
+    check_constants_once,
+    check_count,
+    check_shape,
+    is_concrete,
+)
 from bchg_jax.lq.cmdp import LQConfigurableMDP
 from bchg_jax.lq.exact import discounted_lyapunov
 
@@ -37,15 +43,43 @@ def _model(problem: LQConfigurableMDP, theta: Array):
 
 
 @full_precision
+def check_value_matrix(problem: LQConfigurableMDP, P_prev) -> None:
+    """A learner's value matrix ``P_prev`` (``V(s) = -s^T P s``): [n, n] (static, so traced
+    values too) and, when concrete, finite, symmetric and positive semi-definite (the costs
+    are, so every Riccati step from such a P is). ``-I`` (a sign slip: V = s^T s) gave a
+    played covariance with negative eigenvalues, a NaN factor and yet a finite J and gradient.
+
+    Raises:
+      ValueError: another shape, a non-finite entry, an asymmetric or indefinite matrix.
+    """
+    n = problem.state_dim
+    check_shape("P_prev", P_prev, (n, n), f"n={n} from {problem.name}")
+    if not is_concrete(P_prev):
+        return
+    P = np.asarray(P_prev, np.float64)
+    scale = max(1.0, float(np.max(np.abs(P)))) if np.all(np.isfinite(P)) else 1.0
+    if not np.all(np.isfinite(P)) or np.max(np.abs(P - P.T)) > 1e-6 * scale:
+        raise ValueError(f"{problem.name}: P_prev must be a finite symmetric matrix, got {P}")
+    low = float(np.linalg.eigvalsh(0.5 * (P + P.T))[0])
+    if low < -1e-6 * scale:
+        raise ValueError(
+            f"{problem.name}: P_prev must be positive semi-definite (the learner's value is "
+            f"V(s) = -s^T P s), got smallest eigenvalue {low:.3g}"
+        )
+
+
 def k_step_response(problem: LQConfigurableMDP, theta: Array, beta, P_prev: Array, K: int):
     """(the policy played, the learner's next value matrix) after K Riccati steps from ``P_prev``.
 
     Returns:
       (:class:`~bchg_jax.core.maxent_lqr.GaussianBestResponse` of ``P_{K-1}``, ``P_K`` [n, n]).
     Raises:
-      ValueError: ``K`` not an integer >= 1 (0 would silently take one step).
+      ValueError: ``K`` not an integer >= 1 (0 would silently take one step), a concrete
+        ``beta`` not finite and > 0, or a bad ``P_prev`` (:func:`check_value_matrix`).
     """
     check_count("K (Riccati steps)", K)
+    check_beta_if_concrete(beta)
+    check_value_matrix(problem, P_prev)
     A, B, Qbar, Rbar, U = _model(problem, theta)
     step = lambda _, P: riccati_map(P, A, B, Qbar, Rbar, problem.gamma_F)  # noqa: E731
     P = jax.lax.fori_loop(0, K - 1, step, P_prev)

@@ -21,10 +21,10 @@ import jax.numpy as jnp
 
 from bchg_jax.core.maxent_lqr import GaussianBestResponse
 from bchg_jax.core.precision import full_precision
-from bchg_jax.core.validate import check_beta_if_concrete, check_count, check_shape, check_theta
+from bchg_jax.core.validate import check_beta_if_concrete, check_count, check_theta
 from bchg_jax.lq.cmdp import LQConfigurableMDP, check_policy_fits
 from bchg_jax.lq.exact import leader_objective
-from bchg_jax.lq.follower_models import k_step_response, policy_value
+from bchg_jax.lq.follower_models import check_value_matrix, k_step_response, policy_value
 
 Array = jax.Array
 
@@ -74,14 +74,13 @@ def k_step_hypergradient(
     """d/dtheta J_L(theta, g_K(theta)), g_K the K-step learner's policy from ``P_prev`` [n, n].
 
     Raises:
-      ValueError: as :func:`as_if_optimal_hypergradient`, ``P_prev`` not [n, n], or ``K``
-        not an integer >= 1.
+      ValueError: as :func:`as_if_optimal_hypergradient`, a bad ``P_prev``
+        (:func:`~bchg_jax.lq.follower_models.check_value_matrix`), or ``K`` not an integer >= 1.
     """
     check_theta(problem, theta)
     check_beta_if_concrete(beta)
     check_count("K (Riccati steps)", K)
-    n = problem.state_dim
-    check_shape("P_prev", P_prev, (n, n), f"n={n} from {problem.name}")
+    check_value_matrix(problem, P_prev)
 
     def objective(th):
         played, _ = k_step_response(problem, th, beta, P_prev, K)

@@ -27,11 +27,19 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.special import xlogy
 
 from bchg_jax.core.follower_model import explore_mix, soft_q_learning
 from bchg_jax.core.precision import full_precision
-from bchg_jax.core.validate import check_count
+from bchg_jax.core.validate import (
+    check_beta_if_concrete,
+    check_count,
+    check_discount,
+    check_if_concrete,
+    check_probability_rows_if_concrete,
+    is_concrete,
+)
 from bchg_jax.tabular.exact import policy_matrix
 from bchg_jax.tabular.follower import BestResponse, soft_q, soft_v, soft_value_iteration
 from bchg_jax.tabular.rollout import Batch
@@ -52,7 +60,13 @@ def soft_policy_value(P: Array, r: Array, policy: Array, beta, gamma, cont: Arra
       beta: entropy weight. gamma: the follower's discount. cont: [S] continuation.
     Returns:
       [S] V^g.
+    Raises:
+      ValueError: a concrete ``beta`` not finite and > 0, a concrete ``gamma`` outside [0, 1),
+        or a concrete ``policy`` whose rows are not distributions.
     """
+    check_beta_if_concrete(beta)
+    check_if_concrete(check_discount, "gamma (the follower's discount)", gamma)
+    check_probability_rows_if_concrete("policy", policy)
     S = r.shape[0]
     A = jnp.eye(S, dtype=r.dtype) - (gamma * cont)[:, None] * policy_matrix(P, policy)
     rhs = jnp.sum(policy * r, -1) - beta * jnp.sum(xlogy(policy, policy), -1)
@@ -88,7 +102,15 @@ def k_step_response(P: Array, r: Array, beta, gamma, terminal, V_prev: Array, K:
 
 
 def q_learning_policy(Q: Array, beta, explore) -> Array:
-    """The Q-learner's behaviour ``(1 - explore) softmax(Q / beta) + explore / B`` [S, B]."""
+    """The Q-learner's behaviour ``(1 - explore) softmax(Q / beta) + explore / B`` [S, B].
+
+    Raises:
+      ValueError: a concrete ``beta`` not finite and > 0, or a concrete ``explore`` outside
+        [0, 1] (2 gave a row with a negative entry).
+    """
+    check_beta_if_concrete(beta)
+    if is_concrete(explore) and not (0.0 <= float(np.asarray(explore)) <= 1.0):
+        raise ValueError(f"explore must be in [0, 1], got {explore}")
     return explore_mix(jax.nn.softmax(Q / beta, axis=-1), explore)
 
 
@@ -106,7 +128,11 @@ def q_learning_update(Q: Array, batch: Batch, r: Array, beta, gamma, lr) -> Arra
       lr: step size.
     Returns:
       [S, B] the updated Q.
+    Raises:
+      ValueError: a concrete ``beta`` not finite and > 0, or a concrete ``gamma`` outside [0, 1).
     """
+    check_beta_if_concrete(beta)
+    check_if_concrete(check_discount, "gamma (the follower's discount)", gamma)
     S, B = Q.shape
     s, b, s2 = (x.T.reshape(-1) for x in (batch.s, batch.b, batch.s_next))
     cont = 1.0 - batch.terminal.T.reshape(-1).astype(Q.dtype)

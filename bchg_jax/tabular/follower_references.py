@@ -34,8 +34,12 @@ from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_count,
+    check_if_concrete,
+    check_probability_rows_if_concrete,
     check_problem_settings,
+    check_shape,
     check_theta,
+    check_unit_interval,
 )
 from bchg_jax.tabular.cmdp import TabularCMDP
 from bchg_jax.tabular.exact import best_response, leader_values
@@ -66,6 +70,15 @@ def _check(problem: TabularCMDP, theta: Array, beta, K=None) -> None:
         check_count("K (soft Bellman backups)", K)
 
 
+def _check_policy(problem: TabularCMDP, theta: Array, label: str, policy) -> None:
+    """A follower policy given to a reference: [S, B] (from the problem's reward table; static,
+    so traced policies too) and, when concrete, probability rows. Rows summing to 2 gave the
+    as-if gradient of no policy (one part renormalises them, the soft values do not)."""
+    S, B = jax.eval_shape(problem.follower_reward, theta).shape
+    check_shape(label, policy, (S, B), f"S={S}, B={B} from {problem.name}'s follower_reward")
+    check_probability_rows_if_concrete(label, policy)
+
+
 def _follower_tables(problem: TabularCMDP, theta: Array):
     P, r = problem.transition(theta), problem.follower_reward(theta)
     return P, r, continuation(problem.terminal, r.shape[0], r.dtype)
@@ -82,9 +95,11 @@ def as_if_optimal_hypergradient(problem: TabularCMDP, theta: Array, policy: Arra
       the gradient, shaped like ``theta`` (module docstring).
     Raises:
       ValueError: a bad scalar setting of ``problem``, ``theta`` not shaped like ``theta0`` or
-        not finite, or a concrete ``beta`` not finite and > 0.
+        not finite, a concrete ``beta`` not finite and > 0, or a ``policy`` not [S, B] or
+        (concrete) not probability rows.
     """
     _check(problem, theta, beta)
+    _check_policy(problem, theta, "policy", policy)
     g = jax.lax.stop_gradient(policy)
     log_g = jnp.log(jnp.maximum(g, jnp.finfo(g.dtype).tiny))
 
@@ -154,10 +169,13 @@ def lag_hypergradient(
     Returns:
       the gradient, shaped like ``theta``; NaN under a trace where the solve missed ``tol``.
     Raises:
-      ValueError: both ``V0`` and ``V_star`` given, a concrete solve that missed ``tol``, or as
+      ValueError: both ``V0`` and ``V_star`` given, a concrete ``mix`` outside (0, 1], a
+        ``previous`` not [S, B] probability rows, a concrete solve that missed ``tol``, or as
         :func:`as_if_optimal_hypergradient`.
     """
     _check(problem, theta, beta)
+    _check_policy(problem, theta, "previous", previous)
+    check_if_concrete(check_unit_interval, "mix", mix)  # as FollowerModel
     if V0 is not None and V_star is not None:
         raise ValueError("pass V0 (a warm start) or V_star (the solved fixed point), not both")
     solve = {"V0": V0, "tol": tol}

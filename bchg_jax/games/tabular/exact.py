@@ -515,17 +515,23 @@ def k_step_hypergradient(policy_fn, theta, game, Q_prev: Array, beta, K: int, ba
       backup: the follower's backup form.
     Returns:
       a pytree like ``theta``.
+    Raises:
+      ValueError: a bad scalar setting of ``game``, a concrete ``beta`` not finite and > 0,
+        ``K`` not an integer >= 1, or ``Q_prev`` not [S, A, B].
     """
     check_game(game)
     check_beta_if_concrete(beta)
     check_count("K", K)
+    S, A, B = np.shape(game.transition)[:3]
+    check_shape("Q_prev", Q_prev, (S, A, B), f"S={S}, A={A}, B={B} from {game.name}")
     Q_prev = jax.lax.stop_gradient(Q_prev)
 
     def J(th):
         f = policy_fn(th)
         P = jnp.asarray(game.transition, f.dtype)
         r = jnp.asarray(game.follower_reward, f.dtype)
-        Q = soft_q_backups(P, r, Q_prev, f, beta, game.gamma_F, backup, K)
+        # in the leader's dtype: the backups' loop carries it
+        Q = soft_q_backups(P, r, jnp.asarray(Q_prev, f.dtype), f, beta, game.gamma_F, backup, K)
         return leader_objective_at(game, f, jax.nn.softmax(Q / beta, -1))
 
     return jax.grad(J)(theta)
@@ -558,12 +564,13 @@ def lag_hypergradient(
       a pytree like ``theta``.
     Raises:
       ValueError: a bad scalar setting of ``game``, a concrete ``beta`` not finite and > 0, a
-        concrete ``mix`` outside (0, 1] (as ``FollowerModel``), or a concrete ``Q_star`` that
-        misses ``tol``.
+        concrete ``mix`` outside (0, 1] (as ``FollowerModel``), a ``g_prev`` not [S, A, B]
+        probability rows, or a concrete ``Q_star`` that misses ``tol``.
     """
     check_game(game)
     check_beta_if_concrete(beta)
     check_if_concrete(check_unit_interval, "mix", mix)
+    check_policy_shapes(game, g=g_prev)
     g_prev = jax.lax.stop_gradient(g_prev)
 
     def J(th):
