@@ -59,10 +59,9 @@ def check_batch(problem, theta: Array, traj: Trajectories, **arrays) -> None:
     E, T1 = traj.s.shape[:2]
     src = f"E={E}, T={T1 - 1} from traj.s"
     check_shape("traj.b", traj.b, (E, T1) + tuple(traj.b.shape[2:]), src)
-    for attr, dim, arr in (("state_dim", 2, traj.s), ("action_dim", 2, traj.b)):
+    for label, attr, arr in (("traj.s", "state_dim", traj.s), ("traj.b", "action_dim", traj.b)):
         size = getattr(problem, attr, None)
-        if size is not None and (arr.ndim != 3 or arr.shape[dim] != size):
-            label = "traj.s" if arr is traj.s else "traj.b"
+        if size is not None and (arr.ndim != 3 or arr.shape[2] != size):
             raise ValueError(f"{label} must have shape [E, T+1, {size}] ({attr}), got {arr.shape}")
     want = {"states": (E, T1), "steps": (E, T1 - 1), "grads": (E, T1 - 1) + tuple(theta.shape)}
     for key, value in arrays.items():

@@ -57,10 +57,10 @@ def check_value_matrix(problem: LQConfigurableMDP, P_prev) -> None:
     if not is_concrete(P_prev):
         return
     P = np.asarray(P_prev, np.float64)
-    scale = max(1.0, float(np.max(np.abs(P)))) if np.all(np.isfinite(P)) else 1.0
-    if not np.all(np.isfinite(P)) or np.max(np.abs(P - P.T)) > 1e-6 * scale:
+    scale = max(1.0, float(np.max(np.abs(P)))) if np.all(np.isfinite(P)) else np.nan
+    if not np.max(np.abs(P - P.T)) <= 1e-6 * scale:  # NaN (a non-finite entry) fails too
         raise ValueError(f"{problem.name}: P_prev must be a finite symmetric matrix, got {P}")
-    low = float(np.linalg.eigvalsh(0.5 * (P + P.T))[0])
+    low = float(np.linalg.eigvalsh(P)[0])
     if low < -1e-6 * scale:
         raise ValueError(
             f"{problem.name}: P_prev must be positive semi-definite (the learner's value is "
