@@ -470,8 +470,8 @@ def check_theta(problem, theta, name: str = "theta", last_axis: Optional[int] = 
       problem: a problem with a ``theta0`` (pytree of arrays), or None when ``last_axis`` is given.
       theta: the parameters given (array or pytree).
       name: the argument named in the error.
-      last_axis: instead of ``theta0``: the size of theta's last axis (leading batch axes allowed;
-        the LQR game's flattened gain).
+      last_axis: instead of ``theta0``: theta must be the vector [last_axis] (the LQR game's
+        flattened gain; a matrix gain [k, n] is refused by name, not read as a batch).
     Returns:
       None.
     Raises:
@@ -481,8 +481,11 @@ def check_theta(problem, theta, name: str = "theta", last_axis: Optional[int] = 
     pname = getattr(problem, "name", type(problem).__name__)
     if last_axis is not None:
         got = tuple(np.shape(theta))
-        if not got or got[-1] != last_axis:
-            raise ValueError(f"{pname}: {name} must have shape [..., {last_axis}], got {got}")
+        if got != (last_axis,):
+            raise ValueError(
+                f"{pname}: {name} must be the vector [{last_axis}] (a matrix gain flattened: "
+                f"theta = K.reshape(-1); vmap for several), got shape {got}"
+            )
     elif getattr(problem, "theta0", None) is not None:
         ref = problem.theta0
         want = [tuple(np.shape(x)) for x in jax.tree_util.tree_leaves(ref)]

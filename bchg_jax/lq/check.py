@@ -11,7 +11,8 @@ infinite-horizon hypergradient (:func:`~bchg_jax.lq.exact.exact_hypergradient` w
 ``horizon=None``): the estimators bootstrap with infinite-horizon critics and follower values,
 and :func:`~bchg_jax.lq.train.make_train` already refuses a horizon whose cut leaves more
 than 1e-3 of the discount weight (:func:`~bchg_jax.lq.train.check_truncation`). The numbers
-(``bias_se``, ``rel_error``, ``rel_se``, ``cosine``) are those of :mod:`bchg_jax.core.bias_check`.
+(``bias_se``, ``p_value``, ``rel_error``, ``rel_se``, ``cosine``) are those of
+:mod:`bchg_jax.core.bias_check`.
 
 What it shows on the library's own settings (``tests/lq/test_lq_check.py``): BC-HG with the
 default cross-fitted critic (``critic="quadratic_loo"``) agrees within the resolution; the
@@ -63,7 +64,7 @@ def check_problem(
       chunk: batches estimated at once (memory); all batches run as one compiled program.
       verbose: print one line per theta.
     Returns:
-      one dict per theta: ``exact``, ``mean``, ``se``, ``z`` [d] and ``bias_se``,
+      one dict per theta: ``exact``, ``mean``, ``se``, ``z`` [d] and ``bias_se``, ``p_value``,
       ``rel_error``, ``rel_se``, ``cosine`` (:func:`~bchg_jax.core.bias_check.compare`).
     Raises:
       ValueError: a ``config.follower`` off the best response,

@@ -9,7 +9,10 @@ the hypergradient of Theorem 1 (Eq. (hg_configurable)) on each with exact leader
 follower's fixed point). Per theta it reports
 
 * ``bias_se``: max over components of |mean - exact| / SE (SE: the standard error of the mean
-  over batches); above ~4 the estimator is biased at this resolution;
+  over batches), and ``p_value``, the chance of so large a ``bias_se`` for an unbiased
+  estimator (Student's t over the batches, Sidak-corrected over the components,
+  :func:`~bchg_jax.core.bias_check.compare`): below ~1e-3 the estimator is biased at this
+  resolution (with many batches, ``bias_se`` above ~4; with few, larger values are chance);
 * ``rel_error``: ||mean - exact|| / ||exact||, and ``rel_se`` = ||SE|| / ||exact||, the
   resolution of that number (a relative error well above ``rel_se`` is bias, not noise);
 * ``cosine``: cos(mean, exact);
@@ -205,9 +208,10 @@ def check_problem(
       verbose: print one line per theta.
     Returns:
       one dict per theta: ``exact`` [D] and ``mean``, ``se``, ``z`` (all flattened like theta),
-      ``bias_se`` (max |z|), ``rel_error``, ``rel_se``, ``cosine``, ``truncated``,
+      ``bias_se`` (max |z|), ``p_value``, ``rel_error``, ``rel_se``, ``cosine``, ``truncated``,
       ``truncated_target`` [D] (:func:`truncated_hypergradient` at the cut),
-      ``truncated_bias_se`` (max |mean - truncated_target| / SE, as ``bias_se``), ``cut_bias`` and
+      ``truncated_bias_se`` and ``truncated_p_value`` (max |mean - truncated_target| / SE and
+      its chance, as ``bias_se`` and ``p_value``), ``cut_bias`` and
       ``cut_weight`` (module docstring; a warning when an episode was cut and either exceeds
       ``CUT_WEIGHT_WARN``),
       ``support_lost`` (the batches came from the whole table: module docstring),
@@ -292,10 +296,12 @@ def check_problem(
         target = np.asarray(target, np.float64)
         norm_g = max(float(np.linalg.norm(row["exact"])), np.finfo(np.float64).tiny)
         cut_bias = float(np.linalg.norm(target - row["exact"]) / norm_g)
+        to_target = compare(target, est)
         row.update(
             truncated=truncated,
             truncated_target=target,
-            truncated_bias_se=compare(target, est)["bias_se"],
+            truncated_bias_se=to_target["bias_se"],
+            truncated_p_value=to_target["p_value"],
             cut_bias=cut_bias,
             cut_weight=cut_weight,
             support_lost=bool(lost),

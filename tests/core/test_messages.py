@@ -43,7 +43,7 @@ def test_zero_variance_component_equal_up_to_rounding_is_no_bias():
     assert np.isfinite(row["bias_se"]) and row["bias_se"] < 4, row["bias_se"]
     assert row["exact_mismatches"] == 0
     text = describe(row)
-    assert re.search(r"bias \d+\.\d SE \(max over 3 components\)", text), text
+    assert re.search(r"bias \d+\.\d SE \(max over 3 components, p = [\d.e+-]+\)", text), text
     # all components deterministic and exact (e.g. g = 0 at a stationary point)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -59,7 +59,7 @@ def test_zero_variance_component_off_beyond_rounding_is_an_exact_mismatch():
         warnings.simplefilter("error")  # no "overflow encountered in divide"
         row = compare(g, est)
     assert row["z"][2] == np.inf and row["exact_mismatches"] == 1, row["z"]
-    assert row["bias_se"] > 4  # the verdict still fails
+    assert row["bias_se"] > 4 and row["p_value"] == 0.0  # the verdict still fails
     assert np.all(np.isfinite(row["z"][:2]))
     text = describe(row)
     assert "EXACT MISMATCH in 1 of 3 components" in text, text

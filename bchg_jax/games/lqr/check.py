@@ -16,7 +16,7 @@ The estimator options are those of ``exact_critic_estimate``: a Gaussian leader 
 the influence form (``"baseline"`` or ``"raw"``). ``extra_steps`` defaults to the steps after
 which gamma_F^k falls below 1e-3 (the influence sums stand for infinite ones).
 
-The numbers (``bias_se``, ``rel_error``, ``rel_se``, ``cosine``) are those of
+The numbers (``bias_se``, ``p_value``, ``rel_error``, ``rel_se``, ``cosine``) are those of
 :mod:`bchg_jax.core.bias_check`.
 """
 
@@ -75,7 +75,7 @@ def check_problem(
       chunk: batches estimated at once (memory); all batches run as one compiled program.
       verbose: print one line per theta.
     Returns:
-      one dict per theta: ``exact``, ``mean``, ``se``, ``z`` [k * n] and ``bias_se``,
+      one dict per theta: ``exact``, ``mean``, ``se``, ``z`` [k * n] and ``bias_se``, ``p_value``,
       ``rel_error``, ``rel_se``, ``cosine`` (:func:`~bchg_jax.core.bias_check.compare`).
     Raises:
       ValueError: an invalid game, ``beta`` or estimator option (as ``exact_critic_estimate``),

@@ -74,7 +74,7 @@ Array = jax.Array
 def _check_args(game: LQRGame, beta=None, horizon=None, gamma=None, theta=None) -> None:
     """The game's scalar settings, a concrete beta (> 0), a horizon (a positive integer), a
     concrete return discount gamma (in [0, 1]: a finite-horizon sum may be undiscounted) and
-    theta ([..., k * n], finite); None skips an argument."""
+    theta ([k * n], finite); None skips an argument."""
     check_problem_settings(game)
     check_constants_once(game)
     if theta is not None:
@@ -205,7 +205,28 @@ def leader_objective(
     J = jnp.sum(r * jnp.asarray(gamma, theta.dtype) ** jnp.arange(T, dtype=theta.dtype))
     if not solved:  # the response given is evaluated as it is (the trainer flags its solves)
         return J
-    return nan_unless_converged(resp, J, "lqr.leader_objective: the follower's Riccati iteration")
+    J = nan_unless_converged(resp, J, "lqr.leader_objective: the follower's Riccati iteration")
+    refuse_overflow(game, J, F, T, "games.lqr.leader_objective")
+    return J
+
+
+def refuse_overflow(game: LQRGame, value, F, horizon: int, caller: str) -> None:
+    """A concrete non-finite return (or gradient) from a converged follower: the state's moments
+    overflowed the dtype within the horizon, because the closed loop ``F`` is unstable (its
+    covariance grows like rho(F)^(2t)). The true return is finite (the bump's expectation
+    there is ~0), but not computable this way; raise rather than return NaN. A traced value is
+    left as it is (NaN)."""
+    if not is_concrete(value, F) or np.all(np.isfinite(np.asarray(value))):
+        return
+    rho = float(np.max(np.abs(np.linalg.eigvals(np.asarray(F, np.float64)))))
+    dtype = jnp.result_type(value)
+    raise ValueError(
+        f"{caller}: the state's mean and covariance overflow {dtype} within the horizon "
+        f"{horizon}: the closed loop's spectral radius is {rho:.4g}, so the covariance grows "
+        f"like {rho:.4g}^(2t). The bump's expectation there is about 0, but this closed form "
+        "cannot reach it; take a shorter horizon, float64, or a leader gain whose closed loop "
+        "is stable"
+    )
 
 
 @full_precision
@@ -247,7 +268,12 @@ def exact_hypergradient(
 
     grad, resp = jax.grad(J, has_aux=True)(theta)
     what = "lqr.exact_hypergradient: the follower's Riccati iteration"
-    return nan_unless_converged(resp, grad, what)
+    grad = nan_unless_converged(resp, grad, what)
+    if is_concrete(grad) and not np.all(np.isfinite(np.asarray(grad))):
+        F, _ = closed_loop(game, theta, resp, stochastic)
+        T = int(game.horizon if horizon is None else horizon)
+        refuse_overflow(game, grad, F, T, "games.lqr.exact_hypergradient")
+    return grad
 
 
 @full_precision

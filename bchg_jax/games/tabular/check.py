@@ -25,9 +25,10 @@ What it shows, and what to do about it:
 * a cut: episodes end at ``horizon`` while the exact gradient has no time limit, so the
   estimates target the hypergradient truncated there, which the row reports exactly
   (``truncated_target``, :func:`truncated_hypergradient`) with ``truncated_bias_se``, the
-  estimates' distance from it in SE (as ``bias_se``: above ~4 the estimator misses even its
-  truncated target), and ``cut_bias``, how far the cut moves the target: ||truncated_target -
-  the estimator's expectation without a cut|| / ||exact||, the bias the cut alone causes (for
+  estimates' distance from it in SE, and ``truncated_p_value``, its chance (as ``bias_se`` and
+  ``p_value``: below ~1e-3 the estimator misses even its truncated target), and ``cut_bias``,
+  how far the cut moves the target: ||truncated_target - the estimator's expectation without
+  a cut|| / ||exact||, the bias the cut alone causes (for
   ``backup="paper"`` and ``guide="benefit"`` that expectation is the exact hypergradient, and
   ``cut_bias`` = ||truncated_target - exact|| / ||exact||, as in
   :mod:`bchg_jax.tabular.check`; under the reference backup or for Naive-PGD it leaves their
@@ -83,7 +84,7 @@ from bchg_jax.core.validate import (
 from bchg_jax.games.estimators import hypergradient
 from bchg_jax.games.tabular.exact import best_response, exact_hypergradient, leader_values
 from bchg_jax.games.tabular.follower import BACKUPS, GameBestResponse
-from bchg_jax.games.tabular.game import TabularGame
+from bchg_jax.games.tabular.game import TabularGame, check_policy_fn_on_simplex
 from bchg_jax.games.tabular.rollout import rollout
 
 Array = jax.Array
@@ -231,6 +232,7 @@ def truncated_hypergradient(
     check_beta_if_concrete(beta)
     check_count("horizon", horizon)
     _check_options(backup, guide, baseline)
+    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.truncated_hypergradient")
     f = policy_fn(theta)
     br = best_response(game, f, beta, backup)
     V_L, Q_L = leader_values(game, f, br.policy)
@@ -273,11 +275,12 @@ def check_problem(
       verbose: print one line per theta.
     Returns:
       one dict per theta: ``exact``, ``mean``, ``se``, ``z`` (flattened like theta) and
-      ``bias_se``, ``rel_error``, ``rel_se``, ``cosine``, ``exact_mismatches``
+      ``bias_se``, ``p_value``, ``rel_error``, ``rel_se``, ``cosine``, ``exact_mismatches``
       (:func:`~bchg_jax.core.bias_check.compare`); ``truncated_target`` [D] (flattened like
       ``exact``: :func:`truncated_hypergradient` at ``horizon``, the exact expectation of the
-      estimates), ``truncated_bias_se`` (max |mean - truncated_target| / SE, as ``bias_se``:
-      above ~4 the estimates miss their own target), ``cut_bias`` (||truncated_target - the
+      estimates), ``truncated_bias_se`` and ``truncated_p_value`` (max |mean -
+      truncated_target| / SE and its chance, as ``bias_se`` and ``p_value``: below ~1e-3 the
+      estimates miss their own target), ``cut_bias`` (||truncated_target - the
       estimator's expectation without a cut|| / ||exact||: the bias the cut alone causes; for
       ``backup="paper"`` and ``guide="benefit"``, ||truncated_target - exact|| / ||exact||) and
       ``cut_weight`` (module docstring; a warning when either exceeds
@@ -335,6 +338,7 @@ def check_problem(
     for i, theta in enumerate(theta_list):
         label = f"theta {i}: policy_fn(theta) (leader policy)"
         check_probability_rows_if_concrete(label, policy_fn(theta))
+        check_policy_fn_on_simplex(policy_fn, theta, f"games.tabular.check_problem, theta {i}")
     # the discount weight beyond the cut: every episode is cut at the horizon (no terminal states)
     cut_weight = discount_weight_beyond(game.gamma_L, game.gamma_F, horizon)
     out = []
@@ -349,9 +353,11 @@ def check_problem(
         target, uncut = (np.asarray(_flat(x), np.float64) for x in (target, uncut))
         norm_g = max(float(np.linalg.norm(row["exact"])), np.finfo(np.float64).tiny)
         cut_bias = float(np.linalg.norm(target - uncut) / norm_g)
+        to_target = compare(target, est)
         row.update(
             truncated_target=target,
-            truncated_bias_se=compare(target, est)["bias_se"],
+            truncated_bias_se=to_target["bias_se"],
+            truncated_p_value=to_target["p_value"],
             cut_bias=cut_bias,
             cut_weight=cut_weight,
         )
@@ -371,7 +377,8 @@ def check_problem(
         if verbose:
             print(
                 f"theta {i}: {describe(row)}; vs the truncated target: bias "
-                f"{row['truncated_bias_se']:.1f} SE, cut_bias {cut_bias:.2g}  [{guide}, "
+                f"{row['truncated_bias_se']:.1f} SE (p = {row['truncated_p_value']:.2g}), "
+                f"cut_bias {cut_bias:.2g}  [{guide}, "
                 f"backup={backup}, baseline={baseline}, {episodes} x {horizon}, {batches} batches]"
             )
     return out

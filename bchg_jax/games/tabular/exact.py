@@ -49,7 +49,7 @@ from bchg_jax.games.tabular.follower import (
     soft_q_backups,
     soft_q_iteration,
 )
-from bchg_jax.games.tabular.game import check_policy_shapes
+from bchg_jax.games.tabular.game import check_policy_fn_on_simplex, check_policy_shapes
 
 Array = jax.Array
 
@@ -326,8 +326,9 @@ def exact_hypergradient(
       a pytree like ``theta``.
     Raises:
       ValueError: a concrete ``beta`` not finite and > 0, a bad scalar setting of ``game``, a
-        concrete ``Q_star`` that misses ``tol``, or as :func:`best_response` for
-        ``policy_fn(theta)``.
+        concrete ``Q_star`` that misses ``tol``, a ``policy_fn`` whose row sums move with a
+        concrete theta (:func:`~bchg_jax.games.tabular.game.check_policy_fn_on_simplex`), or
+        as :func:`best_response` for ``policy_fn(theta)``.
     Warns:
       float32 with a discount above :data:`~bchg_jax.core.validate.FLOAT32_GAMMA_WARN`.
     """
@@ -337,6 +338,7 @@ def exact_hypergradient(
     warn_float32_long_horizon(
         "games.tabular.exact_hypergradient", dtype, game.gamma_F, game.gamma_L
     )
+    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.exact_hypergradient")
 
     def J(th):
         f = policy_fn(th)
@@ -489,6 +491,7 @@ def as_if_optimal_hypergradient(
     g, sg = jax.lax.stop_gradient(g), jax.lax.stop_gradient
 
     log_g = sg(_log_policy(g, log_g, backup, "as_if_optimal_hypergradient"))
+    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.as_if_optimal_hypergradient")
 
     def J(th):
         f = policy_fn(th)
@@ -525,6 +528,7 @@ def k_step_hypergradient(policy_fn, theta, game, Q_prev: Array, beta, K: int, ba
     S, A, B = np.shape(game.transition)[:3]
     check_shape("Q_prev", Q_prev, (S, A, B), f"S={S}, A={A}, B={B} from {game.name}")
     Q_prev = jax.lax.stop_gradient(Q_prev)
+    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.k_step_hypergradient")
 
     def J(th):
         f = policy_fn(th)
@@ -572,6 +576,7 @@ def lag_hypergradient(
     check_if_concrete(check_unit_interval, "mix", mix)
     check_policy_shapes(game, g=g_prev)
     g_prev = jax.lax.stop_gradient(g_prev)
+    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.lag_hypergradient")
 
     def J(th):
         f = policy_fn(th)

@@ -13,12 +13,14 @@ import dataclasses
 from typing import Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from bchg_jax.core.validate import (
     check_probability_rows_if_concrete,
     check_problem_settings,
     check_shape,
+    is_concrete,
     probability_tolerance,
     shape_property,
     transition_sizes,
@@ -157,3 +159,46 @@ def check_policy_shapes(game: TabularGame, f=None, g=None) -> None:
             continue
         check_shape(label, table, shape, src)
         check_probability_rows_if_concrete(label, table)
+
+
+def check_policy_fn_on_simplex(policy_fn, theta, caller: str) -> None:
+    """``policy_fn``'s rows stay distributions as a concrete ``theta`` moves (a traced one is
+    skipped): their sums must not change along a random direction of ``theta`` (one JVP).
+
+    The leader's objective is a function of policies; its derivative in a direction that moves
+    a row's sum off 1 (a direct table ``policy_fn = lambda t: t`` moves every entry freely) is
+    that of an extension to non-policies, which Theorem 2's estimator does not estimate: its
+    baselines drop exactly that direction (``E_f[d log f(a|s)] b(s) = b(s) sum_a df(a|s)``
+    vanishes only on the simplex). A random direction catches such a ``policy_fn`` with
+    probability 1; a softmax, or a table normalised by its row sums, passes.
+
+    Args:
+      policy_fn: theta -> f [S, A].
+      theta: the leader's parameters (pytree of floating arrays).
+      caller: the function's name in the error.
+    Raises:
+      ValueError: a row sum that moves with theta beyond rounding.
+    """
+    leaves = jax.tree.leaves(theta)
+    if not leaves or not is_concrete(*leaves):
+        return
+    if not all(jnp.issubdtype(jnp.result_type(x), jnp.floating) for x in leaves):
+        return  # the theta checks name a non-float theta
+    rng = np.random.default_rng(0)
+    direction = jax.tree.map(
+        lambda x: jnp.asarray(rng.standard_normal(np.shape(x)), jnp.result_type(x)), theta
+    )
+    f, df = jax.jvp(policy_fn, (theta,), (direction,))
+    df = np.asarray(df, np.float64)
+    scale = float(np.max(np.abs(df), initial=0.0))
+    drift = float(np.max(np.abs(df.sum(-1)), initial=0.0))
+    eps = float(jnp.finfo(jnp.result_type(f)).eps)
+    if drift > 1e3 * eps * max(df.shape[-1], 1) * scale:
+        raise ValueError(
+            f"{caller}: policy_fn's row sums move with theta (a step along a random direction "
+            f"changes a row sum at {drift / scale:.3g} of the rate it changes an entry): "
+            "the gradient would be that of the objective extended to tables that are no "
+            "policies, which Theorem 2's estimator does not estimate. Keep every row on the "
+            "simplex for every theta near this one, e.g. f = jax.nn.softmax(logits, -1) or "
+            "f = x / x.sum(-1, keepdims=True)"
+        )

@@ -208,3 +208,39 @@ def test_unconverged_follower_skips_updates():
     )
     assert np.all(np.asarray(m["update_skipped"]) == 1)
     assert np.all(np.asarray(m["K1"]) == np.asarray(m["K1"])[0])
+
+
+def test_an_overflowing_closed_loop_is_named_not_returned_as_nan():
+    """A leader gain whose closed loop is unstable (spectral radius 1.3) but that the follower
+    can still answer (gamma_F = 0.5) has a finite return, whose state moments overflow float32
+    after ~170 steps: the exact return and gradient returned NaN with no error at a long
+    horizon. A concrete call now names the overflow; a shorter horizon is computed."""
+    from bchg_jax.games.lqr import LQRGame, exact_hypergradient, leader_objective
+
+    def game(horizon):
+        return LQRGame(
+            A=np.diag([0.5, 0.5]),
+            B=np.array([[1.0], [0.0]]),
+            C=np.array([[0.0], [1.0]]),
+            Qbar=np.eye(2),
+            Rbar=np.eye(1),
+            s0=np.array([1.0, 1.0]),
+            s_star=np.zeros(2),
+            Sigma=np.eye(2),
+            U=0.3 * np.eye(1),
+            gamma_F=0.5,
+            gamma_L=0.95,
+            horizon=horizon,
+        ).validate()
+
+    theta = jnp.asarray([0.0, 0.8], jnp.float32)  # closed-loop eigenvalue 0.5 + 0.8
+    short = game(60)
+    assert np.isfinite(leader_objective(short, theta, 0.5, gamma=0.95))
+    assert np.all(np.isfinite(exact_hypergradient(short, theta, 0.5)))
+    long = game(400)
+    for fn in (
+        lambda: leader_objective(long, theta, 0.5, gamma=0.95),
+        lambda: exact_hypergradient(long, theta, 0.5),
+    ):
+        with pytest.raises(ValueError, match=r"overflow float32 within the horizon 400.*1\.3"):
+            fn()
