@@ -289,7 +289,7 @@ def main(argv=None):
             {"machine": meta, "jax": jax.__version__, "random": random_fingerprint(), "J": entries},
         )
         print(f"reference: {len(written)} entries in {a.write_reference}")
-    report_unhealthy(bad, a.fail_on_cap)
+    report_unhealthy(bad, a.fail_on_cap, checks_J=True)
 
 
 if __name__ == "__main__":

@@ -405,6 +405,23 @@ def flag_names(message: str, a, config_flags=None) -> str:
     return re.sub(r"\b(\w*Config)\.(\w+)", named, message)
 
 
+def check_same_x64(cfg: dict, run_dir: str) -> None:
+    """Exits 2 unless ``jax_enable_x64`` is as when the run in ``run_dir`` started (its
+    ``config.json`` records it; older runs do not, and are not checked): a float32 run computes
+    a few scalars in float64 under x64 (optax Adam's bias correction), so it would go on
+    differently from the run it continues."""
+    import jax
+
+    saved = cfg.get("jax_enable_x64")
+    if saved is not None and bool(saved) != bool(jax.config.jax_enable_x64):
+        fail(
+            f"--resume {run_dir}: the run was started with jax_enable_x64={bool(saved)}, and it "
+            f"is {bool(jax.config.jax_enable_x64)} now; resume with JAX_ENABLE_X64="
+            f"{int(bool(saved))} (x64 changes a float32 run's arithmetic, so it would not "
+            "continue bit for bit)"
+        )
+
+
 def resume_args(a, experiment: str):
     """For ``--resume DIR``: DIR's saved arguments, with ``--iterations`` (extend only) and the
     flags of :data:`NOT_SETTINGS` taken from the command line. Exits 2 with a message naming the
@@ -437,6 +454,7 @@ def resume_args(a, experiment: str):
             f"--resume {a.resume} holds a {cfg['experiment']} run; resume it with "
             f"python -m experiments.{cfg['experiment']} --resume {a.resume}"
         )
+    check_same_x64(cfg, a.resume)
     saved = with_legacy(cfg["args"], vars(a))
     changed = [
         f"--{k.replace('_', '-')} {saved.get(k)!r} there, {jsonable(getattr(a, k))!r} given"

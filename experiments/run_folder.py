@@ -255,6 +255,9 @@ def environment_record() -> dict:
         "bchg_jax_version": bchg_jax.__version__,
         "jax_version": jax.__version__,
         "devices": [str(d) for d in jax.devices()],
+        # a float32 run computes some scalars in float64 under x64 (optax Adam's bias
+        # correction): a resume checks it, to continue bit for bit
+        "jax_enable_x64": bool(jax.config.jax_enable_x64),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
     }
 
@@ -319,7 +322,10 @@ def run_method_folder(
             like = state_template(trainer, grid, a.seeds, a.seed)
             # grow=True: an off-policy episode buffer is sized by --iterations; extending a run
             # gives it empty slots at the end
-            state = load_state(ckpt_path, like, grow=True)
+            try:
+                state = load_state(ckpt_path, like, grow=True)
+            except ValueError as err:  # a damaged checkpoint, or one of other runs
+                fail(f"{err}; delete {out} to train {method} again from iteration 0")
             start = int(np.asarray(state.step).reshape(-1)[0])
             # per-iteration metrics are [G, N, iterations, ...] (some carry trailing axes)
             metrics = {

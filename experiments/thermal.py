@@ -44,6 +44,15 @@ SETTING_KEYS = (
     "mlp_normalize",
 )
 SETTING_KEYS += FOLLOWER_SETTINGS
+# the MLP critic's training flags that --faithful holds at their defaults (the paper's critic)
+FAITHFUL_CRITIC = (
+    "mlp_steps",
+    "mlp_lr",
+    "mlp_minibatch",
+    "mlp_normalize",
+    "mlp_warm_start",
+    "value_samples",
+)
 
 
 def parse_args(argv=None):
@@ -137,18 +146,25 @@ def parse_args(argv=None):
     add_follower_args(p, ("best_response", "k_step"), "the estimate (before clipping)")
     a = p.parse_args(argv)
     if a.faithful:
-        # --faithful fixes these four; an explicit flag asking for another value is an error
+        # --faithful fixes the estimator and the paper's critic training (the parser's
+        # defaults); an explicit flag asking for another value is an error, not a run that
+        # config.json would call faithful
+        fixed = {"critic": "mlp", "follower_grad": "score"}
+        fixed.update({k: p.get_default(k) for k in FAITHFUL_CRITIC})
         clash = [
-            f"--{k.replace('_', '-')} {getattr(a, k)}"
-            for k, v in (("critic", "mlp"), ("follower_grad", "score"))
+            f"--{k.replace('_', '-')}" + ("" if isinstance(v, bool) else f" {getattr(a, k)}")
+            for k, v in fixed.items()
             if k in a._explicit and getattr(a, k) != v
         ]
         if clash:
             from experiments.cli import fail
 
+            source = "" if "faithful" in a._explicit else f" (from --config {a.config})"
             fail(
-                f"--faithful sets --critic mlp --follower-grad score --no-baseline "
-                f"--no-control-variates; drop {' and '.join(clash)} or --faithful"
+                f"--faithful{source} is the paper's estimator and critic: --critic mlp "
+                f"--follower-grad score --no-baseline --no-control-variates with the critic "
+                f"flags at their defaults; drop {' and '.join(clash)}, or give those flags "
+                f"without --faithful"
             )
         a.critic, a.follower_grad, a.no_baseline, a.no_control_variates = (
             "mlp",
@@ -220,6 +236,7 @@ def run_method(method: str, a, run_dir: str):
 
     config = train_config(a)
     trainer = lq.make_train(thermal(), method, config)
+    sampled = method != "exact"  # exact ascent uses no critic, estimator or episodes
     return run_method_folder(
         os.path.join(run_dir, method),
         method,
@@ -227,11 +244,16 @@ def run_method(method: str, a, run_dir: str):
         method_grid(a),
         a,
         record={"train_config": dataclasses.asdict(config)},
-        title=f"building thermal control, {pretty_label(method)}: {a.critic} critic, "
-        f"β={a.beta:g}, {a.seeds} seeds",
+        title=f"building thermal control, {pretty_label(method)}: "
+        + (f"{a.critic} critic, " if sampled else "")
+        + f"β={a.beta:g}, {a.seeds} seeds",
         window=SUMMARY_WINDOW,
         ylabel=YLABELS["thermal"],
-        describe=f"thermal critic={a.critic} follower-grad={a.follower_grad} episodes={a.episodes}",
+        describe=(
+            f"thermal critic={a.critic} follower-grad={a.follower_grad} episodes={a.episodes}"
+            if sampled
+            else "thermal exact hypergradient (no sampling)"
+        ),
     )
 
 

@@ -739,6 +739,9 @@ def test_traced_values_are_not_checked():
         ("thermal", ["--init-std", "inf"], "must be finite, got inf"),
         # --faithful fixes the critic and the follower gradient; asking for others is a clash
         ("thermal", ["--faithful", "--critic", "quadratic"], "drop --critic quadratic"),
+        # ... and the paper's critic training: a changed critic is not a faithful run
+        ("thermal", ["--faithful", "--mlp-warm-start"], "drop --mlp-warm-start,"),
+        ("thermal", ["--faithful", "--mlp-steps", "200"], "drop --mlp-steps 200,"),
         # flags that were silently ignored: another follower model's setting, a grid flag
         # under --grid paper
         ("fourrooms", ["--follower-steps", "5"], "add --follower k_step or drop --follower-steps"),
@@ -751,6 +754,21 @@ def test_cli_errors_name_the_flag_and_value(module, argv, shown, tmp_path, capsy
     err = _cli_error(module, ["--smoke", *argv, "--out", str(tmp_path / "r")], capsys)
     assert shown in err and "Traceback" not in err
     assert not os.path.exists(tmp_path / "r")
+
+
+def test_a_faithful_setting_read_from_a_config_file_is_named_as_such(tmp_path, capsys):
+    """A --config file of a --faithful run sets --faithful; a clashing flag's error says where
+    it came from (the user never typed --faithful, and no flag turns it off)."""
+    import json
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"experiment": "thermal", "args": {"faithful": True}}))
+    err = _cli_error(
+        "thermal",
+        ["--config", str(cfg), "--smoke", "--critic", "quadratic", "--out", str(tmp_path / "r")],
+        capsys,
+    )
+    assert f"--faithful (from --config {cfg})" in err and "drop --critic quadratic" in err
 
 
 def test_non_finite_or_misshaped_theta_is_refused():
@@ -788,8 +806,12 @@ def test_non_finite_or_misshaped_theta_is_refused():
     for fn in (games.lqr.exact_hypergradient, games.lqr.leader_objective, games.lqr.best_response):
         with pytest.raises(ValueError, match="theta must be finite"):
             fn(game, jnp.array([jnp.inf, 0.0]), 0.1)
-        with pytest.raises(ValueError, match=r"shape \[\.\.\., 2\], got \(3,\)"):
+        with pytest.raises(ValueError, match=r"must be the vector \[2\].*got shape \(3,\)"):
             fn(game, jnp.zeros(3), 0.1)
+        # a matrix gain K [k, n] = [1, 2] is not read as a batch of one (it failed deep inside
+        # with a dot_general shape error)
+        with pytest.raises(ValueError, match=r"K.reshape\(-1\).*got shape \(1, 2\)"):
+            fn(game, jnp.zeros((1, 2)), 0.1)
 
 
 @pytest.mark.parametrize(

@@ -142,11 +142,20 @@ def save_state(directory: str, state, step: int = 0) -> None:
     Args:
       directory: the checkpoint folder (created if needed); the step goes to ``directory/<step>/``.
       state: any pytree of arrays (e.g. a trainer state with leaves [G, N, ...]).
-      step: the step number to record (e.g. iterations done).
+      step: the step number to record (e.g. iterations done); a later save needs another
+        step (orbax does not overwrite one in place).
     Returns:
       None.
+    Raises:
+      ValueError: ``directory`` already holds a checkpoint of this ``step``.
     """
     import orbax.checkpoint as ocp
+
+    if checkpoint_step(directory) == int(step):
+        raise ValueError(
+            f"checkpoint {directory} already holds step {int(step)}; save with another step "
+            "(e.g. the iterations done), or into another folder"
+        )
 
     arrays, names, keys = {}, [], []
     for i, (kp, x) in enumerate(_leaves(state)):
@@ -204,6 +213,23 @@ def checkpoint_exists(directory: str) -> bool:
         return mgr.latest_step() is not None
 
 
+def _check_dtype(directory: str, name: str, raw: np.ndarray, dtype) -> None:
+    """A saved leaf's dtype is ``dtype``, or an integer one whose values ``dtype`` holds."""
+    dtype = np.dtype(dtype)
+    if raw.dtype == dtype:
+        return
+    if (
+        np.issubdtype(raw.dtype, np.integer)
+        and np.issubdtype(dtype, np.integer)
+        and (raw.size == 0 or np.iinfo(dtype).min <= raw.min() <= raw.max() <= np.iinfo(dtype).max)
+    ):
+        return
+    raise ValueError(
+        f"checkpoint {directory}: field {name} is {raw.dtype}, expected {dtype} (a run saved "
+        "in another precision; load_state(..., cast=True) converts it)"
+    )
+
+
 def _grows(saved, wanted) -> bool:
     """Same rank, one axis shorter in ``saved``, every other axis equal."""
     if len(saved) != len(wanted):
@@ -225,7 +251,7 @@ def _saved_name(name: str, index, like) -> str:
     return name
 
 
-def load_state(directory: str, like, grow: bool = False):
+def load_state(directory: str, like, grow: bool = False, cast: bool = False):
     """Restores the latest checkpoint of :func:`save_state` into the structure of ``like``.
 
     Args:
@@ -236,12 +262,19 @@ def load_state(directory: str, like, grow: bool = False):
       grow: accept a saved leaf that is shorter than ``like``'s along exactly one axis and
         complete it with ``like``'s values there (an off-policy episode buffer, sized by the
         number of iterations, when a run is extended; its ``count`` keeps the saved episodes).
+        The axes that index the runs never grow: those of ``like.step`` where ``like`` has a
+        step counter ([G, N] for a grid state), so a checkpoint of fewer seeds or grid points
+        is refused, not completed with runs at iteration 0.
+      cast: accept a saved leaf of another dtype and convert it (a float32 checkpoint into a
+        float64 state continues as a mixed-precision run; the reverse rounds); by default
+        only an integer leaf whose values fit ``like``'s integer dtype is converted.
       A leaf the checkpoint lacks is read from its old path if ``like``'s type names one in
       ``LEGACY_PATHS`` (a state type renamed since the checkpoint was saved).
     Returns:
       a pytree of ``like``'s structure holding the saved arrays.
     Raises:
-      ValueError: no checkpoint, a missing leaf, or a leaf of another shape.
+      ValueError: no checkpoint, a damaged or unreadable one, a missing leaf, a leaf of
+        another shape, or (without ``cast``) of another dtype.
     """
     import orbax.checkpoint as ocp
 
@@ -249,11 +282,21 @@ def load_state(directory: str, like, grow: bool = False):
         step = mgr.latest_step()
         if step is None:
             raise ValueError(f"no checkpoint in {directory}")
-        got = mgr.restore(
-            step,
-            args=ocp.args.Composite(arrays=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()),
-        )
-    names, data = got["meta"]["names"], got["arrays"]
+        try:
+            got = mgr.restore(
+                step,
+                args=ocp.args.Composite(
+                    arrays=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()
+                ),
+            )
+            names, data = got["meta"]["names"], got["arrays"]
+        except Exception as err:  # orbax / tensorstore / json errors of a damaged folder
+            raise ValueError(
+                f"checkpoint {directory} (step {step}) is damaged or unreadable "
+                f"({type(err).__name__}: {err})"
+            ) from err
+    step_like = getattr(like, "step", None)  # its axes index the runs ([G, N] for a grid)
+    runs = 0 if step_like is None else np.ndim(step_like)
     index = {n: i for i, n in enumerate(names)}
     leaves = []
     for kp, ref in _leaves(like):
@@ -266,8 +309,15 @@ def load_state(directory: str, like, grow: bool = False):
         if _is_key(ref):
             x = jax.random.wrap_key_data(jax.numpy.asarray(raw), impl=jax.random.key_impl(ref))
         else:
+            if not cast:
+                _check_dtype(directory, name, raw, ref.dtype)
             x = jax.numpy.asarray(raw, dtype=ref.dtype)
-        if grow and x.shape != ref.shape and _grows(x.shape, ref.shape):
+        if (
+            grow
+            and x.shape != ref.shape
+            and _grows(x.shape, ref.shape)
+            and x.shape[:runs] == ref.shape[:runs]
+        ):
             axis = next(
                 i for i, (m, n) in enumerate(zip(x.shape, ref.shape, strict=False)) if m != n
             )

@@ -28,6 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from bchg_jax.core.health import health_text, health_warning, solver_health
 from bchg_jax.core.loop import Trainer
+from bchg_jax.core.validate import is_concrete
 
 Array = jax.Array
 
@@ -41,9 +42,30 @@ def seed_keys(seeds: Sequence[int] | int, base_seed: int = 0) -> Array:
     Returns:
       [N] typed PRNG keys.
     Raises:
-      ValueError: no seed.
+      ValueError: no seed, a bool, a negative count, seed indices that are not integers (a
+        float was truncated) or that repeat (two runs would be one, and their spread would
+        understate the standard error).
     """
-    idx = jnp.arange(seeds) if isinstance(seeds, (int, np.integer)) else jnp.asarray(seeds)
+    if isinstance(seeds, (bool, np.bool_)):
+        raise ValueError(f"seeds must be a count or a sequence of seed indices, got {seeds!r}")
+    if isinstance(seeds, (int, np.integer)):
+        if seeds < 0:
+            raise ValueError(f"seeds must be >= 1, got {seeds}")
+        idx = jnp.arange(seeds)
+    else:
+        given = np.asarray(seeds)
+        if given.size and (
+            given.dtype == bool or not np.issubdtype(given.dtype, np.integer) or given.ndim != 1
+        ):
+            raise ValueError(
+                f"seeds must be integer seed indices [N], got {given.dtype} of shape {given.shape}"
+            )
+        if np.unique(given).size != given.size:
+            raise ValueError(
+                f"seed indices must be distinct, got {given.tolist()} (a repeated index is the "
+                "same run twice)"
+            )
+        idx = jnp.asarray(given)
     if idx.size == 0:
         raise ValueError("at least one seed is required")
     return jax.vmap(lambda i: jax.random.fold_in(jax.random.key(base_seed), i))(idx)
@@ -226,6 +248,37 @@ def state_template(trainer: Trainer, grid: Dict[str, np.ndarray], seeds: int, ba
     return init(seed_keys(_seed_count(seeds), base_seed), grid_hparams(trainer, grid))
 
 
+def _check_continuation(state, start: int, metrics, G: int, N: int) -> None:
+    """``run_grid``'s ``state``, ``start`` and ``metrics`` describe one point of one run."""
+    if state is None:
+        if start or metrics:
+            raise ValueError(
+                f"start={start} and metrics continue a run: pass its state too (without it the "
+                "runs would start again from init)"
+            )
+        return
+    for x in jax.tree.leaves(state):
+        if tuple(np.shape(x))[:2] != (G, N):
+            raise ValueError(
+                f"state leaves must be [G, N, ...] = [{G}, {N}, ...] (grid points, seeds), got "
+                f"{np.shape(x)}"
+            )
+    step = getattr(state, "step", None)
+    readable = is_concrete(step) and getattr(step, "is_fully_addressable", True)
+    if step is not None and readable and np.any(np.asarray(step) != start):
+        raise ValueError(
+            f"the state is at iteration {sorted(set(np.asarray(step).ravel().tolist()))}, "
+            f"not start={start}: pass start=int(state.step.reshape(-1)[0]) and the metrics "
+            "recorded up to it"
+        )
+    for k, v in (metrics or {}).items():
+        if tuple(np.shape(v))[:3] != (G, N, start):
+            raise ValueError(
+                f"metrics[{k!r}] must be [G, N, start, ...] = [{G}, {N}, {start}, ...] (the "
+                f"iterations already done), got {np.shape(v)}"
+            )
+
+
 def join_chunks(chunks):
     """Joins per-chunk metrics along the iteration axis (axis 2 of [G, N, iterations, ...]: a
     metric may carry trailing axes, e.g. a policy per iteration). A metric missing from an earlier
@@ -283,8 +336,11 @@ def run_grid(
       (state, metrics): state leaves [G, N, ...]; metrics name -> numpy [G, N, iterations, ...]
       ([G, N, iterations - start, ...] when continuing without ``metrics``).
     Raises:
-      ValueError: ``seeds`` not a positive int, ``chunk`` or ``iterations`` < 1, or ``start``
-        out of range.
+      ValueError: ``seeds`` not a positive int, ``chunk`` or ``iterations`` < 1, ``start``
+        out of range, or a continuation whose pieces disagree: ``start`` > 0 without the
+        ``state``, a ``state`` not [G, N, ...] or whose ``step`` is not ``start`` in every run,
+        ``metrics`` not [G, N, start, ...] (each would silently give a curve of another
+        length or another run's).
     """
     N = _seed_count(seeds)
     if chunk < 1 or iterations < 1:
@@ -293,6 +349,7 @@ def run_grid(
         raise ValueError(f"start must be in [0, iterations], got {start}")
     hp = grid_hparams(trainer, grid)
     G = int(jax.tree.leaves(hp)[0].shape[0])  # grid points (from the HParams)
+    _check_continuation(state, start, metrics, G, N)
     (init, run), compiled = _kept(trainer)  # compiled: program shapes run so far (not re-marked)
     if shard:
         compiled = set()  # the sharded program is made per call
@@ -356,6 +413,12 @@ def run_grid(
     return state, metrics
 
 
+def _rate(x: float) -> str:
+    """A rate in 9 characters: whole numbers from 100 up, three significant digits below (a
+    slow run's 0.4 run-it/s is not shown as 0)."""
+    return f"{x:9.0f}" if x >= 100 else f"{x:9.3g}"
+
+
 def progress_line(
     J: np.ndarray,
     done: int,
@@ -396,7 +459,7 @@ def progress_line(
     note = " incl. compile" if includes_compile else ""
     where = f"grid point {best}, " if G > 1 else ""
     return (
-        f"  iter {done:6d}/{iterations}  {rate:8.1f} it/s ({rate * G * N:9.0f} run-it/s"
+        f"  iter {done:6d}/{iterations}  {rate:8.1f} it/s ({_rate(rate * G * N)} run-it/s"
         f"{note})  J ({where}mean of {N} seed{'s' * (N > 1)}): now {J[best, :, -1].mean():+.4f}"
         f", last {w} it {recent[best]:+.4f}  elapsed {elapsed:7.1f}s"
         + (f"  {health_text(health)}" if health else "")
