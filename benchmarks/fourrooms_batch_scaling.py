@@ -16,6 +16,7 @@ import time
 import jax
 
 from bchg_jax import seed_keys
+from bchg_jax.core.health import health_text, solver_health
 from bchg_jax.core.sweep import grid_functions
 from bchg_jax.problems import fourrooms
 from bchg_jax.tabular import HParams, TrainConfig, make_train
@@ -25,6 +26,7 @@ BATCHES = (100, 200, 400, 1000)
 
 
 def ms_per_iteration(method, batch, iterations, seeds, beta):
+    """(ms per outer iteration, solver health of the timed runs)."""
     envs, steps = batch_shape(batch)
     trainer = make_train(
         fourrooms("reference"),
@@ -36,8 +38,8 @@ def ms_per_iteration(method, batch, iterations, seeds, beta):
     state = init(seed_keys(seeds), hp)
     jax.block_until_ready(run(state, hp, iterations))  # compile
     t0 = time.perf_counter()
-    jax.block_until_ready(run(state, hp, iterations))
-    return 1e3 * (time.perf_counter() - t0) / iterations
+    _, metrics = jax.block_until_ready(run(state, hp, iterations))
+    return 1e3 * (time.perf_counter() - t0) / iterations, solver_health(metrics)
 
 
 def main(argv=None):
@@ -55,17 +57,19 @@ def main(argv=None):
         + " | ".join(f"batch {b} (ms/it)" for b in BATCHES)
         + " | "
         + " | ".join(f"x{b}/100" for b in BATCHES[1:])
-        + " |"
+        + " | solver health (worst batch) |"
     )
-    print("|---|" + "---|" * (2 * len(BATCHES) - 1))
+    print("|---|" + "---|" * (2 * len(BATCHES)))
     for method in ALL_METHODS:
-        ms = [ms_per_iteration(method, b, a.iterations, a.seeds, a.beta) for b in BATCHES]
+        rows = [ms_per_iteration(method, b, a.iterations, a.seeds, a.beta) for b in BATCHES]
+        ms = [x for x, _ in rows]
+        worst = max((h for _, h in rows), key=lambda h: (h["capped_share"], h["update_skipped"]))
         print(
             f"| {method} | "
             + " | ".join(f"{x:.2f}" for x in ms)
             + " | "
             + " | ".join(f"{x / ms[0]:.2f}" for x in ms[1:])
-            + " |",
+            + f" | {health_text(worst)} |",
             flush=True,
         )
 

@@ -17,6 +17,7 @@ import time
 import jax
 
 from bchg_jax import seed_keys
+from bchg_jax.core.health import health_text, solver_health
 from bchg_jax.core.sweep import grid_functions
 from bchg_jax.problems import fourrooms
 from bchg_jax.tabular import HParams, TrainConfig, make_train
@@ -37,7 +38,10 @@ def main(argv=None):
         f"# Four-Rooms per-method throughput  {datetime.date.today()}  "
         f"{platform.machine()}  jax {jax.__version__}  batch {a.batch}  {a.seeds} seeds vmapped"
     )
-    print(f"{'method':>12} {'compile s':>10} {'ms / iteration':>15} {'ms / run-iteration':>19}")
+    print(
+        f"{'method':>12} {'compile s':>10} {'ms / iteration':>15} {'ms / run-iteration':>19}  "
+        "solver health of the timed runs"
+    )
     hp = HParams.from_grid({"lr": [0.1], "sarsa_alpha": [0.5], "beta": [a.beta]})
     keys = seed_keys(a.seeds)
     for method in ORDER:
@@ -52,13 +56,13 @@ def main(argv=None):
         jax.block_until_ready(run(state, hp, a.iterations))
         first = time.perf_counter() - t0
         t0 = time.perf_counter()
-        jax.block_until_ready(run(state, hp, a.iterations))
+        _, metrics = jax.block_until_ready(run(state, hp, a.iterations))
         t = time.perf_counter() - t0
         if method == "hpgd_oracle":
             print("  (oracle: + 10,000 extra steps per iteration)")
         print(
             f"{method:>12} {first - t:10.2f} {1e3 * t / a.iterations:15.3f} "
-            f"{1e3 * t / a.iterations / a.seeds:19.3f}"
+            f"{1e3 * t / a.iterations / a.seeds:19.3f}  {health_text(solver_health(metrics))}"
         )
 
 

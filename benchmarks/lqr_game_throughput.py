@@ -22,11 +22,13 @@ import platform
 
 import jax
 
-from benchmarks._timing import time_chunks
+from bchg_jax.core.health import solver_health
+from benchmarks._timing import report_unhealthy, time_chunks, unhealthy
 
 
 def measure(name: str, seeds: int, iterations: int, preset: str, actor_steps=None):
-    """(compile s, s per outer iteration) of variant ``name`` for ``seeds`` vmapped seeds."""
+    """(compile s, s per outer iteration, solver health of the timed runs) of variant ``name``
+    for ``seeds`` vmapped seeds."""
     from bchg_jax.games import lqr
     from bchg_jax.problems.lqr_game import gain_metrics, lqr_game
     from experiments import lqr_game as cli
@@ -37,7 +39,8 @@ def measure(name: str, seeds: int, iterations: int, preset: str, actor_steps=Non
     a = cli.parse_args(argv)
     config = cli.train_config(a, name)
     trainer = lqr.make_train(lqr_game(), cli.VARIANTS[name][0], config, metrics_fn=gain_metrics)
-    return time_chunks(trainer, cli.method_grid(a), seeds, iterations)
+    comp, per, m = time_chunks(trainer, cli.method_grid(a), seeds, iterations, with_metrics=True)
+    return comp, per, solver_health(m)
 
 
 def main(argv=None):
@@ -60,12 +63,23 @@ def main(argv=None):
         f"devices {jax.devices()}, {datetime.date.today()}, preset {a.preset}, "
         f"{a.iterations} timed iterations"
     )
-    print("| method | seeds | compile (s) | s / outer iteration | s / iteration / seed |")
-    print("|---|---|---|---|---|")
+    print(
+        "| method | seeds | compile (s) | s / outer iteration | s / iteration / seed | capped "
+        "| skipped |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    bad = []
     for name in methods:
         for seeds in a.seeds:
-            comp, per = measure(name, seeds, a.iterations, a.preset, a.actor_steps)
-            print(f"| {name} | {seeds} | {comp:.1f} | {per:.4f} | {per / seeds:.4f} |", flush=True)
+            comp, per, h = measure(name, seeds, a.iterations, a.preset, a.actor_steps)
+            print(
+                f"| {name} | {seeds} | {comp:.1f} | {per:.4f} | {per / seeds:.4f} | "
+                f"{h['capped_share']:.2%} | {h['update_skipped']} |",
+                flush=True,
+            )
+            if unhealthy(h):
+                bad.append(f"{name} {seeds} seeds")
+    report_unhealthy(bad, fail_on_cap=False)
 
 
 if __name__ == "__main__":
