@@ -10,6 +10,7 @@ dtype, int32 for step counts).
 
 from __future__ import annotations
 
+import warnings
 from typing import Dict, Tuple
 
 import jax
@@ -65,6 +66,26 @@ def check_representable(hp, dtype, integer_fields: Tuple[str, ...] = ()) -> None
             )
 
 
+def warn_narrower_grid(grid: Dict[str, np.ndarray], dtype, integer_fields=()) -> None:
+    """Warns when a float grid array is narrower than the trainer's ``dtype``: its values were
+    already rounded (``np.float32(0.1)`` is 0.10000000149 in a float64 trainer), so the run is
+    not the one the printed grid suggests, nor a rerun with Python floats."""
+    narrow = sorted(
+        k
+        for k, v in grid.items()
+        if k not in integer_fields
+        and np.issubdtype(np.asarray(v).dtype, np.floating)
+        and np.finfo(np.asarray(v).dtype).bits < np.finfo(np.dtype(dtype)).bits
+    )
+    if narrow:
+        warnings.warn(
+            f"grid values {narrow} are {np.asarray(grid[narrow[0]]).dtype} arrays, narrower than "
+            f"the trainer's {np.dtype(dtype)}: they keep their rounding (0.1 becomes "
+            "0.10000000149 from float32); give Python floats or float64 arrays",
+            stacklevel=4,
+        )
+
+
 def from_grid(
     cls, grid: Dict[str, np.ndarray], dtype, integer_fields: Tuple[str, ...] = (), **validate_kw
 ):
@@ -107,6 +128,7 @@ def from_grid(
             f"{ {k: np.shape(v) for k, v in grid.items()} }"
         )
     G = sizes.pop() if sizes else 1
+    warn_narrower_grid(grid, dtype, integer_fields)
     values = [
         np.broadcast_to(np.asarray(grid.get(f, cls._field_defaults.get(f)), np.float64), (G,))
         for f in cls._fields
