@@ -2,12 +2,15 @@
 
 A run folder holds one sub-folder per method (``<method>/metrics.npz``); each method is drawn
 with its best grid point (best mean over seeds of the run's summary window, e.g. the last 1000
-iterations), mean +- standard error over seeds of the trailing rolling mean (window 100). Several
-run folders (e.g. three values of beta) become the panels of one figure, each titled by its folder
-name and the settings (``config.json`` ``args``) that differ between the given runs; the settings
-they share go in the figure's title. Runs of different experiments may be combined: each panel
+iterations), mean +- standard error over seeds of the trailing rolling mean (window: 1/20 of the
+longest run, at most 100; no band for one seed). Several run folders (e.g. three values of
+beta) become the panels of one figure, each titled by its folder name and the settings
+(``config.json`` ``args``) that differ between the given runs; the settings they share go in
+the figure's title. Runs of different experiments may be combined: each panel
 then gets its own experiment, key settings and y-axis label. A table of final values is printed
-(markdown).
+(markdown). The figure goes to ``<run>/figure.png`` for one run folder (the figure the run
+wrote itself) and to ``comparison.png`` beside the first of several (never over a run's own
+figure); ``--out`` chooses another path.
 """
 
 from __future__ import annotations
@@ -114,9 +117,10 @@ def rolling_mean(x: np.ndarray, window: int) -> np.ndarray:
 
 
 def mean_se(curves: np.ndarray):
-    """Mean and standard error over axis 0 (seeds)."""
+    """Mean and standard error over axis 0 (seeds); the error is NaN (no band) for one seed, as
+    in the summaries (0 would draw an exact curve)."""
     n = curves.shape[0]
-    se = curves.std(axis=0, ddof=1) / np.sqrt(n) if n > 1 else np.zeros(curves.shape[1:])
+    se = curves.std(axis=0, ddof=1) / np.sqrt(n) if n > 1 else np.full(curves.shape[1:], np.nan)
     return curves.mean(axis=0), se
 
 
@@ -197,14 +201,25 @@ def band_caption(seeds, window: int, iterations=None) -> str:
         else f"{seeds[0]}-{seeds[-1]} seeds"
     )
     longest = None if iterations is None else max(np.atleast_1d(iterations))
+    shortest = None if iterations is None else min(np.atleast_1d(iterations))
     smooth = (
         "no smoothing"
         if window <= 1
         else f"running mean since iteration 1 (window {window} ≥ run length)"
         if longest is not None and longest <= window
         else f"trailing mean over {window} iterations"
+        + (
+            f" (a running mean since iteration 1 for the runs of at most {window})"
+            if shortest is not None and shortest <= window
+            else ""
+        )
     )
-    return f"line: mean over {n}, band: ± 1 standard error;\nsmoothing: {smooth}"
+    band = (
+        "no band (one seed)"
+        if seeds == [1]
+        else "band: ± 1 standard error" + (" (none for one seed)" if 1 in seeds else "")
+    )
+    return f"line: mean over {n}, {band};\nsmoothing: {smooth}"
 
 
 def _integer_x(ax):
@@ -223,7 +238,9 @@ def draw_curves(
         x = np.arange(1, m.shape[0] + 1)
         color = None if colors is None else colors.get(label)
         ls = "-" if styles is None else styles.get(label, "-")
-        (line,) = ax.plot(x, m, label=label, lw=1.5, color=color, ls=ls)
+        # markers where the curve has too few points to be seen as a line (one point: none)
+        marker = "o" if m.shape[0] < 10 else None
+        (line,) = ax.plot(x, m, label=label, lw=1.5, color=color, ls=ls, marker=marker, ms=3)
         ax.fill_between(x, m - se, m + se, alpha=0.2, color=line.get_color(), lw=0)
     ax.set_xlabel("outer iteration")
     _integer_x(ax)
@@ -620,7 +637,12 @@ def main(argv=None):
         default=None,
         help="rolling-mean window (default: 1/20 of the longest run, at most 100)",
     )
-    p.add_argument("--out", default=None, help="figure path (default <first run>/figure.png)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="figure path (default: <run>/figure.png for one run, comparison.png beside the "
+        "first of several)",
+    )
     p.add_argument(
         "--export",
         metavar="DEST",
@@ -636,7 +658,12 @@ def main(argv=None):
     for d in a.runs:
         if not load_run(d):
             raise SystemExit(f"error: no <method>/metrics.npz under {d}")
-    out = a.out or os.path.join(a.runs[0], "figure.png")
+    if a.out:
+        out = a.out
+    elif len(a.runs) == 1:
+        out = os.path.join(a.runs[0], "figure.png")  # what the run wrote itself
+    else:  # never over a run's own figure
+        out = os.path.join(os.path.dirname(os.path.abspath(a.runs[0])), "comparison.png")
     save_figure(out, panel_figure(a.runs, a.window))
     print(final_table(a.runs))
     print(f"\nfigure: {out}")

@@ -13,9 +13,11 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 # summary entries that are not hyperparameters of the best grid point
-NOT_HPARAMS = ("method", "mean", "se", "wall_s", "health", "window")
-# summary.csv columns of the solver-health flags (bchg_jax.core.health)
-HEALTH_COLUMNS = ["capped_share", "skipped_updates"]
+NOT_HPARAMS = ("method", "mean", "se", "wall_s", "health", "window", "nonfinite_seeds")
+# summary.csv columns of the solver-health flags (bchg_jax.core.health.FLAGS): the share of
+# capped solves and the counts of skipped updates, sampler-support losses and float32-rounded
+# follower logits (0 where the trainer does not record the flag)
+HEALTH_COLUMNS = ["capped_share", "skipped_updates", "support_lost", "logits_rounded"]
 
 
 def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict:
@@ -26,11 +28,12 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
     from bchg_jax.core.health import FLAGS, health_text, health_warning, solver_health
     from bchg_jax.core.io import save_csv, save_figure, save_npz
     from experiments.plot import grid_label, learning_curve_figure
-    from experiments.summary import summarize
+    from experiments.summary import nonfinite_seeds, summarize
 
     J = data["J"]
     window = int(min(window, J.shape[-1]))  # a run shorter than the window: its whole length
     final, mean, se, best = summarize(J, window)
+    diverged = nonfinite_seeds(final)
     keys = list(grid)
     flags = {k: np.asarray(data[k]) for k in FLAGS if k in data}
     health = solver_health(flags)
@@ -48,13 +51,15 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
         )
         rows = [
             tuple(float(grid[k][g]) for k in keys)
-            + (f"{mean[g]:.4f}", f"{se[g]:.4f}", int(g == best))
+            + (f"{mean[g]:.4f}", f"{se[g]:.4f}", int(g == best), int(diverged[g]))
             + tuple(_health_cells(per_point[g]))
             for g in range(len(mean))
         ]
         save_csv(
             os.path.join(out, "summary.csv"),
-            keys + [f"mean_last{window}", "se", "best"] + HEALTH_COLUMNS * bool(health),
+            keys
+            + [f"mean_last{window}", "se", "best", "nonfinite_seeds"]
+            + HEALTH_COLUMNS * bool(health),
             rows,
         )
         # every grid point, the best first (its label says so)
@@ -70,10 +75,23 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
         # the same rows in the same order as summary.csv (the grid's order)
         print(f"\n{'  '.join(f'{k:>11}' for k in keys)}  mean(last {window})      se")
         for g in range(len(mean)):
-            mark = "  <- best" if g == best else ""
+            mark = "  <- best" if g == best and np.isfinite(mean[g]) else ""
+            nonfinite = f"  ({diverged[g]} of {J.shape[1]} seeds not finite)" if diverged[g] else ""
             print(
                 "  ".join(f"{grid[k][g]:11g}" for k in keys)
-                + f"  {mean[g]:+.4f}  {se[g]:.4f}{mark}"
+                + f"  {mean[g]:+.4f}  {se[g]:.4f}{mark}{nonfinite}"
+            )
+        if diverged.any():
+            print(
+                f"[{method}] WARNING: {int(np.count_nonzero(diverged))} of {len(mean)} grid "
+                "points have seeds whose J is not finite (diverged runs); their mean is NaN and "
+                + (
+                    "no grid point is finite in every seed, so there is no best one"
+                    if not np.isfinite(mean[best])
+                    else "the best point is chosen among the others"
+                ),
+                file=sys.stderr,
+                flush=True,
             )
         if health:
             print(
@@ -94,6 +112,7 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
         "se": float(se[best]),
         "window": window,  # the iterations the mean is over
         "health": health,
+        "nonfinite_seeds": int(diverged[best]),  # > 0 only when no grid point is finite
     }
 
 
@@ -101,7 +120,12 @@ def _health_cells(health: dict):
     """The HEALTH_COLUMNS cells of one grid point (none when the trainer records no flags)."""
     if not health:
         return ()
-    return (f"{health.get('capped_share', 0.0):.4f}", int(health.get("update_skipped", 0)))
+    return (
+        f"{health.get('capped_share', 0.0):.4f}",
+        int(health.get("update_skipped", 0)),
+        int(health.get("support_lost", 0)),
+        int(health.get("logits_rounded", 0)),
+    )
 
 
 def _saved_summaries(run_dir: str, done: set, window: int, iterations=None) -> tuple:
@@ -180,6 +204,8 @@ def finish_run(
     )
     for s in summaries:
         hp = " ".join(f"{k}={v:g}" for k, v in s.items() if k not in NOT_HPARAMS)
+        if s.get("nonfinite_seeds"):
+            hp = "(no grid point finite in every seed)"
         print(
             f"{s['method']:>12}  {hp:30s}  {s['mean']:+.4f}  {s['se']:.4f}  "
             f"{health_text(s.get('health') or {})}"

@@ -146,7 +146,9 @@ def test_cli_summary_reports_health(tmp_path, capsys):
     assert "capped 10.00% skipped 0" in out.out and "WARNING" in out.err
     assert s["health"]["solve_capped"] == 10
     header, row = open(tmp_path / "summary.csv").read().splitlines()[:2]
-    assert header.endswith("capped_share,skipped_updates") and row.endswith("0.1000,0")
+    health = "capped_share,skipped_updates,support_lost,logits_rounded"
+    assert header.endswith("nonfinite_seeds," + health)
+    assert row.endswith("0,0.1000,0,0,0")
     finish_run(str(tmp_path), [s], 10)
     out = capsys.readouterr()
     assert "capped 10.00%" in out.out and "bchg" in out.err

@@ -361,3 +361,31 @@ def test_fourrooms_figure_table_of_a_single_panel_reads_back(tmp_path):
     assert list(got) == ["batch100_beta1e-3"]
     assert got["batch100_beta1e-3"]["bchg"]["mean"] == pytest.approx(0.5, abs=1e-3)
     assert got["batch100_beta1e-3"]["bchg"]["se"] > 0
+
+
+def test_the_plot_cli_never_overwrites_a_runs_figure_with_a_comparison(tmp_path, capsys):
+    """With several runs the default figure went to <first run>/figure.png, replacing the run's
+    own single-panel figure with a comparison of other runs."""
+    a, b = write_run(tmp_path / "a"), write_run(tmp_path / "b", beta=0.003)
+    open(os.path.join(a, "figure.png"), "wb").write(b"the run's own figure")
+    plot.main([a, b])
+    assert open(os.path.join(a, "figure.png"), "rb").read() == b"the run's own figure"
+    assert os.path.exists(tmp_path / "comparison.png")
+    assert "comparison.png" in capsys.readouterr().out
+    plot.main([a])  # one run: its own figure, redrawn
+    assert open(os.path.join(a, "figure.png"), "rb").read() != b"the run's own figure"
+
+
+def test_one_seed_draws_no_band_and_short_runs_are_named_in_the_caption(tmp_path):
+    m, se = plot.mean_se(np.ones((1, 5)))
+    assert np.all(m == 1.0) and np.all(np.isnan(se))  # as the summaries: no SE from one seed
+    assert "no band (one seed)" in plot.band_caption(1, 10, 40)
+    assert "(none for one seed)" in plot.band_caption([1, 3], 10, 40)
+    # a 20-iteration panel beside a 400-iteration one: the window 20 is a running mean there
+    caption = plot.band_caption(3, 20, [20, 400])
+    assert "trailing mean over 20 iterations" in caption
+    assert "running mean since iteration 1 for the runs of at most 20" in caption
+    one = write_run(tmp_path / "one", seeds=1, iterations=1)
+    fig = plot.panel_figure([one])
+    line = fig.axes[0].get_lines()[0]
+    assert line.get_marker() == "o"  # a one-iteration curve is a visible point

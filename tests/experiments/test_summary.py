@@ -19,3 +19,42 @@ def test_one_seed_has_no_standard_error():
     """It was 0.0000 in the summary table and summary.csv: one seed read as an exact value."""
     _, mean, se, _ = summarize(np.ones((2, 1, 5)), 3)
     assert np.all(mean == 1.0) and np.all(np.isnan(se))
+
+
+def _finish(tmp_path, data, capsys):
+    from experiments.report import finish_method
+
+    grid = {"lr": np.array([0.1, 0.2])}
+    s = finish_method(str(tmp_path), "bchg", grid, {**data}, 3, "t", "J", write=True)
+    header, *rows = open(tmp_path / "summary.csv").read().splitlines()
+    return s, header.split(","), [r.split(",") for r in rows], capsys.readouterr()
+
+
+def test_every_health_flag_reaches_summary_csv(tmp_path, capsys):
+    """support_lost and logits_rounded were warned about on the console but summary.csv, the
+    file that lasts, had no column for them and read as a healthy run."""
+    flags = {f: np.zeros((2, 2, 5), np.int32) for f in ("solve_capped", "update_skipped")}
+    flags["support_lost"] = np.ones((2, 2, 5), np.int32)
+    flags["logits_rounded"] = np.zeros((2, 2, 5), np.int32)
+    flags["logits_rounded"][1, 0, :2] = 1
+    _, header, rows, _ = _finish(tmp_path, {"J": np.zeros((2, 2, 5)), **flags}, capsys)
+    cols = {k: header.index(k) for k in ("support_lost", "logits_rounded", "skipped_updates")}
+    assert [int(r[cols["support_lost"]]) for r in rows] == [10, 10]
+    assert [int(r[cols["logits_rounded"]]) for r in rows] == [0, 2]
+
+
+def test_a_diverged_seed_is_named_and_no_finite_point_has_no_best(tmp_path, capsys):
+    J = np.zeros((2, 2, 5))
+    J[1] = 1.0  # the better point ...
+    J[1, 0, 3:] = np.nan  # ... diverged in one seed
+    s, header, rows, out = _finish(tmp_path, {"J": J}, capsys)
+    col = header.index("nonfinite_seeds")
+    assert [int(r[col]) for r in rows] == [0, 1] and s["lr"] == 0.1 and s["nonfinite_seeds"] == 0
+    assert "1 of 2 seeds not finite" in out.out and "chosen among the others" in out.err
+    J[0, 1, 4] = np.inf  # now no point is finite in every seed
+    s, _, _, out = _finish(tmp_path, {"J": J}, capsys)
+    assert s["nonfinite_seeds"] == 1 and "no best one" in out.err and "<- best" not in out.out
+    from experiments.report import finish_run
+
+    finish_run(str(tmp_path), [s, {**s, "method": "naive"}], 3)
+    assert "(no grid point finite in every seed)" in capsys.readouterr().out
