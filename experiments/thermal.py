@@ -107,7 +107,8 @@ def parse_args(argv=None):
         "--faithful",
         action="store_true",
         help="the paper's estimator: --critic mlp --follower-grad score --no-baseline "
-        "--no-control-variates",
+        "--no-control-variates, with the MLP critic's flags at their defaults (the paper's "
+        "critic; a changed one is refused: give those flags without --faithful)",
     )
     g.add_argument("--episodes", type=int, default=100, help="episodes of 100 steps per iteration")
     g.add_argument("--beta", type=float, default=0.1, help="follower entropy coefficient")

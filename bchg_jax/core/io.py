@@ -151,18 +151,19 @@ def save_state(directory: str, state, step: int = 0) -> None:
     """
     import orbax.checkpoint as ocp
 
-    if checkpoint_step(directory) == int(step):
-        raise ValueError(
-            f"checkpoint {directory} already holds step {int(step)}; save with another step "
-            "(e.g. the iterations done), or into another folder"
-        )
-
     arrays, names, keys = {}, [], []
     for i, (kp, x) in enumerate(_leaves(state)):
         names.append(jax.tree_util.keystr(kp))
         keys.append(bool(_is_key(x)))
         arrays[f"leaf{i:05d}"] = np.asarray(jax.random.key_data(x) if _is_key(x) else x)
+    # one manager for the check and the save: opening one is a barrier of every process (a
+    # multi-host run), so each process must open as many as the others
     with _manager(directory) as mgr:
+        if mgr.latest_step() == int(step):
+            raise ValueError(
+                f"checkpoint {directory} already holds step {int(step)}; save with another step "
+                "(e.g. the iterations done), or into another folder"
+            )
         mgr.save(
             int(step),
             args=ocp.args.Composite(

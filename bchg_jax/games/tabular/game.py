@@ -189,6 +189,8 @@ def check_policy_fn_on_simplex(policy_fn, theta, caller: str) -> None:
         lambda x: jnp.asarray(rng.standard_normal(np.shape(x)), jnp.result_type(x)), theta
     )
     f, df = jax.jvp(policy_fn, (theta,), (direction,))
+    if not is_concrete(df):  # a policy_fn closing over traced values (under jit): skipped
+        return
     df = np.asarray(df, np.float64)
     scale = float(np.max(np.abs(df), initial=0.0))
     drift = float(np.max(np.abs(df.sum(-1)), initial=0.0))
