@@ -206,11 +206,11 @@ def leader_objective(
     if not solved:  # the response given is evaluated as it is (the trainer flags its solves)
         return J
     J = nan_unless_converged(resp, J, "lqr.leader_objective: the follower's Riccati iteration")
-    refuse_overflow(game, J, F, T, "games.lqr.leader_objective")
+    refuse_overflow(J, F, T, "games.lqr.leader_objective")
     return J
 
 
-def refuse_overflow(game: LQRGame, value, F, horizon: int, caller: str) -> None:
+def refuse_overflow(value, F, horizon: int, caller: str) -> None:
     """A concrete non-finite return (or gradient) from a converged follower: the state's moments
     overflowed the dtype within the horizon, because the closed loop ``F`` is unstable (its
     covariance grows like rho(F)^(2t)). The true return is finite (the bump's expectation
@@ -272,7 +272,7 @@ def exact_hypergradient(
     if is_concrete(grad) and not np.all(np.isfinite(np.asarray(grad))):
         F, _ = closed_loop(game, theta, resp, stochastic)
         T = int(game.horizon if horizon is None else horizon)
-        refuse_overflow(game, grad, F, T, "games.lqr.exact_hypergradient")
+        refuse_overflow(grad, F, T, "games.lqr.exact_hypergradient")
     return grad
 
 
