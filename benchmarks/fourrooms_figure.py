@@ -102,7 +102,7 @@ def write_figure(compact: str) -> None:
         row = [os.path.join(compact, panel_name(b, e)) for e in BETAS if (b, e) in found]
         if not row:
             continue
-        table = final_table(row)
+        table = final_table(row, footnote=False)  # the window is named once, above
         if len(row) == 1:  # one run's header is its settings: key it by its panel, as read_table
             table = table.replace("| method | ", f"| method | {os.path.basename(row[0])}: ", 1)
         parts += [f"### batch {b}", "", table]

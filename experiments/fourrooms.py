@@ -139,8 +139,8 @@ def method_grid(method: str, a):
     from bchg_jax.tabular.train import SARSA_METHODS
 
     lrs, alphas = (PAPER_LR, PAPER_ALPHA) if a.grid == "paper" else (a.lr, a.sarsa_alpha)
-    if method not in SARSA_METHODS:
-        alphas = alphas[:1]  # no SARSA critic: the step size is unused
+    if method not in SARSA_METHODS:  # no SARSA critic: the step size is not a hyperparameter
+        return product_grid(lr=lrs, beta=[a.beta])
     return product_grid(lr=lrs, sarsa_alpha=alphas, beta=[a.beta])
 
 

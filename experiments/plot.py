@@ -24,6 +24,7 @@ from typing import Dict, Sequence
 
 import numpy as np
 
+from bchg_jax.core.health import FLAGS, WARN_SHARE, health_text, health_warning, solver_health
 from bchg_jax.problems.thermal import COMPONENT_WEIGHTS as THERMAL_WEIGHTS
 from experiments.cli import NOT_SETTINGS as RUN_FLAGS
 from experiments.summary import summarize
@@ -281,6 +282,22 @@ def _legend_below(fig, ax_or_axes, caption: str, ncol: int | None = None):
     )
 
 
+def distinct_styles(labels: list) -> tuple:
+    """({label: colour}, {label: line style}), no two labels alike: the ten tab10 colours with
+    a solid line, then again dashed, dotted and dash-dotted (up to 40 curves: a 24-point grid
+    drew points 1 and 11 identically before); beyond 40, colours spread over viridis."""
+    plt = _plt()
+    n = len(labels)
+    if n <= 40:
+        tab = plt.get_cmap("tab10").colors
+        cols = [tab[i % 10] for i in range(n)]
+        lss = [("-", "--", ":", "-.")[i // 10] for i in range(n)]
+    else:
+        cols = [plt.get_cmap("viridis")(i / (n - 1)) for i in range(n)]
+        lss = ["-"] * n
+    return dict(zip(labels, cols, strict=True)), dict(zip(labels, lss, strict=True))
+
+
 def learning_curve_figure(
     curves: dict,
     title: str = "",
@@ -302,8 +319,11 @@ def learning_curve_figure(
     method = {
         pretty_label(k): METHOD_LABELS.get(k.split()[0] if k.split() else k, k) for k in curves
     }
-    colors = {k: by_method.get(method[k]) for k in pretty} if color_by_method else None
-    styles = {k: by_style.get(method[k], "-") for k in pretty}
+    if color_by_method:
+        colors = {k: by_method.get(method[k]) for k in pretty}
+        styles = {k: by_style.get(method[k], "-") for k in pretty}
+    else:
+        colors, styles = distinct_styles(list(pretty))
     draw_curves(ax, pretty, window, colors, styles)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
@@ -336,6 +356,8 @@ def load_run(run_dir: str, metric: str = "J"):
                 **hp,
                 "iterations": int(J.shape[-1]),
                 "window": window,
+                # the best point's solver health (bchg_jax.core.health): {} without flags
+                "health": solver_health({f: d[f][best] for f in FLAGS if f in d.files}),
             },
         )
     return out
@@ -540,9 +562,11 @@ def components_figure(run_dir: str, metrics: Sequence[str], window: int | None =
     return fig
 
 
-def final_table(run_dirs) -> str:
+def final_table(run_dirs, footnote: bool = True) -> str:
     """Markdown table: mean +- SE over seeds of the summary window (e.g. the last 1000
-    iterations) of each method's best grid point.
+    iterations) of each method's best grid point; a cell whose solver health warns
+    (:func:`~bchg_jax.core.health.health_warning`) carries it in bold. ``footnote``: a line
+    under the table names the window(s) and what the bold means.
 
     Column headers: with several runs the panel titles of :func:`panel_titles` (folder name and
     differing settings); with one run its key settings (so a run and its ``--export`` copy give
@@ -557,6 +581,7 @@ def final_table(run_dirs) -> str:
         name = EXPERIMENT_NAMES.get(e, e or run_name(run_dirs[0]))
         heads = [name + (f": {body}" if body else "")]
     lines = ["| method | " + " | ".join(heads) + " |", "|---|" + "---|" * len(run_dirs)]
+    unhealthy = False
     for m in methods:
         cells = []
         for d, r in zip(run_dirs, runs, strict=False):
@@ -578,9 +603,33 @@ def final_table(run_dirs) -> str:
                     + (f"; {s['iterations']} it" if s["iterations"] < planned else "")
                     + ")"
                 )
+                if health_warning(s["health"]):  # a result that is not what it claims to be
+                    cells[-1] += f" **{health_text(s['health'])}**"
+                    unhealthy = True
             else:
                 cells.append("-")
         lines.append(f"| {METHOD_LABELS[m]} | " + " | ".join(cells) + " |")
+    if not footnote:
+        return "\n".join(lines)
+    # (a run shorter than its window is averaged over its whole length)
+    windows = [sorted({min(s["window"], s["iterations"]) for _, s in r.values()}) for r in runs]
+    over = (
+        f"the last {windows[0][0]} iterations"
+        if all(w == windows[0] for w in windows) and len(windows[0]) == 1
+        else "the last "
+        + " / ".join("-".join(map(str, w)) or "-" for w in windows)
+        + " iterations (by column)"
+    )
+    lines.append(
+        f"\nMean +- SE over the seeds of {over}, at each method's best grid point"
+        + (
+            "; in bold: solver health above "
+            f"{100 * WARN_SHARE:g}% capped or skipped (the cell is not the method's result)"
+            if unhealthy
+            else ""
+        )
+        + "."
+    )
     return "\n".join(lines)
 
 

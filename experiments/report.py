@@ -174,7 +174,9 @@ def finish_run(
     rank = {m: i for i, m in enumerate(METHOD_ORDER)}
     summaries.sort(key=lambda s: rank.get(s["method"], len(rank)))
     if len(summaries) > 1:
-        keys = [k for k in summaries[0] if k not in NOT_HPARAMS]
+        # every method's hyperparameters (a method without a SARSA critic has no sarsa_alpha:
+        # its cell is empty)
+        keys = list(dict.fromkeys(k for s in summaries for k in s if k not in NOT_HPARAMS))
         with_health = any(s.get("health") for s in summaries)
         windows = {s["window"] for s in summaries}  # one unless the methods ran unequal lengths
         mean_col = f"mean_last{windows.pop()}" if len(windows) == 1 else "mean_last"
@@ -183,7 +185,7 @@ def finish_run(
             ["method"] + keys + [mean_col, "se"] + HEALTH_COLUMNS * with_health,
             [
                 (s["method"],)
-                + tuple(s[k] for k in keys)
+                + tuple(s.get(k, "") for k in keys)
                 + (f"{s['mean']:.4f}", f"{s['se']:.4f}")
                 + (
                     tuple(_health_cells(s.get("health") or {"capped_share": 0.0}))

@@ -389,3 +389,38 @@ def test_one_seed_draws_no_band_and_short_runs_are_named_in_the_caption(tmp_path
     fig = plot.panel_figure([one])
     line = fig.axes[0].get_lines()[0]
     assert line.get_marker() == "o"  # a one-iteration curve is a visible point
+
+
+@pytest.mark.parametrize("points", [24, 45])
+def test_grid_curves_are_told_apart(points):
+    """curve.png of a grid of more than ten points reused tab10: the paper's 24-point Four-Rooms
+    grid drew points 1 and 11 (and 2 and 12, ...) in the same colour and line style."""
+    rng = np.random.default_rng(0)
+    curves = {f"bchg lr={i}": rng.standard_normal((2, 12)) for i in range(points)}
+    fig = plot.learning_curve_figure(curves, "grid", 3, color_by_method=False)
+    looks = [
+        (matplotlib.colors.to_hex(line.get_color()), line.get_linestyle())
+        for line in fig.axes[0].get_lines()
+    ]
+    assert len(looks) == points and len(set(looks)) == points
+
+
+def test_table_marks_unhealthy_cells_and_names_the_window(tmp_path):
+    """The plot CLI's table showed a run whose solves hit their cap like a healthy one, and did
+    not say which iterations its means are over."""
+    a = write_run(tmp_path / "a")
+    path = os.path.join(a, "naive", "metrics.npz")
+    d = dict(np.load(path))
+    d["solve_capped"] = np.zeros(d["J"].shape, np.int32)
+    d["solve_capped"][:, :, ::2] = 1  # half of the iterations at every grid point
+    d["update_skipped"] = np.zeros(d["J"].shape, np.int32)
+    np.savez(path, **d)
+    lines = plot.final_table([a]).splitlines()
+    naive = next(x for x in lines if x.startswith("| Naive"))
+    bchg = next(x for x in lines if x.startswith("| BC-HG"))
+    assert "**capped 50.00% skipped 0**" in naive and "**" not in bchg
+    assert "last 10 iterations" in lines[-1] and "in bold" in lines[-1]
+    b = write_run(tmp_path / "b")
+    d = dict(np.load(os.path.join(b, "bchg", "metrics.npz")))
+    np.savez(os.path.join(b, "bchg", "metrics.npz"), **{**d, "summary_window": np.asarray(20)})
+    assert "last 10 / 10-20 iterations (by column)" in plot.final_table([a, b]).splitlines()[-1]

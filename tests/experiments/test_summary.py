@@ -58,3 +58,22 @@ def test_a_diverged_seed_is_named_and_no_finite_point_has_no_best(tmp_path, caps
 
     finish_run(str(tmp_path), [s, {**s, "method": "naive"}], 3)
     assert "(no grid point finite in every seed)" in capsys.readouterr().out
+
+
+def test_run_summary_keeps_columns_a_method_does_not_have(tmp_path, capsys):
+    """Naive-PGD's grid has no sarsa_alpha (it has no SARSA critic); the run's summary.csv
+    took its columns from the first method only and failed on a method without one of them."""
+    import csv
+
+    from experiments.report import finish_run
+
+    base = {"mean": 0.5, "se": 0.1, "window": 3, "health": {}, "nonfinite_seeds": 0}
+    bchg = {"method": "bchg", "lr": 0.1, "sarsa_alpha": 0.5, "beta": 1e-3, **base}
+    naive = {"method": "naive", "lr": 0.05, "beta": 1e-3, **base}
+    finish_run(str(tmp_path), [naive, bchg], 3, extra_figures=None)
+    rows = list(csv.DictReader(open(tmp_path / "summary.csv")))
+    assert [(r["method"], r["sarsa_alpha"], r["lr"]) for r in rows] == [
+        ("bchg", "0.5", "0.1"),
+        ("naive", "", "0.05"),
+    ]
+    assert "lr=0.05 beta=0.001" in capsys.readouterr().out
