@@ -158,8 +158,10 @@ def finish_run(
     extra_figures: Optional[Callable[[str], None]] = None,
     iterations: Optional[int] = None,
     experiment: str = "",
+    shown_dir: Optional[str] = None,
 ) -> None:
-    """The run's summary: with several methods (``summaries`` and the complete method folders an
+    """The run's summary (``shown_dir``: the folder its messages name, ``run_dir`` by default):
+    with several methods (``summaries`` and the complete method folders an
     earlier command left in ``run_dir``; one stopped short of ``iterations`` is left out and
     named, with the command that finishes it) its ``summary.csv`` and ``figure.png``;
     ``extra_figures(run_dir)``; the printed table of best grid points and a warning naming the
@@ -223,10 +225,11 @@ def finish_run(
         )
     if stopped:
         done = ", ".join(f"{m} ({n} / {iterations} iterations)" for m, n in stopped.items())
+        where = shown_dir or run_dir
         print(
             f"NOT in the summary: {done}, stopped before the end; finish with\n"
-            f"  python -m experiments.{experiment or '<experiment>'} --resume {run_dir}",
+            f"  python -m experiments.{experiment or '<experiment>'} --resume {where}",
             file=sys.stderr,
             flush=True,
         )
-    print(f"\nresults in {run_dir}")
+    print(f"\nresults in {shown_dir or run_dir}")

@@ -67,27 +67,52 @@ def run_experiment(
     except ValueError as err:
         fail(flag_names(str(err), a, config_flags))
     same_methods(a, validate, methods)
+    if getattr(a, "distributed", False):
+        _check_same_settings(a, methods)
     run_dir = prepare_run_dir(a, experiment, methods, setting_keys, argv)
+    scratch = getattr(a, "_scratch", None)  # a --distributed process other than 0
+    shown = run_dir if scratch is None else a._shared_out
+    if getattr(a, "distributed", False):
+        import jax
+
+        print(
+            f"distributed run, process {jax.process_index()} of {jax.process_count()}: if any "
+            "process stops, the others abort (JAX's coordination service); every finished chunk "
+            f"is saved by process 0. Go on by starting every process with --resume {shown}",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         summaries = [run_method(m, a, run_dir) for m in methods]
-        finish_run(run_dir, summaries, window, extra_figures, a.iterations, experiment)
+        finish_run(run_dir, summaries, window, extra_figures, a.iterations, experiment, shown)
     except KeyboardInterrupt:
         print(
             f"\ninterrupted {_where(run_dir)}; nothing saved is lost. Resume with:\n"
-            f"  python -m experiments.{experiment} --resume {run_dir}",
+            f"  python -m experiments.{experiment} --resume {shown}",
             file=sys.stderr,
         )
+        _remove_scratch(scratch)
         _exit_at_once_if_program(130)
         raise SystemExit(130) from None
     except OSError as err:  # a full disk, a folder made read-only: stop, say how to go on
         print(
             f"\nerror: could not write the results {_where(run_dir)}: {err}\n"
             "Every file written before is complete (atomic writes). Fix the cause, then "
-            f"resume with:\n  python -m experiments.{experiment} --resume {run_dir}",
+            f"resume with:\n  python -m experiments.{experiment} --resume {shown}",
             file=sys.stderr,
         )
         raise SystemExit(1) from None
+    finally:
+        _remove_scratch(scratch)
     return run_dir
+
+
+def _remove_scratch(scratch: Optional[str]) -> None:
+    """Deletes the temporary run folder of a ``--distributed`` process other than 0."""
+    if scratch is not None:
+        import shutil
+
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _exit_at_once_if_program(code: int) -> None:
@@ -104,11 +129,13 @@ def _exit_at_once_if_program(code: int) -> None:
 
 def _start_distributed(a) -> None:
     """``--distributed``: joins the JAX processes (the coordinator from the cluster, or from
-    ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``), shards the runs
-    over every process's devices, and lets process 0 alone write the run folder. The others
-    write to a temporary folder, starting from a copy of the run folder when there is one
-    (``--resume``, or methods added with ``--exact-out``; a filesystem every host sees), so that
-    every process skips, resumes and trains the same methods from the same checkpoints."""
+        ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``), shards the runs
+        over every process's devices, and lets process 0 alone write the run folder. The others
+        write to a temporary folder, starting from a copy of the run folder when there is one
+        (``--resume``, or methods added with ``--exact-out``; a filesystem every host sees), so that
+        every process skips, resumes and trains the same methods from the same checkpoints; that
+    folder is deleted when the run ends."""
+    import atexit
     import shutil
     import tempfile
 
@@ -137,9 +164,49 @@ def _start_distributed(a) -> None:
         tmp = tempfile.mkdtemp(prefix=f"bchg-p{jax.process_index()}-")
         if a.exact_out and os.path.isdir(a.out):
             shutil.copytree(a.out, tmp, dirs_exist_ok=True)
+        a._shared_out = a.out if a.exact_out else "<the folder process 0 names>"
+        a._scratch = tmp  # deleted when the run ends (run_experiment), or at exit
+        atexit.register(_remove_scratch, tmp)
         a.out, a.exact_out = tmp, True
         if a.resume is not None:
             a.resume = tmp
+
+
+#: Arguments that may differ between the processes of one ``--distributed`` run (where each
+#: writes; how the settings were given); every other one must be the same on every process.
+PER_PROCESS_ARGS = ("out", "exact_out", "resume", "config", "distributed", "shard")
+
+
+def settings_digest(a, methods: Sequence[str]) -> np.ndarray:
+    """The settings of a run (its methods and every argument but :data:`PER_PROCESS_ARGS`) as
+    four uint32 words of a SHA-256 digest: what the processes of a ``--distributed`` run compare."""
+    import hashlib
+
+    settings = {k: v for k, v in saved_args(a).items() if k not in PER_PROCESS_ARGS}
+    text = json.dumps({"methods": list(methods), **jsonable(settings)}, sort_keys=True)
+    return np.frombuffer(hashlib.sha256(text.encode()).digest()[:16], dtype=np.uint32).copy()
+
+
+def _check_same_settings(a, methods: Sequence[str]) -> None:
+    """``--distributed``: every process must run the same methods with the same settings (each
+    computes its shard of one grid; process 0 writes them all under its own settings). Gathers
+    :func:`settings_digest` from every process and exits 2 on each when any differs, naming the
+    processes, before anything compiles."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    mine = settings_digest(a, methods)
+    every = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, mine.size)
+    other = [i for i in range(every.shape[0]) if not np.array_equal(every[i], every[0])]
+    if other:
+        many = len(other) > 1
+        fail(
+            f"--distributed: process{'es' if many else ''} {', '.join(map(str, other))} of "
+            f"{every.shape[0]} {'were' if many else 'was'} given other settings than process 0 "
+            f"(this is process {jax.process_index()}); "
+            "start every process with the same flags (only --out, --exact-out, --resume and "
+            "--config may differ)"
+        )
 
 
 def _where(run_dir: str) -> str:

@@ -183,6 +183,31 @@ def sharded_run(trainer: Trainer, devices=None):
     return jax.jit(run, static_argnums=2), NamedSharding(mesh, spec), len(devices)
 
 
+def _check_same_grid_on_every_process(hp, *ints) -> None:
+    """With several JAX processes, every one must shard the same grid (each computes its runs of
+    it and gathers the others'): a digest of the grid's values and of ``ints`` (seeds,
+    iterations, ...) is gathered from every process; a difference raises ValueError on each."""
+    if jax.process_count() == 1:
+        return
+    import hashlib
+
+    from jax.experimental import multihost_utils
+
+    h = hashlib.sha256(repr(ints).encode())
+    for x in jax.tree.leaves(hp):
+        x = np.asarray(x)
+        h.update(f"{x.dtype}{x.shape}".encode() + np.ascontiguousarray(x).tobytes())
+    mine = np.frombuffer(h.digest()[:16], dtype=np.uint32).copy()
+    every = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, mine.size)
+    other = [i for i in range(len(every)) if not np.array_equal(every[i], every[0])]
+    if other:
+        raise ValueError(
+            f"run_grid(shard=True): process(es) {other} of {len(every)} were given another grid, "
+            "seeds, iterations, start, chunk or base_seed than process 0; every process must "
+            "run the same grid"
+        )
+
+
 def to_global(tree, sharding):
     """Host (or fully replicated) arrays -> arrays laid out by ``sharding`` over every device of
     every process; each process supplies only its addressable shards (works multi-host).
@@ -340,7 +365,9 @@ def run_grid(
         out of range, or a continuation whose pieces disagree: ``start`` > 0 without the
         ``state``, a ``state`` not [G, N, ...] or whose ``step`` is not ``start`` in every run,
         ``metrics`` not [G, N, start, ...] (each would silently give a curve of another
-        length or another run's).
+        length or another run's); with ``shard=True`` over several processes, a process given
+        another grid, ``seeds``, ``iterations``, ``start``, ``chunk`` or ``base_seed`` than
+        process 0 (on every process).
     """
     N = _seed_count(seeds)
     if chunk < 1 or iterations < 1:
@@ -356,6 +383,7 @@ def run_grid(
     if state is None:
         state = init(seed_keys(N, base_seed), hp)
     if shard:
+        _check_same_grid_on_every_process(hp, N, iterations, start, chunk, base_seed)
         run_sharded, sharding, D = sharded_run(trainer)
         R = G * N
         pad = (-R) % D

@@ -27,6 +27,15 @@ WORKER = textwrap.dedent("""
                                dtype=jnp.float64)
     tr = make_train(prob, "bchg", TrainConfig(num_envs=1, num_steps=20, iterations=6))
     grid = product_grid(lr=[0.1, 0.05, 0.2], sarsa_alpha=[0.5], beta=[0.3])
+    if len(sys.argv) > 4 and pid == 1:  # another grid on process 1: refused on both
+        grid = product_grid(lr=[0.1, 0.05, 0.3], sarsa_alpha=[0.5], beta=[0.3])
+    if len(sys.argv) > 4:
+        try:
+            run_grid(tr, grid, 3, 6, chunk=3, verbose=False, shard=True)
+        except ValueError as err:
+            assert "were given another grid" in str(err), err
+            sys.exit(0)
+        sys.exit(1)
     assert len(jax.devices()) == 2 and len(jax.local_devices()) == 1
     _, m = run_grid(tr, grid, 3, 6, chunk=3, verbose=False, shard=True)
     np.save(f"{out}/J{pid}.npy", m["J"])
@@ -42,15 +51,14 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_two_processes_share_one_grid(tmp_path):
+def _workers(tmp_path, *extra):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     port = str(_free_port())
     env = {**os.environ, "XLA_FLAGS": ""}
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), str(i), port, str(tmp_path)],
+            [sys.executable, str(script), str(i), port, str(tmp_path), *extra],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -61,19 +69,39 @@ def test_two_processes_share_one_grid(tmp_path):
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (_, err) in zip(procs, outs, strict=False):
         assert p.returncode == 0, err[-3000:]
+
+
+@pytest.mark.slow
+def test_two_processes_with_other_grids_are_refused(tmp_path):
+    _workers(tmp_path, "other-grid")  # each process exits 0 only on the ValueError
+
+
+@pytest.mark.slow
+def test_two_processes_share_one_grid(tmp_path):
+    _workers(tmp_path)
     J0, J1, ref = (np.load(tmp_path / f) for f in ("J0.npy", "J1.npy", "ref.npy"))
     assert J0.shape == (3, 3, 6) and np.array_equal(J0, J1)
     np.testing.assert_allclose(J0, ref, rtol=1e-9, atol=1e-12)
 
 
-def _cli_on_two_processes(tmp_path, args):
-    """``python -m experiments.fourrooms ARGS --distributed`` as processes 0 and 1 of one job,
-    configured the documented way (JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID)."""
+def _cli_on_two_processes(tmp_path, args, args1=None, rc=0):
+    """``python -m experiments.fourrooms ARGS --distributed`` as processes 0 and 1 of one job
+    (process 1 with ``args1`` when given), configured the documented way
+    (JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID), each with its TMPDIR in
+    ``tmp_path/tmp``; both must exit with ``rc``. Returns their (stdout, stderr)."""
     port = str(_free_port())
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(exist_ok=True)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "experiments.fourrooms", *args, "--distributed"],
+            [
+                sys.executable,
+                "-m",
+                "experiments.fourrooms",
+                *(args1 if i == 1 and args1 is not None else args),
+                "--distributed",
+            ],
             cwd=repo,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -85,14 +113,15 @@ def _cli_on_two_processes(tmp_path, args):
                 "JAX_NUM_PROCESSES": "2",
                 "JAX_PROCESS_ID": str(i),
                 "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+                "TMPDIR": str(tmp),
             },
         )
         for i in range(2)
     ]
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (_, err) in zip(procs, outs, strict=False):
-        assert p.returncode == 0, err[-3000:]
-    return [o for o, _ in outs]
+        assert p.returncode == rc, err[-3000:]
+    return outs
 
 
 @pytest.mark.slow
@@ -102,6 +131,34 @@ def test_distributed_cli_run_resumes_on_every_process(tmp_path):
     _cli_on_two_processes(tmp_path, [*common, "--iterations", "20", "--out", run, "--exact-out"])
     # process 1 reads the run folder it did not write (it used to fail: "cannot read it")
     outs = _cli_on_two_processes(tmp_path, ["--resume", run, "--iterations", "30"])
-    assert all("resuming at iteration 20" in o or "extending at iteration 20" in o for o in outs)
+    assert all("resuming at iteration 20" in o or "extending at iteration 20" in o for o, _ in outs)
     J = np.load(os.path.join(run, "naive", "metrics.npz"))["J"]
     assert J.shape == (1, 2, 30) and np.all(np.isfinite(J))
+    # process 1 names the shared folder, not its own scratch copy, and deletes that copy
+    assert f"results in {run}" in outs[1][0]
+    assert f"--resume {run}" in outs[1][1]
+    assert not [f for f in os.listdir(tmp_path / "tmp") if f.startswith("bchg-p1-")]
+
+
+@pytest.mark.slow
+def test_distributed_processes_with_other_settings_are_refused(tmp_path):
+    # they used to exit 0, process 0 saving process 1's runs under its own labels
+    common = ["--method", "naive", "--iterations", "4", "--chunk", "2", "--exact-out"]
+    run = ["--out", str(tmp_path / "run")]
+    outs = _cli_on_two_processes(
+        tmp_path,
+        [*common, *run, "--lr", "0.1", "0.5", "--seeds", "1"],
+        [*common, *run, "--lr", "0.1", "--seeds", "2"],
+        rc=2,
+    )
+    for _, err in outs:
+        assert "process 1 of 2 was given other settings than process 0" in err
+    assert not os.path.exists(tmp_path / "run" / "naive")
+    # --out may differ: process 0 writes the run folder, process 1 writes nothing in its own
+    _cli_on_two_processes(
+        tmp_path,
+        [*common, *run, "--seeds", "1"],
+        [*common, "--out", str(tmp_path / "p1"), "--seeds", "1"],
+    )
+    assert os.path.exists(tmp_path / "run" / "naive" / "metrics.npz")
+    assert not os.path.exists(tmp_path / "p1" / "naive")
