@@ -300,7 +300,10 @@ def add_follower_args(p: argparse.ArgumentParser, kinds=None, estimate="the esti
         "--follower",
         choices=kinds,
         default="best_response",
-        help="the simulated follower: " + ", ".join(f"'{k}' ({FOLLOWER_HELP[k]})" for k in kinds),
+        help="the simulated follower: "
+        + ", ".join(f"'{k}' ({FOLLOWER_HELP[k]})" for k in kinds)
+        + "; the exact method ascends the best response's exact hypergradient whatever the "
+        "follower",
     )
     g.add_argument(
         "--track-reference",
@@ -376,6 +379,28 @@ def parse_methods(spec: str, all_methods: Sequence[str], valid: Sequence[str]):
     if not names or any(m not in valid for m in names):
         raise ValueError(f"--method must be 'all' or names from {tuple(valid)}, got {spec!r}")
     return names
+
+
+def check_distinct_values(a) -> None:
+    """Every list of values given to a flag (the grid axes: ``--lr 0.1 0.05``, ...) holds each
+    value once: a repeated one would train the same grid point twice and report both.
+
+    Raises:
+      ValueError: naming the flag and the value repeated.
+    """
+    for dest, values in vars(a).items():
+        if dest.startswith("_") or not isinstance(values, (list, tuple)):
+            continue
+        seen = set()
+        for v in values:
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                if v in seen:
+                    raise ValueError(
+                        f"--{dest.replace('_', '-')} repeats {v:g}: each value is a grid point, "
+                        "and a repeated one would train the same runs twice (use --seeds for "
+                        "more runs of one setting)"
+                    )
+                seen.add(v)
 
 
 def check_counts(a, *flags: str) -> None:

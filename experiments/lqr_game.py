@@ -174,7 +174,14 @@ def parse_args(argv=None):
         help="actor updates per outer iteration (0 to max(10, --critic-steps)); "
         "several values form a grid",
     )
-    g.add_argument("--critic-steps", type=int, default=5, help="critic updates per outer iteration")
+    g.add_argument(
+        "--critic-steps",
+        type=int,
+        default=5,
+        help="critic updates per outer iteration (0: the critic is never trained, so the "
+        "learned-critic estimators read the untrained network: an ablation; the exact "
+        "methods do not read it)",
+    )
     g.add_argument("--beta", type=float, default=0.1, help="follower entropy coefficient")
     g.add_argument(
         "--estimator",

@@ -28,6 +28,7 @@ import numpy as np
 
 from experiments.cli import (
     LEGACY_SETTINGS,
+    check_distinct_values,
     fail,
     flag_names,
     jsonable,
@@ -63,6 +64,8 @@ def run_experiment(
     if getattr(a, "distributed", False):
         _start_distributed(a)
     try:
+        if a.resume is None:  # a run saved before the check continues as it was
+            check_distinct_values(a)
         methods = validate(a)
     except ValueError as err:
         fail(flag_names(str(err), a, config_flags))
@@ -104,7 +107,7 @@ def run_experiment(
         raise SystemExit(1) from None
     finally:
         _remove_scratch(scratch)
-    return run_dir
+    return shown
 
 
 def _remove_scratch(scratch: Optional[str]) -> None:
@@ -160,6 +163,7 @@ def _start_distributed(a) -> None:
             "JAX_NUM_PROCESSES and JAX_PROCESS_ID on every host"
         )
     a.shard = True
+    a._given_out = (a.out, a.exact_out, a.resume)  # compared across processes
     if jax.process_index() != 0:  # the others compute their shards, write nothing shared
         tmp = tempfile.mkdtemp(prefix=f"bchg-p{jax.process_index()}-")
         if a.exact_out and os.path.isdir(a.out):
@@ -172,17 +176,20 @@ def _start_distributed(a) -> None:
             a.resume = tmp
 
 
-#: Arguments that may differ between the processes of one ``--distributed`` run (where each
-#: writes; how the settings were given); every other one must be the same on every process.
+#: Arguments that may differ between the processes of one ``--distributed`` run (how the
+#: settings were given); every other one must be the same on every process, the run folder
+#: (``--out``, ``--exact-out``, ``--resume``) as given on the command line.
 PER_PROCESS_ARGS = ("out", "exact_out", "resume", "config", "distributed", "shard")
 
 
 def settings_digest(a, methods: Sequence[str]) -> np.ndarray:
-    """The settings of a run (its methods and every argument but :data:`PER_PROCESS_ARGS`) as
-    four uint32 words of a SHA-256 digest: what the processes of a ``--distributed`` run compare."""
+    """The settings of a run (its methods, every argument but :data:`PER_PROCESS_ARGS`, and the
+    run folder given) as four uint32 words of a SHA-256 digest: what the processes of a
+    ``--distributed`` run compare."""
     import hashlib
 
     settings = {k: v for k, v in saved_args(a).items() if k not in PER_PROCESS_ARGS}
+    settings["run_folder"] = getattr(a, "_given_out", (a.out, a.exact_out, a.resume))
     text = json.dumps({"methods": list(methods), **jsonable(settings)}, sort_keys=True)
     return np.frombuffer(hashlib.sha256(text.encode()).digest()[:16], dtype=np.uint32).copy()
 
@@ -204,8 +211,8 @@ def _check_same_settings(a, methods: Sequence[str]) -> None:
             f"--distributed: process{'es' if many else ''} {', '.join(map(str, other))} of "
             f"{every.shape[0]} {'were' if many else 'was'} given other settings than process 0 "
             f"(this is process {jax.process_index()}); "
-            "start every process with the same flags (only --out, --exact-out, --resume and "
-            "--config may differ)"
+            "start every process with the same flags and the same --out (a folder every "
+            "process sees); only --config may differ"
         )
 
 

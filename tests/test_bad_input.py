@@ -160,6 +160,9 @@ def test_negative_beta():
 def test_empty_grids():
     with pytest.raises(ValueError, match="empty"):
         product_grid(lr=[], beta=[1e-3])
+    # a repeated value ran the same grid points twice
+    with pytest.raises(ValueError, match="'lr' repeats a value"):
+        product_grid(lr=[0.1, 0.1], beta=[1e-3])
     from bchg_jax.tabular import HParams
 
     with pytest.raises(ValueError, match="lr"):
@@ -973,6 +976,8 @@ def test_follower_references_refuse_k_below_one_and_a_bad_beta():
         ("mix", "0.5", "mix must be a real number, got '0.5'"),
         ("explore", float("nan"), "explore must be >= 0, got nan"),
         ("explore", 1.5, r"explore must be in \[0, 1\], got 1.5"),
+        # passed validation and crashed in JAX (OverflowError) at --follower-steps 3000000000
+        ("steps", 3_000_000_000, r"steps must be at most 2147483647 \(an int32 loop count\)"),
     ],
 )
 def test_follower_model_fields_are_numbers_of_the_right_kind(field, value, shown):
@@ -1467,7 +1472,9 @@ def test_the_followers_references_refuse_a_bad_policy_mix_or_previous_value():
         return jax.nn.softmax(t, -1)
 
     g = jnp.full((4, 2, 3), 1.0 / 3)
-    with pytest.raises(ValueError, match=r"g \(follower policy\) must have shape \(4, 2, 3\)"):
+    with pytest.raises(
+        ValueError, match=r"g_prev \(the follower.s previous policy\) must have shape \(4, 2, 3\)"
+    ):
         games.lag_hypergradient(policy_fn, th, game, g[0, 0], 1.0, 0.5)
     with pytest.raises(ValueError, match="must hold probability rows"):
         games.lag_hypergradient(policy_fn, th, game, 2 * g, 1.0, 0.5)
@@ -1482,3 +1489,41 @@ def test_the_followers_references_refuse_a_bad_policy_mix_or_previous_value():
         lq.k_step_hypergradient(p, t, -jnp.eye(4), 0.1, 2)
     with pytest.raises(ValueError, match="beta"):
         lq.k_step_response(p, t, 0.0, jnp.eye(4), 2)
+
+
+def test_follower_references_name_their_start_values_and_refuse_nan():
+    """tabular.k_step_hypergradient named a bad V_prev "V0" (the solver's argument) and took a
+    NaN V_prev (an all-NaN gradient); games.tabular.lag_hypergradient named g_prev "g"; its
+    k_step_hypergradient took a NaN Q_prev."""
+    from bchg_jax import problems, tabular
+    from bchg_jax.problems.random_tabular import random_tabular_game
+
+    cmdp = problems.random_tabular_cmdp(jax.random.key(0))
+    th, S = cmdp.theta0, cmdp.num_states
+    with pytest.raises(ValueError, match=r"V_prev must have shape \(%d,\)" % S):
+        tabular.k_step_hypergradient(cmdp, th, jnp.zeros((S, 1)), 0.5, 2)
+    with pytest.raises(ValueError, match="V_prev must be finite, got 1 of"):
+        tabular.k_step_hypergradient(cmdp, th, jnp.zeros(S).at[0].set(jnp.nan), 0.5, 2)
+    game = random_tabular_game()
+    softmax = lambda t: jax.nn.softmax(t, -1)  # noqa: E731
+    theta = jnp.zeros((4, 2))
+    br = game_tab.best_response(game, softmax(theta), 0.5, "paper")
+    with pytest.raises(ValueError, match=r"g_prev \(the follower's previous policy\) must have"):
+        game_tab.lag_hypergradient(softmax, theta, game, br.policy[..., :1], 0.5, 0.5)
+    with pytest.raises(ValueError, match="Q_prev must be finite"):
+        game_tab.k_step_hypergradient(softmax, theta, game, br.Q * jnp.nan, 0.5, 2)
+    assert np.all(np.isfinite(game_tab.k_step_hypergradient(softmax, theta, game, br.Q, 0.5, 2)))
+
+
+def test_a_list_theta_is_refused_by_name():
+    """A list theta was read as a pytree of scalars: "shaped like theta0 (4,), got [(), (), (),
+    ()]"."""
+    from bchg_jax import problems, tabular
+
+    cmdp = problems.random_tabular_cmdp(jax.random.key(0))
+    for th in ([0.0] * 4, (0.0,) * 4):
+        with pytest.raises(
+            ValueError,
+            match=r"one array shaped like theta0 \(4,\), got a (list|tuple) of 4; pass jnp.asarray",
+        ):
+            tabular.exact_hypergradient(cmdp, th, 0.5)

@@ -32,6 +32,7 @@ from bchg_jax.core.validate import check_config
 
 Array = jax.Array
 FOLLOWERS = ("best_response", "k_step", "lag", "q_learning")
+MAX_STEPS = 2**31 - 1  # FollowerModel.steps: the compiled loops count in int32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +41,8 @@ class FollowerModel:
 
     Attributes:
       kind: one of :data:`FOLLOWERS` (module docstring).
-      steps: K, the soft Bellman backups per outer iteration of ``k_step`` (>= 1).
+      steps: K, the soft Bellman backups per outer iteration of ``k_step`` (1 to
+        :data:`MAX_STEPS`).
       mix: ``lag``'s weight of the new best response, in (0, 1].
       lr: ``q_learning``'s step size, in (0, 1].
       explore: ``q_learning``'s probability of a uniformly random action, in [0, 1].
@@ -63,6 +65,11 @@ class FollowerModel:
         )
         if not self.explore <= 1.0:
             raise ValueError(f"FollowerModel.explore must be in [0, 1], got {self.explore!r}")
+        if self.steps > MAX_STEPS:  # a loop count the compiled program holds as int32
+            raise ValueError(
+                f"FollowerModel.steps must be at most {MAX_STEPS} (an int32 loop count), got "
+                f"{self.steps}; for the limit K -> infinity use kind='best_response'"
+            )
         return self
 
     @property

@@ -4,8 +4,9 @@ were dropped. Never silent: the progress line, the CLIs' summaries and a loud wa
 Every trainer records two per-iteration flags in its metrics (int32, 0 or 1 per run):
 
 * ``solve_capped``: the follower's best response, or the exact metric's solve, stopped at its
-  iteration cap (or diverged) before meeting its tolerance (tabular solves: or the float
-  rounding floor, :mod:`bchg_jax.core.rounding`). The answer used that iteration is
+  iteration cap (or diverged, or, for Riccati, stalled above its tolerance at the float
+  rounding floor: ``RiccatiInfo.stalled``) before meeting its tolerance (tabular solves: or
+  the float rounding floor, :mod:`bchg_jax.core.rounding`). The answer used that iteration is
   then approximate (tabular families), or the update is undone (LQ families).
 * ``update_skipped``: the iteration's update was dropped (a non-converged Riccati solve, a
   non-finite estimate, an LQ closed loop that diverges under the discounts: ``diverging``, a

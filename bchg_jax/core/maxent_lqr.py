@@ -52,7 +52,10 @@ subtracts two terms of size ``g |A|^2 |P|``, and a large gain cancels most of th
 gain of 200 in a 2-d LQR game: float32 changes wandered at 1e-3 for all 50,000 iterations, 0.7%
 off; in the stabilised form they reach 1e-4, 6e-5 off). Where the floor still lies above
 ``tol`` the iteration stops once the change has set no new minimum for :data:`STALL_ITERS`
-iterations, flagged ``stalled`` (not converged), and :func:`check_solution` says to use float64.
+iterations while P went nowhere (a net move of at most :data:`STALL_NET_SHARE` of the path
+it travelled: a slowly growing mode, whose change rises for thousands of iterations before it
+falls, moves one way), flagged ``stalled`` (not converged), and :func:`check_solution` says to use
+float64.
 """
 
 from __future__ import annotations
@@ -110,33 +113,53 @@ class RiccatiInfo(NamedTuple):
     # gamma (gamma rho^2 >= 1): not the stabilising solution (module docstring)
     unstable: Array
     # bool: stopped before max_iters because the relative change had not reached a new minimum
-    # for STALL_ITERS iterations, above tol: the rounding floor of the dtype (module docstring)
+    # for STALL_ITERS iterations, above tol, while P went nowhere: the rounding floor of the
+    # dtype (module docstring)
     stalled: Array
 
 
-#: Iterations without a new smallest relative change after which :func:`riccati` stops: the
-#: change then wanders at the rounding floor of the map and ``max_iters`` would not help.
+#: Iterations without a new smallest relative change after which :func:`riccati` looks for a
+#: stall: the change then wanders at the rounding floor of the map and ``max_iters`` would not
+#: help.
 STALL_ITERS = 1000
+#: A stall also needs P to have gone nowhere over those iterations: a net relative move of at
+#: most this share of the path it travelled (the sum of its changes). Rounding noise walks back
+#: and forth (net ~ path / sqrt(STALL_ITERS), 0.03 of it); a slow mode still growing (its
+#: change rising for thousands of iterations before it falls to ``tol``) moves one way
+#: (net ~ path).
+STALL_NET_SHARE = 0.25
 
 
 def _iterate(A, B, Qbar, Rbar, gamma, P0, tol, max_iters):
     def cond(c):
-        _, res, it, _, since = c
-        going = (res > tol) & (it < max_iters) & jnp.isfinite(res) & (since < STALL_ITERS)
+        _, res, it, _, _, _, _, stalled = c
+        going = (res > tol) & (it < max_iters) & jnp.isfinite(res) & ~stalled
         return (it == 0) | going
 
     def body(c):
-        P, _, it, best, since = c
+        P, _, it, best, since, P_ref, path, _ = c
         P2 = riccati_map(P, A, B, Qbar, Rbar, gamma)
         res = _rel_change(P2, P)
-        return P2, res, it + 1, jnp.minimum(res, best), jnp.where(res < best, 0, since + 1)
+        new_min = res < best
+        since = jnp.where(new_min, 0, since + 1)
+        path = path + res
+        # a window of STALL_ITERS without a new minimum: a stall if P went nowhere along its
+        # path (rounding noise), else a slow drift: start a new window from here
+        window_end = since >= STALL_ITERS
+        stalled = window_end & (_rel_change(P2, P_ref) <= STALL_NET_SHARE * path)
+        restart = new_min | (window_end & ~stalled)
+        since = jnp.where(window_end & ~stalled, 0, since)
+        P_ref = jnp.where(restart, P2, P_ref)
+        path = jnp.where(restart, 0.0, path)
+        return P2, res, it + 1, jnp.minimum(res, best), since, P_ref, path, stalled
 
     inf = jnp.asarray(jnp.inf, P0.dtype)
     zero = jnp.asarray(0, jnp.int32)
-    P, res, it, _, since = jax.lax.while_loop(cond, body, (P0, inf, zero, inf, zero))
+    no = jnp.zeros((), bool)
+    init = (P0, inf, zero, inf, zero, P0, jnp.zeros((), P0.dtype), no)
+    P, res, it, _, _, _, _, stalled = jax.lax.while_loop(cond, body, init)
     ok = jnp.isfinite(res) & (res <= tol) & jnp.all(jnp.isfinite(P))
-    stalled = ~ok & (since >= STALL_ITERS)
-    return P, RiccatiInfo(it, res, ok, jnp.zeros((), bool), stalled)
+    return P, RiccatiInfo(it, res, ok, jnp.zeros((), bool), stalled & ~ok)
 
 
 def riccati_gain(P: Array, A: Array, B: Array, Rbar: Array, gamma) -> Array:
@@ -205,7 +228,9 @@ def riccati(
       (P, info): [n, n] Riccati solution and its :class:`RiccatiInfo` of the iteration (check
       ``info.converged``: the iteration met ``tol`` and the closed loop ``A - B K`` of the
       answer is stable under ``gamma``; ``info.unstable``: it met ``tol`` at a solution that is
-      not the stabilising one; a non-converged P is returned as is).
+      not the stabilising one; ``info.stalled``: it stopped early because rounding kept its
+      change above ``tol`` for :data:`STALL_ITERS` iterations; a non-converged P is returned
+      as is).
     Raises:
       ValueError: a concrete ``gamma`` outside [0, 1) (1.5 "converged" to a meaningless P).
     """
@@ -527,7 +552,6 @@ def nan_unless_converged(br, x: Array, what: str) -> Array:
     return nan_unless(br.info.converged, x)
 
 
-@full_precision
 @full_precision
 def whiten(L: Array, d: Array) -> Array:
     """z = L^{-1} d for a lower-triangular ``L`` [k, k] and vectors ``d`` [..., k] -> [..., k].

@@ -90,11 +90,18 @@ def product_grid(**axes: Sequence[float]) -> Dict[str, np.ndarray]:
     Returns:
       name -> [G] float64 array (the last name varies fastest).
     Raises:
-      ValueError: an empty axis.
+      ValueError: an empty axis, or one that repeats a value (the same runs twice; more runs of
+        one setting are more seeds).
     """
     for name, values in axes.items():
         if len(values) == 0:
             raise ValueError(f"hyperparameter grid axis {name!r} is empty")
+        flat = np.asarray(values).ravel()
+        if len(np.unique(flat)) < len(flat):
+            raise ValueError(
+                f"hyperparameter grid axis {name!r} repeats a value ({list(flat)}): the same "
+                "grid points would run twice; ask for more seeds instead"
+            )
     names = list(axes)
     rows = list(itertools.product(*(axes[n] for n in names)))
     return {n: np.asarray([r[i] for r in rows], np.float64) for i, n in enumerate(names)}

@@ -491,6 +491,13 @@ def check_theta(problem, theta, name: str = "theta", last_axis: Optional[int] = 
         want = [tuple(np.shape(x)) for x in jax.tree_util.tree_leaves(ref)]
         got = [tuple(np.shape(x)) for x in jax.tree_util.tree_leaves(theta)]
         same_tree = jax.tree_util.tree_structure(ref) == jax.tree_util.tree_structure(theta)
+        single = jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(ref))
+        if not same_tree and single and isinstance(theta, (list, tuple)):
+            raise ValueError(
+                f"{pname}: {name} must be one array shaped like theta0 {want[0]}, got a "
+                f"{type(theta).__name__} of {len(theta)}; pass jnp.asarray({name}, "
+                f"theta0.dtype)"
+            )
         if not same_tree or want != got:
             shown = lambda s: s[0] if len(s) == 1 else s  # noqa: E731
             raise ValueError(
@@ -506,6 +513,20 @@ def check_theta(problem, theta, name: str = "theta", last_axis: Optional[int] = 
             arr = np.asarray(leaf)
             if jnp.issubdtype(arr.dtype, jnp.inexact) and not np.all(np.isfinite(arr)):
                 raise ValueError(f"{pname}: {name} must be finite, got {_show(arr)}")
+
+
+def check_finite_if_concrete(name: str, value) -> None:
+    """A concrete ``value`` (array) has only finite entries; a traced one is not checked.
+
+    Raises:
+      ValueError: a NaN or infinite entry, naming ``name`` (a NaN start value gave an all-NaN
+        gradient and no error).
+    """
+    if is_concrete(value):
+        arr = np.asarray(value)
+        if jnp.issubdtype(arr.dtype, jnp.inexact) and not np.all(np.isfinite(arr)):
+            bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+            raise ValueError(f"{name} must be finite, got {bad} of {arr.size} entries not finite")
 
 
 def check_shape(name: str, value, shape: tuple, source: str = "") -> None:

@@ -23,6 +23,7 @@ from typing import Dict, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bchg_jax.core.maxent_lqr import GaussianBestResponse, nan_unless_converged
 from bchg_jax.core.precision import full_precision
@@ -33,6 +34,7 @@ from bchg_jax.core.validate import (
     check_count,
     check_problem_settings,
     check_theta,
+    is_concrete,
 )
 from bchg_jax.lq.cmdp import LQConfigurableMDP, check_policy_fits
 
@@ -119,6 +121,35 @@ def _check_args(problem: LQConfigurableMDP, beta=None, horizon="default", theta=
         check_count('horizon ("default", None or a positive integer)', horizon)
 
 
+def refuse_divergence(
+    problem: LQConfigurableMDP, theta: Array, br: GaussianBestResponse, horizon, value, caller: str
+) -> None:
+    """A concrete non-finite ``value`` (a return, gradient or value matrix) from a finite
+    follower: the closed loop ``F = A(theta) - B(theta) K`` grows faster than gamma_L discounts
+    it (``horizon=None``: the discounted sum diverges) or the state's covariance overflowed
+    the dtype within the finite ``horizon``. Raises, naming the spectral radius, rather than
+    returning NaN or -inf; a traced value is left as it is (NaN)."""
+    if not is_concrete(value, theta, br) or np.all(np.isfinite(np.asarray(value))):
+        return
+    if not np.all(np.isfinite(np.asarray(br.K))):
+        return  # the follower's own failure: nan_unless_converged names it
+    F = np.asarray(closed_loop_matrix(problem, theta, br.K), np.float64)
+    rho = float(np.max(np.abs(np.linalg.eigvals(F))))
+    g = float(problem.gamma_L)
+    why = (
+        f"gamma_L rho^2 = {g * rho**2:.4g} >= 1, so the infinite-horizon return diverges"
+        if horizon is None
+        else f"the state's covariance grows like rho^(2t) and overflows "
+        f"{jnp.result_type(value)} within the horizon {horizon}"
+    )
+    raise ValueError(
+        f"{caller}: {problem.name}: the follower's closed loop A(theta) - B(theta) K has "
+        f"spectral radius {rho:.4g} under this theta; {why}. Take a theta whose closed loop is "
+        "stable under gamma_L (LQConfigurableMDP.validate checks theta0's), a shorter horizon, "
+        "or float64"
+    )
+
+
 def _discount_mass(gamma, horizon, dtype):
     if horizon is None:
         return jnp.asarray(1.0 / (1.0 - gamma), dtype)
@@ -167,12 +198,14 @@ def leader_objective(
     Returns:
       [] the leader's discounted (gamma_L) expected return from s_0 ~ N(0, init_cov); when
       ``br`` is None, NaN (and a NaN gradient) if the solve here did not converge and the
-      arguments are traced (under ``jit`` / ``vmap`` / ``grad``). A ``br`` given is evaluated
-      as it is (check ``br.converged``).
+      arguments are traced (under ``jit`` / ``vmap`` / ``grad``); NaN (traced) where the closed
+      loop diverges under gamma_L (``horizon=None``) or the covariance overflows. A ``br``
+      given is evaluated as it is (check ``br.converged``).
     Raises:
       ValueError: a concrete ``beta`` not finite and > 0, a bad ``horizon``, a bad scalar
         setting of ``problem`` (a discount outside [0, 1), ...), a ``br`` whose gain or
-        covariance does not fit the problem, or a concrete solve here that did not converge.
+        covariance does not fit the problem, a concrete solve here that did not converge, or
+        a concrete return that is not finite (:func:`refuse_divergence`).
     """
     _check_args(problem, beta, horizon, theta)
     H = problem.horizon if horizon == "default" else horizon
@@ -184,8 +217,11 @@ def leader_objective(
     Ms, Mb, c = problem.leader_quadratic(theta)
     J = quadratic_return(Ms, Mb, c, br, X, _discount_mass(problem.gamma_L, H, theta.dtype))
     if not solved:  # the policy given is evaluated as it is (the trainer flags its own solves)
+        refuse_divergence(problem, theta, br, H, J, "lq.leader_objective")
         return J
-    return nan_unless_converged(br, J, "lq.leader_objective: the follower's Riccati iteration")
+    J = nan_unless_converged(br, J, "lq.leader_objective: the follower's Riccati iteration")
+    refuse_divergence(problem, theta, br, H, J, "lq.leader_objective")
+    return J
 
 
 @full_precision
@@ -221,9 +257,12 @@ def exact_hypergradient(
         return leader_objective(problem, th, beta, horizon, br=br), br
 
     grad, br = jax.grad(J, has_aux=True)(theta)
-    return nan_unless_converged(
+    grad = nan_unless_converged(
         br, grad, "lq.exact_hypergradient: the follower's Riccati iteration"
     )
+    H = problem.horizon if horizon == "default" else horizon
+    refuse_divergence(problem, theta, br, H, grad, "lq.exact_hypergradient")
+    return grad
 
 
 @full_precision
@@ -252,6 +291,7 @@ def components(
     H = problem.horizon if horizon == "default" else horizon
     X = discounted_state_covariance(problem, theta, br, H)
     mass = _discount_mass(problem.gamma_L, H, theta.dtype)
+    refuse_divergence(problem, theta, br, H, X, "lq.components")
     out = {}
     for name, (Ms, Mb, c) in quadratics.items():
         val = quadratic_return(Ms, Mb, c, br, X, mass)
@@ -313,6 +353,7 @@ def leader_value_quadratic(
     Ms, Mb, c = problem.leader_quadratic(theta)
     G = Ms + br.K.T @ Mb @ br.K
     Pv = discounted_lyapunov(F.T, G, g)  # Pv = G + g F^T Pv F
+    refuse_divergence(problem, theta, br, None, Pv, "lq.leader_value_quadratic")
     v0 = (c - jnp.trace(Mb @ br.cov) - g * jnp.trace(Pv @ W)) / (1.0 - g)
     U = jnp.asarray(problem.U, theta.dtype)
     return QuadraticValue(Pv, v0, problem.A_fn(theta), problem.B_fn(theta), U @ U.T, Ms, Mb, c, g)

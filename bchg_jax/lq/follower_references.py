@@ -23,7 +23,7 @@ from bchg_jax.core.maxent_lqr import GaussianBestResponse
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import check_beta_if_concrete, check_count, check_theta
 from bchg_jax.lq.cmdp import LQConfigurableMDP, check_policy_fits
-from bchg_jax.lq.exact import leader_objective
+from bchg_jax.lq.exact import leader_objective, refuse_divergence
 from bchg_jax.lq.follower_models import check_value_matrix, k_step_response, policy_value
 
 Array = jax.Array
@@ -47,7 +47,9 @@ def as_if_optimal_hypergradient(
 
     Raises:
       ValueError: ``theta`` not shaped like ``theta0`` or not finite, a concrete ``beta`` not
-        finite and > 0, or a ``policy`` whose gain or covariance does not fit the problem.
+        finite and > 0, a ``policy`` whose gain or covariance does not fit the problem, or a
+        concrete result that is not finite because the policy's closed loop diverges
+        (:func:`~bchg_jax.lq.exact.refuse_divergence`).
     """
     check_theta(problem, theta)
     check_beta_if_concrete(beta)
@@ -64,7 +66,10 @@ def as_if_optimal_hypergradient(
         moved = g._replace(K=K, cov=0.5 * (cov + cov.T))
         return leader_objective(problem, th, beta, horizon, br=moved)
 
-    return jax.grad(objective)(theta)
+    grad = jax.grad(objective)(theta)
+    H = problem.horizon if horizon == "default" else horizon
+    refuse_divergence(problem, theta, policy, H, grad, "lq.as_if_optimal_hypergradient")
+    return grad
 
 
 @full_precision
@@ -75,7 +80,8 @@ def k_step_hypergradient(
 
     Raises:
       ValueError: as :func:`as_if_optimal_hypergradient`, a bad ``P_prev``
-        (:func:`~bchg_jax.lq.follower_models.check_value_matrix`), or ``K`` not an integer >= 1.
+        (:func:`~bchg_jax.lq.follower_models.check_value_matrix`), ``K`` not an integer >= 1,
+        or a concrete result that is not finite because the learner's closed loop diverges.
     """
     check_theta(problem, theta)
     check_beta_if_concrete(beta)
@@ -84,6 +90,9 @@ def k_step_hypergradient(
 
     def objective(th):
         played, _ = k_step_response(problem, th, beta, P_prev, K)
-        return leader_objective(problem, th, beta, horizon, br=played)
+        return leader_objective(problem, th, beta, horizon, br=played), played
 
-    return jax.grad(objective)(theta)
+    grad, played = jax.grad(objective, has_aux=True)(theta)
+    H = problem.horizon if horizon == "default" else horizon
+    refuse_divergence(problem, theta, played, H, grad, "lq.k_step_hypergradient")
+    return grad

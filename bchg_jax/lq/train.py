@@ -286,8 +286,9 @@ def make_train(
       (``lr``, ``beta``) and ``run`` yields per-iteration metrics (``J``, ``ok``, ``grad_norm``
       (the estimate's norm before any skip, as in the other families: non-finite or huge where
       the update was dropped),
-      ``riccati_iters``, ``solve_capped`` (1: the Riccati iteration stopped at its cap or
-      diverged), ``diverging`` (1: the played closed loop A - B K is not stable under
+      ``riccati_iters``, ``solve_capped`` (1: the Riccati iteration stopped at its cap,
+      stalled at the rounding floor above its tolerance, or diverged),
+      ``diverging`` (1: the played closed loop A - B K is not stable under
       max(gamma_L, gamma_F), where J_L and every critic diverge), ``update_skipped`` (1: the
       update was dropped: a capped solve, a diverging closed loop or a non-finite estimate) and
       the problem's components).
@@ -357,7 +358,7 @@ def make_train(
             fit = critics.fit_quadratic_q
             if config.critic == "quadratic_loo":
                 fit = critics.leave_one_out_quadratic_q
-            qf = fit(s, b, rL, problem.gamma_L, config.ridge)
+            qf = fit(s, b, rL, problem.gamma_L, config.ridge, gain=br.K)
             Q = qf.q(s[:, :-1], b[:, :-1])
             V = qf.value(s, br.mean(s), br.cov)
         else:

@@ -34,6 +34,7 @@ from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_count,
+    check_finite_if_concrete,
     check_if_concrete,
     check_probability_rows_if_concrete,
     check_problem_settings,
@@ -123,9 +124,13 @@ def k_step_hypergradient(problem: TabularCMDP, theta: Array, V_prev: Array, beta
     (reverse mode through the K sweeps).
 
     Raises:
-      ValueError: as :func:`as_if_optimal_hypergradient`, or ``K`` not an integer >= 1.
+      ValueError: as :func:`as_if_optimal_hypergradient`, ``K`` not an integer >= 1, or
+        ``V_prev`` not [S] or (concrete) not finite.
     """
     _check(problem, theta, beta, K)
+    S = jax.eval_shape(problem.follower_reward, theta).shape[0]
+    check_shape("V_prev", V_prev, (S,), f"S={S} from {problem.name}'s follower_reward")
+    check_finite_if_concrete("V_prev", V_prev)
 
     def objective(th):
         P, r, _ = _follower_tables(problem, th)

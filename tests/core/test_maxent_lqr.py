@@ -177,3 +177,16 @@ def test_riccati_stall_at_the_rounding_floor_is_flagged_and_named():
     assert int(br.info.iterations) < 10_000  # not the 50,000-iteration cap
     with pytest.raises(ValueError, match="stalled at a relative change.*compute in float64"):
         check_solution(br)
+
+
+def test_riccati_slow_growing_mode_is_not_a_stall(x64):
+    # a fast mode converges at once, then a weakly penalised slow mode grows for thousands of
+    # iterations, its change rising before it falls: P moves one way, so no stall (the first
+    # stall rule stopped it at iteration 1005, P22 = 0.06 of 50.5)
+    A = np.diag([0.5, np.sqrt(1.005 / 0.99)])
+    B, Q, R = np.diag([1.0, 0.01]), np.diag([1.0, 2e-6]), np.eye(2)
+    P, info = riccati(A, B, Q, R, 0.99)
+    assert bool(info.converged) and not bool(info.stalled), info
+    assert int(info.iterations) > 2000
+    np.testing.assert_allclose(riccati_map(P, A, B, Q, R, 0.99), P, rtol=1e-9, atol=1e-12)
+    assert float(P[1, 1]) > 50

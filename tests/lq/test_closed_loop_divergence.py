@@ -1,6 +1,7 @@
 """A follower closed loop F that diverges under a discount (gamma rho(F)^2 >= 1): the
-infinite-horizon J_L and the exact leader critic are NaN (never a finite wrong-signed number),
-the check is jit-friendly, and ``validate()`` refuses such a theta0."""
+infinite-horizon J_L and the exact leader critic raise on concrete arguments and are NaN when
+traced (never a finite wrong-signed number), the check is jit-friendly, and ``validate()``
+refuses such a theta0; a finite horizon whose covariance overflows the dtype raises too."""
 
 import jax
 import jax.numpy as jnp
@@ -82,16 +83,29 @@ def test_spectral_radius_bound_matches_eigenvalues(x64):
     assert stable.tolist() == [True, False]  # 0.9 * 1.05^2 = 0.992, 0.9 * 1.06^2 = 1.011
 
 
-def test_infinite_horizon_objective_and_critic_are_nan_when_diverging(x64):
+def test_infinite_horizon_objective_and_critic_refuse_or_are_nan_when_diverging(x64):
     p = _scalar(0.0)
     w = jnp.zeros(1)
     br = p.best_response(w, 0.1, tol=1e-13)
     assert float(exact_lq.leader_objective(p, w, 0.1, 1000, br=br)) < -1e4  # really diverges
-    assert np.isnan(float(exact_lq.leader_objective(p, w, 0.1, None, br=br)))  # was +325.5
-    assert np.all(np.isnan(np.asarray(exact_lq.leader_value_quadratic(p, w, br).Pv)))
-    assert np.all(np.isnan(np.asarray(exact_lq.exact_hypergradient(p, w, 0.1, None, tol=1e-13))))
+    # concrete: an error naming the spectral radius (the value was +325.5, then a silent NaN)
+    for call in (
+        lambda: exact_lq.leader_objective(p, w, 0.1, None, br=br),
+        lambda: exact_lq.leader_objective(p, w, 0.1, None, tol=1e-13),
+        lambda: exact_lq.leader_value_quadratic(p, w, br),
+        lambda: exact_lq.exact_hypergradient(p, w, 0.1, None, tol=1e-13),
+        lambda: exact_lq.components(p, w, br, {"J": p.leader_quadratic(w)}, None),
+    ):
+        with pytest.raises(ValueError, match=r"spectral radius 1\.056.*diverges"):
+            call()
+    # traced: NaN (value and gradient)
     jitted = jax.jit(lambda th: exact_lq.leader_objective(p, th, 0.1, None, tol=1e-13))
     assert np.isnan(float(jitted(w)))
+    assert np.all(
+        np.isnan(np.asarray(jax.jit(lambda th: exact_lq.leader_value_quadratic(p, th, br).Pv)(w)))
+    )
+    jgrad = jax.jit(lambda th: exact_lq.exact_hypergradient(p, th, 0.1, None, tol=1e-13))
+    assert np.all(np.isnan(np.asarray(jgrad(w))))
     # a converging closed loop: the Lyapunov form is the limit of the finite-horizon scan
     w1 = jnp.ones(1)
     br1 = p.best_response(w1, 0.1, tol=1e-13)
@@ -118,9 +132,10 @@ def test_exact_critic_flags_a_diverging_theta(x64):
     tr = make_train(_scalar(1.0), "bchg", TrainConfig(num_episodes=4, critic="exact"))
     w = jnp.zeros(1)
     br = _scalar(1.0).best_response(w, 0.1, tol=1e-13)
-    grad = tr.steps["estimate"](jax.random.PRNGKey(0), jax.random.PRNGKey(1), w, 0.1, br, ())[0]
+    estimate = jax.jit(tr.steps["estimate"])  # traced, as in training (eager: an error)
+    grad = estimate(jax.random.PRNGKey(0), jax.random.PRNGKey(1), w, 0.1, br, ())[0]
     assert not np.all(np.isfinite(np.asarray(grad)))
-    grad1 = tr.steps["estimate"](
+    grad1 = estimate(
         jax.random.PRNGKey(0),
         jax.random.PRNGKey(1),
         jnp.ones(1),
@@ -209,3 +224,26 @@ def test_validate_finds_a_diverging_closed_loop_behind_a_slow_riccati_iteration(
     assert bool(br.converged) and int(br.info.iterations) > 20_000
     rho = np.max(np.abs(np.linalg.eigvals(A - B @ np.asarray(br.K))))
     assert 1.0539 < rho < 1.0540
+
+
+def test_finite_horizon_overflow_is_refused():
+    # float32, rho 1.056 over 3000 steps: the covariance overflows (the return was -inf)
+    p = _scalar(0.0)
+    w = jnp.zeros(1, jnp.float32)
+    with pytest.raises(ValueError, match="overflows float32 within the horizon 3000"):
+        exact_lq.leader_objective(p, w, 0.1, 3000)
+    with pytest.raises(ValueError, match="overflows float32 within the horizon 3000"):
+        exact_lq.exact_hypergradient(p, w, 0.1, 3000)
+    assert np.isfinite(float(exact_lq.leader_objective(p, w, 0.1, 100)))  # finite: as it is
+
+
+def test_follower_references_refuse_a_diverging_policy(x64):
+    from bchg_jax.lq import follower_references as refs
+
+    p = _scalar(0.0)
+    w = jnp.zeros(1)
+    br = p.best_response(w, 0.1, tol=1e-13)
+    with pytest.raises(ValueError, match=r"as_if_optimal_hypergradient.*spectral radius 1\.056"):
+        refs.as_if_optimal_hypergradient(p, w, br, 0.1, None)
+    with pytest.raises(ValueError, match=r"k_step_hypergradient.*spectral radius"):
+        refs.k_step_hypergradient(p, w, br.P, 0.1, 3, None)

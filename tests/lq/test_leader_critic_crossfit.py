@@ -73,7 +73,8 @@ def test_leave_one_out_lstd_vector_rewards(x64):
 @pytest.mark.slow
 def test_trainer_leader_critic_uses_the_other_episodes(x64, random_lq):
     """The trainer's leader_critic step with critic='quadratic_loo': episode e's Q_L, V_L and
-    control variate from fit_quadratic_q on the other episodes; E = 1 is refused at make_train."""
+    control variate from fit_quadratic_q on the other episodes (in the played policy's gain
+    basis); E = 1 is refused at make_train."""
     p = random_lq()
     theta, E = jnp.array([0.3, -0.2]), 4
     br = p.best_response(theta, 0.3)
@@ -86,7 +87,9 @@ def test_trainer_leader_critic_uses_the_other_episodes(x64, random_lq):
     @jax.jit
     def refit(e):  # fit_quadratic_q on the other episodes, at episode e
         keep = jnp.arange(E - 1) + (jnp.arange(E - 1) >= e)
-        fit = critics.fit_quadratic_q(traj.s[keep], traj.b[keep], rL[keep], p.gamma_L, 1e-6)
+        fit = critics.fit_quadratic_q(
+            traj.s[keep], traj.b[keep], rL[keep], p.gamma_L, 1e-6, gain=br.K
+        )
         s_e = traj.s[e]
         return fit.q(s_e[:-1], traj.b[e, :-1]), fit.value(s_e, br.mean(s_e), br.cov)
 
@@ -119,3 +122,43 @@ def test_crossfit_critic_unbiased_at_two_episodes(x64, random_lq):
     print({c: np.round(v, 1) for c, v in z.items()})
     assert np.all(np.abs(z["quadratic_loo"]) < 4), z
     assert np.abs(z["quadratic"]).max() > 8, z
+
+
+def _thermal_batch(E, seed):
+    from bchg_jax.lq import best_response
+    from bchg_jax.problems.thermal import thermal
+
+    p = thermal()
+    th = p.theta0 + 0.01 * jax.random.normal(jax.random.key(3), p.theta0.shape, p.theta0.dtype)
+    br = best_response(p, th, 0.1)
+    tr = rollout(jax.random.key(seed), p, th, br, E, p.horizon)
+    return p, br, tr.s, tr.b, p.leader_reward(th, tr.s[:, :-1], tr.b[:, :-1])
+
+
+@pytest.mark.parametrize("fit", ["fit_quadratic_q", "leave_one_out_quadratic_q"])
+def test_critic_in_the_follower_gain_basis(x64, fit):
+    """gain=K fits the features of (s, b + K s): without the ridge the same fit as (s, b); the
+    benefit Q - V of the thermal problem (b nearly -K s: the (s, b) system has cond ~1e6) then
+    survives float32 (the plain basis lost 1.5e-3 to 6e-3 of it) and barely feels the ridge
+    (the plain basis' ridge pull was 4-9%, in float64)."""
+    f = getattr(critics, fit)
+    p, br, s, b, r = _thermal_batch(20, 0)
+    f64 = lambda x: jnp.asarray(x, jnp.float64)  # noqa: E731
+
+    def benefit(s, b, r, gain, ridge=1e-6):
+        q = f(s, b, r, p.gamma_L, ridge, gain=gain)
+        K = jnp.asarray(br.K, s.dtype)
+        return q.q(s[:, :-1], b[:, :-1]) - q.value(s[:, :-1], -s[:, :-1] @ K.T, f64(br.cov))
+
+    def rel(x, y):
+        return float(jnp.linalg.norm(x - y) / jnp.linalg.norm(y))
+
+    s64, b64, r64, K64 = f64(s), f64(b), f64(r), f64(br.K)
+    unregularised = benefit(s64, b64, r64, K64, 0.0)
+    assert rel(unregularised, benefit(s64, b64, r64, None, 0.0)) < 1e-8
+    # float32 statistics against float64 on the same samples
+    assert rel(benefit(s, b, r, br.K), benefit(s64, b64, r64, K64)) < 5e-4
+    assert rel(benefit(s, b, r, None), benefit(s64, b64, r64, None)) > 1e-3  # plain, for contrast
+    # the ridge's pull (float64)
+    assert rel(benefit(s64, b64, r64, K64), unregularised) < 3e-3
+    assert rel(benefit(s64, b64, r64, None), unregularised) > 2e-2

@@ -33,6 +33,7 @@ from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_count,
     check_discount,
+    check_finite_if_concrete,
     check_if_concrete,
     check_shape,
     check_unit_interval,
@@ -520,13 +521,14 @@ def k_step_hypergradient(policy_fn, theta, game, Q_prev: Array, beta, K: int, ba
       a pytree like ``theta``.
     Raises:
       ValueError: a bad scalar setting of ``game``, a concrete ``beta`` not finite and > 0,
-        ``K`` not an integer >= 1, or ``Q_prev`` not [S, A, B].
+        ``K`` not an integer >= 1, or ``Q_prev`` not [S, A, B] or (concrete) not finite.
     """
     check_game(game)
     check_beta_if_concrete(beta)
     check_count("K", K)
     S, A, B = np.shape(game.transition)[:3]
     check_shape("Q_prev", Q_prev, (S, A, B), f"S={S}, A={A}, B={B} from {game.name}")
+    check_finite_if_concrete("Q_prev", Q_prev)
     Q_prev = jax.lax.stop_gradient(Q_prev)
     check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.k_step_hypergradient")
 
@@ -574,7 +576,7 @@ def lag_hypergradient(
     check_game(game)
     check_beta_if_concrete(beta)
     check_if_concrete(check_unit_interval, "mix", mix)
-    check_policy_shapes(game, g=g_prev)
+    check_policy_shapes(game, g=g_prev, g_label="g_prev (the follower's previous policy)")
     g_prev = jax.lax.stop_gradient(g_prev)
     check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.lag_hypergradient")
 

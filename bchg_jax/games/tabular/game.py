@@ -133,7 +133,7 @@ class TabularGame:
         return self
 
 
-def check_policy_shapes(game: TabularGame, f=None, g=None) -> None:
+def check_policy_shapes(game: TabularGame, f=None, g=None, g_label="g (follower policy)") -> None:
     """The leader policy ``f`` [S, A] and the follower policy ``g`` [S, A, B] against the sizes
     of ``game.transition`` [S, A, B, S] (static shapes, so traced policies are checked too).
 
@@ -141,6 +141,7 @@ def check_policy_shapes(game: TabularGame, f=None, g=None) -> None:
       game: the tabular game.
       f: [S, A] leader policy, or None (not checked).
       g: [S, A, B] follower policy, or None.
+      g_label: the name the errors give ``g`` (the caller's argument name).
     Returns:
       None.
     Raises:
@@ -153,7 +154,7 @@ def check_policy_shapes(game: TabularGame, f=None, g=None) -> None:
     src = f"S={S}, A={A}, B={B} from {game.name}'s transition [S, A, B, S]"
     for label, table, shape in (
         ("f (leader policy)", f, (S, A)),
-        ("g (follower policy)", g, (S, A, B)),
+        (g_label, g, (S, A, B)),
     ):
         if table is None:
             continue
