@@ -1,6 +1,7 @@
 """The cross-fitted leader critic (``critic="quadratic_loo"``): each episode's Q_L / V_L is the
 SARSA-LSTD fit on the other episodes, so BC-HG's Benefit does not depend on the episode's own
-actions and the estimate stays unbiased at few episodes (the in-sample fit does not)."""
+actions; the estimate keeps only the fit's own finite-sample bias, far below the in-sample fit's
+at few episodes."""
 
 import jax
 import jax.numpy as jnp
