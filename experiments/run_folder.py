@@ -182,35 +182,30 @@ def _start_distributed(a) -> None:
 PER_PROCESS_ARGS = ("out", "exact_out", "resume", "config", "distributed", "shard")
 
 
-def settings_digest(a, methods: Sequence[str]) -> np.ndarray:
+def settings_text(a, methods: Sequence[str]) -> str:
     """The settings of a run (its methods, every argument but :data:`PER_PROCESS_ARGS`, and the
-    run folder given) as four uint32 words of a SHA-256 digest: what the processes of a
-    ``--distributed`` run compare."""
-    import hashlib
-
+    run folder given) as JSON text: what the processes of a ``--distributed`` run compare."""
     settings = {k: v for k, v in saved_args(a).items() if k not in PER_PROCESS_ARGS}
     settings["run_folder"] = getattr(a, "_given_out", (a.out, a.exact_out, a.resume))
-    text = json.dumps({"methods": list(methods), **jsonable(settings)}, sort_keys=True)
-    return np.frombuffer(hashlib.sha256(text.encode()).digest()[:16], dtype=np.uint32).copy()
+    return json.dumps({"methods": list(methods), **jsonable(settings)}, sort_keys=True)
 
 
 def _check_same_settings(a, methods: Sequence[str]) -> None:
     """``--distributed``: every process must run the same methods with the same settings (each
-    computes its shard of one grid; process 0 writes them all under its own settings). Gathers
-    :func:`settings_digest` from every process and exits 2 on each when any differs, naming the
-    processes, before anything compiles."""
+    computes its shard of one grid; process 0 writes them all under its own settings). Compares
+    :func:`settings_text` across the processes (``sweep.differing_processes``) and exits 2 on
+    each when any differs, naming the processes, before anything compiles."""
     import jax
-    from jax.experimental import multihost_utils
 
-    mine = settings_digest(a, methods)
-    every = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, mine.size)
-    other = [i for i in range(every.shape[0]) if not np.array_equal(every[i], every[0])]
+    from bchg_jax.core.sweep import differing_processes
+
+    other = differing_processes(settings_text(a, methods).encode())
     if other:
         many = len(other) > 1
         fail(
             f"--distributed: process{'es' if many else ''} {', '.join(map(str, other))} of "
-            f"{every.shape[0]} {'were' if many else 'was'} given other settings than process 0 "
-            f"(this is process {jax.process_index()}); "
+            f"{jax.process_count()} {'were' if many else 'was'} given other settings than "
+            f"process 0 (this is process {jax.process_index()}); "
             "start every process with the same flags and the same --out (a folder every "
             "process sees); only --config may differ"
         )

@@ -190,28 +190,36 @@ def sharded_run(trainer: Trainer, devices=None):
     return jax.jit(run, static_argnums=2), NamedSharding(mesh, spec), len(devices)
 
 
-def _check_same_grid_on_every_process(hp, *ints) -> None:
-    """With several JAX processes, every one must shard the same grid (each computes its runs of
-    it and gathers the others'): a digest of the grid's values and of ``ints`` (seeds,
-    iterations, ...) is gathered from every process; a difference raises ValueError on each."""
+def differing_processes(data: bytes) -> list:
+    """The JAX processes whose ``data`` differs from process 0's (compared by SHA-256 digest,
+    gathered from every process; every process must call this): ``[]`` when all agree or
+    there is one process. What ``--distributed`` runs and :func:`run_grid` check their
+    settings with."""
     if jax.process_count() == 1:
-        return
+        return []
     import hashlib
 
     from jax.experimental import multihost_utils
 
-    h = hashlib.sha256(repr(ints).encode())
+    mine = np.frombuffer(hashlib.sha256(data).digest()[:16], dtype=np.uint32).copy()
+    every = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, mine.size)
+    return [i for i in range(len(every)) if not np.array_equal(every[i], every[0])]
+
+
+def _check_same_grid_on_every_process(hp, *ints) -> None:
+    """With several JAX processes, every one must shard the same grid (each computes its runs of
+    it and gathers the others'): the grid's values and ``ints`` (seeds, iterations, ...) are
+    compared (:func:`differing_processes`); a difference raises ValueError on each."""
+    data = repr(ints).encode()
     for x in jax.tree.leaves(hp):
         x = np.asarray(x)
-        h.update(f"{x.dtype}{x.shape}".encode() + np.ascontiguousarray(x).tobytes())
-    mine = np.frombuffer(h.digest()[:16], dtype=np.uint32).copy()
-    every = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, mine.size)
-    other = [i for i in range(len(every)) if not np.array_equal(every[i], every[0])]
+        data += f"{x.dtype}{x.shape}".encode() + np.ascontiguousarray(x).tobytes()
+    other = differing_processes(data)
     if other:
         raise ValueError(
-            f"run_grid(shard=True): process(es) {other} of {len(every)} were given another grid, "
-            "seeds, iterations, start, chunk or base_seed than process 0; every process must "
-            "run the same grid"
+            f"run_grid(shard=True): process(es) {other} of {jax.process_count()} were given "
+            "another grid, seeds, iterations, start, chunk or base_seed than process 0; every "
+            "process must run the same grid"
         )
 
 
