@@ -132,11 +132,11 @@ def _exit_at_once_if_program(code: int) -> None:
 
 def _start_distributed(a) -> None:
     """``--distributed``: joins the JAX processes (the coordinator from the cluster, or from
-        ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``), shards the runs
-        over every process's devices, and lets process 0 alone write the run folder. The others
-        write to a temporary folder, starting from a copy of the run folder when there is one
-        (``--resume``, or methods added with ``--exact-out``; a filesystem every host sees), so that
-        every process skips, resumes and trains the same methods from the same checkpoints; that
+    ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``), shards the runs
+    over every process's devices, and lets process 0 alone write the run folder. The others
+    write to a temporary folder, starting from a copy of the run folder when there is one
+    (``--resume``, or methods added with ``--exact-out``; a filesystem every host sees), so that
+    every process skips, resumes and trains the same methods from the same checkpoints; that
     folder is deleted when the run ends."""
     import atexit
     import shutil
