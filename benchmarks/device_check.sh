@@ -17,7 +17,8 @@
 # The steps' limits add up to 7.8 minutes. If ./.whl holds wheels (packages the GPU machine
 # lacks, e.g. distrax), they are installed into /tmp/site first (unless BCHG_WHEELS_DONE=1:
 # benchmarks/gpu_session.sh installed them). DEVICE_CHECK_SMOKE=1 shrinks every step (a few
-# iterations, 1 and 10 runs, limits x4) to try the script's plumbing on a CPU.
+# iterations, 1 and 10 runs, limits x4; the faithful thermal step keeps its 2 MLP iterations, ~1 min
+# on a CPU) to try the script's plumbing on a CPU.
 set -uo pipefail
 out="${1:-${OUT:-/tmp/device_check}}"
 experiments="${2:-fourrooms,thermal,toy_game,lqr_game}"

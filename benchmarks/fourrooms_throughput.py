@@ -2,7 +2,8 @@
 each follower/metric solver side by side (compile time reported separately).
 
     python -m benchmarks.fourrooms_throughput [--iterations 500] [--single-iterations 10000]
-        [--betas 1e-3 3e-3 5e-3] [--solvers dense sparse] [--seeds 10] [--method bchg]
+        [--betas 1e-3 (default; the tables: 1e-3 3e-3 5e-3)] [--solvers dense sparse]
+        [--seeds 10] [--method bchg]
 
 For every beta and solver (``TrainConfig.solver``): (a) one run, the jitted single-run scan
 over ``--single-iterations`` iterations (a whole 10,000-iteration run by default), and (b) the

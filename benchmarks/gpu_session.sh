@@ -88,6 +88,12 @@ if [ "$smoke" = 0 ] && [ "$backend" != gpu ]; then  # JAX fell back to the CPU: 
   cp "$work/RESULT.txt" "$work/header.txt" "$out/"
   exit 1
 fi
+if ! python3 -c "import bchg_jax" > "$work/import.txt" 2>&1; then  # e.g. distrax missing
+  result "bchg_jax does not import (import.txt; its wheels: bash benchmarks/gpu_wheels.sh here, \
+then carry .whl); nothing was run"
+  cp "$work/RESULT.txt" "$work/header.txt" "$work/import.txt" "$out/"
+  exit 1
+fi
 
 # 1. the device check
 if [ "$panel_only" = 0 ]; then
