@@ -13,6 +13,10 @@ Every trainer records two per-iteration flags in its metrics (int32, 0 or 1 per 
   tabular update to a theta whose tables are not distributions: ``model_invalid``).
 * ``support_lost`` (tabular trainers with the sparse solvers): ``transition(theta)`` put mass
   outside the successor table; that iteration was solved and sampled on the whole table.
+* ``metric_nonfinite`` (the LQR game's trainer): the exact return ``J`` (or ``J_discounted``)
+  recorded that iteration is not finite (the state's moments overflowed the dtype: a closed loop
+  with rho(F) > 1 that the follower still answers, over a horizon where rho(F)^t leaves the
+  dtype's range). The curve has a NaN there; float64 or a shorter horizon computes it.
 * ``logits_rounded`` (tabular trainers, float32): the follower's logits Q / beta were rounded by
   more than :data:`~bchg_jax.core.validate.FLOAT32_LOGIT_WARN` (beta small next to the
   follower's values, :func:`~bchg_jax.core.validate.logits_rounded`): every solve converged,
@@ -29,7 +33,7 @@ from typing import Dict, Mapping, Optional
 
 import numpy as np
 
-FLAGS = ("solve_capped", "update_skipped", "support_lost", "logits_rounded")
+FLAGS = ("solve_capped", "update_skipped", "support_lost", "metric_nonfinite", "logits_rounded")
 WARN_SHARE = 0.01
 
 
@@ -42,14 +46,16 @@ def solver_health(metrics: Mapping[str, np.ndarray]) -> Dict[str, float]:
     Returns:
       ``{"run_iterations": n, "solve_capped": count, "capped_share": share,
       "update_skipped": count, "skipped_share": share, "support_lost": count,
-      "lost_share": share, "logits_rounded": count, "rounded_share": share}`` for the flags
-      present (an empty dict when none is).
+      "lost_share": share, "metric_nonfinite": count, "nonfinite_share": share,
+      "logits_rounded": count, "rounded_share": share}`` for the flags present (an empty dict
+      when none is).
     """
     out: Dict[str, float] = {}
     for flag, share in (
         ("solve_capped", "capped_share"),
         ("update_skipped", "skipped_share"),
         ("support_lost", "lost_share"),
+        ("metric_nonfinite", "nonfinite_share"),
         ("logits_rounded", "rounded_share"),
     ):
         if flag in metrics:
@@ -69,13 +75,15 @@ def health_text(health: Mapping[str, float]) -> str:
         parts.append(f"skipped {health['update_skipped']}")
     if health.get("support_lost"):  # shown only when it happened
         parts.append(f"support lost {health['support_lost']}")
+    if health.get("metric_nonfinite"):  # shown only when it happened
+        parts.append(f"J not finite {health['metric_nonfinite']}")
     if health.get("logits_rounded"):  # shown only when it happened
         parts.append(f"float32 logits rounded {health['logits_rounded']}")
     return " ".join(parts)
 
 
 def health_warning(health: Mapping[str, float], share: float = WARN_SHARE) -> Optional[str]:
-    """A loud multi-line warning when either flag is set in more than ``share`` of the
+    """A loud multi-line warning when any flag is set in more than ``share`` of the
     run-iterations, else None.
 
     Args:
@@ -99,13 +107,22 @@ def health_warning(health: Mapping[str, float], share: float = WARN_SHARE) -> Op
         if health.get(key, 0.0) > share
     ]
     rounded = health.get("rounded_share", 0.0) > share
-    if not bad and not rounded:
+    nonfinite = health.get("nonfinite_share", 0.0) > share
+    if not bad and not rounded and not nonfinite:
         return None
     lines = [
         f"WARNING: in {100 * v:.1f}% of {health['run_iterations']} run-iterations "
         f"{what} ({n} times)"
         for what, v, n in bad
     ]
+    if nonfinite:
+        lines.append(
+            f"WARNING: in {100 * health['nonfinite_share']:.1f}% of {health['run_iterations']} "
+            "run-iterations the exact return J was not finite (metric_nonfinite): the state's "
+            "moments overflowed the dtype (a closed loop with spectral radius > 1 over the "
+            "horizon, which the follower still answers). The curve has NaN there; float64 or a "
+            "shorter horizon computes it."
+        )
     if rounded:
         lines.append(
             f"WARNING: in {100 * health['rounded_share']:.1f}% of {health['run_iterations']} "

@@ -11,6 +11,7 @@ retraces.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
@@ -169,9 +170,81 @@ def check_key(key) -> None:
     raise ValueError(f"key must be a PRNG key such as jax.random.key(0), got {shown}")
 
 
+def global_norm(tree) -> jax.Array:
+    """sqrt(sum of squares) over every leaf of ``tree``, also where the sum of squares
+    overflows (or underflows) the dtype.
+
+    The plain norm (``optax.tree.norm``) where it is finite and positive, so ordinary values
+    are bitwise optax's; otherwise the norm of the leaves divided by their largest ``|entry|``
+    m, times m: a float32 gradient with entries ~1e19 has a finite norm (the plain sum of
+    squares is inf). NaN when an entry is NaN, inf when one is inf or the norm itself exceeds
+    the dtype.
+
+    Args:
+      tree: a pytree of arrays.
+    Returns:
+      [] the global norm.
+    """
+    leaves = jax.tree.leaves(tree)
+    plain = optax.tree.norm(leaves)
+    m, s = _scaled_sum_sq(leaves)
+    scaled = jnp.where(jnp.isinf(m), m, m * jnp.sqrt(s))  # inf / inf would be NaN
+    return jnp.where(jnp.isfinite(plain) & (plain > 0), plain, scaled).astype(plain.dtype)
+
+
+def _scaled_sum_sq(leaves):
+    """(m, s): the largest ``|entry|`` m of the leaves (NaN / inf when one is; 1 for all-zero
+    leaves) and ``s = sum (x / m)^2`` (>= 1 unless all zero; finite when m is)."""
+    m = functools.reduce(
+        jnp.maximum, [jnp.max(jnp.abs(x)) if x.size else jnp.zeros((), x.dtype) for x in leaves]
+    )
+    m = jax.lax.stop_gradient(jnp.where(m > 0, m, jnp.ones_like(m)))  # NaN / inf stay
+    s = functools.reduce(jnp.add, [jnp.sum((x / m.astype(x.dtype)) ** 2) for x in leaves])
+    return m, s
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """``optax.clip_by_global_norm`` (scale the updates to global norm ``max_norm`` when above
+    it) that also clips a finite gradient whose sum of squares overflows: optax's norm is then
+    inf and its factor ``max_norm / inf`` zeroes the step (a float32 leader with entries
+    ~1e19 froze, its updates counted as taken). Here such a gradient is scaled through its
+    largest entry m, ``(x / m) * (max_norm / |x / m|)``, and keeps its direction. Where optax's
+    norm is finite and positive the result is bitwise optax's. With a NaN / inf entry the step
+    stays non-finite, as optax's (the trainers skip such a step).
+
+    Args:
+      max_norm: the largest global norm (> 0).
+    Returns:
+      the optax transformation (no state).
+    """
+
+    def init(params):
+        del params
+        return optax.EmptyState()
+
+    def update(updates, state, params=None):
+        del params
+        leaves, tree = jax.tree.flatten(updates)
+        plain = optax.tree.norm(leaves)
+        m, s = _scaled_sum_sq(leaves)
+        usual = jnp.isfinite(plain) & (plain > 0)
+        r = jnp.sqrt(s)  # |x / m| >= 1 where some entry is non-zero
+
+        def one(x):
+            by_optax = jax.lax.select(plain < max_norm, x, (x / plain.astype(x.dtype)) * max_norm)
+            big = r > max_norm / m  # the scaled norm above max_norm
+            scaled = jnp.where(big, (x / m.astype(x.dtype)) * (max_norm / r).astype(x.dtype), x)
+            return jnp.where(usual, by_optax, scaled)
+
+        return jax.tree.unflatten(tree, [one(x) for x in leaves]), state
+
+    return optax.GradientTransformation(init, update)
+
+
 def sgd_ascent(theta, grad, lr, clip_norm: float):
     """One stateless ascent step ``theta + lr * clip(grad)``: the gradient is clipped to global
-    norm ``clip_norm`` (optax), then plain SGD with the traced step size ``lr``.
+    norm ``clip_norm`` (:func:`clip_by_global_norm`: optax's, also for a finite gradient whose
+    sum of squares overflows), then plain SGD with the traced step size ``lr``.
 
     The leader update theta^{i+1} = theta^i + alpha grad J_L of Algorithm 1 line 17 (with
     clipping).
@@ -184,7 +257,7 @@ def sgd_ascent(theta, grad, lr, clip_norm: float):
     Returns:
       the new parameters, same structure and shapes as ``theta``.
     """
-    opt = optax.chain(optax.clip_by_global_norm(clip_norm), optax.sgd(lr))
+    opt = optax.chain(clip_by_global_norm(clip_norm), optax.sgd(lr))
     updates, _ = opt.update(jax.tree.map(jnp.negative, grad), opt.init(theta), theta)
     return optax.apply_updates(theta, updates)
 

@@ -23,17 +23,22 @@ def log_spectral_radius(M: Array, squarings: int = 32) -> Array:
     O((log cond + (m - 1) log N) / N) for Jordan blocks of size m. With ``B_0 = M / c_0`` and
     ``B_{j+1} = B_j^2 / c_{j+1}`` (each c_j the norm of what it divides),
     ``log ||M^(2^k)|| / 2^k = sum_{j<=k} 2^-j log c_j``. Matrix products only, so it runs under
-    ``jit`` / ``vmap`` and on accelerators (``jnp.linalg.eigvals`` is CPU-only). M = 0 gives
-    ``-inf`` and a non-finite M NaN; when a squaring comes out exactly zero (a nilpotent M, or
-    entries lost to underflow) the last partial sum is kept, still an upper bound. N = 2^32 by
-    default: the excess is below 1e-8 for any reasonable M, and float32 squarings do not yet
-    underflow.
+    ``jit`` / ``vmap`` and on accelerators (``jnp.linalg.eigvals`` is CPU-only). A non-finite M
+    gives NaN. A power that comes out exactly zero (M = 0, or a nilpotent M such as
+    [[0, 5], [0, 0]]: M^2 = 0) means rho(M) = 0 and gives ``-inf``. (Before, a zero squaring
+    kept the last partial sum, log||M|| = log 5 there, and a closed loop with rho = 0 was
+    called unstable.) Each B_j has norm 1, so a square underflows to exactly zero only when it
+    is zero or its spectral radius is below ~1e-19 relative to its norm (float32), which
+    normalised squarings of a matrix with rho > 0 do not reach within the default count. N =
+    2^32 by default: the excess is below 1e-8 for any reasonable M, and float32 squarings do
+    not yet underflow.
 
     Args:
       M: [n, n] matrix (gradients are not propagated).
       squarings: k, the number of squarings (N = 2^k).
     Returns:
-      [] the bound of log rho(M) with N = 2^squarings.
+      [] the bound of log rho(M) with N = 2^squarings; ``-inf`` when a power of M is exactly
+      zero (rho = 0: :func:`is_discounted_stable` is then True for every gamma).
     """
     M = jax.lax.stop_gradient(M)
 
@@ -42,7 +47,7 @@ def log_spectral_radius(M: Array, squarings: int = 32) -> Array:
         c = jnp.sqrt(jnp.sum(B * B))
         zero = c == 0
         term = jnp.log(jnp.where(zero, 1.0, c)) * 2.0 ** (-j.astype(M.dtype))
-        term = jnp.where(zero, jnp.where(j == 0, -jnp.inf, 0.0), term)
+        term = jnp.where(zero, -jnp.inf, term)  # M^(2^j) = 0: rho(M) = 0
         total = jnp.where(done, total, total + term)
         B = B / jnp.where(zero, 1.0, c)
         return B @ B, total, done | zero

@@ -302,9 +302,15 @@ def check_dtype_available(where: str, dtype) -> None:
 
 
 # float32 runs of the tabular families warn above this discount: the soft fixed points and the
-# exact hypergradient's implicit derivative lose accuracy as 1 / (1 - gamma) grows (the tabular
-# game's exact hypergradient against float64 on two random 4-state games, beta 0.05-0.5: relative
-# error 3e-5-5e-3 at 0.99, 1e-3-2e-2 at 0.995, 1e-2-0.29 at 0.999)
+# exact hypergradient's implicit derivative lose accuracy as 1 / (1 - gamma) grows. Measured
+# (float32 against float64 exact hypergradients, beta 0.5-1e-3, 2026-12-03): the tabular game
+# (toy game and random 1- and 4-state games) at most 6e-4 at 0.99 and 0.995, 3e-3 at 0.999,
+# 6e-4-4% at 0.9999; the tabular CMDP family (random CMDPs; Four-Rooms 1e-5 at 0.99, beta
+# 1e-3) 4e-4 at 0.99, 5e-3 at 0.999. Before the tabular game's follower policy got a centred
+# softmax derivative (games.tabular.follower.follower_softmax) the toy game was 1.6% off at 0.99
+# and beta 0.05, 27% at 1e-3, and random games up to 300% at 0.999: a leak of the softmax
+# derivative at tied follower actions, which eps max|Q| / (beta (1 - gamma)) did not predict
+# (Four-Rooms 0.012 gave 5e-6, the toy game 0.015 gave 1.6%); see docs/architecture.md
 FLOAT32_GAMMA_WARN = 0.99
 
 
@@ -324,8 +330,8 @@ def warn_float32_long_horizon(where: str, dtype, *gammas) -> None:
         warnings.warn(
             f"{where}: float32 with a discount of {max(concrete):g} (> {FLOAT32_GAMMA_WARN:g}): "
             "the soft fixed points and the exact hypergradient lose accuracy as 1 / (1 - gamma) "
-            "grows (exact tabular-game hypergradient against float64: errors of 0.1-2% at "
-            "0.995, 1-29% at 0.999, 61% on a 1-state game at 0.9999); compute in float64 "
+            "grows (exact hypergradients against float64: errors up to 0.3% at 0.999 in the "
+            "tabular game, 0.5% in the tabular CMDP family, 4% at 0.9999); compute in float64 "
             "(jax.config.update('jax_enable_x64', True) and float64 arrays or config dtype)",
             stacklevel=3,
         )

@@ -34,7 +34,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from bchg_jax.core.buffers import EpisodeBuffer, buffer_add
-from bchg_jax.core.loop import Trainer, adam_step, build_trainer, masked_steps, polyak
+from bchg_jax.core.loop import (
+    Trainer,
+    adam_step,
+    build_trainer,
+    global_norm,
+    masked_steps,
+    polyak,
+)
 from bchg_jax.core.validate import check_config, check_dtype_available
 
 Array = jax.Array
@@ -180,8 +187,9 @@ class Leader(NamedTuple):
         to ascend, ``draw(key)`` -> batch or None (no minibatch), [] bool whether to update).
       metrics: ``metrics(state, response, episodes, beta, grad_norm, accepted)`` -> dict of
         [] arrays, from the new state and the new response.
-      accepted: ``accepted(response)`` -> [] bool: keep the actor update (else it is undone);
-        None: always kept.
+      accepted: ``accepted(response)`` -> [] bool: keep the actor update (else it is undone),
+        which also needs every actor step's gradient to be finite (a finite global norm:
+        :func:`actor_steps`); None: always kept.
       learn: ``learn(state, response, episodes, beta)`` -> the follower's memory after learning from
         the batch just collected (passed to ``follower`` as its warm start); None: the follower
         learns nothing from samples and ``warm(response)`` is passed.
@@ -257,17 +265,23 @@ def actor_steps(opt, objective, draw, key, params, opt_state, num_steps, max_ste
     plain loss minimisation). ``active`` False: no step.
 
     Returns:
-      (params, opt_state, global norm of the last step's gradient).
+      (params, opt_state, global norm of the last step's gradient, or the first non-finite
+      one: NaN / inf once some step's gradient was not finite). The norm is finite for every
+      finite gradient (:func:`~bchg_jax.core.loop.global_norm`: a float32 sum of squares that
+      overflows is taken through the largest entry), so a non-finite norm means a non-finite
+      gradient.
     """
 
     def body(i, c):
-        params, o, _ = c
+        params, o, last = c
         batch = None if draw is None else draw(jax.random.fold_in(key, i))
         k = jax.random.fold_in(key, 10_000 + i)
         grads = jax.grad(lambda p: -objective(p, batch, k))(params)
         params, o = adam_step(opt, params, o, grads)
         sq = [jnp.sum(g**2) for g in jax.tree.leaves(grads)]
-        return params, o, jnp.sqrt(functools.reduce(operator.add, sq))
+        norm = jnp.sqrt(functools.reduce(operator.add, sq))
+        norm = jnp.where(jnp.isfinite(norm) & (norm > 0), norm, global_norm(grads))
+        return params, o, jnp.where(jnp.isfinite(last), norm, last)
 
     gnorm = jnp.zeros((), jax.tree.leaves(params)[0].dtype)
     return masked_steps(body, max_steps, num_steps, (params, opt_state, gnorm), active)
@@ -342,8 +356,9 @@ def assemble(
             extra = leader.diagnostics(k_d, state, critic, resp, hp.beta)
         actor, a_state, gnorm = update_actor(k_a, state, critic, resp, hp.beta, hp.actor_steps)
         new = leader.follower(actor, hp.beta, leader.warm(resp) if learnt is None else learnt)
-        ok = None if leader.accepted is None else leader.accepted(new)
-        if ok is not None:  # an update the follower cannot answer is undone
+        # an update the follower cannot answer, or from a gradient that was not finite, is undone
+        ok = None if leader.accepted is None else leader.accepted(new) & jnp.isfinite(gnorm)
+        if ok is not None:
             keep = lambda x, y: jnp.where(ok, x, y)  # noqa: E731
             actor, a_state = jax.tree.map(keep, (actor, a_state), (state.actor, state.actor_opt))
             new = jax.tree.map(keep, new, resp)

@@ -36,6 +36,26 @@ def test_health_counts_and_warning_threshold():
     assert solver_health({"J": np.zeros(3)}) == {}
 
 
+def test_a_non_finite_exact_return_is_counted_and_warned():
+    """The LQR game's trainer records ``metric_nonfinite`` (an exact J that is not finite: the
+    state's moments overflowed the dtype); it was a silent NaN in the curve. It is counted, shown
+    when it happened, and warned about above 1% without the "not converged solves" line."""
+    m = {
+        "solve_capped": np.zeros((1, 2, 50), np.int32),
+        "update_skipped": np.zeros((1, 2, 50), np.int32),
+        "metric_nonfinite": np.zeros((1, 2, 50), np.int32),
+    }
+    h = solver_health(m)
+    assert h["metric_nonfinite"] == 0 and health_text(h) == "capped 0.00% skipped 0"
+    assert health_warning(h) is None
+    m["metric_nonfinite"][0, 1, :3] = 1
+    h = solver_health(m)
+    assert h["metric_nonfinite"] == 3 and h["nonfinite_share"] == 0.03
+    assert health_text(h) == "capped 0.00% skipped 0 J not finite 3"
+    w = health_warning(h)
+    assert "3.0% of 100" in w and "metric_nonfinite" in w and "not converged solves" not in w
+
+
 def _run_capped(trainer, grid, capsys, iterations=3):
     _, m = run_grid(trainer, grid, seeds=2, iterations=iterations, chunk=iterations)
     out = capsys.readouterr()

@@ -11,8 +11,10 @@ import pytest
 
 from bchg_jax.core.buffers import buffer_init
 from bchg_jax.core.io import load_state, save_state
+from bchg_jax.core.loop import clip_by_global_norm, global_norm, sgd_ascent
 from bchg_jax.games import actor_critic as ac
 from bchg_jax.games import lqr, tabular
+from bchg_jax.games.lqr.config import ActorConfig
 from bchg_jax.problems.lqr_game import gain_metrics, lqr_game
 from bchg_jax.problems.toy_game import toy_game, toy_game_metrics
 
@@ -135,3 +137,75 @@ def test_problem_metrics_come_from_the_caller():
     assert {k: float(v) for k, v in gain_metrics(theta, None).items()} == {"K1": -4.0, "K2": 1.5}
     buf = buffer_init(1, 2)
     assert ac.critic_data(ac.LeaderState(*([None] * 7), buf, None, None, None)) is buf
+
+
+class _Resp(NamedTuple):  # a follower that always answers
+    converged: Any
+    P: Any
+
+
+def _toy_trainer(objective, opt):
+    """The skeleton with trivial pieces: theta [2] float32 ascends ``objective(theta)`` with
+    ``opt``; the follower always converges (so only the gradient can undo an update)."""
+
+    def follower(actor, beta, warm):
+        return _Resp(jnp.asarray(True), jnp.zeros((), jnp.float32))
+
+    def metrics(state, resp, episodes, beta, grad_norm, ok):
+        return {"theta": state.actor, "grad_norm": grad_norm, "skipped": (~ok).astype(jnp.int32)}
+
+    leader = ac.Leader(
+        init_actor=lambda key: jnp.zeros(2, jnp.float32),
+        init_critic=lambda key: ac.Critic(jnp.zeros(1, jnp.float32)),
+        buffers=lambda: (jnp.zeros(1, jnp.float32), None),
+        follower=follower,
+        warm=lambda resp: resp.P,
+        respond=lambda state, beta: follower(state.actor, beta, state.follower),
+        collect=lambda key, state, resp: (state, None),
+        critic=None,
+        actor=lambda state, critic, resp, beta: (lambda p, b, k: objective(p), None, True),
+        metrics=metrics,
+        accepted=lambda resp: resp.converged,
+    )
+    config = lqr.TrainConfig(iterations=1)
+    return ac.assemble(None, "toy", config, leader, lqr.HParams, opt, optax.sgd(0.1), {})
+
+
+def _one_step(objective, opt):
+    tr = _toy_trainer(objective, opt)
+    _, m = tr.run(tr.init(jax.random.key(0), lqr.HParams()), lqr.HParams(), 1)
+    return {k: np.asarray(v)[0] for k, v in m.items()}
+
+
+def test_a_finite_gradient_whose_squares_overflow_is_clipped_along_its_direction():
+    """float32 gradient (3e20, -4e20): its sum of squares overflows, so optax's global norm was
+    inf and clip_by_global_norm scaled the step by 1 / inf = 0. The leader froze, every update
+    counted as taken. Now the norm is 5e20 (exact) and the clipped step is 0.1 (0.6, -0.8)."""
+    objective = lambda p: 1e20 * (3.0 * p[0] - 4.0 * p[1])  # noqa: E731
+    sgd = optax.chain(clip_by_global_norm(1.0), optax.sgd(0.1))
+    m = _one_step(objective, sgd)
+    np.testing.assert_allclose(m["theta"], [0.06, -0.08], rtol=1e-6)
+    np.testing.assert_allclose(m["grad_norm"], 5e20, rtol=1e-6)
+    assert m["skipped"] == 0
+    # the LQR leader's own optimizer (clip, then Adam: a first step of lr along the sign)
+    adam = ActorConfig(lr=0.1, clip=1.0).optimizer(10)
+    np.testing.assert_allclose(_one_step(objective, adam)["theta"], [0.1, -0.1], rtol=1e-5)
+    # the LQ trainers' step
+    step = sgd_ascent(jnp.zeros(2, jnp.float32), jnp.float32([3e19, -4e19]), 0.1, 1.0)
+    np.testing.assert_allclose(step, [0.06, -0.08], rtol=1e-6)
+    # ordinary gradients: bitwise optax's clip
+    for g in (jnp.float32([3.0, 4.0]), jnp.float32([0.3, 0.4]), jnp.float32([1e-30, 0.0])):
+        ours = clip_by_global_norm(1.0).update(g, optax.EmptyState())[0]
+        theirs = optax.clip_by_global_norm(1.0).update(g, optax.EmptyState())[0]
+        np.testing.assert_array_equal(ours, theirs)
+        assert float(global_norm(g)) == float(optax.tree.norm(g)) or float(g[1]) == 0.0
+
+
+def test_an_update_from_a_non_finite_gradient_is_undone_and_flagged():
+    """The update was accepted on the follower's convergence alone: an infinite gradient left
+    theta NaN with ``update_skipped`` 0. Now it is undone and counted (the make_train
+    docstring's "or the gradient was not finite")."""
+    objective = lambda p: jnp.sum(p) * jnp.float32(jnp.inf)  # noqa: E731
+    m = _one_step(objective, optax.chain(clip_by_global_norm(1.0), optax.adam(0.1)))
+    np.testing.assert_array_equal(m["theta"], [0.0, 0.0])
+    assert m["skipped"] == 1 and m["grad_norm"] == np.inf

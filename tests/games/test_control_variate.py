@@ -84,3 +84,67 @@ def test_control_variate_keeps_the_guiding_term_unbiased_and_cuts_its_variance(x
     se = d.std(0, ddof=1) / np.sqrt(nb)
     assert np.all(np.abs(d.mean(0)) < 4 * se), (d.mean(0), se)
     assert cv[:, 0].std() < 0.2 * raw[:, 0].std(), (cv.std(0), raw.std(0))
+
+
+def test_crossfit_near_constant_float32_column_matches_float64(x64):
+    """A column constant in the fitted episode (0.1) and 0.3 in the held-out one: its float32
+    spread over the fitted samples is rounding (2.2e-8), so it gets no coefficient, and the
+    float32 baselines equal float64's to float32 accuracy. With the absolute threshold of
+    before it was standardised to +-1 and the held-out baseline was 9.3e6 (float64: 3.96)."""
+    rng = np.random.default_rng(0)
+    M, E = 120, 2
+    groups = np.repeat(np.arange(E), M // E)
+    x = rng.normal(size=M)
+    F = np.stack([np.ones(M), x, np.where(groups == 0, 0.3, 0.1)], -1)
+    Y = (2.0 + x)[:, None]
+    c64 = np.asarray(crossfit_baseline(jnp.asarray(F), jnp.asarray(Y), jnp.asarray(groups), E))
+    c32 = crossfit_baseline(
+        jnp.asarray(F, jnp.float32), jnp.asarray(Y, jnp.float32), jnp.asarray(groups), E
+    )
+    assert c32.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(c32, np.float64), c64, atol=1e-5 * np.abs(Y).max())
+    # the reference: the same fit without the (constant-in-fit) column
+    c_without = crossfit_baseline(jnp.asarray(F[:, :2]), jnp.asarray(Y), jnp.asarray(groups), E)
+    np.testing.assert_allclose(c64, c_without, rtol=1e-12, atol=1e-12)
+
+
+def test_crossfit_adds_its_own_intercept(x64):
+    """Features without a constant column ([x1, x2]) fit as [1, x1, x2]: an exact linear model
+    is recovered from either (column 0 was overwritten by 1, so x1 was lost: residual ~90%)."""
+    rng = np.random.default_rng(1)
+    M, E = 200, 2
+    groups = jnp.asarray(np.repeat(np.arange(E), M // E))
+    X = rng.normal(size=(M, 2))
+    Y = (2.0 + 3.0 * X[:, 0] + X[:, 1])[:, None]
+    plain = crossfit_baseline(jnp.asarray(X), jnp.asarray(Y), groups, E, ridge=1e-10)
+    const = crossfit_baseline(
+        jnp.asarray(np.concatenate([np.ones((M, 1)), X], 1)), jnp.asarray(Y), groups, E, 1e-10
+    )
+    np.testing.assert_allclose(plain, Y, atol=1e-6)
+    np.testing.assert_allclose(plain, const, atol=1e-10)
+
+
+def test_crossfit_leaves_a_nan_target_out_of_the_fits(x64):
+    """One NaN target (sample 0, episode 0): every baseline stays finite and equals the fit on
+    the data without that sample (it made every episode's baseline NaN: 0 * NaN in the fits)."""
+    rng = np.random.default_rng(2)
+    M, E = 60, 3
+    groups = np.repeat(np.arange(E), M // E)
+    F = np.asarray(quadratic_features(jnp.asarray(rng.normal(size=(M, 1)))))
+    Y = rng.normal(size=(M, 2))
+    Y[0, 0] = np.nan
+    c = np.asarray(crossfit_baseline(jnp.asarray(F), jnp.asarray(Y), jnp.asarray(groups), E))
+    assert np.all(np.isfinite(c))
+    ref = np.asarray(
+        crossfit_baseline(jnp.asarray(F[1:]), jnp.asarray(Y[1:]), jnp.asarray(groups[1:]), E)
+    )
+    np.testing.assert_allclose(c[1:], ref, rtol=1e-12, atol=1e-12)
+    # sample 0's own baseline: the fit on the other episodes, which never saw it
+    F0 = np.concatenate([F[:1], F[20:]])
+    ref0 = crossfit_baseline(
+        jnp.asarray(F0),
+        jnp.asarray(np.concatenate([np.zeros((1, 2)), Y[20:]])),
+        jnp.asarray(np.concatenate([[0], groups[20:]])),
+        E,
+    )
+    np.testing.assert_allclose(c[0], ref0[0], rtol=1e-12, atol=1e-12)

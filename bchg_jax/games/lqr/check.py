@@ -80,6 +80,11 @@ def check_problem(
     Raises:
       ValueError: an invalid game, ``beta`` or estimator option (as ``exact_critic_estimate``),
         ``batches`` < 2, or a theta whose follower solve does not converge (no exact reference).
+    Warns:
+      UserWarning: a float32 theta at which the exact reference itself is unreliable (its
+        direct and follower-response parts cancel: large leader gains,
+        :func:`~bchg_jax.games.lqr.exact.float32_cancellation`); pass float64 thetas (with
+        ``jax_enable_x64``) there.
     """
     game.validate()
     leader_steps = game.horizon if leader_steps is None else leader_steps

@@ -16,6 +16,7 @@ from typing import Optional, Tuple
 import jax.numpy as jnp
 import optax
 
+from bchg_jax.core.loop import clip_by_global_norm
 from bchg_jax.games.actor_critic import LeaderConfig, validate_checks
 
 
@@ -59,10 +60,12 @@ class ActorConfig:
         return schedule
 
     def optimizer(self, updates):
-        """The leader's optax transformation: the clip (if any), then Adam at
+        """The leader's optax transformation: the clip (if any;
+        :func:`~bchg_jax.core.loop.clip_by_global_norm`, optax's, which also clips a finite
+        gradient whose float32 sum of squares overflows where optax's zeroes it), then Adam at
         :meth:`learning_rate` (``updates``: the run's optimizer steps, which a ``"cosine"``
         schedule spans)."""
-        clip = [optax.clip_by_global_norm(self.clip)] if self.clip > 0 else []
+        clip = [clip_by_global_norm(self.clip)] if self.clip > 0 else []
         return optax.chain(*clip, optax.adam(self.learning_rate(updates)))
 
 

@@ -15,6 +15,20 @@ its gradient by autodiff through the moments and the Riccati solution (implicit)
 hypergradient (:func:`exact_hypergradient`). :func:`leader_q` gives exact finite-horizon critics
 ``Q_L^(h)(s, a, b) = r_L(s) + gamma V_L^(h-1)(A s + B b + C a)`` for any batch of samples (the
 conditional mean from a state ``x`` is ``F^t x`` and the covariance does not depend on ``x``).
+
+**Square-root form.** The game is valid whenever the follower can answer (``gamma_F rho(F)^2 <
+1``), so ``F`` itself may be unstable (``rho(F) > 1``): the leader's return stays finite because
+the bump's expectation decays as the state spreads. ``Sigma_t`` then grows like ``rho^(2t)``
+while its other eigenvalues stay O(1), and the plain recursion ``F Sigma F^T + N`` loses them to
+rounding (float64: an eigenvalue -1.5 next to 1.5e16 at step 80 of a game with rho(F) = 1.285,
+and det(I + W Sigma) < 0: NaN). The moments are therefore carried as a square root
+``Sigma_t = L_t L_t^T`` (:func:`state_factors`), ``L_{t+1}`` the triangular factor of the QR of
+``[F L_t, N^(1/2)]^T`` (:func:`closed_loop_factor`), and the bump is evaluated through the QR of
+``[I; (V^T L_t)^T]``, ``V V^T = W``: its ``R`` has ``R^T R = I + V^T Sigma_t V``, positive
+definite by construction, so ``log det(I + W Sigma_t) = 2 sum log|R_ii|`` and the quadratic form
+``|R^{-T} V^T d|^2`` never see a cancellation. Only ``L_t L_t^T`` enters the result, so the
+factor step's derivative is taken as ``dL = dX Q`` (Q of the same QR), which is exact for
+``Sigma`` also where the factor is singular (a deterministic leader: N of rank m < n).
 """
 
 from __future__ import annotations
@@ -37,7 +51,6 @@ from bchg_jax.core.validate import (
     check_int_range,
     check_problem_settings,
     check_shape,
-    check_theta,
     is_concrete,
 )
 from bchg_jax.games.estimators import (
@@ -52,12 +65,26 @@ from bchg_jax.games.lqr.follower import (
     follower_state_value,
     follower_value,
 )
-from bchg_jax.games.lqr.game import LQRGame, leader_gain, leader_log_prob, leader_reward, transition
+from bchg_jax.games.lqr.game import (
+    LQRGame,
+    check_game_theta,
+    leader_gain,
+    leader_log_prob,
+    leader_reward,
+    transition,
+)
 from bchg_jax.games.lqr.rollout import rollout
 
 # exact_critic_estimate warns when the follower's influence sums lose more discount weight than
 # this to the end of the episodes (gamma_F ** extra_steps): they stand for infinite sums
 INFLUENCE_CUT_WARN = 1e-3
+
+# the float32 exact hypergradient warns (float32_cancellation) above this eps * cancellation *
+# |F|_2^2. Calibrated on the preset game (problems/lqr_game.py, beta 0.1) over 990 valid gains
+# |K_1| <= 100, |K_2| <= 60: every gain whose float32 gradient is > 1% off the float64 one has
+# an indicator >= 9.2e-4 (331 gains, all |K| >= 56), every |K| <= 20 (the paper's region) one
+# <= 5.9e-5; the error is 0.9x the indicator (median) to 15x (99%)
+FLOAT32_CANCELLATION_WARN = 3e-4
 
 
 def influence_steps(game: LQRGame) -> int:
@@ -71,20 +98,62 @@ def influence_steps(game: LQRGame) -> int:
 Array = jax.Array
 
 
-def _check_args(game: LQRGame, beta=None, horizon=None, gamma=None, theta=None) -> None:
-    """The game's scalar settings, a concrete beta (> 0), a horizon (a positive integer), a
-    concrete return discount gamma (in [0, 1]: a finite-horizon sum may be undiscounted) and
-    theta ([k * n], finite); None skips an argument."""
+def _as_count(name: str, value):
+    """``value`` as a Python int when it is a concrete integer scalar of numpy or JAX (a
+    ``jnp.int32(10)`` horizon), checked as a positive integer
+    (:func:`~bchg_jax.core.validate.check_count`); None stays None.
+
+    Raises:
+      ValueError: anything but an integer >= 1 (a float, a bool, an array of several entries).
+    """
+    if value is None:
+        return None
+    if (
+        isinstance(value, (np.ndarray, np.generic, jax.Array))
+        and is_concrete(value)
+        and np.ndim(value) == 0
+        and jnp.issubdtype(jnp.result_type(value), jnp.integer)
+    ):
+        value = int(value)
+    check_count(name, value)
+    return value
+
+
+def _check_args(game: LQRGame, beta=None, horizon=None, gamma=None, theta=None):
+    """The game's scalar settings, a concrete beta (> 0), a horizon (a positive integer, also a
+    numpy / JAX integer scalar), a concrete return discount gamma (in [0, 1]: a finite-horizon
+    sum may be undiscounted) and theta ([k * n], finite, an array); None skips an argument.
+    Returns the horizon as a Python int (None stays None)."""
     check_problem_settings(game)
     check_constants_once(game)
     if theta is not None:
-        check_theta(game, theta, last_axis=game.num_params)
+        check_game_theta(game, theta)
     if beta is not None:
         check_beta_if_concrete(beta)
-    if horizon is not None:
-        check_count("horizon", horizon)
+    horizon = _as_count("horizon", horizon)
     if gamma is not None:
         check_if_concrete(check_discount, "gamma (the leader return's discount)", gamma, True)
+    return horizon
+
+
+@full_precision
+def closed_loop_factor(game: LQRGame, theta: Array, resp: GameResponse, stochastic: bool = True):
+    """(F, N^(1/2)): the closed-loop matrix and a square root of the per-step noise covariance.
+
+    Args:
+      game: the LQR game. theta: [k * n] leader parameters.
+      resp: the follower's best response at theta.
+      stochastic: include the leader's noise U (False: deterministic leader, zero columns).
+    Returns:
+      (F [n, n] = A + C K - B (K_s + K_a K), G [n, k + m] = [(C - B K_a) U, B chol(cov)]
+      with ``N = G G^T``).
+    """
+    dt = theta.dtype
+    A, B, C, _, _ = game.arrays(dt)
+    K = leader_gain(game, theta)
+    F = A + C @ K - B @ (resp.K_s + resp.K_a @ K)
+    G = (C - B @ resp.K_a) @ jnp.asarray(game.U, dt) * (1.0 if stochastic else 0.0)
+    return F, jnp.concatenate([G, B @ resp.chol], -1)
 
 
 @full_precision
@@ -96,57 +165,197 @@ def closed_loop(game: LQRGame, theta: Array, resp: GameResponse, stochastic: boo
       resp: the follower's best response at theta.
       stochastic: include the leader's noise U (False: deterministic leader).
     Returns:
-      (F [n, n] = A + C K - B (K_s + K_a K), N [n, n] symmetric noise covariance).
+      (F [n, n] = A + C K - B (K_s + K_a K), N [n, n] symmetric noise covariance; N = G G^T
+      with G from :func:`closed_loop_factor`).
     """
-    dt = theta.dtype
-    A, B, C, _, _ = game.arrays(dt)
-    K = leader_gain(game, theta)
-    F = A + C @ K - B @ (resp.K_s + resp.K_a @ K)
-    G = (C - B @ resp.K_a) @ jnp.asarray(game.U, dt) * (1.0 if stochastic else 0.0)
-    N = G @ G.T + B @ resp.cov @ B.T
-    return F, 0.5 * (N + N.T)
+    F, G = closed_loop_factor(game, theta, resp, stochastic)
+    return F, G @ G.T
+
+
+def householder_qr(Y: Array, with_q: bool = True):
+    """Reduced QR of ``Y`` [..., r, n] (r >= n, n small) by Householder reflections written as
+    array operations (a Python loop over the n columns): Q [..., r, n] (None unless
+    ``with_q``), R [..., n, n] upper-triangular, ``Y = Q R``. No LAPACK call, so it runs inside
+    the moments' scan on any backend without a kernel launch per step (jaxlib's CPU QR costs
+    ~8 us a call there, cuSOLVER more). Each column's norm is taken after scaling by its largest
+    entry (no overflow of the squares); a zero column gives a zero row of R. Differentiable
+    where Y has full column rank."""
+    r, n = Y.shape[-2:]
+    A, reflectors = Y, []
+    for j in range(n):
+        x = A[..., j:, j]
+        m = jax.lax.stop_gradient(jnp.max(jnp.abs(x), -1, keepdims=True))
+        m = jnp.where(m > 0, m, 1.0)
+        alpha = m[..., 0] * jnp.sqrt(jnp.sum((x / m) ** 2, -1))
+        sign = jnp.where(x[..., 0] >= 0, 1.0, -1.0).astype(Y.dtype)
+        v = x.at[..., 0].add(sign * alpha) / m  # scaled: H = I - 2 v v^T / |v|^2 is unchanged
+        vv = jnp.sum(v * v, -1)
+        beta = jnp.where(vv > 0, 2.0 / jnp.where(vv > 0, vv, 1.0), 0.0)
+        sub = A[..., j:, :]
+        sub = (
+            sub
+            - (beta[..., None] * v)[..., :, None]
+            * jnp.einsum("...i,...ij->...j", v, sub)[..., None, :]
+        )
+        A = A.at[..., j:, :].set(sub)
+        reflectors.append((v, beta))
+    R = jnp.triu(A[..., :n, :])
+    if not with_q:
+        return None, R
+    Q = jnp.broadcast_to(jnp.eye(r, n, dtype=Y.dtype), Y.shape)
+    for j in reversed(range(n)):
+        v, beta = reflectors[j]
+        sub = Q[..., j:, :]
+        sub = (
+            sub
+            - (beta[..., None] * v)[..., :, None]
+            * jnp.einsum("...i,...ij->...j", v, sub)[..., None, :]
+        )
+        Q = Q.at[..., j:, :].set(sub)
+    return Q, R
+
+
+def upper_inverse(R: Array) -> Array:
+    """R^{-1} [..., n, n] of an upper-triangular, non-singular ``R`` by back substitution written
+    as array operations (a Python loop over the n rows; no LAPACK call)."""
+    n = R.shape[-1]
+    eye = jnp.broadcast_to(jnp.eye(n, dtype=R.dtype), R.shape)
+    rows = [None] * n
+    for i in reversed(range(n)):
+        rest = eye[..., i, :]
+        if i + 1 < n:
+            done = jnp.stack(rows[i + 1 :], -2)  # [..., n - i - 1, n]
+            rest = rest - jnp.einsum("...k,...kj->...j", R[..., i, i + 1 :], done)
+        rows[i] = rest / R[..., i, i : i + 1]
+    return jnp.stack(rows, -2)
+
+
+@jax.custom_jvp
+def square_factor(X: Array) -> Array:
+    """L [n, n] with ``L L^T = X X^T`` for ``X`` [n, r], r >= n: the transposed R of the QR of
+    ``X^T`` (:func:`householder_qr`; the covariance step ``F S F^T + N`` in square-root form,
+    with ``X = [F L, G]``).
+
+    PSD by construction, and backward stable: an eigenvalue of ``X X^T`` far below the largest
+    keeps its value, where forming ``F S F^T + N`` loses it. Derivative: ``dL = dX Q`` (Q of the
+    same QR): ``L L^T`` has the exact derivative ``dX X^T + X dX^T`` (``Q Q^T X^T = X^T``), and
+    nothing downstream depends on L other than through ``L L^T``; it exists where the factor is
+    singular (the QR's own derivative needs an invertible R). Batched over leading axes.
+    """
+    return jnp.swapaxes(householder_qr(jnp.swapaxes(X, -1, -2), with_q=False)[1], -1, -2)
+
+
+@square_factor.defjvp
+def _square_factor_jvp(primals, tangents):
+    (X,), (dX,) = primals, tangents
+    q, r = householder_qr(jnp.swapaxes(X, -1, -2))
+    return jnp.swapaxes(r, -1, -2), dX @ q
+
+
+@full_precision
+def state_factors(F: Array, G: Array, s0: Array, horizon: int):
+    """Means [T, n] and square roots [T, n, n] of the covariances of s_0..s_{T-1} from ``s0``.
+
+    ``Sigma_t = L_t L_t^T`` with ``L_0 = 0`` and ``L_{t+1} = square_factor([F L_t, G])``
+    (module docstring, "Square-root form").
+
+    Args:
+      F: [n, n] closed-loop matrix. G: [n, r] square root of the noise covariance (N = G G^T).
+      s0: [n] initial state. horizon: T.
+    Returns:
+      (mu [T, n], L [T, n, n]).
+    """
+
+    def body(c, _):
+        mu, L = c
+        return (F @ mu, square_factor(jnp.concatenate([F @ L, G], -1))), (mu, L)
+
+    n = s0.shape[-1]
+    _, (mu, L) = jax.lax.scan(body, (s0, jnp.zeros((n, n), s0.dtype)), None, length=horizon)
+    return mu, L
 
 
 @full_precision
 def state_moments(F: Array, N: Array, s0: Array, horizon: int):
     """Means [T, n] and covariances [T, n, n] of s_0..s_{T-1} from the fixed state ``s0``.
 
+    Propagated in square-root form (:func:`state_factors`; ``N`` is factored once, by ``eigh``:
+    not differentiable where N has a repeated eigenvalue, e.g. a singular N; the exact functions
+    take N's factor from :func:`closed_loop_factor` instead), so every covariance is positive
+    semi-definite whatever the closed loop's spectral radius. (``expected_bump`` given these
+    covariances as matrices still forms ``I + V^T Sigma V``: pass ``factor=`` for an unstable F.)
+
     Args:
-      F: [n, n] closed-loop matrix. N: [n, n] per-step noise covariance.
+      F: [n, n] closed-loop matrix. N: [n, n] per-step noise covariance (PSD).
       s0: [n] initial state. horizon: T.
     Returns:
       (mu [T, n], Sigma [T, n, n]).
     """
+    lam, vec = jnp.linalg.eigh(0.5 * (N + N.T))
+    mu, L = state_factors(F, vec * jnp.sqrt(jnp.maximum(lam, 0.0)), s0, horizon)
+    return mu, L @ jnp.swapaxes(L, -1, -2)
 
-    def body(c, _):
-        mu, S = c
-        return (F @ mu, F @ S @ F.T + N), (mu, S)
 
-    n = s0.shape[-1]
-    _, (mu, S) = jax.lax.scan(body, (s0, jnp.zeros((n, n), s0.dtype)), None, length=horizon)
-    return mu, S
+def bump_root(game: LQRGame, dtype) -> Array:
+    """V [n, n] with ``V V^T = Sigma`` (the bump's precision W, symmetric PSD by ``validate``):
+    its symmetric square root, computed on the host in float64 for a concrete Sigma."""
+    if is_concrete(game.Sigma):
+        lam, vec = np.linalg.eigh(np.asarray(game.Sigma, np.float64))
+        return jnp.asarray(vec * np.sqrt(np.maximum(lam, 0.0)), dtype)
+    W = jnp.asarray(game.Sigma, dtype)
+    lam, vec = jnp.linalg.eigh(0.5 * (W + W.T))
+    return vec * jnp.sqrt(jnp.maximum(lam, 0.0))
+
+
+def _bump_given_r(game: LQRGame, mu: Array, V: Array, R: Array) -> Array:
+    """E exp(-1/2 d^T W d), d = s - s*, for s ~ N(mu, Sigma) given the upper-triangular R with
+    ``R^T R = I + V^T Sigma V`` ([..., n, n], broadcast against ``mu``'s batch): ``|R_ii|``
+    gives the determinant, and ``z = R^{-T} V^T d`` the exponent ``|z|^2`` (the push-through
+    identity ``(I + W Sigma)^{-1} W = V (I + V^T Sigma V)^{-1} V^T``). R^{-1} is computed once
+    per R (:func:`upper_inverse`) and applied as a product (nothing batched over the means:
+    ``core.maxent_lqr.whiten``)."""
+    R_inv = upper_inverse(R)
+    half_logdet = jnp.sum(jnp.log(jnp.abs(jnp.diagonal(R, axis1=-2, axis2=-1))), -1)
+    d = mu - jnp.asarray(game.s_star, mu.dtype)
+    z = jnp.einsum("...i,...ij->...j", d @ V, R_inv)
+    return jnp.exp(-0.5 * jnp.sum(z * z, -1) - half_logdet)
 
 
 @full_precision
-def expected_bump(game: LQRGame, mu: Array, cov: Array) -> Array:
+def expected_bump(game: LQRGame, mu: Array, cov: Array = None, *, factor: Array = None) -> Array:
     """E[r_L(s)] for s ~ N(mu, cov) (any batch shape; ``cov`` broadcasts against ``mu``).
 
     Args:
       game: the LQR game (``s_star``, ``Sigma``).
       mu: [..., n] means.
-      cov: [..., n, n] covariances (broadcast against ``mu``'s batch shape).
+      cov: [..., n, n] covariances (broadcast against ``mu``'s batch shape), symmetric PSD.
+      factor: instead of ``cov``: [..., n, n] square roots L with ``cov = L L^T``
+        (:func:`state_factors`): the bump through the QR of ``[I; (V^T L)^T]``, positive
+        definite by construction (module docstring), which the exact return uses.
     Returns:
       [...] expected leader rewards.
+    Raises:
+      ValueError: neither or both of ``cov`` and ``factor``.
     """
-    W = jnp.asarray(game.Sigma, mu.dtype)
+    if (cov is None) == (factor is None):
+        raise ValueError("expected_bump: pass exactly one of cov and factor")
+    V = bump_root(game, mu.dtype)
     n = mu.shape[-1]
-    Mx = jnp.eye(n, dtype=mu.dtype) + W @ cov  # [..., n, n]
-    d = mu - jnp.asarray(game.s_star, mu.dtype)
-    Wd = d @ W.T
-    # inverted on cov's own batch and applied as a product, not solved once per mean: a batched
-    # LAPACK solve over the samples can stall jaxlib 0.10.x (core.maxent_lqr.whiten)
-    z = jnp.einsum("...ij,...j->...i", jnp.linalg.inv(Mx), Wd)
-    return jnp.exp(-0.5 * jnp.sum(d * z, -1)) / jnp.sqrt(jnp.linalg.det(Mx))
+    if factor is not None:
+        P = jnp.swapaxes(V.T @ factor, -1, -2)  # (V^T L)^T: [..., n, n]
+        Y = jnp.concatenate([jnp.broadcast_to(jnp.eye(n, dtype=mu.dtype), P.shape), P], -2)
+        R = householder_qr(Y, with_q=False)[1]  # R^T R = I + V^T L L^T V: invertible
+    else:  # a covariance given as such (PSD to rounding): its Cholesky factor
+        H = jnp.eye(n, dtype=mu.dtype) + V.T @ cov @ V
+        R = jnp.swapaxes(jnp.linalg.cholesky(0.5 * (H + jnp.swapaxes(H, -1, -2))), -1, -2)
+    return _bump_given_r(game, mu, V, R)
+
+
+def _bump_terms(game: LQRGame, theta: Array, resp: GameResponse, stochastic: bool, x0, T: int):
+    """(r [T] the expected bump of each step, F, G): the exact return's per-step terms."""
+    F, G = closed_loop_factor(game, theta, resp, stochastic)
+    mu, L = state_factors(F, G, x0, T)
+    return expected_bump(game, mu, factor=L), F, G
 
 
 @full_precision
@@ -166,13 +375,17 @@ def leader_objective(
     """sum_{t < horizon} gamma^t E[r_L(s_t)] from ``s0`` (default the game's): exact.
 
     ``gamma=1`` (default) is the paper's y-axis (undiscounted 100-step return); the leader's
-    training objective is ``gamma=game.gamma_L``. Differentiable in theta.
+    training objective is ``gamma=game.gamma_L``. Differentiable in theta. The moments are
+    propagated in square-root form (module docstring), so a closed loop with rho(F) > 1 that the
+    follower still answers (gamma_F rho(F)^2 < 1) has a finite return as long as the state's
+    mean and covariance factor (~ rho(F)^t) fit the dtype.
 
     Args:
       game: the :class:`~bchg_jax.games.lqr.game.LQRGame`.
       theta: [k * n] leader parameters.
       beta: the follower's entropy weight (> 0), scalar.
-      horizon: number of steps (default ``game.horizon``).
+      horizon: number of steps (default ``game.horizon``; a Python or a concrete numpy / JAX
+        integer).
       gamma: discount of the return (default 1.0, undiscounted).
       stochastic: Gaussian (True) or deterministic (False) leader.
       resp: the follower's response; solved at theta (Proposition 2) when None, so that the
@@ -180,16 +393,19 @@ def leader_objective(
       s0: [n] start state (default ``game.s0``).
       tol: Riccati stopping tolerance. max_iters: Riccati iteration cap (when ``resp`` is None).
     Returns:
-      [] the expected leader return; when ``resp`` is None, NaN (and a NaN gradient) if the
-      Riccati iteration here did not converge and the arguments are traced (under ``jit`` /
-      ``vmap`` / ``grad``). A ``resp`` given is evaluated as it is (check ``resp.converged``).
+      [] the expected leader return. NaN (and a NaN gradient) when the arguments are traced
+      (under ``jit`` / ``vmap`` / ``grad``) and either ``resp`` is None and the Riccati
+      iteration here did not converge, or the state's moments overflow the dtype within the
+      horizon (rho(F)^t beyond the dtype's range; the trainers flag a non-finite ``J`` as
+      ``metric_nonfinite``). A ``resp`` given is evaluated as it is (check ``resp.converged``).
     Raises:
       ValueError: a concrete ``beta`` not finite and > 0, a ``horizon`` that is not a positive
         integer, a concrete ``gamma`` outside [0, 1], a bad scalar setting of ``game`` (a
-        discount outside [0, 1), ...), ``theta`` not [k * n], an ``s0`` not a finite [n], or a
-        concrete solve here that did not converge.
+        discount outside [0, 1), ...), ``theta`` not [k * n], an ``s0`` not a finite [n], a
+        concrete solve here that did not converge, or a concrete return that is not finite
+        (the moments overflowed the dtype: :func:`refuse_overflow`).
     """
-    _check_args(game, beta, horizon, gamma, theta=theta)
+    horizon = _check_args(game, beta, horizon, gamma, theta=theta)
     if s0 is not None:  # the game's own s0 is validated; an override is checked here
         check_shape("s0", s0, (game.state_dim,), f"n={game.state_dim} from {game.name}")
         if is_concrete(s0) and not np.all(np.isfinite(np.asarray(s0))):
@@ -198,34 +414,59 @@ def leader_objective(
     solved = resp is None
     if solved:
         resp = best_response(game, theta, beta, stochastic=stochastic, tol=tol, max_iters=max_iters)
-    F, N = closed_loop(game, theta, resp, stochastic)
     x0 = jnp.asarray(game.s0 if s0 is None else s0, theta.dtype)
-    mu, S = state_moments(F, N, x0, T)
-    r = expected_bump(game, mu, S)
+    r, F, G = _bump_terms(game, theta, resp, stochastic, x0, T)
     J = jnp.sum(r * jnp.asarray(gamma, theta.dtype) ** jnp.arange(T, dtype=theta.dtype))
     if not solved:  # the response given is evaluated as it is (the trainer flags its solves)
         return J
     J = nan_unless_converged(resp, J, "lqr.leader_objective: the follower's Riccati iteration")
-    refuse_overflow(J, F, T, "games.lqr.leader_objective")
+    refuse_overflow(J, F, G, x0, T, "games.lqr.leader_objective")
     return J
 
 
-def refuse_overflow(value, F, horizon: int, caller: str) -> None:
-    """A concrete non-finite return (or gradient) from a converged follower: the state's moments
-    overflowed the dtype within the horizon, because the closed loop ``F`` is unstable (its
-    covariance grows like rho(F)^(2t)). The true return is finite (the bump's expectation
-    there is ~0), but not computable this way; raise rather than return NaN. A traced value is
-    left as it is (NaN)."""
-    if not is_concrete(value, F) or np.all(np.isfinite(np.asarray(value))):
+def refuse_overflow(value, F, G, s0, horizon: int, caller: str) -> None:
+    """A concrete non-finite return (or gradient) from a converged follower: raise, saying why.
+
+    The state's mean ``F^t s0`` and covariance factor grow like rho(F)^t when the closed loop
+    ``F`` is unstable (the follower only needs gamma_F rho(F)^2 < 1). The moments are
+    re-propagated here in float64 on the host: when they (or, for a gradient, their
+    derivatives, ~ t rho^t) exceed the range of ``value``'s dtype within the horizon, the error
+    says so, with the step and the radius; the true return is finite (the bump's expectation
+    there is about 0) but not computable in that dtype. Otherwise the error says that the value
+    is not finite although the moments fit the dtype. A traced value is left as it is (NaN).
+    """
+    if not is_concrete(value, F, G, s0) or np.all(np.isfinite(np.asarray(value))):
         return
-    rho = float(np.max(np.abs(np.linalg.eigvals(np.asarray(F, np.float64)))))
+    F64, G64 = np.asarray(F, np.float64), np.asarray(G, np.float64)
+    rho = float(np.max(np.abs(np.linalg.eigvals(F64)))) if np.all(np.isfinite(F64)) else np.nan
     dtype = jnp.result_type(value)
+    big = float(np.finfo(dtype).max)
+    mu, L, peak, first = np.asarray(s0, np.float64), np.zeros_like(F64), 0.0, None
+    with np.errstate(all="ignore"):
+        for t in range(int(horizon)):
+            size = max(np.max(np.abs(mu)), np.max(np.abs(L))) * (t + 1)  # (t + 1): derivatives
+            peak = max(peak, size) if np.isfinite(size) else np.inf
+            if first is None and not size < big:
+                first = t
+                break
+            mu = F64 @ mu
+            L = np.linalg.qr(np.concatenate([F64 @ L, G64], 1).T, mode="r").T
+    if first is not None:
+        raise ValueError(
+            f"{caller}: the state's mean and covariance factor overflow {dtype} within the "
+            f"horizon {horizon} (from step {first}: t times their largest entry passes the "
+            f"dtype's largest value {big:.3g}, a gradient's range ~t rho^t included): the "
+            f"closed loop's spectral radius is {rho:.4g}, so they grow like {rho:.4g}^t (the "
+            "follower only needs gamma_F rho^2 < 1). The bump's expectation there is about 0, "
+            "but this closed form cannot reach it; take a shorter horizon, "
+            + ("" if dtype == jnp.float64 else "float64, ")
+            + "or a leader gain whose closed loop is stable"
+        )
     raise ValueError(
-        f"{caller}: the state's mean and covariance overflow {dtype} within the horizon "
-        f"{horizon}: the closed loop's spectral radius is {rho:.4g}, so the covariance grows "
-        f"like {rho:.4g}^(2t). The bump's expectation there is about 0, but this closed form "
-        "cannot reach it; take a shorter horizon, float64, or a leader gain whose closed loop "
-        "is stable"
+        f"{caller}: the result is not finite ({np.asarray(value).tolist()}) although the "
+        f"state's moments stay within {dtype} over the horizon {horizon} (largest entry times "
+        f"t: {peak:.3g}; closed-loop spectral radius {rho:.4g}): not an overflow of the "
+        "moments. Please report this with the game and theta"
     )
 
 
@@ -246,6 +487,17 @@ def exact_hypergradient(
     The exact hypergradient (autodiff through the moments and the Riccati solution) that the
     Theorem 2 / Theorem 3 estimates are compared with.
 
+    **float32 at large gains.** The gradient is the sum of a direct part and the follower's
+    response (:func:`hypergradient_split`), which cancel more and more as the leader's gain
+    grows: on the preset game at K = (200, 0) the parts are ~600x the sum, and float32 gives
+    [-7.2e-7, 1.84e-5] for the float64 [-2.85e-9, 9.87e-6] (87% off), every solve converged.
+    Over the preset's gains |K_1| <= 100, |K_2| <= 60, a third (331 of 990, all |K| >= 56)
+    are more than 1% off in float32; every |K| <= 20 (the paper's region) is within 4e-5. A
+    concrete float32 call therefore also computes the direct part and warns
+    (:func:`float32_cancellation`) where the cancellation makes the float32 value unreliable;
+    compute such references in float64. A traced call (a trainer's ``exact`` method) does not
+    check.
+
     Args:
       game: the LQR game. theta: [k * n] leader parameters.
       beta: the follower's entropy weight (> 0), scalar.
@@ -254,11 +506,16 @@ def exact_hypergradient(
       stochastic: Gaussian (True) or deterministic (False) leader.
       tol: Riccati stopping tolerance. max_iters: Riccati iteration cap.
     Returns:
-      [k * n] gradient; NaN when the Riccati iteration did not converge (traced).
+      [k * n] gradient; NaN when traced and either the Riccati iteration did not converge or
+      the state's moments overflowed the dtype within the horizon (:func:`leader_objective`).
     Raises:
-      ValueError: as :func:`leader_objective`.
+      ValueError: as :func:`leader_objective` (a concrete non-finite gradient names the
+        overflow, :func:`refuse_overflow`).
+    Warns:
+      UserWarning: a concrete call whose float32 cancellation indicator exceeds
+        :data:`FLOAT32_CANCELLATION_WARN` (:func:`float32_cancellation`).
     """
-    _check_args(game, beta, horizon, gamma, theta=theta)
+    horizon = _check_args(game, beta, horizon, gamma, theta=theta)
     g = game.gamma_L if gamma is None else gamma
 
     def J(th):
@@ -269,11 +526,78 @@ def exact_hypergradient(
     grad, resp = jax.grad(J, has_aux=True)(theta)
     what = "lqr.exact_hypergradient: the follower's Riccati iteration"
     grad = nan_unless_converged(resp, grad, what)
-    if is_concrete(grad) and not np.all(np.isfinite(np.asarray(grad))):
-        F, _ = closed_loop(game, theta, resp, stochastic)
-        T = int(game.horizon if horizon is None else horizon)
-        refuse_overflow(grad, F, T, "games.lqr.exact_hypergradient")
+    _refuse_nonfinite(game, theta, resp, stochastic, horizon, grad, "exact_hypergradient")
+    if is_concrete(grad) and jnp.result_type(grad) != jnp.float64:  # float64 never nears it
+        fixed = jax.lax.stop_gradient(resp)  # the follower's policy held: the direct part
+        kw = dict(horizon=horizon, gamma=g, stochastic=stochastic, resp=fixed)
+        direct = jax.grad(lambda th: leader_objective(game, th, beta, **kw))(theta)
+        _warn_cancellation(game, theta, resp, stochastic, grad, direct, "exact_hypergradient")
     return grad
+
+
+def float32_cancellation(game: LQRGame, theta, resp: GameResponse, full, direct, stochastic=True):
+    """How unreliable a float32 (or any dtype's) exact hypergradient is from cancellation:
+    ``eps * (|direct| + |full - direct|) / |full| * |F|_2^2``.
+
+    ``eps`` is the machine epsilon of ``full``'s dtype, ``(|direct| + |response|) / |full|``
+    how much the two parts cancel, ``|F|_2`` the spectral norm of the closed loop (the parts'
+    own rounding error grows with it). The float32 error is ~0.9x this (median) to 15x (99th
+    percentile) on the preset game; above :data:`FLOAT32_CANCELLATION_WARN` the exact
+    functions warn (module constant's comment: calibration).
+
+    Args:
+      game: the LQR game. theta: [k * n] leader parameters (concrete).
+      resp: the follower's response at theta. full, direct: the exact hypergradient and its
+        direct part (:func:`hypergradient_split`), concrete.
+      stochastic: Gaussian (True) or deterministic (False) leader.
+    Returns:
+      the indicator (a float; inf for a zero ``full``).
+    """
+    full64, direct64 = np.asarray(full, np.float64), np.asarray(direct, np.float64)
+    size = np.linalg.norm(full64)
+    parts = np.linalg.norm(direct64) + np.linalg.norm(full64 - direct64)
+    F, _ = closed_loop_factor(game, theta, resp, stochastic)
+    cond = float(np.linalg.norm(np.asarray(F, np.float64), 2)) ** 2
+    eps = float(np.finfo(jnp.result_type(full)).eps)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(eps * parts / size * cond) if size > 0 else float("inf")
+
+
+def _warn_cancellation(game, theta, resp, stochastic, full, direct, caller: str) -> None:
+    """The warning of :func:`float32_cancellation` above :data:`FLOAT32_CANCELLATION_WARN`
+    (concrete, finite values only)."""
+    if not all(np.all(np.isfinite(np.asarray(x))) for x in (full, direct)):
+        return
+    x = float32_cancellation(game, theta, resp, full, direct, stochastic)
+    if not x > FLOAT32_CANCELLATION_WARN:
+        return
+    full64, direct64 = np.asarray(full, np.float64), np.asarray(direct, np.float64)
+    ratio = (np.linalg.norm(direct64) + np.linalg.norm(full64 - direct64)) / max(
+        np.linalg.norm(full64), np.finfo(np.float64).tiny
+    )
+    dtype = jnp.result_type(full)
+    warnings.warn(
+        f"games.lqr.{caller}: the {dtype} exact hypergradient at theta="
+        f"{np.asarray(theta).tolist()} is unreliable: its direct and follower-response parts "
+        f"are {ratio:.3g}x the gradient and cancel (indicator eps * cancellation * |F|^2 = "
+        f"{x:.3g} > {FLOAT32_CANCELLATION_WARN:g}; on the preset game the {dtype} error is "
+        "~1x to 15x the indicator: large leader gains lost 1-160% there). Compute it in "
+        "float64 (jax_enable_x64 and a float64 theta)",
+        stacklevel=4,
+    )
+
+
+def _refuse_nonfinite(game, theta, resp, stochastic, horizon, value, caller: str) -> None:
+    """:func:`refuse_overflow` for a concrete non-finite ``value`` (pytree) computed at theta
+    with the converged ``resp`` (the closed loop rebuilt only then)."""
+    leaves = jax.tree_util.tree_leaves(value)
+    if not is_concrete(leaves) or all(np.all(np.isfinite(np.asarray(x))) for x in leaves):
+        return
+    F, G = closed_loop_factor(game, theta, resp, stochastic)
+    T = int(game.horizon if horizon is None else horizon)
+    bad = next(x for x in leaves if not np.all(np.isfinite(np.asarray(x))))
+    x0 = jnp.asarray(game.s0, theta.dtype)
+    refuse_overflow(bad, F, G, x0, T, f"games.lqr.{caller}")
 
 
 @full_precision
@@ -303,13 +627,14 @@ def leader_state_values(
       ValueError: a bad scalar setting of ``game``, a ``horizon`` that is not a positive
         integer, or a concrete ``gamma`` outside [0, 1].
     """
-    _check_args(game, horizon=horizon, gamma=gamma, theta=theta)
-    F, N = closed_loop(game, theta, resp, stochastic)
+    horizon = _check_args(game, horizon=horizon, gamma=gamma, theta=theta)
+    F, G = closed_loop_factor(game, theta, resp, stochastic)
 
-    def body(c, t):
-        Ft, S = c
-        r = expected_bump(game, x @ Ft.T, S)
-        return (F @ Ft, F @ S @ F.T + N), jnp.where(t < remaining, gamma**t * r, 0.0)
+    def body(c, t):  # the covariance in square-root form (module docstring)
+        Ft, L = c
+        r = expected_bump(game, x @ Ft.T, factor=L)
+        L2 = square_factor(jnp.concatenate([F @ L, G], -1))
+        return (F @ Ft, L2), jnp.where(t < remaining, gamma**t * r, 0.0)
 
     n = x.shape[-1]
     init = (jnp.eye(n, dtype=x.dtype), jnp.zeros((n, n), x.dtype))
@@ -344,7 +669,7 @@ def leader_q(
     Raises:
       ValueError: as :func:`leader_state_values`.
     """
-    _check_args(game, horizon=horizon, gamma=gamma, theta=theta)
+    horizon = _check_args(game, horizon=horizon, gamma=gamma, theta=theta)
     s2 = transition(game, s, a, b)
     return leader_reward(game, s) + gamma * leader_state_values(
         game, theta, resp, s2, remaining - 1, gamma, horizon, stochastic
@@ -520,11 +845,16 @@ def hypergradient_split(
       game, theta, beta, horizon, gamma, stochastic, tol, max_iters: as
         :func:`exact_hypergradient`.
     Returns:
-      (full [k * n], direct [k * n]), NaN when the Riccati iteration did not converge (traced).
+      (full [k * n], direct [k * n]); traced: NaN when the Riccati iteration did not converge
+      or the state's moments overflowed the dtype (:func:`leader_objective`).
     Raises:
-      ValueError: as :func:`exact_hypergradient`.
+      ValueError: as :func:`exact_hypergradient`: also a concrete result that is not finite
+        (:func:`refuse_overflow` names the overflow; before, NaN came back with no error).
+    Warns:
+      UserWarning: as :func:`exact_hypergradient`: the two parts cancel so much that the
+        float32 value is unreliable (:func:`float32_cancellation`).
     """
-    _check_args(game, beta, horizon, gamma, theta=theta)
+    horizon = _check_args(game, beta, horizon, gamma, theta=theta)
     g = game.gamma_L if gamma is None else gamma
 
     def J(th, th_follower):
@@ -537,4 +867,8 @@ def hypergradient_split(
     full, resp = jax.grad(lambda th: J(th, th), has_aux=True)(theta)
     direct, _ = jax.grad(lambda th: J(th, jax.lax.stop_gradient(theta)), has_aux=True)(theta)
     what = "lqr.hypergradient_split: the follower's Riccati iteration"
-    return tuple(nan_unless_converged(resp, x, what) for x in (full, direct))
+    out = tuple(nan_unless_converged(resp, x, what) for x in (full, direct))
+    _refuse_nonfinite(game, theta, resp, stochastic, horizon, out, "hypergradient_split")
+    if is_concrete(out):
+        _warn_cancellation(game, theta, resp, stochastic, *out, "hypergradient_split")
+    return out

@@ -30,9 +30,14 @@ from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_constants_once,
     check_problem_settings,
-    check_theta,
 )
-from bchg_jax.games.lqr.game import LQRGame, follower_reward, leader_gain, transition
+from bchg_jax.games.lqr.game import (
+    LQRGame,
+    check_game_theta,
+    follower_reward,
+    leader_gain,
+    transition,
+)
 
 Array = jax.Array
 
@@ -117,12 +122,13 @@ def best_response(
       :class:`GameResponse`.
     Raises:
       ValueError: a concrete ``beta`` not finite and > 0, a bad scalar setting of ``game`` (a
-        discount outside [0, 1), a bad ``horizon``), or ``theta`` not [k * n].
+        discount outside [0, 1), a bad ``horizon``), or ``theta`` not one floating array
+        [k * n] (a Python list is refused by name).
     """
     check_problem_settings(game)
     check_constants_once(game)
     check_beta_if_concrete(beta)
-    check_theta(game, theta, last_axis=game.num_params)
+    check_game_theta(game, theta)
     dt = theta.dtype
     A, B, C, Q, R = game.arrays(dt)
     K = leader_gain(game, theta)

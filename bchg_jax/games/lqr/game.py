@@ -31,7 +31,13 @@ import numpy as np
 from bchg_jax.core.maxent_lqr import gaussian_log_density, is_stabilizable
 from bchg_jax.core.maxent_lqr import quad_form as _quad
 from bchg_jax.core.precision import full_precision
-from bchg_jax.core.validate import check_costs, check_discounts, is_concrete, shape_property
+from bchg_jax.core.validate import (
+    check_costs,
+    check_discounts,
+    check_theta,
+    is_concrete,
+    shape_property,
+)
 
 Array = jax.Array
 
@@ -99,6 +105,12 @@ class LQRGame:
         Raises:
           ValueError: the first failed check.
         """
+        for label in ("A", "B", "C", "Qbar", "Rbar", "s0", "s_star", "Sigma", "U"):
+            if np.iscomplexobj(getattr(self, label)):  # np.asarray(float64) drops the imaginary
+                raise ValueError(  # part with only a ComplexWarning
+                    f"{self.name}: {label} must be real, got a complex array "
+                    f"(dtype {np.asarray(getattr(self, label)).dtype})"
+                )
         A, B, C, Q, R, s0, ss, Sig, U = (
             np.asarray(x, np.float64)
             for x in (
@@ -206,6 +218,23 @@ class LQRGame:
 
 
 # ---- the leader -----------------------------------------------------------------------------
+def check_game_theta(game: LQRGame, theta) -> None:
+    """The leader's parameters of an LQR game: one floating array [k * n] (the gain K
+    flattened), finite when concrete. A Python list or tuple is refused by name, as the other
+    families refuse it (``jnp.asarray`` it; it has no dtype to compute in).
+
+    Raises:
+      ValueError: a list / tuple, another shape, a non-floating dtype, or a NaN / inf entry.
+    """
+    if isinstance(theta, (list, tuple)):
+        raise ValueError(
+            f"{game.name}: theta must be one array [k * n = {game.num_params}], got a "
+            f"{type(theta).__name__} of {len(theta)}; pass jnp.asarray(theta, jnp.float32) "
+            "(or float64)"
+        )
+    check_theta(game, theta, last_axis=game.num_params)
+
+
 def leader_gain(game: LQRGame, theta: Array) -> Array:
     """K_theta [k, n] from theta [k * n] (row-major); batched: [..., k * n] -> [..., k, n].
 

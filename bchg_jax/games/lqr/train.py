@@ -41,11 +41,13 @@ iteration. One outer iteration (the reference implementation's settings,
        Naive-PGD estimates);
   4. soft update (``tau``) of the target critic and the target leader; the follower re-solves
      (an actor update after which the Riccati iteration does not converge within
-     ``follower_max_iters`` is undone and counted in the ``update_skipped`` metric).
+     ``follower_max_iters``, or from a gradient that was not finite, is undone and counted in
+     the ``update_skipped`` metric).
 
 Metrics per iteration: the exact undiscounted return over the horizon (``J``, the paper's
 y-axis), the discounted one, the batch's sampled return, the last gradient norm, the follower's
-Riccati status, and what the caller's ``metrics_fn`` adds (the CLI: the gains K1, K2).
+Riccati status, the health flags (``update_skipped``, ``solve_capped``, ``metric_nonfinite``),
+and what the caller's ``metrics_fn`` adds (the CLI: the gains K1, K2).
 """
 
 from __future__ import annotations
@@ -183,9 +185,12 @@ def make_train(
       a :class:`~bchg_jax.core.loop.Trainer`; its ``hparams(grid)`` builds :class:`HParams`
       and ``run`` yields per-iteration metrics (``J``, ``J_discounted``, ``batch_return``,
       ``grad_norm``, ``update_skipped`` (1 when the update was undone: the follower's Riccati
-      iteration at the new theta did not converge, or the gradient was not finite),
-      ``solve_capped`` (1 when a Riccati solve failed: the follower's at the new theta, or the
-      exact methods' own solve),
+      iteration at the new theta did not converge, or some actor step's gradient was not
+      finite: a non-finite ``grad_norm``; a finite gradient with a huge norm is clipped, not
+      skipped), ``solve_capped`` (1 when a Riccati solve failed: the follower's at the new
+      theta, or the exact methods' own solve), ``metric_nonfinite`` (1 when the exact return
+      ``J`` or ``J_discounted`` is not finite: the state's moments overflowed the dtype, a
+      closed loop with rho(F)^t beyond its range; :mod:`bchg_jax.core.health` counts it),
       ``riccati_iterations``, and those of ``metrics_fn``).
     Raises:
       ValueError: an unknown method, a failed ``validate()`` of the game or the config, or a
@@ -291,19 +296,25 @@ def make_train(
         return objective, draw, state.step >= warmup_iters
 
     def metrics(state, resp, tr, beta, grad_norm, ok):
-        # skipped: any undone update; capped: a Riccati solve failed - the follower's at the new
-        # theta after a finite gradient, or (the exact methods) the objective's own solve, the
-        # only source of a NaN exact gradient. Another NaN gradient is skipped, not capped.
+        # skipped: any undone update (a failed solve at the new theta or a gradient that was not
+        # finite). capped: a Riccati solve failed - the follower's at the new theta after a
+        # finite gradient, or (the exact methods) the objective's own solve: its NaN gradient,
+        # where the exact return at the kept theta is finite (a return that is not finite
+        # means the state's moments overflowed the dtype: metric_nonfinite, not a solve).
         theta, skipped = state.actor, (~ok).astype(jnp.int32)
-        capped = ~ok if method in EXACT else ~ok & jnp.isfinite(grad_norm)
         J = functools.partial(leader_objective, game, theta, beta, stochastic=not det, resp=resp)
+        J_undiscounted, J_discounted = J(), J(gamma=gL)
+        moments_ok = jnp.isfinite(J_undiscounted) & jnp.isfinite(J_discounted)
+        finite_grad = jnp.isfinite(grad_norm)
+        capped = ~ok & (finite_grad | moments_ok) if method in EXACT else ~ok & finite_grad
         return {
-            "J": J(),
-            "J_discounted": J(gamma=gL),
+            "J": J_undiscounted,
+            "J_discounted": J_discounted,
             "batch_return": jnp.mean(jnp.sum(leader_reward(game, tr.s[:, :T]), -1)),
             "grad_norm": grad_norm,
             "update_skipped": skipped,
             "solve_capped": capped.astype(jnp.int32),
+            "metric_nonfinite": (~moments_ok).astype(jnp.int32),
             "riccati_iterations": resp.info.iterations,
             **problem_metrics(metrics_fn, theta, resp),
         }

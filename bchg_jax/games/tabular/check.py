@@ -84,7 +84,7 @@ from bchg_jax.core.validate import (
 from bchg_jax.games.estimators import hypergradient
 from bchg_jax.games.tabular.exact import best_response, exact_hypergradient, leader_values
 from bchg_jax.games.tabular.follower import BACKUPS, GameBestResponse
-from bchg_jax.games.tabular.game import TabularGame, check_policy_fn_on_simplex
+from bchg_jax.games.tabular.game import TabularGame, check_policy_fn_on_simplex, compute_dtype
 from bchg_jax.games.tabular.rollout import rollout
 
 Array = jax.Array
@@ -124,9 +124,11 @@ def _truncated(
     """:func:`truncated_hypergradient` given the best response and the leader's exact values;
     ``horizon=None``: the estimator's expectation without a cut (discounted occupancies by
     linear solves instead of the scan over t < H)."""
-    f = jax.lax.stop_gradient(policy_fn(theta))
-    dtype = f.dtype
-    g = br.policy
+    f_out = jax.lax.stop_gradient(policy_fn(theta))
+    # the promoted dtype of the policies and the game (games.tabular.game.compute_dtype)
+    dtype = compute_dtype(game, f_out, br.policy, V_L, Q_L, beta)
+    f, g = jnp.asarray(f_out, dtype), jnp.asarray(br.policy, dtype)
+    V_L, Q_L = jnp.asarray(V_L, dtype), jnp.asarray(Q_L, dtype)
     P = jnp.asarray(game.transition, dtype)
     rho = jnp.asarray(game.init_dist, dtype)
     gamma_L = jnp.asarray(game.gamma_L, dtype)
@@ -180,7 +182,7 @@ def _truncated(
     # grad log f = grad f / f, as the estimator pulls it back (0 where f is 0: never sampled)
     ct = jnp.where(f > 0, ct / jnp.where(f > 0, f, 1.0), 0.0)
     _, vjp = jax.vjp(policy_fn, theta)
-    return vjp(ct)[0]
+    return vjp(ct.astype(f_out.dtype))[0]  # the cotangent of policy_fn's output dtype
 
 
 @full_precision

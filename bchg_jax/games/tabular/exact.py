@@ -45,12 +45,17 @@ from bchg_jax.games.tabular.follower import (
     BACKUPS,
     GameBestResponse,
     check_game,
+    follower_softmax,
     response_from_q,
     soft_q_backup,
     soft_q_backups,
     soft_q_iteration,
 )
-from bchg_jax.games.tabular.game import check_policy_fn_on_simplex, check_policy_shapes
+from bchg_jax.games.tabular.game import (
+    check_policy_fn_on_simplex,
+    check_policy_shapes,
+    compute_dtype,
+)
 
 Array = jax.Array
 
@@ -132,11 +137,13 @@ def best_response(
 def _bellman_residual(game, f: Array, beta, backup: str):
     """F(Q) = backup(Q; f, beta) - Q on [S, A, B] soft Q tables, and its Jacobian [n, n] in the
     flattened Q (n = S A B)."""
-    P = jnp.asarray(game.transition, f.dtype)
-    r = jnp.asarray(game.follower_reward, f.dtype)
+    dtype = compute_dtype(game, f, beta)
+    f, beta, gamma_F = (jnp.asarray(x, dtype) for x in (f, beta, game.gamma_F))
+    P = jnp.asarray(game.transition, dtype)
+    r = jnp.asarray(game.follower_reward, dtype)
 
     def F(Q):
-        return soft_q_backup(P, r, Q, f, beta, game.gamma_F, backup) - Q
+        return soft_q_backup(P, r, Q, f, beta, gamma_F, backup) - Q
 
     def jacobian(Q):
         return jax.jacfwd(lambda x: F(x.reshape(Q.shape)).reshape(-1))(Q.reshape(-1))
@@ -152,6 +159,7 @@ def newton_polish(game, f: Array, beta, Q: Array, backup: str = "reference", ite
     answer (quadratic convergence near the fixed point). Not differentiated; returns [S, A, B].
     """
     F, jacobian = _bellman_residual(game, f, beta, backup)
+    Q = jnp.asarray(Q, compute_dtype(game, f, beta))  # the scan's carry: F's dtype
 
     def step(Q, _):
         dQ = jnp.linalg.solve(jacobian(Q), F(Q).reshape(-1)).reshape(Q.shape)
@@ -172,6 +180,7 @@ def implicit_response(game, f: Array, beta, Q_star: Array, backup: str = "refere
       the fixed-point residual at ``Q_star``).
     """
     F, _ = _bellman_residual(game, f, beta, backup)
+    Q_star = jnp.asarray(Q_star, compute_dtype(game, f, beta))  # F's dtype: custom_root's
 
     def tangent_solve(g, y):
         n = y.size
@@ -191,9 +200,10 @@ def joint_chain(game, f: Array, g: Array):
     Returns:
       (P_pi [S, S] state transition matrix, r_pi [S] expected leader reward per state).
     """
-    pi = f[:, :, None] * g  # [S, A, B]
-    P = jnp.asarray(game.transition, f.dtype)
-    rL = jnp.asarray(game.leader_reward, f.dtype)
+    dtype = compute_dtype(game, f, g)
+    pi = jnp.asarray(f, dtype)[:, :, None] * jnp.asarray(g, dtype)  # [S, A, B]
+    P = jnp.asarray(game.transition, dtype)
+    rL = jnp.asarray(game.leader_reward, dtype)
     return jnp.einsum("sab,sabt->st", pi, P), jnp.sum(pi * rL, axis=(1, 2))
 
 
@@ -224,12 +234,14 @@ def leader_return(
     check_if_concrete(check_discount, "gamma", gamma, True)
     check_policy_shapes(game, f, g)
     P_pi, r_pi = joint_chain(game, f, g)
+    dtype = P_pi.dtype  # compute_dtype(game, f, g): the scan's carry
+    gamma = jnp.asarray(gamma, dtype)
 
     def body(c, _):
         d, disc, total = c
         return (d @ P_pi, disc * gamma, total + disc * jnp.dot(d, r_pi)), None
 
-    init = (jnp.asarray(game.init_dist, f.dtype), jnp.ones((), f.dtype), jnp.zeros((), f.dtype))
+    init = (jnp.asarray(game.init_dist, dtype), jnp.ones((), dtype), jnp.zeros((), dtype))
     (_, _, total), _ = jax.lax.scan(body, init, None, length=H)
     return total
 
@@ -250,10 +262,11 @@ def leader_values(game, f: Array, g: Array):
     check_game(game)
     check_policy_shapes(game, f, g)
     P_pi, r_pi = joint_chain(game, f, g)
-    S = r_pi.shape[0]
-    V = jnp.linalg.solve(jnp.eye(S, dtype=f.dtype) - game.gamma_L * P_pi, r_pi)
-    P = jnp.asarray(game.transition, f.dtype)
-    Q = jnp.asarray(game.leader_reward, f.dtype) + game.gamma_L * jnp.einsum("sabt,t->sab", P, V)
+    S, dtype = r_pi.shape[0], r_pi.dtype  # compute_dtype(game, f, g)
+    gamma_L = jnp.asarray(game.gamma_L, dtype)
+    V = jnp.linalg.solve(jnp.eye(S, dtype=dtype) - gamma_L * P_pi, r_pi)
+    P = jnp.asarray(game.transition, dtype)
+    Q = jnp.asarray(game.leader_reward, dtype) + gamma_L * jnp.einsum("sabt,t->sab", P, V)
     return V, Q
 
 
@@ -286,7 +299,7 @@ def leader_objective_at(game, f: Array, g: Array) -> Array:
     """J_L(f, g) = sum_s rho_0(s) V_L(s) under the given follower policy g [S, A, B]
     (infinite-horizon, discounted by gamma_L; differentiable in f and g)."""
     V, _ = leader_values(game, f, g)
-    return jnp.dot(jnp.asarray(game.init_dist, f.dtype), V)
+    return jnp.dot(jnp.asarray(game.init_dist, V.dtype), V)
 
 
 @full_precision
@@ -335,7 +348,8 @@ def exact_hypergradient(
     """
     check_game(game)
     check_beta_if_concrete(beta)
-    dtype = jnp.result_type(*jax.tree_util.tree_leaves(theta))
+    # the computation's dtype: policy_fn's output promoted with beta and the game's tables
+    dtype = compute_dtype(game, jax.eval_shape(policy_fn, theta), beta)
     warn_float32_long_horizon(
         "games.tabular.exact_hypergradient", dtype, game.gamma_F, game.gamma_L
     )
@@ -440,8 +454,10 @@ def soft_policy_evaluation(
     check_game(game)
     check_beta_if_concrete(beta)
     check_policy_shapes(game, f, g)
-    P = jnp.asarray(game.transition, f.dtype)
-    r = jnp.asarray(game.follower_reward, f.dtype)
+    dtype = compute_dtype(game, f, g, beta)
+    f, g, beta, gamma_F = (jnp.asarray(x, dtype) for x in (f, g, beta, game.gamma_F))
+    P = jnp.asarray(game.transition, dtype)
+    r = jnp.asarray(game.follower_reward, dtype)
     S, A, B = r.shape
     log_g = _log_policy(g, log_g, backup, "soft_policy_evaluation")
     if backup == "paper":  # v(s') = sum_{a'b'} w Q(s', a', b') + c(s')
@@ -454,8 +470,8 @@ def soft_policy_evaluation(
         c = -beta * jnp.sum(h * log_h, -1)
     n = S * A * B
     M = (P.reshape(n, S, 1) * w.reshape(1, S, A * B)).reshape(n, n)
-    rhs = r.reshape(n) + game.gamma_F * P.reshape(n, S) @ c
-    Q = jnp.linalg.solve(jnp.eye(n, dtype=f.dtype) - game.gamma_F * M, rhs).reshape(S, A, B)
+    rhs = r.reshape(n) + gamma_F * P.reshape(n, S) @ c
+    Q = jnp.linalg.solve(jnp.eye(n, dtype=dtype) - gamma_F * M, rhs).reshape(S, A, B)
     return Q, jnp.sum(g * (Q - beta * log_g), -1)
 
 
@@ -497,7 +513,7 @@ def as_if_optimal_hypergradient(
     def J(th):
         f = policy_fn(th)
         Q, _ = soft_policy_evaluation(game, f, g, beta, backup, log_g=log_g)
-        g_th = jax.nn.softmax(log_g + (Q - sg(Q)) / beta, -1)
+        g_th = follower_softmax(log_g + (Q - sg(Q)) / beta)
         return leader_objective_at(game, f, g_th)
 
     return jax.grad(J)(theta)
@@ -534,11 +550,13 @@ def k_step_hypergradient(policy_fn, theta, game, Q_prev: Array, beta, K: int, ba
 
     def J(th):
         f = policy_fn(th)
-        P = jnp.asarray(game.transition, f.dtype)
-        r = jnp.asarray(game.follower_reward, f.dtype)
-        # in the leader's dtype: the backups' loop carries it
-        Q = soft_q_backups(P, r, jnp.asarray(Q_prev, f.dtype), f, beta, game.gamma_F, backup, K)
-        return leader_objective_at(game, f, jax.nn.softmax(Q / beta, -1))
+        # in the promoted dtype (games.tabular.game.compute_dtype): the backups' loop carries it
+        dtype = compute_dtype(game, f, beta)
+        fd, b, gamma_F = (jnp.asarray(x, dtype) for x in (f, beta, game.gamma_F))
+        P = jnp.asarray(game.transition, dtype)
+        r = jnp.asarray(game.follower_reward, dtype)
+        Q = soft_q_backups(P, r, jnp.asarray(Q_prev, dtype), fd, b, gamma_F, backup, K)
+        return leader_objective_at(game, f, follower_softmax(Q / b))
 
     return jax.grad(J)(theta)
 
@@ -584,6 +602,6 @@ def lag_hypergradient(
         f = policy_fn(th)
         best = _response(game, f, beta, backup, Q_star, tol, "games.tabular.lag_hypergradient")
         best = best.policy
-        return leader_objective_at(game, f, lag_mix(g_prev, best, mix))
+        return leader_objective_at(game, f, lag_mix(jnp.asarray(g_prev, best.dtype), best, mix))
 
     return jax.grad(J)(theta)

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 from bchg_jax.core.follower_model import FollowerModel, explore_mix, lag_mix, soft_q_learning
 from bchg_jax.games.tabular.exact import soft_policy_evaluation
 from bchg_jax.games.tabular.follower import next_value, soft_q_backups, soft_q_iteration
+from bchg_jax.games.tabular.game import compute_dtype
 
 Array = jax.Array
 
@@ -170,9 +171,13 @@ def follower_pieces(game, model: FollowerModel, backup: str, tol, max_sweeps) ->
         if memory is None:
             own = best.policy if model.kind == "lag" else best.Q
         elif model.kind == "k_step":
-            P = jnp.asarray(game.transition, f.dtype)
-            r = jnp.asarray(game.follower_reward, f.dtype)
-            own = soft_q_backups(P, r, memory.own, f, beta, game.gamma_F, backup, model.steps)
+            # the backups' loop carries the promoted dtype (games.tabular.game.compute_dtype)
+            dtype = compute_dtype(game, f, beta)
+            fd, b, gamma_F = (jnp.asarray(x, dtype) for x in (f, beta, game.gamma_F))
+            P = jnp.asarray(game.transition, dtype)
+            r = jnp.asarray(game.follower_reward, dtype)
+            own = jnp.asarray(memory.own, dtype)
+            own = soft_q_backups(P, r, own, fd, b, gamma_F, backup, model.steps)
         elif model.kind == "lag":
             own = lag_mix(memory.own, best.policy, model.mix)
         else:  # q_learning: its table changes only when it learns from a batch

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bchg_jax.core.validate import check_shape
-from bchg_jax.games.tabular.game import check_policy_shapes
+from bchg_jax.games.tabular.follower import check_game
+from bchg_jax.games.tabular.game import check_policy_shapes, compute_dtype
 
 Array = jax.Array
 
@@ -45,18 +46,26 @@ def rollout(key: Array, game, f: Array, g: Array, num_episodes: int, horizon: in
       :class:`GameEpisodes` with ``s``, ``a``, ``b`` [num_episodes, horizon] (time axis 1).
     Raises:
       ValueError: ``game.transition`` not [S, A, B, S]; ``f``, ``g`` or ``game.init_dist`` not
-        shaped by its S, A, B (the error names the array at fault); ``num_episodes`` or
-        ``horizon`` < 1.
+        shaped by its S, A, B (the error names the array at fault); where the game's tables
+        are concrete, a failed ``game.validate()`` (rows that are not distributions, an
+        ``init_dist`` that does not sum to 1, non-finite entries: the sampler would otherwise
+        draw from them as if normalised), or a bad scalar setting of ``game``, as every other
+        function of the family; a concrete ``f`` / ``g`` whose rows are not distributions;
+        ``num_episodes`` or ``horizon`` < 1.
     """
+    check_game(game)
     check_policy_shapes(game, f, g)
     S = np.shape(game.transition)[0]
     check_shape(f"{game.name}: init_dist", game.init_dist, (S,), "S from transition")
     if num_episodes < 1 or horizon < 1:
         raise ValueError(f"num_episodes and horizon must be >= 1, got {num_episodes}, {horizon}")
-    P = jnp.asarray(game.transition, f.dtype)
+    # the promoted dtype of the policies and the game (games.tabular.game.compute_dtype)
+    dtype = compute_dtype(game, f, g)
+    f, g = jnp.asarray(f, dtype), jnp.asarray(g, dtype)
+    P = jnp.asarray(game.transition, dtype)
     k0, kl = jax.random.split(key)
     s0 = jax.random.categorical(
-        k0, jnp.log(jnp.asarray(game.init_dist, f.dtype)), shape=(num_episodes,)
+        k0, jnp.log(jnp.asarray(game.init_dist, dtype)), shape=(num_episodes,)
     )
 
     def body(s, k):

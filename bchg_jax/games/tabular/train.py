@@ -231,7 +231,13 @@ def make_train(
     Args:
       game: a :class:`TabularGame` (validated here). method: one of :data:`METHODS`.
       config: the static :class:`TrainConfig`; ``config.dtype`` is the dtype of the leader's
-        parameters, the critic and every computed quantity.
+        parameters, the critic and every computed quantity: the game's tables are cast to it
+        once, here (:meth:`~bchg_jax.games.tabular.game.TabularGame.astype`), so a float64
+        game under the default float32 config trains in float32 (pass
+        ``dtype=jnp.float64``, with ``jax_enable_x64``, for a float64 run), and a float32 game
+        under a float64 config trains in float64 on its float32 tables' values. (The family's
+        pure functions instead promote the game with the policy:
+        :func:`~bchg_jax.games.tabular.game.compute_dtype`.)
       metrics_fn: optional ``metrics_fn(f, response)`` -> dict of [] arrays added to every
         iteration's metrics, from the leader's policy f [S, A] and the follower's
         :class:`~bchg_jax.games.tabular.follower.GameBestResponse` (the problem's own, e.g.
@@ -291,6 +297,11 @@ def make_train(
             stacklevel=2,
         )
     dtype, model = jnp.dtype(config.dtype), config.follower
+    # the run's dtype is the config's, not the promotion of the pure functions
+    # (games.tabular.game.compute_dtype): the game's tables are cast to it once, so the
+    # follower's warm start, the buffers and every metric keep one dtype (the trainer records
+    # the game as given)
+    given, game = game, game.astype(dtype)
     S, A, B = game.num_states, game.num_leader_actions, game.num_follower_actions
     T, E, M, gL = int(game.time_limit), config.episodes, config.minibatch, game.gamma_L
     N = E if config.buffer == "on" else E * config.iterations
@@ -461,4 +472,4 @@ def make_train(
     steps.update(collect=collect, actor_objective=actor_objective, diagnostics=diagnostics)
     steps["reference_metrics"] = reference_metrics
     steps["actor_grad"] = jax.grad(actor_objective)
-    return assemble(game, method, config, leader, HParams, a_opt, c_opt, steps)
+    return assemble(given, method, config, leader, HParams, a_opt, c_opt, steps)
