@@ -5,7 +5,8 @@ Every trainer records two per-iteration flags in its metrics (int32, 0 or 1 per 
 
 * ``solve_capped``: the follower's best response, or the exact metric's solve, stopped at its
   iteration cap (or diverged, or, for Riccati, stalled above its tolerance at the float
-  rounding floor: ``RiccatiInfo.stalled``) before meeting its tolerance (tabular solves: or
+  rounding floor: ``RiccatiInfo.stalled``, or met it at a solution too ill-conditioned for the
+  dtype: ``RiccatiInfo.ill_conditioned``) before meeting its tolerance (tabular solves: or
   the float rounding floor, :mod:`bchg_jax.core.rounding`). The answer used that iteration is
   then approximate (tabular families), or the update is undone (LQ families).
 * ``update_skipped``: the iteration's update was dropped (a non-converged Riccati solve, a
@@ -95,7 +96,12 @@ def health_warning(health: Mapping[str, float], share: float = WARN_SHARE) -> Op
     bad = [
         (name, health[key], health[flag])
         for name, key, flag in (
-            ("follower / metric solves hit their cap", "capped_share", "solve_capped"),
+            (
+                "follower / metric solves hit their cap (or stalled, or were ill-conditioned: "
+                "solve_capped)",
+                "capped_share",
+                "solve_capped",
+            ),
             ("updates were skipped", "skipped_share", "update_skipped"),
             (
                 "the model put mass outside the sparse solvers' successor table (those iterations "

@@ -25,8 +25,8 @@ U [n, d] (a factor of the disturbance covariance).
   ``v_w = (-(beta m/2) log(pi beta) + (beta/2) log det S + g tr(U^T M U)) / (1 - g)``.
 
 Values here are *rewards* (the paper's propositions state costs, V_cost = -V_F).
-Non-convergence (an unstabilisable pair, ``max_iters`` too small, or a rounding floor above
-``tol``, below) is never silent: every
+Non-convergence (an unstabilisable pair, ``max_iters`` too small, a rounding floor above
+``tol``, or a solution too ill-conditioned for the dtype, below) is never silent: every
 solution carries ``converged`` (finite, below tolerance, and the stabilising solution: its closed
 loop ``A - B K`` stable under ``gamma``, :mod:`bchg_jax.core.stability`; ``unstable`` when only
 that failed: the relative-change test also passes while P grows slowly without bound, and the
@@ -45,6 +45,22 @@ quadratic whatever the rate: on that problem 0.64% -> 3.7e-5 -> 1.2e-9 (float64)
 cannot remove is rounding: float32 P is a fixed point of the *rounded* map to about
 ``eps / (1 - rate)`` (there 8.8e-4, with the residual exactly 0), so near a marginal closed loop
 use float64.
+
+Conditioning. Near an unstabilisable pair (a mode with ``sqrt(gamma) |lambda| >= 1`` that ``B``
+barely reaches) the stabilising solution exists but is huge and hangs on digits of the data
+that rounding decides: in the LQR game at the leader gain ``K = (15, -10)``, ``A + C K`` has the
+coupling ``1 - 0.1 * 10``, exactly 0 when rounded term by term (an unstabilisable pair: no
+solution, P overflows) and ``-5.6e-17`` when ``jit`` fuses it into a multiply-add (a
+stabilisable pair with P ~ 1e34, its closed loop stable): the same call converged under ``jit``
+and failed eagerly. Each iterate met the tests above; what was wrong is that the answer is not
+determined by the data at this precision. :func:`relative_condition` measures that (the first-
+order relative change of P per relative change of ``A, B, Qbar, Rbar``, one Newton-sized
+solve), and a solution with ``eps * condition > ILL_CONDITIONED`` (1%) is flagged
+``ill_conditioned`` and not converged. On the paper's problems the product stays far below it:
+at most 7e-5 on 2000 random thermal leader weights (float32, drawn up to N(0, 10^2)) and 3.3e-4
+on 2000 random LQR-game gains in [-30, 30]^2; it reaches 5e-3 at the game's gain (15, -9.999),
+whose float32 P is 3.3e-4 off, and is infinite at (15, -9.999999), whose float32 P is 180% off
+(float64 solves both, at 9e-12 and 9e-9).
 
 Rounding also sets a floor under the relative change itself. :func:`riccati_map` evaluates the
 map as ``Qbar + g (A - B K)^T P (A - B K) + K^T Rbar K``, a sum of PSD terms: the textbook form
@@ -116,6 +132,14 @@ class RiccatiInfo(NamedTuple):
     # for STALL_ITERS iterations, above tol, while P went nowhere: the rounding floor of the
     # dtype (module docstring)
     stalled: Array
+    # bool: the iteration met its test at the stabilising solution, but one so sensitive to its
+    # data that rounding them alone may move it by more than ILL_CONDITIONED (relative):
+    # eps * relative_condition > ILL_CONDITIONED, a pair on the edge of stabilisability
+    # (module docstring, "Conditioning")
+    ill_conditioned: Array
+    # relative_condition of the answer (0 where no Riccati iteration ran; inf / NaN when it
+    # overflows)
+    condition: Array
 
 
 #: Iterations without a new smallest relative change after which :func:`riccati` looks for a
@@ -128,6 +152,10 @@ STALL_ITERS = 1000
 #: change rising for thousands of iterations before it falls to ``tol``) moves one way
 #: (net ~ path).
 STALL_NET_SHARE = 0.25
+#: A stabilising solution whose :func:`relative_condition` times the dtype's epsilon exceeds
+#: this is flagged ``ill_conditioned`` and not converged: rounding the data alone may move P by
+#: more than 1% (module docstring, "Conditioning").
+ILL_CONDITIONED = 1e-2
 
 
 def _iterate(A, B, Qbar, Rbar, gamma, P0, tol, max_iters):
@@ -159,7 +187,8 @@ def _iterate(A, B, Qbar, Rbar, gamma, P0, tol, max_iters):
     init = (P0, inf, zero, inf, zero, P0, jnp.zeros((), P0.dtype), no)
     P, res, it, _, _, _, _, stalled = jax.lax.while_loop(cond, body, init)
     ok = jnp.isfinite(res) & (res <= tol) & jnp.all(jnp.isfinite(P))
-    return P, RiccatiInfo(it, res, ok, jnp.zeros((), bool), stalled & ~ok)
+    no = jnp.zeros((), bool)
+    return P, RiccatiInfo(it, res, ok, no, stalled & ~ok, no, jnp.zeros((), P.dtype))
 
 
 def riccati_gain(P: Array, A: Array, B: Array, Rbar: Array, gamma) -> Array:
@@ -190,6 +219,56 @@ def _newton_polish(A, B, Qbar, Rbar, gamma, P: Array, iters: int) -> Array:
         return jnp.where(jnp.all(jnp.isfinite(X_new)), 0.5 * (X_new + X_new.T), X), None
 
     return jax.lax.scan(step, P, None, length=iters)[0] if iters else P
+
+
+@full_precision
+def relative_condition(P: Array, A: Array, B: Array, Qbar: Array, Rbar: Array, gamma) -> Array:
+    """Normwise relative condition number of the Riccati solution ``P`` in its data.
+
+    At the fixed point, a change ``dX`` of ``X in (A, B, Qbar, Rbar)`` moves ``P`` by
+    ``dP = -J^{-1} (d riccati_map / dX) dX`` to first order, ``J`` the Jacobian of
+    ``riccati_map(P) - P`` in ``P`` (the implicit function theorem, as in :func:`riccati`'s
+    derivative; the greedy gain is stationary, so ``d riccati_map / dX`` is taken at fixed
+    ``K``). Returned: ``||[X_A |A|, X_B |B|, X_Q |Qbar|, X_R |Rbar|]||_F / |P|_F`` with
+    ``X_. = J^{-1} d riccati_map / d.`` and Frobenius norms: an upper bound (by at most a
+    factor ``n``) of ``sup |dP|_F / |P|_F`` over relative changes of size 1 of the data. Times
+    the dtype's epsilon, it bounds how far rounding the data alone moves ``P`` (module
+    docstring, "Conditioning"). One ``[n^2, n^2]`` Jacobian and solve, the size of a Newton
+    step. Not differentiated.
+
+    Args:
+      P: [n, n] a Riccati solution.
+      A, B, Qbar, Rbar, gamma: its LQR ([n, n], [n, m], [n, n], [m, m], scalar).
+    Returns:
+      [] the condition number (0 when P does not move to first order, e.g. P = 0; ``inf`` /
+      NaN when ``J`` is singular or the products overflow).
+    """
+    sg = jax.lax.stop_gradient
+    P, A, B, Qbar, Rbar = (sg(x) for x in (P, A, B, Qbar, Rbar))
+    data = (A, B, Qbar, Rbar)
+
+    def map_of(i):
+        def f(x):
+            args = list(data)
+            args[i] = x.reshape(data[i].shape)
+            return riccati_map(P, *args, gamma).reshape(-1)
+
+        return f
+
+    cols = [jax.jacfwd(map_of(i))(x.reshape(-1)) * _frobenius(x) for i, x in enumerate(data)]
+    J = _fixed_point_jacobian(lambda X: riccati_map(X, *data, gamma) - X, P)
+    X = jnp.linalg.solve(J, jnp.concatenate(cols, axis=1))
+    moved, size = _frobenius(X), _frobenius(P)
+    # P = 0 (Qbar = 0 and a closed loop that needs no cost): every column is 0 as well (each
+    # term of the map's derivative carries P or |Qbar| = 0), and nothing moves: 0, not 0 / 0
+    return jnp.where(moved == 0, jnp.zeros((), P.dtype), moved / size)
+
+
+def _frobenius(x: Array) -> Array:
+    """|x|_F computed on ``x / max|x|`` (no overflow of the squares; 0 for x = 0)."""
+    m = jnp.max(jnp.abs(x))
+    safe = jnp.where(m > 0, m, 1.0)
+    return m * jnp.sqrt(jnp.sum((x / safe) ** 2))
 
 
 @full_precision
@@ -229,8 +308,10 @@ def riccati(
       ``info.converged``: the iteration met ``tol`` and the closed loop ``A - B K`` of the
       answer is stable under ``gamma``; ``info.unstable``: it met ``tol`` at a solution that is
       not the stabilising one; ``info.stalled``: it stopped early because rounding kept its
-      change above ``tol`` for :data:`STALL_ITERS` iterations; a non-converged P is returned
-      as is).
+      change above ``tol`` for :data:`STALL_ITERS` iterations; ``info.ill_conditioned``: it
+      met ``tol`` at the stabilising solution, but ``eps * info.condition`` (
+      :func:`relative_condition`) exceeds :data:`ILL_CONDITIONED`; a non-converged P is
+      returned as is).
     Raises:
       ValueError: a concrete ``gamma`` outside [0, 1) (1.5 "converged" to a meaningless P).
     """
@@ -248,9 +329,20 @@ def riccati(
     # the stopping test (a small relative change) also passes while P diverges slowly (the
     # change ~ 1 / t, or a growth rate below tol), and Newton then lands on a non-stabilising
     # root (module docstring): only a P whose closed loop is stable under gamma is converged
-    A_, B_, _, R_, g_ = fixed
+    A_, B_, Q_, R_, g_ = fixed
     stable = is_discounted_stable(A_ - B_ @ riccati_gain(P_star, A_, B_, R_, g_), g_)
-    info = info._replace(converged=info.converged & stable, unstable=info.converged & ~stable)
+    # a stabilising solution is converged only when its data determine it at this precision:
+    # near an unstabilisable pair P is huge and rounding A alone moves it by more than itself
+    # (module docstring, "Conditioning"); a NaN / inf estimate counts as ill-conditioned
+    cond = relative_condition(P_star, A_, B_, Q_, R_, g_)
+    eps = jnp.finfo(P_star.dtype).eps
+    well = eps * cond <= ILL_CONDITIONED
+    info = info._replace(
+        converged=info.converged & stable & well,
+        unstable=info.converged & ~stable,
+        ill_conditioned=info.converged & stable & ~well,
+        condition=cond,
+    )
 
     def f(P):
         return riccati_map(P, A, B, Qbar, Rbar, gamma) - P
@@ -339,7 +431,7 @@ def response_from_value(P, A, B, Rbar, U, gamma, beta, observable: bool = False)
     (:mod:`bchg_jax.lq.follower_models`). ``info`` records no iteration."""
     zero = jnp.zeros((), P.dtype)
     no = jnp.zeros((), bool)
-    info = RiccatiInfo(jnp.zeros((), jnp.int32), zero, jnp.isfinite(jnp.sum(P)), no, no)
+    info = RiccatiInfo(jnp.zeros((), jnp.int32), zero, jnp.isfinite(jnp.sum(P)), no, no, no, zero)
     A, B, Rbar, U = (jnp.asarray(x, P.dtype) for x in (A, B, Rbar, U))
     return _response(P, A, B, Rbar, U, gamma, beta, info, observable=observable)
 
@@ -485,7 +577,9 @@ def check_solution(
     Returns:
       ``br`` unchanged.
     Raises:
-      ValueError: some entry of ``br.info.converged`` is False.
+      ValueError: some entry of ``br.info.converged`` is False (the message names the cause:
+        a non-stabilising solution, an ill-conditioned one, a stall at the rounding floor, or
+        the iteration cap).
     """
     info = jax.device_get(br.info)
     ok = np.asarray(info.converged)
@@ -497,6 +591,30 @@ def check_solution(
             "unstabilisable; in an LQR game A is A + C K, the dynamics under the leader's gain "
             "K) or the iteration from Qbar stops at another one (a growing mode that Qbar does "
             "not penalise); raising max_iters does not help"
+        )
+    ill = np.asarray(info.ill_conditioned)
+    if np.any(ill):
+        dt = np.asarray(br.P).dtype
+        conds = np.asarray(info.condition)[ill]
+        size = (
+            f"its relative condition number is {conds.max():.3g}, so rounding the data alone "
+            f"may move it by {np.finfo(dt).eps * conds.max():.3g} (relative; the limit is "
+            f"{ILL_CONDITIONED:g})"
+            if np.all(np.isfinite(conds))
+            else "its relative condition number overflows the dtype"
+        )
+        raise ValueError(
+            f"{what} met its tolerance at the stabilising solution, but one too ill-conditioned "
+            f"for {dt} to determine: {size}, and its value matrix reaches "
+            f"{np.abs(np.asarray(br.P)).max():.3g}. The pair (sqrt(gamma) A, B) is on the "
+            "edge of stabilisability (a mode that B barely reaches; in an LQR game A is "
+            "A + C K, the dynamics under the leader's gain K): "
+            + (
+                "float64 may resolve it (jax.config.update('jax_enable_x64', True) and float64 "
+                "arrays), else the problem itself is the cause"
+                if np.finfo(dt).eps > np.finfo(np.float64).eps
+                else "the problem itself is the cause"
+            )
         )
     if not np.all(ok):
         res = np.asarray(info.residual)[~ok].max()
