@@ -15,9 +15,15 @@ import numpy as np
 # summary entries that are not hyperparameters of the best grid point
 NOT_HPARAMS = ("method", "mean", "se", "wall_s", "health", "window", "nonfinite_seeds")
 # summary.csv columns of the solver-health flags (bchg_jax.core.health.FLAGS): the share of
-# capped solves and the counts of skipped updates, sampler-support losses and float32-rounded
-# follower logits (0 where the trainer does not record the flag)
-HEALTH_COLUMNS = ["capped_share", "skipped_updates", "support_lost", "logits_rounded"]
+# capped solves and the counts of skipped updates, sampler-support losses, float32-rounded
+# follower logits and non-finite exact returns (0 where the trainer does not record the flag)
+HEALTH_COLUMNS = [
+    "capped_share",
+    "skipped_updates",
+    "support_lost",
+    "logits_rounded",
+    "metric_nonfinite",
+]
 
 
 def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict:
@@ -125,6 +131,7 @@ def _health_cells(health: dict):
         int(health.get("update_skipped", 0)),
         int(health.get("support_lost", 0)),
         int(health.get("logits_rounded", 0)),
+        int(health.get("metric_nonfinite", 0)),
     )
 
 

@@ -695,6 +695,7 @@ def test_shape_error_names_the_culprit(name, call, culprit, innocent):
     assert innocent is None or innocent not in msg or msg.index(culprit) < msg.index(innocent), msg
 
 
+@pytest.mark.slow
 def test_traced_values_are_not_checked():
     """Under jit / vmap a traced beta (or discount) is skipped: no false error, finite results."""
     seen = []
@@ -867,6 +868,7 @@ def test_a_wider_table_than_theta_is_refused_by_validate(x64):
     ).validate()  # same dtype: fine
 
 
+@pytest.mark.slow
 def test_train_key_and_dict_hparams():
     import jax
 
@@ -928,6 +930,7 @@ def test_game_configs_refuse_a_half_dtype_empty_layers_and_a_game_without_time_l
         )
 
 
+@pytest.mark.slow
 def test_follower_references_refuse_k_below_one_and_a_bad_beta():
     """K = 0 used to run K = 1 silently (fori_loop over K - 1 = -1 sweeps) and the tabular
     as-if-optimal reference returned a finite gradient at beta = -0.5."""
@@ -1043,6 +1046,7 @@ def test_a_discount_given_as_a_string_and_a_bad_solver_setting_are_refused():
         game_tabular.soft_q_iteration(game, f, 0.5, max_sweeps=0)
 
 
+@pytest.mark.slow
 def test_hypergradients_refuse_indices_out_of_range_and_misshaped_tables():
     """JAX clamps an out-of-range gather index and drops an out-of-range scatter: a user's batch
     with a state index past S gave a finite, wrong estimate. Both tabular families refuse it."""
@@ -1116,6 +1120,7 @@ def test_game_whole_episode_estimate_and_references_refuse_what_is_not_a_policy(
         game_tab.lag_hypergradient(softmax, theta, game, br.policy, 0.5, 2.0)
 
 
+@pytest.mark.slow
 def test_lqr_exact_critic_estimate_warns_when_influence_sums_are_cut():
     game = lqr_game()  # gamma_F 0.95: 0.95^1 = 0.95 of the weight is cut
     with pytest.warns(UserWarning, match="cuts the follower's influence sums.*>= 135"):
@@ -1149,6 +1154,7 @@ def test_check_problem_refuses_a_follower_it_would_ignore():
         lq_check(thermal(), [thermal().theta0], 0.1, config=config, batches=2)
 
 
+@pytest.mark.slow
 def test_lqr_game_check_refuses_bad_options_before_estimating():
     from bchg_jax.games.lqr import check_problem
 
@@ -1162,6 +1168,7 @@ def test_lqr_game_check_refuses_bad_options_before_estimating():
         check_problem(lqr_game(), [TH_LQR], 0.0, batches=2, leader_steps=2)
 
 
+@pytest.mark.slow
 def test_a_vector_beta_is_refused_by_the_pure_functions():
     """beta = [0.3, 3.0] broadcast across the columns of the LQR follower's covariance
     (0.5 beta S^-1): J -30.47 where beta 0.3 gives -17.20 and beta 3.0 -38.49, with no error.
@@ -1251,6 +1258,7 @@ def test_lqr_game_pure_functions_refuse_bad_constant_arrays(over, shown, call):
         GAME_PURE_CALLS[call](dataclasses.replace(lqr_game(), **over))
 
 
+@pytest.mark.slow
 def test_a_leader_without_noise_is_refused_by_the_score_estimate_only():
     """U = 0 is the deterministic leader: its exact J and hypergradient are defined (and equal
     the deterministic leader's), its score log f_theta(a|s) is not (the estimate was NaN)."""

@@ -24,6 +24,7 @@ S, B = 3, 2
 TH = jnp.zeros(1)
 
 
+@pytest.mark.slow
 def test_float32_at_a_long_horizon_warns_in_the_tabular_families():
     """float32 above gamma 0.99: the tabular game's exact hypergradient was off by 1-29% of its
     norm at 0.999 against float64 (3% on this game at beta 0.5), with no word. The exact
@@ -100,6 +101,7 @@ def test_float32_logits_rounded_by_a_small_beta_warn():
             )
 
 
+@pytest.mark.slow
 def test_exact_functions_check_the_tables_of_an_unvalidated_problem():
     """docs/api.md: a problem that fails validate() is refused by every public function. The
     exact references of both tabular families took an unvalidated problem whose rows summed to

@@ -32,6 +32,7 @@ def trainer():
     return make_train(prob, "bchg", TrainConfig(num_steps=10, iterations=12))
 
 
+@pytest.mark.slow
 def test_run_grid_refuses_a_start_that_is_not_the_state_or_the_metrics(trainer):
     state, metrics = run_grid(trainer, GRID, 2, 8, chunk=4, verbose=False)
     cut = {k: v[:, :, :4] for k, v in metrics.items()}
@@ -107,6 +108,7 @@ def test_seed_keys_of_given_indices_are_those_of_the_count():
     )
 
 
+@pytest.mark.slow
 def test_a_resume_under_another_x64_setting_is_refused(tmp_path, capsys):
     from experiments import fourrooms
 

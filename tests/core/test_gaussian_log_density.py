@@ -55,6 +55,7 @@ def _densities():
     }
 
 
+@pytest.mark.slow
 def test_a_float32_density_stays_float32_under_x64():
     off = _densities()
     with jax.enable_x64(True):

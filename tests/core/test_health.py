@@ -85,6 +85,7 @@ def test_tabular_cap_is_flagged_and_warned(capsys):
     assert "capped 100.00%" in out.out and "WARNING" in out.err and "solves hit" in out.err
 
 
+@pytest.mark.slow
 def test_float32_logit_rounding_is_flagged_and_warned(capsys):
     """A float32 tabular run at beta 1e-4 with follower values ~5e3 (two nearly tied actions:
     the exact hypergradient 24% off, every solve converged) was silent; every iteration is now
@@ -102,6 +103,7 @@ def test_float32_logit_rounding_is_flagged_and_warned(capsys):
     assert not m["logits_rounded"].any()
 
 
+@pytest.mark.slow
 def test_lq_cap_is_flagged_skipped_and_warned(capsys):
     th = problems.thermal()
     grid = {"lr": [0.1], "beta": [0.1]}
@@ -166,9 +168,9 @@ def test_cli_summary_reports_health(tmp_path, capsys):
     assert "capped 10.00% skipped 0" in out.out and "WARNING" in out.err
     assert s["health"]["solve_capped"] == 10
     header, row = open(tmp_path / "summary.csv").read().splitlines()[:2]
-    health = "capped_share,skipped_updates,support_lost,logits_rounded"
+    health = "capped_share,skipped_updates,support_lost,logits_rounded,metric_nonfinite"
     assert header.endswith("nonfinite_seeds," + health)
-    assert row.endswith("0,0.1000,0,0,0")
+    assert row.endswith("0,0.1000,0,0,0,0")
     finish_run(str(tmp_path), [s], 10)
     out = capsys.readouterr()
     assert "capped 10.00%" in out.out and "bchg" in out.err

@@ -58,6 +58,7 @@ def test_newton_steps_finish_a_riccati_iteration_near_a_marginal_closed_loop(x64
     assert 0.999 < rate < 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("growth", [1e-4, -1e-4])
 def test_a_slowly_diverging_riccati_iteration_is_not_converged(x64, growth):
     """s1' = lam s1 with gamma lam^2 = 1 + 1e-4, out of the follower's reach (B = [0, 1]) and
@@ -94,6 +95,7 @@ def test_riccati_implicit_gradient_matches_finite_differences(x64):
     np.testing.assert_allclose(jax.grad(f)(1.0), fd, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_proposition1_soft_bellman_on_sampled_points(x64):
     """V_F(s) = E_b[r_F + gamma E_w V_F(s') - beta log g(b|s)] and g = exp((Q_F - V_F) / beta)."""
     A, B, Q, R, U = _system(2)

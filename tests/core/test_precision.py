@@ -336,6 +336,7 @@ def test_whole_vmapped_trainers_without_networks_are_at_full_precision(case):
     "family",
     ["thermal_faithful", "toy_game", "toy_game_k_step", "lqr_game", "lqr_game_det", "lqr_explore"],
 )
+@pytest.mark.slow
 def test_neural_critics_and_actors_keep_the_users_precision_inside_the_trainer(family):
     """Inside a whole trainer (what the CLIs run), every product of a network (an operand
     ``HIDDEN`` wide: the MLP critics' fits, the actors' steps) keeps the default precision, while

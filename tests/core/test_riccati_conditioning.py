@@ -55,6 +55,7 @@ def test_a_rounding_sized_coupling_is_ill_conditioned(dtype):
         assert not float(info.condition) * np.finfo(dtype).eps <= ILL_CONDITIONED
 
 
+@pytest.mark.slow
 def test_float32_far_off_answer_is_flagged_and_float64_solves_it(x64):
     # at K = (15, -9.999999) float32 used to "converge" to a P 180% off the float64 answer
     A = _near_unstabilisable(1e-7)
@@ -79,6 +80,7 @@ def test_float32_far_off_answer_is_flagged_and_float64_solves_it(x64):
     assert np.max(np.abs(np.asarray(P32, np.float64) - P64)) / np.max(np.abs(P64)) < bound
 
 
+@pytest.mark.slow
 def test_relative_condition_is_the_implicit_derivatives_norm(x64):
     rng = np.random.default_rng(3)
     A = 0.7 * rng.normal(size=(3, 3))
@@ -106,6 +108,7 @@ def test_relative_condition_is_the_implicit_derivatives_norm(x64):
     assert np.all(moved / np.linalg.norm(np.asarray(P)) <= 1.01 * got * 1e-7)
 
 
+@pytest.mark.slow
 def test_the_papers_problems_are_far_from_the_limit():
     # float32, as the experiments run: the flag must not touch the paper's paths
     eps = np.finfo(np.float32).eps

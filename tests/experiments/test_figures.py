@@ -241,6 +241,7 @@ def test_components_figure_has_titled_and_labelled_panels(tmp_path):
     assert "J_L =" not in fig.get_suptitle()
 
 
+@pytest.mark.slow
 def test_thermal_identity_matches_the_logged_components():
     """J = stability - 0.5 HVAC - 0.1 (insulation + airflow), as the components figure states."""
     import importlib

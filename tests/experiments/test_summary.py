@@ -31,16 +31,21 @@ def _finish(tmp_path, data, capsys):
 
 
 def test_every_health_flag_reaches_summary_csv(tmp_path, capsys):
-    """support_lost and logits_rounded were warned about on the console but summary.csv, the
-    file that lasts, had no column for them and read as a healthy run."""
+    """support_lost, logits_rounded and metric_nonfinite were warned about on the console but
+    summary.csv, the file that lasts, had no column for them and read as a healthy run."""
     flags = {f: np.zeros((2, 2, 5), np.int32) for f in ("solve_capped", "update_skipped")}
     flags["support_lost"] = np.ones((2, 2, 5), np.int32)
     flags["logits_rounded"] = np.zeros((2, 2, 5), np.int32)
     flags["logits_rounded"][1, 0, :2] = 1
+    # the LQR game's non-finite exact return: in the progress line and warning, not the file
+    flags["metric_nonfinite"] = np.zeros((2, 2, 5), np.int32)
+    flags["metric_nonfinite"][0, 1, 4] = 1
     _, header, rows, _ = _finish(tmp_path, {"J": np.zeros((2, 2, 5)), **flags}, capsys)
-    cols = {k: header.index(k) for k in ("support_lost", "logits_rounded", "skipped_updates")}
+    names = ("support_lost", "logits_rounded", "skipped_updates", "metric_nonfinite")
+    cols = {k: header.index(k) for k in names}
     assert [int(r[cols["support_lost"]]) for r in rows] == [10, 10]
     assert [int(r[cols["logits_rounded"]]) for r in rows] == [0, 2]
+    assert [int(r[cols["metric_nonfinite"]]) for r in rows] == [1, 0]
 
 
 def test_a_diverged_seed_is_named_and_no_finite_point_has_no_best(tmp_path, capsys):

@@ -88,6 +88,7 @@ class _OldTabularState(NamedTuple):  # games/tabular/train.py's GameTrainState b
     step: Any
 
 
+@pytest.mark.slow
 def test_checkpoints_of_the_old_state_types_load_into_the_shared_state(tmp_path):
     """Runs saved before the skeleton resume: ``load_state`` reads each leaf of a
     ``LeaderState`` from its old path (``LeaderState.LEGACY_PATHS``)."""

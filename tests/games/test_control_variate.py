@@ -22,6 +22,7 @@ def test_quadratic_features():
     np.testing.assert_allclose(quadratic_features(x), [[1, 2, 3, 4, 6, 9]])
 
 
+@pytest.mark.slow
 def test_crossfit_uses_only_the_other_groups(x64):
     k = jax.random.split(jax.random.key(0), 3)
     x = jax.random.normal(k[0], (90, 2))
@@ -40,6 +41,7 @@ def test_crossfit_uses_only_the_other_groups(x64):
     np.testing.assert_array_equal(crossfit_baseline(f, y, jnp.zeros(90, int), 1), 0.0)
 
 
+@pytest.mark.slow
 def test_control_variate_keeps_the_guiding_term_unbiased_and_cuts_its_variance(x64):
     """Theorem 3's guiding term ``sum_t gL^t Ben_t G_t / beta`` on batches of 2 episodes at
     K = (-9, -9), with and without the cross-fitted baseline: the difference of the two has mean
@@ -86,6 +88,7 @@ def test_control_variate_keeps_the_guiding_term_unbiased_and_cuts_its_variance(x
     assert cv[:, 0].std() < 0.2 * raw[:, 0].std(), (cv.std(0), raw.std(0))
 
 
+@pytest.mark.slow
 def test_crossfit_near_constant_float32_column_matches_float64(x64):
     """A column constant in the fitted episode (0.1) and 0.3 in the held-out one: its float32
     spread over the fitted samples is rounding (2.2e-8), so it gets no coefficient, and the
@@ -124,6 +127,7 @@ def test_crossfit_adds_its_own_intercept(x64):
     np.testing.assert_allclose(plain, const, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_crossfit_leaves_a_nan_target_out_of_the_fits(x64):
     """One NaN target (sample 0, episode 0): every baseline stays finite and equals the fit on
     the data without that sample (it made every episode's baseline NaN: 0 * NaN in the fits)."""

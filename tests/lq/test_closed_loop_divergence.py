@@ -83,6 +83,7 @@ def test_spectral_radius_bound_matches_eigenvalues(x64):
     assert stable.tolist() == [True, False]  # 0.9 * 1.05^2 = 0.992, 0.9 * 1.06^2 = 1.011
 
 
+@pytest.mark.slow
 def test_infinite_horizon_objective_and_critic_refuse_or_are_nan_when_diverging(x64):
     p = _scalar(0.0)
     w = jnp.zeros(1)

@@ -36,6 +36,7 @@ def test_references_and_value_at_the_best_response(x64):
     np.testing.assert_allclose(played.K, br.K, atol=1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("K", [1, 3])
 def test_k_step_derivative_matches_finite_differences(x64, K):
     prob, theta = _setup()

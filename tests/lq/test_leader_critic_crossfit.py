@@ -26,6 +26,7 @@ def _others(x, e):
     return x[jnp.array([i for i in range(x.shape[0]) if i != e])]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_leave_one_out_q_is_the_fit_on_the_other_episodes(dtype):
     """Episode e's Q_L and V_L = E_{b ~ N(mu(s), Sigma)} Q_L(s, b) are fit_quadratic_q's on the
@@ -136,6 +137,7 @@ def _thermal_batch(E, seed):
     return p, br, tr.s, tr.b, p.leader_reward(th, tr.s[:, :-1], tr.b[:, :-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fit", ["fit_quadratic_q", "leave_one_out_quadratic_q"])
 def test_critic_in_the_follower_gain_basis(x64, fit):
     """gain=K fits the features of (s, b + K s): without the ridge the same fit as (s, b); the

@@ -58,6 +58,7 @@ def test_in_sample_critic_and_hpgd_mc_are_flagged(random_lq):
     assert mc["bias_se"] > 8 and mc["rel_error"] > 0.3, mc
 
 
+@pytest.mark.slow
 def test_bad_requests_are_refused(random_lq):
     p = random_lq(jnp.float32)
     with pytest.raises(ValueError, match="estimating method"):

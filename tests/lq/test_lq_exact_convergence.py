@@ -43,6 +43,7 @@ def test_nan_unless_makes_the_gradient_nan():
     assert jax.grad(f, argnums=1)(True, 3.0) == 6.0 and f(True, 3.0) == 9.0
 
 
+@pytest.mark.slow
 def test_unconverged_solve_raises_or_is_nan(x64):
     """max_iters=2: the exact gradient was [12.90, -0.61] (converged: [0.82, -2.65]) with no
     flag; now concrete arguments raise and traced ones give NaN."""

@@ -199,6 +199,7 @@ def test_training_improves_and_beats_naive():
     assert out["bchg"] > out["naive"] + 10
 
 
+@pytest.mark.slow
 def test_nonconverged_follower_is_flagged_and_skipped():
     """A problem whose follower cannot stabilise the system: ok = 0, theta unchanged, no NaNs."""
     p = _small_lq(jnp.float32)

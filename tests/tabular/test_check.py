@@ -272,6 +272,7 @@ def test_discount_weight_beyond_the_cut():
     assert discount_weight_beyond(0.9, 0.85, 10) == pytest.approx(np.mean(K + J >= 10), abs=0.01)
 
 
+@pytest.mark.slow
 def test_check_problem_judges_the_cut_by_its_exact_bias(x64, capsys):
     """gamma_L = 0, gamma_F 0.9, H 20: the discount weight beyond the cut is 0.12 but the
     first-episode forms' exact cut bias is ~1e-11, so no warning (it used to warn on the

@@ -297,6 +297,7 @@ def test_hpgd_mean_agrees_with_exact_hypergradient(x64, oracle):
     assert np.all(np.abs(z) < 4.0), f"HPGD z-scores {z}"
 
 
+@pytest.mark.slow
 def test_sobirl_equals_naive_on_fourrooms(x64):
     """Four-Rooms' r_F does not depend on the action, so SoBiRL's guiding term vanishes
     (float64: in float32 the 1/beta-scaled cancellation leaves ~1e-5 of rounding)."""
@@ -334,6 +335,7 @@ def test_sobirl_equals_naive_on_fourrooms(x64):
     assert float(jnp.abs(hp - nv).max()) > 1e-3  # HPGD's guide is not zero: the test can fail
 
 
+@pytest.mark.slow
 def test_sobirl_matches_explicit_one_step_truncation(x64):
     beta, H = 0.4, 12
     prob, th, br, _ = _setup(jax.random.key(7), beta, H)

@@ -35,6 +35,7 @@ def _tables(prob, theta):
     return P, r, continuation(prob.terminal, r.shape[0], r.dtype)
 
 
+@pytest.mark.slow
 def test_references_equal_the_exact_hypergradient_at_the_best_response(x64):
     """At g = g^{theta dagger}: as-if-optimal = through K -> inf backups = through lag mix 1 =
     the implicit exact hypergradient."""
@@ -59,6 +60,7 @@ def test_references_equal_the_exact_hypergradient_at_the_best_response(x64):
     np.testing.assert_allclose(value_gap, 0.0, atol=1e-10)  # V^g of the best response is V_F
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("K", [1, 3])
 def test_k_step_derivative_matches_finite_differences(x64, K):
     """The total derivative through the learner's K backups (its previous value held fixed)."""

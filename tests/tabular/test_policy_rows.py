@@ -24,6 +24,7 @@ BETA = 1e-3
 EPS32 = float(jnp.finfo(jnp.float32).eps)
 
 
+@pytest.mark.slow
 def test_float32_best_responses_sum_to_one_on_fourrooms():
     """Every solver's policy (dense, sparse, the implicitly differentiated reference, the K-step
     learner) sums to 1 within a few float32 ulps at beta 1e-3 (unnormalised: 1 +- 9e-5)."""

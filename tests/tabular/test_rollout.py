@@ -9,6 +9,7 @@ from bchg_jax.problems import random_tabular_cmdp
 from bchg_jax.tabular import rollout
 
 
+@pytest.mark.slow
 def test_time_index_resets_and_done_flags():
     prob = random_tabular_cmdp(jax.random.key(0), num_states=4, num_actions=2)
     th = prob.theta0

@@ -61,6 +61,7 @@ def _trainer_J(problem, solver, thetas, iterations=2, beta=0.1):
     return np.asarray(m["J"]), np.asarray(m["support_lost"])
 
 
+@pytest.mark.slow
 def test_auto_uses_dense_for_a_support_that_moves_with_theta(teleport_chain):
     """The user's chain (teleport when theta[0] > 3): the probes see two supports, so ``auto``
     takes the dense solvers and says so; its J at theta = [5, 0.5] is the dense trainer's and
@@ -461,6 +462,7 @@ def _random_sparse_model(S=40, B=3, k=3, seed=0):
     return jnp.asarray(P, jnp.float32), sparse.successors_from_transition(P), rng
 
 
+@pytest.mark.slow
 def test_sparse_float32_solver_converges_where_its_two_sweeps_disagree_by_rounding():
     """Float32, default settings (tol 1e-6, 16 expectation sweeps), |V| 12 to 90: the soft and
     the expectation sweeps' float fixed points differ by more than tol. Each solve converges
@@ -494,6 +496,7 @@ def test_sparse_float32_solver_converges_where_its_two_sweeps_disagree_by_roundi
     assert np.all(np.asarray(s.sweeps) < 3000)
 
 
+@pytest.mark.slow
 def test_sweep_counts_are_int32_under_x64_so_the_trainer_can_switch_solvers(x64, teleport_chain):
     """With x64 on, every tabular solver counts its sweeps in int32, so the trainer's switch
     between the sparse and the dense solves (``cond_on_any_lane``) has branches of one type.

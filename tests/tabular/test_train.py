@@ -93,6 +93,7 @@ def test_exact_and_naive_methods_run():
     assert m["J"][-1] > m["J"][0] + 0.05
 
 
+@pytest.mark.slow
 def test_run_grid_takes_the_grid_size_from_the_hparams():
     """A scalar grid entry applies to every point; the grid size comes from the list entries,
     whatever their order; unknown names are refused with the valid ones listed."""

@@ -41,6 +41,7 @@ def test_cosine_schedule_keeps_the_leader_moving_to_the_last_iteration():
     assert int(actor_updates(config, game.horizon, 5)) == 100
 
 
+@pytest.mark.slow
 def test_cosine_rate_reaches_zero_at_the_last_update_after_the_warm_up():
     """12 iterations, 2 of them warm-up, 3 actor steps: 30 updates; the rate of every update is
     positive, the last one's ~ lr (pi / 60)^2, and the schedule's end (0) is the count the run

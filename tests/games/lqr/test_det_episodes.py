@@ -25,6 +25,7 @@ def _collected(game, method, theta, beta, config, key):
     return tr, resp, state, tr.steps["collect"](key, state, resp)[0].buffer
 
 
+@pytest.mark.slow
 def test_each_method_collects_with_its_own_leader():
     game = dataclasses.replace(lqr_game(), U=np.array([[0.3]]))
     theta = jnp.array([-4.0, 0.5])

@@ -101,6 +101,7 @@ def _central_difference(f, theta, h):
     return np.array([(f(theta + h * e) - f(theta - h * e)) / (2 * h) for e in eye])
 
 
+@pytest.mark.slow
 def test_unstable_closed_loop_return_matches_the_closed_form_in_50_digits():
     """rho(F) = 1.285: the covariance recursion F S F^T + N lost an eigenvalue to rounding at
     step 80 in float64 (-1.5 next to 1.5e16), det(I + W S) < 0 and the return was NaN: a
@@ -127,6 +128,7 @@ def test_unstable_closed_loop_return_matches_the_closed_form_in_50_digits():
     assert abs(float(v) - want) <= 1e-12 * want
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stochastic", [True, False])
 def test_unstable_closed_loop_gradients_match_central_differences(stochastic):
     """The exact hypergradient and both parts of ``hypergradient_split`` against float64 central
@@ -174,6 +176,7 @@ def test_the_preset_game_is_unchanged(theta, stochastic, J, grad):
     np.testing.assert_allclose(g, grad, rtol=1e-12, atol=0)
 
 
+@pytest.mark.slow
 def test_a_real_overflow_is_named_with_its_dtype():
     """The error of a concrete return whose moments do overflow names the dtype that overflowed
     and the step; a float64 overflow no longer suggests float64. Before, the error claimed a
@@ -205,6 +208,7 @@ def test_nilpotent_closed_loop_is_solved():
     assert abs(float(leader_objective(game, theta, 0.1)) - want) <= 1e-12 * want
 
 
+@pytest.mark.slow
 def test_float32_cancellation_warns_at_large_gains_only():
     """float32 at K = (200, 0): the direct and follower-response parts are ~600x the gradient,
     and the float32 gradient [-7.2e-7, 1.8e-5] is far off the float64 [-2.85e-9, 9.87e-6] with
@@ -236,6 +240,7 @@ def test_float32_cancellation_warns_at_large_gains_only():
         assert lo <= x <= hi, (theta, x)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:.*cuts the follower's influence sums")
 def test_check_problem_warns_at_a_float32_theta_with_cancellation():
     game = lqr_game(U=np.array([[0.3]]))
@@ -258,6 +263,7 @@ def _train(game, method, iterations=8, **kw):
     return jax.jit(tr.train)(jax.random.key(0), hp)
 
 
+@pytest.mark.slow
 def test_exact_training_on_an_unstable_closed_loop_is_finite_and_unflagged():
     """float32, rho(F) ~ 1.3: every J was NaN and every ``exact`` update was undone and counted
     as a capped solve, though each Riccati solve converged. Now J is finite, equal to the
@@ -273,6 +279,7 @@ def test_exact_training_on_an_unstable_closed_loop_is_finite_and_unflagged():
     assert abs(m["J"][-1] - want) <= 1e-4 * want, (m["J"][-1], want)
 
 
+@pytest.mark.slow
 def test_an_overflowing_metric_is_flagged_not_counted_as_a_capped_solve():
     """float32 moments that really overflow (rho(F) = 1.3 over 400 steps): the update is undone
     (its gradient is not finite) and the iteration says why: ``metric_nonfinite``, not
@@ -319,6 +326,7 @@ def test_a_list_theta_is_refused_by_name():
             fn(base, [-5.0, 1.0], 0.1)
 
 
+@pytest.mark.slow
 def test_an_integer_scalar_horizon_is_accepted():
     """``horizon=jnp.int32(10)`` was refused as "must be a positive integer, got 10"."""
     base, th = lqr_game(), jnp.array([-5.0, 1.0])

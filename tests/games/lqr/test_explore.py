@@ -198,6 +198,7 @@ def test_a_clip_piece_changes_only_the_guiding_term(cv):
     )
 
 
+@pytest.mark.slow
 def test_td_targets_draw_with_a_key_of_their_own():
     """The critic's TD targets average follower actions b' ~ g(.|s', a') drawn with the key the
     actor-critic loop gives the loss (``fold_in(key, 10_000 + i)``), not with one derived from

@@ -30,6 +30,7 @@ def x64():
     jax.config.update("jax_enable_x64", False)
 
 
+@pytest.mark.slow
 def test_spec_instance_returns():
     """The reference numbers (docs/experiments.md): ~0.015 at the random start, 0.07 at
     K=(-4,0), 0.27 at (-6,0)."""
@@ -197,6 +198,7 @@ def test_exact_method_climbs():
     assert np.all(np.asarray(m["update_skipped"]) == 0)
 
 
+@pytest.mark.slow
 def test_unconverged_follower_skips_updates():
     """With too few Riccati iterations every actor update is skipped: theta never moves."""
     state, m = _train(
@@ -210,6 +212,7 @@ def test_unconverged_follower_skips_updates():
     assert np.all(np.asarray(m["K1"]) == np.asarray(m["K1"])[0])
 
 
+@pytest.mark.slow
 def test_an_overflowing_closed_loop_is_named_not_returned_as_nan():
     """A leader gain whose closed loop is unstable (spectral radius 1.3) but that the follower
     can still answer (gamma_F = 0.5) has a finite return, whose state moments overflow float32

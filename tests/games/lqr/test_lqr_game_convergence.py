@@ -35,6 +35,7 @@ def _slow_game():
     ).validate(np.zeros(1))
 
 
+@pytest.mark.slow
 def test_exact_hypergradient_converges_or_refuses(x64):
     """The old hard-coded cap (1000) gave 1221.4 against finite differences 454.5, silently."""
     game, th, beta = _slow_game(), jnp.zeros(1), 0.1
@@ -75,6 +76,7 @@ def test_exact_method_uses_the_configured_solve():
         assert int(m["update_skipped"][0]) == 0 and int(m["solve_capped"][0]) == 0
 
 
+@pytest.mark.slow
 def test_nan_gradient_is_skipped_not_capped():
     """A NaN estimate that no Riccati solve caused is ``update_skipped``, not ``solve_capped``
     (the two metrics used to be the same)."""

@@ -82,6 +82,7 @@ def test_a_capped_best_response_is_an_error_or_nan():
     assert bool(jnp.all(jnp.isnan(grad)))
 
 
+@pytest.mark.slow
 def test_a_given_q_star_that_is_not_the_fixed_point_is_refused():
     """exact_hypergradient / lag_hypergradient with a given Q_star: the solved one gives the
     same gradient as solving here; a Q_star off the fixed point by 0.05 (which shifts the

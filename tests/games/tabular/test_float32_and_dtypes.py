@@ -48,6 +48,7 @@ def cast_game(game, dtype):
 # --- mixed dtypes: the game's tables and the policy are promoted ---------------------------
 
 
+@pytest.mark.slow
 def test_float64_game_with_float32_theta_computes_in_float64(x64):
     """The exact hypergradient of a float64 toy game at a float32 theta equals the float64
     computation at the same theta within 2e-4 (measured 3.6e-5 and 1.3e-5: what is left is
@@ -99,6 +100,7 @@ def test_a_float32_game_with_a_float64_beta_or_warm_start_is_promoted_consistent
     assert compute_dtype(g32, f32, np.float64(0.05)) == np.float64
 
 
+@pytest.mark.slow
 def test_the_trainer_computes_in_its_config_dtype(x64):
     """make_train casts the game to config.dtype once (TabularGame.astype): a float64 game
     under the float32 config trains exactly as the same game given in float32."""
@@ -122,6 +124,7 @@ def test_the_trainer_computes_in_its_config_dtype(x64):
     "beta, p, old",
     [(0.05, 0.5, 0.016), (0.01, 0.55, 0.027), (1e-3, 0.55, 0.27)],
 )
+@pytest.mark.slow
 def test_float32_exact_hypergradient_of_the_toy_game(x64, beta, p, old):
     """The toy game at gamma 0.99 (the paper's): the float32 exact hypergradient against
     float64 within 2e-3 (measured 2.2e-4, 2e-6, 2e-6), with no warning. With jax.nn.softmax's
@@ -135,6 +138,7 @@ def test_float32_exact_hypergradient_of_the_toy_game(x64, beta, p, old):
     assert rel(got, want) < 2e-3, (rel(got, want), old)
 
 
+@pytest.mark.slow
 def test_float32_exact_hypergradient_of_a_random_game_near_one(x64):
     """A random 4-state game at gamma 0.999 (warned: FLOAT32_GAMMA_WARN): the float32 exact
     hypergradient within 1% of float64 (measured 3.0e-3; 47% before)."""

@@ -126,6 +126,7 @@ def test_truncated_hypergradient_without_a_cut_is_the_exact_one(x64):
         truncated_hypergradient(game, policy_fn, theta, BETA, CUT, guide="hpgd")
 
 
+@pytest.mark.slow
 def test_a_policy_fn_whose_rows_leave_the_simplex_is_refused(x64):
     """A direct table (``policy_fn = lambda t: t``, theta on the simplex) moves row sums with
     theta: its autodiff gradient is the objective's extended to non-policies, which Theorem 2's
