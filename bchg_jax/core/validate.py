@@ -307,7 +307,7 @@ def check_dtype_available(where: str, dtype) -> None:
 # (toy game and random 1- and 4-state games) at most 6e-4 at 0.99 and 0.995, 3e-3 at 0.999,
 # 6e-4-4% at 0.9999; the tabular CMDP family (random CMDPs; Four-Rooms 1e-5 at 0.99, beta
 # 1e-3) 4e-4 at 0.99, 5e-3 at 0.999. Before the tabular game's follower policy got a centred
-# softmax derivative (games.tabular.follower.follower_softmax) the toy game was 1.6% off at 0.99
+# softmax derivative (core.softmax.follower_softmax) the toy game was 1.6% off at 0.99
 # and beta 0.05, 27% at 1e-3, and random games up to 300% at 0.999: a leak of the softmax
 # derivative at tied follower actions, which eps max|Q| / (beta (1 - gamma)) did not predict
 # (Four-Rooms 0.012 gave 5e-6, the toy game 0.015 gave 1.6%); see docs/architecture.md

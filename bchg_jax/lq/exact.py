@@ -135,7 +135,16 @@ def refuse_divergence(
         return  # the follower's own failure: nan_unless_converged names it
     F = np.asarray(closed_loop_matrix(problem, theta, br.K), np.float64)
     rho = float(np.max(np.abs(np.linalg.eigvals(F))))
-    g = float(problem.gamma_L)
+    g, gF = float(problem.gamma_L), float(problem.gamma_F)
+    if gF * rho**2 >= 1:
+        # a played policy (not a best response, whose loop is stable under gamma_F by
+        # construction): its own value, a Lyapunov sum under gamma_F, diverges first
+        raise ValueError(
+            f"{caller}: {problem.name}: the follower's closed loop A(theta) - B(theta) K has "
+            f"spectral radius {rho:.4g} under this theta; gamma_F rho^2 = {gF * rho**2:.4g} "
+            ">= 1, so the follower's value of this policy (a discounted sum under gamma_F) "
+            "diverges. Take a follower policy whose closed loop is stable under gamma_F"
+        )
     why = (
         f"gamma_L rho^2 = {g * rho**2:.4g} >= 1, so the infinite-horizon return diverges"
         if horizon is None

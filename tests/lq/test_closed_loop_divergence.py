@@ -248,3 +248,31 @@ def test_follower_references_refuse_a_diverging_policy(x64):
         refs.as_if_optimal_hypergradient(p, w, br, 0.1, None)
     with pytest.raises(ValueError, match=r"k_step_hypergradient.*spectral radius"):
         refs.k_step_hypergradient(p, w, br.P, 0.1, 3, None)
+
+
+def test_a_played_policy_diverging_under_gamma_F_is_named(x64):
+    """The as-if reference at a learner's policy whose closed loop is stable under gamma_L but
+    not gamma_F: its value V^g (a Lyapunov sum under gamma_F) is NaN. The error blamed a
+    covariance overflowing float64 within the horizon (1.3^60 does not) and suggested float64
+    for a float64 problem."""
+    from bchg_jax.lq.follower_models import k_step_response
+    from bchg_jax.lq.follower_references import as_if_optimal_hypergradient
+
+    A0 = jnp.asarray([[1.3, 0.2], [0.0, 1.2]])
+    p = LQConfigurableMDP(
+        A_fn=lambda th: A0 * (1 + 0.05 * th[0]),
+        B_fn=lambda th: jnp.eye(2, dtype=th.dtype) * jnp.exp(0.1 * th[1]),
+        U=0.3 * np.eye(2),
+        Qbar=np.eye(2),
+        Rbar=0.5 * np.eye(2),
+        leader_quadratic=lambda th: (jnp.eye(2), 0.1 * jnp.eye(2), 0.0 * th[0]),
+        init_cov=np.eye(2),
+        gamma_F=0.8,
+        gamma_L=0.5,
+        theta0=jnp.zeros(2),
+        horizon=30,
+    ).validate()
+    # one backup from P = 0: the learner does not act yet (K = 0), F = A, rho 1.3
+    played, _ = k_step_response(p, p.theta0, 1.0, jnp.zeros((2, 2)), 1)
+    with pytest.raises(ValueError, match=r"gamma_F rho\^2 = 1.352 >= 1.*value of this policy"):
+        as_if_optimal_hypergradient(p, p.theta0, played, 1.0)

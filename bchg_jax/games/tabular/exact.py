@@ -29,6 +29,7 @@ from bchg_jax.core.follower_model import lag_mix
 from bchg_jax.core.maxent_lqr import nan_unless
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.rounding import refuse_unless_within
+from bchg_jax.core.softmax import follower_softmax
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_count,
@@ -45,7 +46,6 @@ from bchg_jax.games.tabular.follower import (
     BACKUPS,
     GameBestResponse,
     check_game,
-    follower_softmax,
     response_from_q,
     soft_q_backup,
     soft_q_backups,

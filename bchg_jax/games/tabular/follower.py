@@ -24,6 +24,7 @@ import numpy as np
 
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.rounding import keep_sweeping, progress_init, progress_update, stall_window
+from bchg_jax.core.softmax import follower_softmax
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_count,
@@ -133,34 +134,6 @@ def soft_q_backups(P: Array, r: Array, Q: Array, f: Array, beta, gamma, backup: 
     return jax.lax.fori_loop(
         0, int(K), lambda _, q: soft_q_backup(P, r, q, f, beta, gamma, backup), Q
     )
-
-
-@jax.custom_jvp
-def follower_softmax(logits: Array) -> Array:
-    """``jax.nn.softmax(logits, -1)`` (the same values) whose derivative stays accurate in
-    float32 where the tangent of the logits is large.
-
-    The softmax's derivative ``g (dz - sum_b g dz)`` vanishes along a constant ``dz`` only if
-    ``sum_b g = 1``; a float32 g sums to 1 within ~eps, so a tangent common to a row leaks
-    ``g dz (1 - sum_b g)`` off the simplex. The follower's logits are ``Q_F / beta``, and the
-    leader's policy moves ``Q_F`` of all actions of a row together by up to ~|Q_F| /
-    (1 - gamma_F), so at a small beta that leak dominates the hypergradient: the toy game's
-    float32 exact hypergradient was 1.6% off at beta 0.05 (p 0.5), 27% at beta 1e-3, and random
-    games at gamma 0.999 up to 300%, with every solve converged. The rule here centres each
-    row's tangent at its most likely action first (the derivative is invariant to a shift of
-    ``dz`` when the rows sum to 1), which leaves those errors at 2e-4 or less
-    (``docs/architecture.md``, "Tolerances the dtype can meet").
-    """
-    return jax.nn.softmax(logits, axis=-1)
-
-
-@follower_softmax.defjvp
-def _follower_softmax_jvp(primals, tangents):
-    (z,), (dz,) = primals, tangents
-    g = follower_softmax(z)
-    top = jnp.take_along_axis(dz, jnp.argmax(g, axis=-1, keepdims=True), axis=-1)
-    dz = dz - top
-    return g, g * (dz - jnp.sum(g * dz, axis=-1, keepdims=True))
 
 
 def response_from_q(Q: Array, beta, sweeps, residual) -> GameBestResponse:
