@@ -28,7 +28,7 @@ def follower_softmax(logits: Array) -> Array:
 
     The rule here centres each row's tangent at its most likely action first (the derivative is
     invariant to a shift of ``dz`` when the rows sum to 1), which leaves those errors at 2e-4
-    and 6e-6 (``docs/architecture.md``, "Tolerances the dtype can meet").
+    and 4e-5 (``docs/architecture.md``, "Tolerances the dtype can meet").
     """
     return jax.nn.softmax(logits, axis=-1)
 
