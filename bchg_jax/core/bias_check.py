@@ -20,6 +20,11 @@ Shared by the families' ``check_problem`` (:func:`bchg_jax.tabular.check.check_p
   number: a relative error well above ``rel_se`` is bias, not noise;
 * ``cosine`` = cos(mean, g). A cosine near 1 can hide a 10% bias in the norm, so the three
   numbers are reported together.
+
+An exact value that is 0 to float rounding (every |g| within the rounding tolerance of ``z``, e.g.
+a leader reward taken before the follower acts) has no relative error: ``rel_error``,
+``rel_se`` and ``cosine`` are NaN (not a ratio to the smallest float) and ``zero_exact`` is
+True; ``z`` and ``bias_se`` still judge the estimates.
 """
 
 from __future__ import annotations
@@ -73,8 +78,9 @@ def compare(exact, estimates) -> dict:
       estimates: N independent estimates, [N, ...] with D entries each.
     Returns:
       dict: ``exact``, ``mean``, ``se``, ``z`` (float64 [D]), ``bias_se``, ``p_value``,
-      ``rel_error``, ``rel_se``, ``cosine`` (floats) and ``exact_mismatches`` (int: the
-      components with no spread that differ from ``exact`` beyond rounding, ``z = inf``).
+      ``rel_error``, ``rel_se``, ``cosine`` (floats; NaN when ``exact`` is 0 to rounding),
+      ``zero_exact`` (bool: that case) and ``exact_mismatches`` (int: the components with no
+      spread that differ from ``exact`` beyond rounding, ``z = inf``).
       Non-finite estimates give NaN statistics (never a silently good verdict).
     """
     eps = max(ROUNDING_EPS, 8 * _eps(exact), 8 * _eps(estimates))
@@ -93,7 +99,9 @@ def compare(exact, estimates) -> dict:
     z = np.where(np.abs(diff) <= tol, 0.0, np.copysign(np.inf, diff))
     np.divide(diff, se, out=z, where=(se > tol) & (np.abs(diff) > tol))
     z[~(np.isfinite(diff) & np.isfinite(se))] = np.nan
+    zero_exact = bool(np.all(np.abs(g) <= tol))  # no scale to be relative to
     norm_g = max(np.linalg.norm(g), tiny)
+    nan_if_zero = np.nan if zero_exact else 1.0
     return {
         "exact": g,
         "mean": mean,
@@ -102,9 +110,10 @@ def compare(exact, estimates) -> dict:
         "bias_se": float(np.abs(z).max()),
         "p_value": max_abs_t_p_value(np.abs(z).max(), est.shape[0] - 1, z.size),
         "exact_mismatches": int(np.isinf(z).sum()),
-        "rel_error": float(np.linalg.norm(mean - g) / norm_g),
-        "rel_se": float(np.linalg.norm(se) / norm_g),
-        "cosine": float(mean @ g / max(np.linalg.norm(mean) * norm_g, tiny)),
+        "zero_exact": zero_exact,
+        "rel_error": float(np.linalg.norm(mean - g) / norm_g * nan_if_zero),
+        "rel_se": float(np.linalg.norm(se) / norm_g * nan_if_zero),
+        "cosine": float(mean @ g / max(np.linalg.norm(mean) * norm_g, tiny) * nan_if_zero),
     }
 
 
@@ -126,6 +135,11 @@ def describe(row: dict) -> str:
         if "p_value" in row:
             bias += f", p = {row['p_value']:.2g}"
         bias += ")"
+    if row.get("zero_exact", False):
+        return (
+            f"{bias}, the exact value is 0 to rounding (no relative error): |mean| "
+            f"{np.linalg.norm(row['mean']):.3g}, resolution |SE| {np.linalg.norm(row['se']):.3g}"
+        )
     return (
         f"{bias}, "
         f"relative error {100 * row['rel_error']:.2f}% "

@@ -15,7 +15,8 @@ follower's fixed point). Per theta it reports
   resolution (with many batches, ``bias_se`` above ~4; with few, larger values are chance);
 * ``rel_error``: ||mean - exact|| / ||exact||, and ``rel_se`` = ||SE|| / ||exact||, the
   resolution of that number (a relative error well above ``rel_se`` is bias, not noise);
-* ``cosine``: cos(mean, exact);
+* ``cosine``: cos(mean, exact) (these three are NaN, and ``zero_exact`` True, when the exact
+  gradient is 0 to rounding: there is nothing to be relative to, and ``z`` judges alone);
 * ``truncated``: the fraction of the sampled streams whose first episode was cut (by the time
   limit or the end of the batch) before a terminal state; ``truncated_target`` and ``cut_bias``:
   what the first-episode forms estimate when the episodes are cut at H = min(``time_limit``,
@@ -302,7 +303,10 @@ def check_problem(
         row = compare(g, est)
         target = np.asarray(target, np.float64)
         norm_g = max(float(np.linalg.norm(row["exact"])), np.finfo(np.float64).tiny)
-        cut_bias = float(np.linalg.norm(target - row["exact"]) / norm_g)
+        # relative to an exact gradient of 0 it is undefined (NaN): the warning uses cut_weight
+        cut_bias = (
+            np.nan if row["zero_exact"] else float(np.linalg.norm(target - row["exact"]) / norm_g)
+        )
         to_target = compare(target, est)
         row.update(
             truncated=truncated,
@@ -332,7 +336,8 @@ def check_problem(
             and config.grouping == "first_episode"
             and config.partial == "first_episode"
         )
-        cut_size = cut_bias if exact_cut else max(cut_weight, cut_bias)
+        cut_size = max(cut_weight, cut_bias) if not exact_cut else cut_bias
+        cut_size = cut_weight if np.isnan(cut_bias) else cut_size
         if truncated > 0 and cut_size > CUT_WEIGHT_WARN:
             warnings.warn(
                 f"theta {i}: {100 * truncated:.0f}% of the sampled first episodes were cut "

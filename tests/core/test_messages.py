@@ -82,6 +82,22 @@ def test_compare_non_finite_estimates_stay_nan():
     assert row["z"][2] == 0.0
 
 
+def test_compare_a_zero_exact_value_has_no_relative_error():
+    """An exact gradient that is 0 (a leader reward before the follower acts) gave a relative
+    error of ~1e290 (the mean over the smallest float); now NaN, said in words, z still judges."""
+    rng = np.random.default_rng(0)
+    g = np.zeros(3)
+    row = compare(g, 1e-18 * rng.standard_normal((400, 3)))
+    assert row["zero_exact"] and np.isnan(row["rel_error"]) and np.isnan(row["rel_se"])
+    assert np.isnan(row["cosine"]) and row["bias_se"] < 5
+    text = describe(row)
+    assert "exact value is 0 to rounding" in text and "e+2" not in text, text
+    biased = compare(g, 1.0 + rng.standard_normal((400, 3)))  # a real bias still shows
+    assert biased["zero_exact"] and biased["bias_se"] > 10 and biased["p_value"] < 1e-6
+    nonzero = compare(np.array([0.0, 1e-3, 0.0]), 1e-3 + 1e-4 * rng.standard_normal((400, 3)))
+    assert not nonzero["zero_exact"] and np.isfinite(nonzero["rel_error"])
+
+
 def _game_with(transition=None, init_dist=None) -> TabularGame:
     game = random_tabular_game()
     return TabularGame(

@@ -354,7 +354,8 @@ def check_problem(
         row = compare(_flat(g), est)
         target, uncut = (np.asarray(_flat(x), np.float64) for x in (target, uncut))
         norm_g = max(float(np.linalg.norm(row["exact"])), np.finfo(np.float64).tiny)
-        cut_bias = float(np.linalg.norm(target - uncut) / norm_g)
+        # relative to an exact gradient of 0 it is undefined (NaN): the warning uses cut_weight
+        cut_bias = np.nan if row["zero_exact"] else float(np.linalg.norm(target - uncut) / norm_g)
         to_target = compare(target, est)
         row.update(
             truncated_target=target,
@@ -364,7 +365,7 @@ def check_problem(
             cut_weight=cut_weight,
         )
         out.append(row)
-        if max(cut_weight, cut_bias) > CUT_WEIGHT_WARN:
+        if max(cut_weight, np.nan_to_num(cut_bias)) > CUT_WEIGHT_WARN:
             warnings.warn(
                 f"{game.name}, theta {i}: every episode is cut at step {horizon}, while the "
                 "exact hypergradient has no time limit: the estimates target the hypergradient "
