@@ -14,7 +14,12 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from bchg_jax.core.validate import check_count, check_shape, transition_sizes
+from bchg_jax.core.validate import (
+    check_count,
+    check_probability_rows_if_concrete,
+    check_shape,
+    transition_sizes,
+)
 from bchg_jax.tabular.sparse import successor_probs
 
 Array = jax.Array
@@ -103,8 +108,11 @@ def rollout(
       :class:`Batch`, every field [num_envs, num_steps] (time axis 1).
     Raises:
       ValueError: ``transition`` not [S, B, S]; ``policy``, ``init_dist`` or ``terminal`` not
-        shaped by its S, B (the error names the array at fault); a ``time_limit`` that is not a
-        positive integer or None; ``num_envs`` or ``num_steps`` < 1.
+        shaped by its S, B (the error names the array at fault); a concrete ``policy``,
+        ``transition`` or ``init_dist`` whose rows are not distributions (a negative entry, or a
+        row sum off 1 by more than ``core.validate.POLICY_ROW_TOL``: logits or unnormalised
+        weights would otherwise be drawn from, normalised, without a word); a ``time_limit``
+        that is not a positive integer or None; ``num_envs`` or ``num_steps`` < 1.
     """
     S, B = transition_sizes("transition", transition)
     src = f"S={S}, B={B} from transition [S, B, S]"
@@ -113,6 +121,8 @@ def rollout(
     if terminal is not None:
         check_shape("terminal", terminal, (S,), src)
     check_count("time_limit", time_limit, allow_none=True)
+    for label, table in (("policy", policy), ("transition", transition), ("init_dist", init_dist)):
+        check_probability_rows_if_concrete(label, table)  # logits or weights: no silent draw
     if num_envs < 1 or num_steps < 1:
         raise ValueError(f"num_envs and num_steps must be >= 1, got {num_envs} and {num_steps}")
     term_mask = jnp.zeros((S,), bool) if terminal is None else jnp.asarray(terminal, bool)

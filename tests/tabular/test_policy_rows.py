@@ -57,7 +57,9 @@ def test_sampler_never_draws_outside_a_row_that_sums_below_one():
     assert float(policy.sum(-1)[0]) < 1.0 and float(P.sum(-1)[0, 0]) < 1.0
     full = successors_from_support(np.ones((S, S), bool))  # holds the zero-probability state
     for table in (None, full):
-        batch = rollout(jax.random.key(1), policy, P, rho, None, 3, 256, 200, successors=table)
+        # traced, as in the trainers (an eager call refuses rows this far off 1, below)
+        draw = jax.jit(lambda k, g, p, r: rollout(k, g, p, r, None, 3, 256, 200, successors=table))
+        batch = draw(jax.random.key(1), policy, P, rho)
         s, b, s2 = (np.asarray(x).ravel() for x in (batch.s, batch.b, batch.s_next))
         assert (b < 2).all() and (s < 2).all() and (s2 < 2).all()
         # the draws keep the row's proportions (51,200 draws: SE of a frequency ~0.002)
@@ -65,6 +67,26 @@ def test_sampler_never_draws_outside_a_row_that_sums_below_one():
         np.testing.assert_allclose(np.mean(s2 == 0), 0.5 / 0.99, atol=0.01)
         starts = s[np.asarray(batch.t).ravel() == 0]
         np.testing.assert_allclose(np.mean(starts == 0), 0.6 / 0.99, atol=0.02)
+
+
+@pytest.mark.parametrize("bad", ["logits", "negative", "unnormalised_transition", "init_dist"])
+def test_eager_rollout_refuses_tables_that_are_not_distributions(bad):
+    """An eager ``rollout`` checks its concrete tables: logits passed as a policy were drawn as
+    weights (rows [2, -1]: action 0 every time), unnormalised rows were silently normalised."""
+    S = B = 3
+    policy = jnp.full((S, B), 1.0 / B)
+    P = jnp.full((S, B, S), 1.0 / S)
+    rho = jnp.full((S,), 1.0 / S)
+    if bad == "logits":
+        policy, name = jnp.tile(jnp.asarray([2.0, -1.0, 0.0]), (S, 1)), "policy"
+    elif bad == "negative":
+        policy, name = policy.at[0].set(jnp.asarray([0.7, -0.2, 0.5])), "policy"
+    elif bad == "unnormalised_transition":
+        P, name = P.at[1, 2].multiply(0.5), "transition"
+    else:
+        rho, name = 3 * rho, "init_dist"
+    with pytest.raises(ValueError, match=f"{name} must hold probability rows"):
+        rollout(jax.random.key(0), policy, P, rho, None, 3, 2, 5)
 
 
 @pytest.mark.slow
