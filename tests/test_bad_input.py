@@ -1535,3 +1535,22 @@ def test_a_list_theta_is_refused_by_name():
             match=r"one array shaped like theta0 \(4,\), got a (list|tuple) of 4; pass jnp.asarray",
         ):
             tabular.exact_hypergradient(cmdp, th, 0.5)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda th: game_tab.exact_hypergradient(
+            lambda t: jax.nn.softmax(t, -1), th, toy_game(), 0.5
+        ),
+        lambda th: game_tab.as_if_optimal_hypergradient(
+            lambda t: jax.nn.softmax(t, -1), th, toy_game(), jnp.full((3, 2, 3), 1 / 3), 0.5
+        ),
+    ],
+    ids=["exact_hypergradient", "as_if_optimal_hypergradient"],
+)
+def test_games_tabular_integer_theta_is_named(call):
+    """An integer theta gave JAX's raw 'grad requires real-valued inputs' TypeError."""
+    S, A = np.shape(toy_game().transition)[:2]
+    with pytest.raises(ValueError, match="theta must be a floating array"):
+        call(jnp.zeros((S, A), jnp.int32))

@@ -128,11 +128,23 @@ def refuse_divergence(
     follower: the closed loop ``F = A(theta) - B(theta) K`` grows faster than gamma_L discounts
     it (``horizon=None``: the discounted sum diverges) or the state's covariance overflowed
     the dtype within the finite ``horizon``. Raises, naming the spectral radius, rather than
-    returning NaN or -inf; a traced value is left as it is (NaN)."""
+    returning NaN or -inf (or naming ``A(theta)``, ``B(theta)`` or the leader's quadratic when
+    one of them is not finite); a traced value is left as it is (NaN)."""
     if not is_concrete(value, theta, br) or np.all(np.isfinite(np.asarray(value))):
         return
     if not np.all(np.isfinite(np.asarray(br.K))):
         return  # the follower's own failure: nan_unless_converged names it
+    # a non-finite input is named first: a NaN in the leader's quadratic would otherwise be
+    # reported as a diverging closed loop (a problem that was never validated)
+    pieces = zip(("Ms", "Mb", "c"), problem.leader_quadratic(theta), strict=False)
+    for label, x in (("A(theta)", problem.A_fn(theta)), ("B(theta)", problem.B_fn(theta))) + tuple(
+        (f"leader_quadratic(theta)'s {k}", v) for k, v in pieces
+    ):
+        if not np.all(np.isfinite(np.asarray(x, np.float64))):
+            raise ValueError(
+                f"{caller}: {problem.name}: {label} is not finite at this theta, so neither "
+                "is the result (LQConfigurableMDP.validate(theta) checks a problem's pieces)"
+            )
     F = np.asarray(closed_loop_matrix(problem, theta, br.K), np.float64)
     rho = float(np.max(np.abs(np.linalg.eigvals(F))))
     g, gF = float(problem.gamma_L), float(problem.gamma_F)

@@ -3,6 +3,9 @@ infinite-horizon J_L and the exact leader critic raise on concrete arguments and
 traced (never a finite wrong-signed number), the check is jit-friendly, and ``validate()``
 refuses such a theta0; a finite horizon whose covariance overflows the dtype raises too."""
 
+import dataclasses
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -276,3 +279,38 @@ def test_a_played_policy_diverging_under_gamma_F_is_named(x64):
     played, _ = k_step_response(p, p.theta0, 1.0, jnp.zeros((2, 2)), 1)
     with pytest.raises(ValueError, match=r"gamma_F rho\^2 = 1.352 >= 1.*value of this policy"):
         as_if_optimal_hypergradient(p, p.theta0, played, 1.0)
+
+
+@pytest.mark.parametrize("piece", ["Ms", "c", "A"])
+def test_a_non_finite_problem_piece_is_named_not_the_closed_loop(piece):
+    """A problem never validated whose leader_quadratic (or A) is NaN at theta: the error named a
+    stable closed loop (spectral radius 0.88) as overflowing; it names the piece now."""
+    base = _scalar(1.0, gamma_L=0.5)
+    quad, A_fn = base.leader_quadratic, base.A_fn
+    if piece == "A":
+        A_fn = lambda th: jnp.array([[0.5]], th.dtype) * (th[0] / th[0] * jnp.nan)  # noqa: E731
+    else:
+        k = ("Ms", "Mb", "c").index(piece)
+        quad = lambda th: tuple(  # noqa: E731
+            x * jnp.nan if i == k else x for i, x in enumerate(base.leader_quadratic(th))
+        )
+    problem = dataclasses.replace(base, leader_quadratic=quad, A_fn=A_fn)
+    theta = jnp.ones((1,))
+    label = "A(theta)" if piece == "A" else f"leader_quadratic(theta)'s {piece}"
+    calls = [
+        lambda: lq.leader_objective(problem, theta, 0.5),
+        lambda: lq.leader_objective(problem, theta, 0.5, None),
+    ]
+    if piece != "c":  # a NaN constant has derivative 0: the gradient stays finite
+        calls.append(lambda: lq.exact_hypergradient(problem, theta, 0.5, None))
+    for call in calls:
+        try:
+            call()
+        except ValueError as e:
+            if piece == "A" and "not finite" not in str(e):
+                assert "Riccati" in str(e) or "follower" in str(e), e  # the follower fails first
+                continue
+            assert re.search(re.escape(label) + " is not finite", str(e)), e
+            assert "spectral radius" not in str(e), e
+        else:
+            pytest.fail("a NaN problem piece returned a value")

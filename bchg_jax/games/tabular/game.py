@@ -230,13 +230,19 @@ def check_policy_fn_on_simplex(policy_fn, theta, caller: str) -> None:
       theta: the leader's parameters (pytree of floating arrays).
       caller: the function's name in the error.
     Raises:
-      ValueError: a row sum that moves with theta beyond rounding.
+      ValueError: a theta with a non-floating leaf (or none), or a row sum that moves with
+        theta beyond rounding.
     """
     leaves = jax.tree.leaves(theta)
-    if not leaves or not is_concrete(*leaves):
+    kinds = [jnp.result_type(x) for x in leaves]
+    if not leaves or not all(jnp.issubdtype(k, jnp.floating) for k in kinds):
+        raise ValueError(
+            f"{caller}: theta must be a floating array (or a pytree of them) to be "
+            f"differentiated, got {'no arrays' if not leaves else 'dtypes ' + str(kinds)}: "
+            "e.g. jnp.zeros((S, A)) or jnp.asarray(theta, jnp.float32)"
+        )
+    if not is_concrete(*leaves):
         return
-    if not all(jnp.issubdtype(jnp.result_type(x), jnp.floating) for x in leaves):
-        return  # the theta checks name a non-float theta
     rng = np.random.default_rng(0)
     direction = jax.tree.map(
         lambda x: jnp.asarray(rng.standard_normal(np.shape(x)), jnp.result_type(x)), theta
