@@ -273,10 +273,11 @@ def leave_one_out_quadratic_q(
     episodes. A fit on the other episodes is independent of episode e, so (the LSTD class being
     exact for linear-Gaussian problems) only the fit's finite-sample error on E - 1 episodes
     remains, which does not correlate with episode e. Its mean is not zero (LSTD solves a
-    random linear system): a bias of order 1 / (E - 1), 1.15% of the gradient's norm at E = 2
-    and 0.23% at E = 5 on one small problem, below resolution at E = 100 on thermal
-    (docs/experiments.md). With E = 2 each fit sees one episode and can be nearly singular.
-    Same SARSA-LSTD system, scaling and ridge as :func:`fit_quadratic_q`
+    random linear system): a bias that shrinks with E and depends on the problem, 1.15% of the
+    gradient's norm at E = 2 and 0.23% at E = 5 on one small problem, 4.0% / 2.7% / 0.9% at
+    E = 2 / 4 / 10 on another, below resolution at E = 100 on thermal (docs/experiments.md).
+    With E = 2 each fit sees one episode and can be nearly singular. Same SARSA-LSTD system,
+    scaling and ridge as :func:`fit_quadratic_q`
     (:func:`leave_one_out_lstd`).
 
     Args:

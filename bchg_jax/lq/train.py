@@ -13,7 +13,8 @@ PartialDerivative Algorithm 4, FollowerQGrad Algorithm 6):
      (closed-form Q_L; isolates estimator noise).
      The in-sample ``quadratic`` fit depends on each episode's own actions, so BC-HG's Benefit
      ``Q_L(s_t, b_t) - V_L(s_t)`` correlates with the same episode's FollowerQGrad term and the
-     estimate is biased at few episodes; ``quadratic_loo`` removes that (TrainConfig.critic);
+     estimate is biased at few episodes; ``quadratic_loo`` removes that correlation, not the
+     LSTD fit's own finite-sample bias, which shrinks with E (TrainConfig.critic);
   4. the hypergradient (Theorem 1, Eq. (hg_configurable)): ``bchg`` (Benefit guide), ``hpgd_td`` /
      ``hpgd_mc`` (Q_L x (dQF - dVF) with a learned vector dVF ~ grad V_F; TD critic / Monte Carlo
      returns for Q_L and V_L), ``naive`` (partial term only) or ``exact`` (autodiff of the
@@ -101,7 +102,12 @@ class TrainConfig(FollowerSettings):
         shrinks with E. Measured with the ``estimate`` step (default estimator) against the
         exact hypergradient on a random 2-d problem (T = 60, 30000 batches; docs/experiments.md):
         relative bias 0.039 (z 23) at E = 2 and 0.010 (z 13) at E = 10 in-sample, 0.001
-        (|z| <= 1.3) cross-fitted at both, as with the exact critic. The price: at E = 2 each
+        (|z| <= 1.3) cross-fitted at both, as with the exact critic. Cross-fitting does not
+        remove the fit's own finite-sample bias (LSTD solves a random linear system), which
+        depends on the problem: on two other small problems (paired against the exact critic)
+        it was 1.15% / 0.23% of the gradient's norm at E = 2 / 5, and 4.0% / 2.7% / 0.9% /
+        below 0.2% at E = 2 / 4 / 10 / 30. Use E >= 10 (or ``critic="exact"`` to judge an
+        estimator's form). The price: at E = 2 each
         critic sees one episode, per-batch standard deviation x1.35 (x1.05 at E = 10). On
         thermal at the protocol's E = 100 the in-sample bias is ~7% of the gradient's norm
         (paired against the exact critic), against a per-batch standard deviation of ~1.6x the
