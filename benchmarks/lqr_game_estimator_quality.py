@@ -22,14 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-jax.config.update("jax_enable_x64", True)
-
-from bchg_jax.games.lqr.exact import (  # noqa: E402
+from bchg_jax.games.lqr.exact import (
     exact_critic_estimate,
     exact_hypergradient,
     influence_steps,
 )
-from bchg_jax.problems.lqr_game import lqr_game  # noqa: E402
+from bchg_jax.problems.lqr_game import lqr_game
 
 VARIANTS = {  # name: (stochastic, guide, direct_baseline, influence)
     "BC-HG, reference estimator (same-b baseline, raw V_F)": (True, "benefit", "same_b", "raw"),
@@ -52,6 +50,7 @@ def main(argv=None):
     p.add_argument("--episodes", type=int, default=4)
     p.add_argument("--gains", default="-1,0;-4,0;-7,0")
     a = p.parse_args(argv)
+    jax.config.update("jax_enable_x64", True)  # in main: importing the module changes nothing
     game, beta = lqr_game(), 0.1
     print(
         f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "

@@ -12,6 +12,7 @@ import pathlib
 import re
 import shlex
 
+import jax
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -83,7 +84,11 @@ def test_the_documents_give_commands():
     "doc, module, argv", COMMANDS, ids=[f"{d}:{m}:{i}" for i, (d, m, _) in enumerate(COMMANDS)]
 )
 def test_documented_command_parses(doc, module, argv, monkeypatch):
+    x64 = jax.config.jax_enable_x64
     mod = importlib.import_module(module)
+    changed = jax.config.jax_enable_x64 != x64
+    jax.config.update("jax_enable_x64", x64)  # the tests after this one in the process
+    assert not changed, f"importing {module} changed jax_enable_x64 (a global setting)"
     where = f"{doc}: python -m {module} {shlex.join(argv)}"
     try:
         if module.startswith("experiments.") and hasattr(mod, "validate_args"):
