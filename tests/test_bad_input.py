@@ -1550,7 +1550,11 @@ def test_a_list_theta_is_refused_by_name():
     ids=["exact_hypergradient", "as_if_optimal_hypergradient"],
 )
 def test_games_tabular_integer_theta_is_named(call):
-    """An integer theta gave JAX's raw 'grad requires real-valued inputs' TypeError."""
+    """An integer theta gave JAX's raw 'grad requires real-valued inputs' TypeError; it is refused
+    before ``policy_fn`` is traced with it (that printed NumPy's 'invalid value encountered in
+    cast' first)."""
     S, A = np.shape(toy_game().transition)[:2]
-    with pytest.raises(ValueError, match="theta must be a floating array"):
-        call(jnp.zeros((S, A), jnp.int32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with pytest.raises(ValueError, match="theta must be a floating array"):
+            call(jnp.zeros((S, A), jnp.int32))

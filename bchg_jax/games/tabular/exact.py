@@ -348,12 +348,13 @@ def exact_hypergradient(
     """
     check_game(game)
     check_beta_if_concrete(beta)
+    # first: it refuses a non-floating theta before policy_fn is traced with it
+    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.exact_hypergradient")
     # the computation's dtype: policy_fn's output promoted with beta and the game's tables
     dtype = compute_dtype(game, jax.eval_shape(policy_fn, theta), beta)
     warn_float32_long_horizon(
         "games.tabular.exact_hypergradient", dtype, game.gamma_F, game.gamma_L
     )
-    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.exact_hypergradient")
 
     def J(th):
         f = policy_fn(th)
