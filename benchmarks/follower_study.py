@@ -134,9 +134,11 @@ def table(out: str, compact: str, iterations: dict) -> None:
             (f"Four-Rooms, batch 100, β={beta}", "fourrooms", f"beta{beta}_", FOURROOMS_METHODS)
         )
     panels.append(("toy game, R = 2", "toy_game", "", TOY_METHODS))
+    # the final window, or every iteration of a shorter run
+    window = {exp: min(WINDOW[exp], iterations[exp]) for exp in WINDOW}
     lines = [
-        f"Mean +- SE over 10 seeds of the last {WINDOW['fourrooms']} of "
-        f"{iterations['fourrooms']} iterations (toy game: {WINDOW['toy_game']} of "
+        f"Mean +- SE over 10 seeds of the last {window['fourrooms']} of "
+        f"{iterations['fourrooms']} iterations (toy game: {window['toy_game']} of "
         f"{iterations['toy_game']}) of J_L at the "
         "policy the follower plays; cos / proj: the estimate against the as-if-optimal "
         "reference (T) and the derivative through the follower's update (U): mean cosine and "
@@ -165,7 +167,7 @@ def table(out: str, compact: str, iterations: dict) -> None:
                 path = os.path.join(folder, m, "metrics.npz")
                 if not os.path.exists(path):
                     continue
-                s = summarize(path, iterations[exp], WINDOW[exp])
+                s = summarize(path, iterations[exp], window[exp])
                 seconds = wall.get(os.path.relpath(folder, out))
                 lines.append(
                     f"| {label} | {m} | {s['J']:.3f} +- {s['J_se']:.3f} | "

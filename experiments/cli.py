@@ -340,11 +340,10 @@ def add_follower_args(p: argparse.ArgumentParser, kinds=None, estimate="the esti
 def follower_model(a):
     """The validated :class:`~bchg_jax.core.follower_model.FollowerModel` of the flags; the
     error names the flag."""
-    from bchg_jax.core.follower_model import FollowerModel
+    from bchg_jax.core.follower_model import SETTING_OF, FollowerModel
 
     # a model's own flag given for another model was silently ignored
-    owner = {"steps": "k_step", "mix": "lag", "lr": "q_learning", "explore": "q_learning"}
-    for k, kind in owner.items():
+    for k, kind in SETTING_OF.items():
         if f"follower_{k}" in getattr(a, "_explicit", ()) and a.follower != kind:
             raise ValueError(
                 f"--follower-{k} is a setting of --follower {kind}, and this run has "

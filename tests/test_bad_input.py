@@ -1558,3 +1558,22 @@ def test_games_tabular_integer_theta_is_named(call):
         warnings.simplefilter("error", RuntimeWarning)
         with pytest.raises(ValueError, match="theta must be a floating array"):
             call(jnp.zeros((S, A), jnp.int32))
+
+
+@pytest.mark.parametrize(
+    "kind, field, value",
+    [("best_response", "steps", 5), ("k_step", "mix", 0.5), ("lag", "explore", 0.3)]
+    + [("lag", "lr", 0.2), ("q_learning", "steps", 2)],
+)
+def test_follower_model_refuses_another_kinds_setting(kind, field, value):
+    """``FollowerModel("k_step", mix=0.5)`` validated and trained a K-step follower that ignored
+    ``mix`` (the CLI refused the same flag); a setting of another kind must stay at its default."""
+    from bchg_jax.core.follower_model import SETTING_OF, FollowerModel
+
+    with pytest.raises(ValueError, match=f"FollowerModel.{field} = {value} is a setting of kind"):
+        FollowerModel(kind, **{field: value}).validate()
+    with pytest.raises(ValueError, match=f"FollowerModel.{field}"):
+        tabular.make_train(
+            _cmdp(), "bchg", tabular.TrainConfig(follower=FollowerModel(kind, **{field: value}))
+        )
+    FollowerModel(SETTING_OF[field], **{field: value}).validate()  # its own kind takes it

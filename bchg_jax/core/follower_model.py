@@ -33,6 +33,8 @@ from bchg_jax.core.validate import check_config
 Array = jax.Array
 FOLLOWERS = ("best_response", "k_step", "lag", "q_learning")
 MAX_STEPS = 2**31 - 1  # FollowerModel.steps: the compiled loops count in int32
+# the kind that reads each setting; the others ignore it (and refuse a value off its default)
+SETTING_OF = {"steps": "k_step", "mix": "lag", "lr": "q_learning", "explore": "q_learning"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +48,9 @@ class FollowerModel:
       mix: ``lag``'s weight of the new best response, in (0, 1].
       lr: ``q_learning``'s step size, in (0, 1].
       explore: ``q_learning``'s probability of a uniformly random action, in [0, 1].
+
+    A setting of another kind (:data:`SETTING_OF`) must stay at its default: ``validate``
+    refuses e.g. ``FollowerModel("k_step", mix=0.5)``, which would ignore ``mix``.
     """
 
     kind: str = "best_response"
@@ -70,6 +75,17 @@ class FollowerModel:
                 f"FollowerModel.steps must be at most {MAX_STEPS} (an int32 loop count), got "
                 f"{self.steps}; for the limit K -> infinity use kind='best_response'"
             )
+        # another kind's setting away from its default was ignored without a word (the CLI
+        # refuses its flag the same way)
+        defaults = FollowerModel()
+        for name, owner in SETTING_OF.items():
+            value = getattr(self, name)
+            if owner != self.kind and value != getattr(defaults, name):
+                raise ValueError(
+                    f"FollowerModel.{name} = {value!r} is a setting of kind {owner!r}, and this "
+                    f"model's kind is {self.kind!r}, which ignores it: set kind={owner!r}, or "
+                    f"leave {name} at its default {getattr(defaults, name)!r}"
+                )
         return self
 
     @property
