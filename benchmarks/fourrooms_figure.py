@@ -8,8 +8,10 @@
 ``python -m experiments.fourrooms --method <all six> ,exact --grid paper --batch B --beta BETA
 --seeds 10 --iterations 10000 --exact-out --out OUT/batchB_betaBETA`` (every method's paper grid
 x 10 seeds x 10,000 iterations, ``exact`` as the reference line). A panel folder that already
-holds a ``config.json`` is continued with ``--resume`` (complete methods are skipped), so the
-command can be stopped at any time and given again in a later sitting; a panel whose compact
+holds a ``config.json`` is continued with ``--resume`` (complete methods are skipped; a
+``--seeds`` or ``--iterations`` given again is checked against it: other seeds are refused, more
+iterations extend it), so the command can be stopped at any time and given again in a later
+sitting; a panel whose compact
 copy is complete and whose full folder is gone is skipped. After each panel its
 compact copy (best grid point of every method, ``experiments.plot --export``) and
 ``wall.json`` (seconds per method, summed over the chunks of every sitting, compile included)
@@ -50,12 +52,15 @@ import os
 import queue
 import signal
 import subprocess
+import sys
 import threading
 
 from benchmarks.fourrooms_panel import (
     BATCHES,
     BETAS,
+    ITERATIONS,
     METHODS,
+    SEEDS,
     panel_name,
     parse_panel,
     run_panel,
@@ -274,8 +279,23 @@ def main(argv=None):
         "500). Each chunk ends with a checkpoint and a rewrite of metrics.npz; on a GPU, where "
         "500 iterations take about a second, 1000 or more keeps those writes from dominating",
     )
-    p.add_argument("--seeds", type=int, default=10)
-    p.add_argument("--iterations", type=int, default=10000)
+    started = (
+        "; a started panel goes on as it was started, and a value given is checked against it "
+        "by experiments.fourrooms --resume"
+    )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        help=f"run: seeds of a new panel (default {SEEDS}){started} (other seeds are refused)",
+    )
+    p.add_argument(
+        "--iterations",
+        type=int,
+        default=None,
+        help=f"run: iterations of a new panel (default {ITERATIONS}){started} (more extend it, "
+        "fewer are refused)",
+    )
     p.add_argument(
         "--reference",
         default=None,
@@ -310,7 +330,7 @@ def main(argv=None):
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise SystemExit(f"error: --methods: unknown {unknown}; choose from {', '.join(METHODS)}")
-    for flag in ("workers", "method_workers", "chunk"):
+    for flag in ("workers", "method_workers", "chunk", "seeds", "iterations"):
         if getattr(a, flag) is not None and getattr(a, flag) < 1:
             raise SystemExit(f"error: --{flag.replace('_', '-')} must be >= 1")
     if a.workers > 1 and a.method_workers > 1:
@@ -320,7 +340,11 @@ def main(argv=None):
     more = dict(chunk=a.chunk, method_workers=a.method_workers)
     if a.workers == 1:
         for batch, beta in panels:
-            run_panel(a.out, a.compact, batch, beta, methods, a.seeds, a.iterations, **more)
+            try:
+                run_panel(a.out, a.compact, batch, beta, methods, a.seeds, a.iterations, **more)
+            except subprocess.CalledProcessError as e:  # its error is in the panel's log
+                log = os.path.join(a.out, panel_name(batch, beta), "log.txt")
+                raise SystemExit(f"error: {panel_name(batch, beta)}: {e}; see {log}") from None
     else:
         cores = sorted(os.sched_getaffinity(0))
         todo = queue.Queue()
@@ -347,7 +371,8 @@ def main(argv=None):
                         chunk=a.chunk,
                     )
                 except subprocess.CalledProcessError as e:
-                    failed.append(f"{panel_name(batch, beta)}: {e}")
+                    log = os.path.join(a.out, panel_name(batch, beta), "log.txt")
+                    failed.append(f"{panel_name(batch, beta)}: {e}; see {log}")
 
         threads = [
             threading.Thread(target=worker, args=(cores[i % len(cores)],)) for i in range(a.workers)
@@ -363,4 +388,11 @@ def main(argv=None):
 
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, stop_on_sigterm)
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # the training processes got the Ctrl-C too and saved their chunk
+        print(
+            "\ninterrupted; nothing saved is lost: give the same command again to continue",
+            file=sys.stderr,
+        )
+        raise SystemExit(130) from None

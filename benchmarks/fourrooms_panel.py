@@ -20,6 +20,7 @@ import time
 BATCHES = (100, 200, 400, 1000)
 BETAS = ("1e-3", "3e-3", "5e-3")
 METHODS = ("naive", "sobirl", "hpgd_mc", "hpgd_sa", "bchg", "hpgd_oracle", "exact")
+SEEDS, ITERATIONS = 10, 10000  # a new panel's, as in the paper
 
 
 def panel_name(batch: int, beta: str) -> str:
@@ -63,13 +64,21 @@ CHILDREN = set()  # the training processes running now (stopped with this one: s
 
 
 def panel_command(
-    run_dir: str, methods, batch: int, beta: str, seeds: int, iterations: int, chunk=None
+    run_dir: str, methods, batch: int, beta: str, seeds=None, iterations=None, chunk=None
 ):
     """The ``experiments.fourrooms`` command that trains (or, when ``run_dir`` holds a
-    ``config.json``, resumes) ``methods`` of one panel into ``run_dir``."""
+    ``config.json``, resumes) ``methods`` of one panel into ``run_dir``. A new panel gets
+    ``seeds`` / ``iterations`` (None: :data:`SEEDS` / :data:`ITERATIONS`); a resumed one gets
+    those given, which ``--resume`` checks against the saved run (other seeds are refused, more
+    iterations extend it; they were ignored without a word), and goes on as it was started
+    without them."""
     if os.path.exists(os.path.join(run_dir, "config.json")):
         cmd = ["--resume", run_dir]
+        for flag, value in (("--seeds", seeds), ("--iterations", iterations)):
+            cmd += [] if value is None else [flag, str(value)]
     else:
+        seeds = SEEDS if seeds is None else seeds
+        iterations = ITERATIONS if iterations is None else iterations
         cmd = [
             "--method",
             ",".join(methods),
@@ -181,8 +190,8 @@ def run_panel(
     batch: int,
     beta: str,
     methods,
-    seeds: int,
-    iterations: int,
+    seeds=None,
+    iterations=None,
     core=None,
     chunk=None,
     method_workers: int = 1,

@@ -86,8 +86,15 @@ def run_experiment(
             flush=True,
         )
     try:
-        summaries = [run_method(m, a, run_dir) for m in methods]
-        finish_run(run_dir, summaries, window, extra_figures, a.iterations, experiment, shown)
+        with interrupt_flag():
+            summaries = []
+            for m in methods:
+                summaries.append(run_method(m, a, run_dir))
+                check_interrupt()
+            with deferred_interrupt():
+                finish_run(
+                    run_dir, summaries, window, extra_figures, a.iterations, experiment, shown
+                )
     except KeyboardInterrupt:
         print(
             f"\ninterrupted {_where(run_dir)}; nothing saved is lost. Resume with:\n"
@@ -245,6 +252,8 @@ def prepare_run_dir(
     args = saved_args(a)
     if a.resume is not None:  # settings checked by resume_args; --iterations may grow
         old = read_run_config(cfg_path, "--resume")
+        for method in methods:  # before the saved --iterations changes (a plain resume works)
+            _refuse_if_not_extendable(os.path.join(run_dir, method), method, a.iterations)
         legacy = {k: args[k] for k in LEGACY_SETTINGS if k in args and k not in old["args"]}
         save_json(
             cfg_path,
@@ -272,6 +281,17 @@ def prepare_run_dir(
                 f"{run_dir} holds a run with other settings ({', '.join(diff)}); use another --out"
             )
         all_methods = old["methods"] + [m for m in methods if m not in old["methods"]]
+        # the first command and its date stay; this one joins the list of later ones
+        save_json(
+            cfg_path,
+            {
+                **old,
+                "methods": all_methods,
+                "args": {**args, "method": ",".join(all_methods)},
+                "resumed": old.get("resumed", []) + [{"command": command, **environment_record()}],
+            },
+        )
+        return run_dir
     save_json(
         cfg_path,
         {
@@ -283,6 +303,30 @@ def prepare_run_dir(
         },
     )
     return run_dir
+
+
+def _refuse_if_not_extendable(out: str, method: str, iterations: int) -> None:
+    """Exits 2 if the method folder ``out`` completed fewer than ``iterations`` and keeps no
+    checkpoint to continue from (a run finished before checkpoints were kept, or one deleted by
+    hand). Checked for every method before ``--resume`` records a larger ``--iterations`` in the
+    run's ``config.json``: a refused extension used to leave it recorded, and a plain
+    ``--resume`` then asked for the same extension and was refused too. A folder that cannot be
+    read is left to :func:`run_method_folder`, which names it."""
+    from bchg_jax.core.io import checkpoint_exists
+
+    path = os.path.join(out, "metrics.npz")
+    if not os.path.exists(path) or checkpoint_exists(os.path.join(out, "checkpoint")):
+        return
+    try:
+        with np.load(path) as data:
+            done, final = np.shape(data["J"])[-1], "final" in data.files
+    except Exception:  # noqa: BLE001 - reported with its advice when the method runs
+        return
+    if final and done < iterations:
+        fail(
+            f"{out} completed {done} iterations of {method} but holds no checkpoint to continue "
+            f"from; start a new run with --iterations {iterations}"
+        )
 
 
 def new_stamped_dir(parent: str) -> str:
@@ -386,7 +430,10 @@ def run_method_folder(
                 os.path.exists(os.path.join(out, f)) for f in ("summary.csv", "curve.png")
             )
             print(f"[{method}] complete in {out}; " + ("skipped" if written else "summarising"))
-            return finish_method(out, method, grid, data, window, title, ylabel, write=not written)
+            with deferred_interrupt():
+                return finish_method(
+                    out, method, grid, data, window, title, ylabel, write=not written
+                )
         if checkpoint_exists(ckpt_path):
             like = state_template(trainer, grid, a.seeds, a.seed)
             # grow=True: an off-policy episode buffer is sized by --iterations; extending a run
@@ -405,10 +452,7 @@ def run_method_folder(
             verb = "extending" if "final" in data else "resuming"
             print(f"[{method}] {verb} at iteration {start} (to {a.iterations})")
         elif "final" in data:  # completed before checkpoints were kept: nothing to extend
-            fail(
-                f"{out} completed {done} iterations but holds no checkpoint to continue from; "
-                f"start a new run with --iterations {a.iterations}"
-            )
+            _refuse_if_not_extendable(out, method, a.iterations)
         else:  # stopped before its first checkpoint was complete
             print(f"[{method}] no checkpoint in {out}; starting again from iteration 0")
     _truncate_jsonl(jsonl_path, start)
@@ -447,6 +491,7 @@ def run_method_folder(
             )
             clock.update(t=now, done=done)
             bio.save_state(ckpt_path, st, done)
+        check_interrupt()  # a Ctrl-C Python dropped during the chunk stops the run here
 
     t0 = time.perf_counter()
     _, metrics = run_grid(
@@ -465,10 +510,48 @@ def run_method_folder(
     )
     wall = time.perf_counter() - t0
     data = {**metrics, **{f"grid_{k}": v for k, v in grid.items()}}
-    summary = finish_method(out, method, grid, data, window, title, ylabel, write=True)
+    with deferred_interrupt():  # Ctrl-C waits until the summary's files are written
+        summary = finish_method(out, method, grid, data, window, title, ylabel, write=True)
     summary["wall_s"] = wall
     print(f"[{method}] wall time {wall:.1f}s")
     return summary
+
+
+_INTERRUPTED = threading.Event()
+
+
+@contextlib.contextmanager
+def interrupt_flag():
+    """Ctrl-C (SIGINT) inside the block raises ``KeyboardInterrupt`` as before and also sets a
+    flag that :func:`check_interrupt` reads after every chunk's files and every method. Python
+    drops an exception raised inside a garbage-collection callback ("Exception ignored in ...";
+    JAX runs one that frees device buffers), so a Ctrl-C landing there was lost and the run
+    trained to its end; the flag stops it at the next chunk instead. Outside the main thread,
+    or where SIGINT has another handler (or is ignored, as in a shell's background job), it
+    changes nothing."""
+    _INTERRUPTED.clear()
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+
+    def on_sigint(signum, frame):
+        _INTERRUPTED.set()
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def check_interrupt() -> None:
+    """Raises ``KeyboardInterrupt`` if a Ctrl-C arrived inside :func:`interrupt_flag` (also one
+    whose own exception Python dropped)."""
+    if _INTERRUPTED.is_set():
+        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

@@ -140,3 +140,26 @@ def test_sigterm_stops_the_methods_records_the_sitting_and_the_panel_resumes(tmp
     assert wall["elapsed"] == pytest.approx(sum(s["seconds"] for s in sittings), abs=0.2)
     with np.load(compact / PANEL / "naive" / "metrics.npz") as d:
         assert d["J"].shape[-1] == 400
+
+
+def test_a_started_panel_checks_seeds_and_extends_to_more_iterations(tmp_path, capsys):
+    """A second ``run`` with other --seeds / --iterations continued the started panel as it was,
+    exit 0 and no word; now other seeds are refused (exit with the panel's log named) and more
+    iterations extend it, bit for bit the longer run."""
+    from benchmarks import fourrooms_figure as ff
+
+    base = COMMON[:4] + ["naive", "--chunk", "10"]
+    fig = ["--out", str(tmp_path / "fig"), "--compact", str(tmp_path / "c")]
+    ff.main(base + ["--seeds", "2", "--iterations", "20"] + fig)
+    with pytest.raises(SystemExit) as e:
+        ff.main(base + ["--seeds", "3"] + fig)
+    assert "log.txt" in str(e.value.code)
+    log = (tmp_path / "fig" / PANEL / "log.txt").read_text()
+    assert "--seeds" in log and "error" in log
+    ff.main(base + ["--iterations", "30"] + fig)
+    longer = _metrics(tmp_path / "fig" / PANEL / "naive" / "metrics.npz")
+    assert longer["J"].shape[1:] == (2, 30)
+    one = ["--out", str(tmp_path / "one"), "--compact", str(tmp_path / "c1")]
+    ff.main(base + ["--seeds", "2", "--iterations", "30"] + one)
+    once = _metrics(tmp_path / "one" / PANEL / "naive" / "metrics.npz")
+    np.testing.assert_array_equal(longer["J"], once["J"])
