@@ -56,8 +56,38 @@ def run_experiment(
     compiles (bad input exits 2 with ``error: ...``, the library's config fields named as the
     flags that set them: ``config_flags``, see :func:`experiments.cli.flag_names`), run each
     method, write the run summary. Ctrl-C exits 130 with the iteration of the last checkpoint
-    and the command to resume."""
+    and the command to resume (before any training: with a line that says so)."""
     PROGRESS["method"] = None
+    with interrupt_flag():
+        try:
+            return _run_experiment(
+                experiment,
+                argv,
+                parse_args,
+                validate,
+                run_method,
+                setting_keys,
+                window,
+                extra_figures,
+                config_flags,
+            )
+        except KeyboardInterrupt:  # _run_experiment's own handler covers the run folder's part
+            print("\ninterrupted before any training started", file=sys.stderr)
+            _exit_at_once_if_program(130)
+            raise SystemExit(130) from None
+
+
+def _run_experiment(
+    experiment,
+    argv,
+    parse_args,
+    validate,
+    run_method,
+    setting_keys,
+    window,
+    extra_figures,
+    config_flags,
+) -> str:
     a = parse_args(argv)
     if a.resume is not None:
         a = resume_args(a, experiment)
@@ -86,15 +116,13 @@ def run_experiment(
             flush=True,
         )
     try:
-        with interrupt_flag():
-            summaries = []
-            for m in methods:
-                summaries.append(run_method(m, a, run_dir))
-                check_interrupt()
-            with deferred_interrupt():
-                finish_run(
-                    run_dir, summaries, window, extra_figures, a.iterations, experiment, shown
-                )
+        check_interrupt()  # a Ctrl-C Python dropped while the run started
+        summaries = []
+        for m in methods:
+            summaries.append(run_method(m, a, run_dir))
+            check_interrupt()
+        with deferred_interrupt():
+            finish_run(run_dir, summaries, window, extra_figures, a.iterations, experiment, shown)
     except KeyboardInterrupt:
         print(
             f"\ninterrupted {_where(run_dir)}; nothing saved is lost. Resume with:\n"

@@ -409,3 +409,40 @@ def test_a_refused_extension_and_a_repeated_command_keep_the_run_config(tmp_path
     assert open(cfg_path, "rb").read() == before
     fourrooms.main(["--resume", run])  # still complete at 20 iterations
     assert "complete" in capsys.readouterr().out
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_ctrl_c_dropped_while_the_run_starts_stops_it_before_training(
+    tmp_path, monkeypatch, capsys
+):
+    """The same dropped Ctrl-C during the checks before training (3 of the audit's 4 lost ones
+    came within the first 5 s) stops the run before its first chunk."""
+    import gc
+
+    from experiments import run_folder
+
+    real = run_folder.prepare_run_dir
+
+    def interrupted(*args, **kw):
+        def in_gc(phase, info):
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+
+        gc.callbacks.append(in_gc)
+        try:
+            gc.collect()
+        finally:
+            gc.callbacks.remove(in_gc)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(run_folder, "prepare_run_dir", interrupted)
+    run = str(tmp_path / "run")
+    argv = ["--method", "naive", "--seeds", "1", "--iterations", "20", "--chunk", "10"]
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(SystemExit) as e:
+            fourrooms.main(argv + ["--out", run, "--exact-out"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert e.value.code == 130
+    assert f"python -m experiments.fourrooms --resume {run}" in capsys.readouterr().err
+    assert not os.path.exists(os.path.join(run, "naive", "metrics.npz"))
