@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import json
 import os
 import signal
@@ -41,6 +42,25 @@ from experiments.cli import (
 from experiments.report import finish_method, finish_run
 
 
+def _interruptible(main: Callable) -> Callable:
+    """Runs ``main`` inside :func:`interrupt_flag`; a Ctrl-C that ``main``'s own handler (the
+    run folder's part) does not catch, i.e. one before any training, exits 130 too."""
+
+    @functools.wraps(main)
+    def wrapped(*args, **kw):
+        PROGRESS["method"] = None
+        with interrupt_flag():
+            try:
+                return main(*args, **kw)
+            except KeyboardInterrupt:
+                print("\ninterrupted before any training started", file=sys.stderr)
+                _exit_at_once_if_program(130)
+                raise SystemExit(130) from None
+
+    return wrapped
+
+
+@_interruptible
 def run_experiment(
     experiment: str,
     argv,
@@ -57,37 +77,6 @@ def run_experiment(
     flags that set them: ``config_flags``, see :func:`experiments.cli.flag_names`), run each
     method, write the run summary. Ctrl-C exits 130 with the iteration of the last checkpoint
     and the command to resume (before any training: with a line that says so)."""
-    PROGRESS["method"] = None
-    with interrupt_flag():
-        try:
-            return _run_experiment(
-                experiment,
-                argv,
-                parse_args,
-                validate,
-                run_method,
-                setting_keys,
-                window,
-                extra_figures,
-                config_flags,
-            )
-        except KeyboardInterrupt:  # _run_experiment's own handler covers the run folder's part
-            print("\ninterrupted before any training started", file=sys.stderr)
-            _exit_at_once_if_program(130)
-            raise SystemExit(130) from None
-
-
-def _run_experiment(
-    experiment,
-    argv,
-    parse_args,
-    validate,
-    run_method,
-    setting_keys,
-    window,
-    extra_figures,
-    config_flags,
-) -> str:
     a = parse_args(argv)
     if a.resume is not None:
         a = resume_args(a, experiment)

@@ -315,41 +315,53 @@ def test_resume_of_a_hand_damaged_folder_says_so(finished_run, tmp_path, capsys)
     assert "not [grid points, seeds, iterations] = [1, 3, ...]" in err and "by hand" in err
 
 
+def _exit_code_as_in_a_terminal(run: str, iterations: int) -> int:
+    """The exit code of a one-seed ``naive`` Four-Rooms run into ``run`` (chunks of 10) that is
+    to be interrupted, with SIGINT's default handler as under a terminal."""
+    argv = ["--method", "naive", "--seeds", "1", "--iterations", str(iterations), "--chunk", "10"]
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(SystemExit) as e:
+            fourrooms.main(argv + ["--out", run, "--exact-out"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return e.value.code
+
+
+def _ctrl_c_that_python_drops():
+    """Runs the SIGINT handler inside a garbage-collection callback, as a Ctrl-C that lands in
+    JAX's does: Python prints "Exception ignored" and drops the KeyboardInterrupt it raises."""
+    import gc
+
+    def in_gc(phase, info):
+        signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+
+    gc.callbacks.append(in_gc)
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.remove(in_gc)
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_ctrl_c_python_drops_in_a_gc_callback_still_stops_the_run(tmp_path, monkeypatch, capsys):
     """JAX frees device buffers from a garbage-collection callback; a KeyboardInterrupt raised
     there is printed as "Exception ignored" and dropped, and the run trained to its end with exit
     0 (4 of 19 Ctrl-Cs in an audit). The run now stops at the next chunk with exit 130."""
-    import gc
-
     from bchg_jax.core import sweep
 
     real = sweep.run_grid
 
     def run_grid(*args, on_chunk, **kw):
         def first_chunk_interrupted(st, m, done):
-            def in_gc(phase, info):  # the SIGINT handler runs inside a gc callback
-                signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
-
-            gc.callbacks.append(in_gc)
-            try:
-                gc.collect()  # Python drops the KeyboardInterrupt the handler raises
-            finally:
-                gc.callbacks.remove(in_gc)
+            _ctrl_c_that_python_drops()
             on_chunk(st, m, done)
 
         return real(*args, on_chunk=first_chunk_interrupted, **kw)
 
     monkeypatch.setattr(sweep, "run_grid", run_grid)
     run = str(tmp_path / "run")
-    argv = ["--method", "naive", "--seeds", "1", "--iterations", "40", "--chunk", "10"]
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
-    try:
-        with pytest.raises(SystemExit) as e:
-            fourrooms.main(argv + ["--out", run, "--exact-out"])
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    assert e.value.code == 130
+    assert _exit_code_as_in_a_terminal(run, 40) == 130
     assert "interrupted in method naive at iteration 10" in capsys.readouterr().err
     assert np.load(os.path.join(run, "naive", "metrics.npz"))["J"].shape[-1] == 10
     # the same run resumes to the end
@@ -372,14 +384,7 @@ def test_ctrl_c_during_a_methods_summary_waits_for_its_files(tmp_path, monkeypat
 
     monkeypatch.setattr(run_folder, "finish_method", interrupted)
     run = str(tmp_path / "run")
-    argv = ["--method", "naive", "--seeds", "1", "--iterations", "20", "--chunk", "10"]
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(SystemExit) as e:
-            fourrooms.main(argv + ["--out", run, "--exact-out"])
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    assert e.value.code == 130, capsys.readouterr().err
+    assert _exit_code_as_in_a_terminal(run, 20) == 130, capsys.readouterr().err
     for name in ("summary.csv", "curve.png"):
         assert os.path.exists(os.path.join(run, "naive", name)), name
     assert "final" in np.load(os.path.join(run, "naive", "metrics.npz")).files
@@ -417,32 +422,16 @@ def test_a_ctrl_c_dropped_while_the_run_starts_stops_it_before_training(
 ):
     """The same dropped Ctrl-C during the checks before training (3 of the audit's 4 lost ones
     came within the first 5 s) stops the run before its first chunk."""
-    import gc
-
     from experiments import run_folder
 
     real = run_folder.prepare_run_dir
 
     def interrupted(*args, **kw):
-        def in_gc(phase, info):
-            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
-
-        gc.callbacks.append(in_gc)
-        try:
-            gc.collect()
-        finally:
-            gc.callbacks.remove(in_gc)
+        _ctrl_c_that_python_drops()
         return real(*args, **kw)
 
     monkeypatch.setattr(run_folder, "prepare_run_dir", interrupted)
     run = str(tmp_path / "run")
-    argv = ["--method", "naive", "--seeds", "1", "--iterations", "20", "--chunk", "10"]
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with pytest.raises(SystemExit) as e:
-            fourrooms.main(argv + ["--out", run, "--exact-out"])
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    assert e.value.code == 130
+    assert _exit_code_as_in_a_terminal(run, 20) == 130
     assert f"python -m experiments.fourrooms --resume {run}" in capsys.readouterr().err
     assert not os.path.exists(os.path.join(run, "naive", "metrics.npz"))
