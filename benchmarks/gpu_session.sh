@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A whole GPU session in one call, sized for a lease of about 15 minutes (one call of at most
-# 10 minutes, the machine's start included in the lease):
+# A whole GPU session as one script of at most 9 minutes (GPU_SESSION_BUDGET), for a remote job
+# of 10 minutes:
 #   1. benchmarks/device_check.sh: throughput of all four experiments, failing on any capped
 #      solve or skipped update (its steps' limits add up to 7.8 minutes; on an H200 it should
 #      take about half of that), with a profile of each experiment's 1- and 10,000-run chunk;
@@ -9,7 +9,7 @@
 #      left of the budget; then `fourrooms_figure compare` against the committed CPU tables
 #      (each panel from the newest);
 #   3. if time is left, `benchmarks.fourrooms_parts`: where a Four-Rooms iteration goes.
-# Everything comes back as at most six files (the device tool returns 8 files, 2 folders deep):
+# It writes at most six files to OUTDIR, few and shallow, so that a remote job copies little back:
 # RESULT.txt (one line per part: passed / failed / not finished), header.txt, device_check.txt,
 # panel.txt, compact.tgz (the panel's compact copies and wall.json: `fourrooms_figure figure` and
 # `compare` read them) and gpu_session.tgz (the check's tables, per-method logs and chunk
@@ -19,15 +19,15 @@
 #   bash benchmarks/gpu_session.sh [--smoke] [--panel-only] [OUTDIR]
 # Without --panel-only the work folder results/gpu_session/ (git-ignored) starts empty.
 # --panel-only skips the device check and continues the panel in that folder: a second call on
-#   the still-warm machine finishes a panel that ran out of time (ignored files stay there while
-#   the machine is warm), e.g. `bash benchmarks/gpu_session.sh --panel-only $OUT`.
+#   the same machine finishes a panel that ran out of time (the work folder must still be
+#   there), e.g. `bash benchmarks/gpu_session.sh --panel-only $OUT`.
 # --smoke tries the plumbing on a CPU in a few minutes: every device-check step shrunk,
 #   a panel of 2 seeds x 30 iterations (its comparison is printed, not judged), in
 #   results/gpu_session_smoke/. Exit status: 0 when every part passed, 1 otherwise.
 # GPU_SESSION_BUDGET (seconds, default 540) is the wall-clock budget of the whole script; the
 # panel gets what the device check leaves, minus 30 s kept for the bundle. GPU_SESSION_WORK
 # overrides the work folder. Fetch the wheels beforehand, on a machine that reaches a package
-# index (bash benchmarks/gpu_wheels.sh), let the call carry ./.whl, and give it 600 s.
+# index (bash benchmarks/gpu_wheels.sh), copy ./.whl with the checkout, and give the job 600 s.
 set -uo pipefail
 smoke=0 panel_only=0 out=""
 for arg in "$@"; do
@@ -90,7 +90,7 @@ if [ "$smoke" = 0 ] && [ "$backend" != gpu ]; then  # JAX fell back to the CPU: 
 fi
 if ! python3 -c "import bchg_jax" > "$work/import.txt" 2>&1; then  # e.g. distrax missing
   result "bchg_jax does not import (import.txt; its wheels: bash benchmarks/gpu_wheels.sh here, \
-then carry .whl); nothing was run"
+then copy .whl with the checkout); nothing was run"
   cp "$work/RESULT.txt" "$work/header.txt" "$work/import.txt" "$out/"
   exit 1
 fi

@@ -287,11 +287,14 @@ FOLLOWER_HELP = {
 }
 
 
-def add_follower_args(p: argparse.ArgumentParser, kinds=None, estimate="the estimate") -> None:
+def add_follower_args(
+    p: argparse.ArgumentParser, kinds=None, estimate="the estimate", exact_method=True
+) -> None:
     """``--follower`` and its settings (:class:`bchg_jax.core.follower_model.FollowerModel`),
     and ``--track-reference``; ``kinds``: the follower models the experiment's family simulates
     (default all), whose settings get flags; ``estimate``: what the experiment compares with
-    the references (for the help text)."""
+    the references (for the help text); ``exact_method``: whether the experiment has an
+    ``exact`` method (the help says what it ascends)."""
     from bchg_jax.core.follower_model import FOLLOWERS
 
     kinds = tuple(kinds or FOLLOWERS)
@@ -302,8 +305,12 @@ def add_follower_args(p: argparse.ArgumentParser, kinds=None, estimate="the esti
         default="best_response",
         help="the simulated follower: "
         + ", ".join(f"'{k}' ({FOLLOWER_HELP[k]})" for k in kinds)
-        + "; the exact method ascends the best response's exact hypergradient whatever the "
-        "follower",
+        + (
+            "; the exact method ascends the best response's exact hypergradient whatever the "
+            "follower"
+            if exact_method
+            else ""
+        ),
     )
     g.add_argument(
         "--track-reference",

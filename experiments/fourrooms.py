@@ -4,9 +4,9 @@ Every (grid point, seed) of a method trains as one vmapped program, in jitted ch
 folder (``<out>/fourrooms/<timestamp>/`` or exactly ``--out`` with ``--exact-out``) holds
 ``config.json`` and one sub-folder per method with ``config.json``, ``metrics.npz`` and
 ``checkpoint/<iteration>/`` (an orbax checkpoint folder; both rewritten atomically after every
-chunk), ``summary.csv`` and ``curve.png``; with several methods also ``summary.csv`` (best
-hyperparameters per method) and ``figure.png`` (methods as curves). ``--resume DIR`` continues a
-stopped run from its last chunk.
+chunk), ``metrics.jsonl`` (one line appended per chunk), ``summary.csv`` and ``curve.png``;
+with several methods also ``summary.csv`` (best hyperparameters per method) and ``figure.png``
+(methods as curves). ``--resume DIR`` continues a stopped run from its last chunk.
 """
 
 from __future__ import annotations

@@ -129,6 +129,7 @@ def parse_args(argv=None):
         "starts drawn ~ gamma_L^t, at the iteration's start, times sum_t gamma_L^t; the "
         "references take --backup, and under the reference backup Theorem 2's estimator is "
         "not unbiased for them)",
+        exact_method=False,
     )
     return p.parse_args(argv)
 

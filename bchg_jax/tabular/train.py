@@ -213,8 +213,8 @@ def resolve_solver(problem: TabularCMDP, solver: str = "auto", explain: bool = F
     checks the table at every iteration (metric ``support_lost``, dense solves for that
     iteration). Measured for Four-Rooms (J = 4 of S = 104; docs/performance.md): on the
     2-core CPU a sparse sweep over 240 runs costs 0.14 ms against 0.40 ms dense; on an NVIDIA
-    H200 the whole 240-run iteration is 3.6-4.4x faster and one run 1.6-2.1x faster than dense
-    at beta 1e-3..5e-3.
+    H200 the whole 240-run iteration was 3.6-4.4x faster and one run 1.6-2.1x faster than dense
+    at beta 1e-3..5e-3 (indicative only: measured before the solvers ran at full precision).
 
     Args:
       problem: the tabular CMDP.

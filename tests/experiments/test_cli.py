@@ -262,6 +262,9 @@ def test_every_flag_has_help_and_shows_its_default(module, monkeypatch, capsys):
     text = parser.format_help()
     assert text.count("(default:") == len(actions)
     assert "checkpoint.npz" not in text and "checkpoint/<iteration>/" in text
+    # the --follower help speaks of an exact method only where there is one (the toy game has
+    # none; the LQR game has no --follower)
+    assert ("the exact method ascends" in text) == (module in ("fourrooms", "thermal"))
 
 
 def test_lqr_game_presets():
