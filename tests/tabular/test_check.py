@@ -299,3 +299,82 @@ def test_check_problem_judges_the_cut_by_its_exact_bias(x64, capsys):
             batches=4,
             verbose=False,
         )
+
+
+def test_resolved_problem_splits_the_exact_hypergradient_by_pairs(x64):
+    # the hypergradient is linear in theta's effects on the tables: stopping them on a set of
+    # pairs / start states and on its complement splits it (Phi_L counted in both halves)
+    from bchg_jax.tabular.check import resolved_problem
+
+    prob = random_tabular_cmdp(jax.random.key(5), num_states=6, num_actions=3, dtype=jnp.float64)
+    theta, beta = prob.theta0 + 0.2, 0.3
+    S, B = 6, 3
+    pairs = np.asarray(jax.random.bernoulli(jax.random.key(1), 0.4, (S, B)))
+    starts = np.asarray(jax.random.bernoulli(jax.random.key(2), 0.5, (S,)))
+
+    def g(rare, rare_start):
+        return np.asarray(
+            tabular.exact_hypergradient(resolved_problem(prob, rare, rare_start), theta, beta)
+        )
+
+    full = np.asarray(tabular.exact_hypergradient(prob, theta, beta))
+    none = g(np.zeros((S, B), bool), np.zeros(S, bool))
+    every = g(np.ones((S, B), bool), np.ones(S, bool))
+    part, rest = g(pairs, starts), g(~pairs, ~starts)
+    np.testing.assert_allclose(none, full, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(part + rest - every, full, rtol=1e-8, atol=1e-10)
+    assert np.linalg.norm(part - full) > 1e-3 * np.linalg.norm(full)  # the split is not trivial
+    # the values stay those of the problem
+    np.testing.assert_array_equal(
+        resolved_problem(prob, pairs, starts).transition(theta), prob.transition(theta)
+    )
+
+
+def _readme_problem():
+    """The README's 6-state problem: the follower is paid theta[1] for action 0, which it
+    takes with probability 4e-6 at beta 0.08."""
+    S, B = 6, 2
+    return tabular.TabularCMDP(
+        transition=lambda th: jax.nn.softmax(jnp.zeros((S, B, S)).at[:, 0, 0].add(th[0]), -1),
+        init_dist=lambda th: jnp.ones(S) / S,
+        follower_reward=lambda th: jnp.stack([jnp.full(S, th[1]), jnp.ones(S)], -1),
+        leader_reward=lambda th: jnp.zeros((S, B)).at[:, 0].set(1.0).at[0, 0].set(3.0),
+        leader_regularizer=lambda th: -0.05 * jnp.sum(th**2),
+        gamma_F=0.9,
+        gamma_L=0.9,
+        theta0=jnp.zeros(2),
+        time_limit=100,
+    ).validate()
+
+
+@pytest.mark.slow
+def test_check_problem_tells_pairs_it_never_sampled_from_bias(capsys):
+    # BC-HG is unbiased, but theta acts only through an action of probability 4e-6 that 400
+    # batches of 4 x 100 steps sample about once: the plain comparison reads as bias
+    prob = _readme_problem()
+    config = TrainConfig(num_envs=4, num_steps=100)
+    with pytest.warns(UserWarning, match="not resolved rather than biased"):
+        (row,) = tabular.check_problem(prob, [prob.theta0], 0.08, config=config, batches=400)
+    assert row["p_value"] < 1e-3 and row["bias_se"] > 100
+    assert row["rare_share"] > 0.99 and row["resolved_p_value"] > 0.01
+    assert "carried by pairs sampled < 30 times" in capsys.readouterr().out
+    # at beta 0.25 (probability 0.018) nothing is rare and the plain comparison passes
+    (row,) = tabular.check_problem(prob, [prob.theta0], 0.25, config=config, batches=400)
+    assert row["p_value"] > 0.01 and np.isnan(row["rare_share"])
+    # a biased estimator stays biased on what the batches resolve (Naive-PGD misses the
+    # follower's response; some of its pairs have probabilities down to 1e-14)
+    rnd = random_tabular_cmdp(jax.random.key(3), num_states=6, dim=4, scale=3.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        (row,) = tabular.check_problem(
+            rnd,
+            [rnd.theta0],
+            0.1,
+            config=TrainConfig(num_envs=4, num_steps=50),
+            batches=200,
+            method="naive",
+            verbose=False,
+        )
+    assert row["p_value"] < 1e-6 and row["resolved_p_value"] < 1e-6
+    assert 0 < row["rare_share"] < 0.1
+    assert not any("not resolved" in str(w.message) for w in caught)
