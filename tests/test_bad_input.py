@@ -1577,3 +1577,20 @@ def test_follower_model_refuses_another_kinds_setting(kind, field, value):
             _cmdp(), "bchg", tabular.TrainConfig(follower=FollowerModel(kind, **{field: value}))
         )
     FollowerModel(SETTING_OF[field], **{field: value}).validate()  # its own kind takes it
+
+
+def test_tabular_hypergradient_names_the_table_of_the_wrong_shape():
+    # S and B come from the problem's transition table, so the array at fault is the one named
+    # (a Q_L with a state too many used to blame follower.policy)
+    good = tabular.hypergradient(_cmdp(), TH, BATCH, _follower(), R_TAB, 0.1)
+    assert np.all(np.isfinite(np.asarray(good)))
+    bad_q = jnp.zeros((S + 1, B))
+    with pytest.raises(
+        ValueError, match=rf"Q_L must have shape \({S}, {B}\).*got \({S + 1}, {B}\)"
+    ):
+        tabular.hypergradient(_cmdp(), TH, BATCH, _follower(), bad_q, 0.1)
+    with pytest.raises(ValueError, match=rf"V_L must have shape \({S},\)"):
+        tabular.hypergradient(_cmdp(), TH, BATCH, _follower(), R_TAB, 0.1, V_L=jnp.zeros(S + 1))
+    short = _follower()._replace(V=jnp.zeros(S - 1))
+    with pytest.raises(ValueError, match=r"follower.V must have shape"):
+        tabular.hypergradient(_cmdp(), TH, BATCH, short, R_TAB, 0.1)

@@ -73,6 +73,7 @@ from bchg_jax.core.validate import (
     check_if_concrete,
     check_indices_if_concrete,
     check_problem_settings,
+    check_shape,
     check_theta,
 )
 from bchg_jax.tabular.cmdp import TabularCMDP
@@ -395,17 +396,22 @@ def hypergradient(
     Raises:
       ValueError: an unknown ``guide``/``grouping``/``partial``, a concrete ``beta`` not finite
         and > 0, a bad scalar setting of ``problem`` (a discount outside [0, 1), ...), ``theta``
-        not shaped like ``problem.theta0`` (or, when concrete, not finite), or concrete batch
-        indices (``s``, ``b``, ``s_next``) out of range.
+        not shaped like ``problem.theta0`` (or, when concrete, not finite), ``Q_L``,
+        ``follower`` or ``V_L`` not shaped by the problem's S and B (the error names the
+        array), or concrete batch indices (``s``, ``b``, ``s_next``) out of range.
     """
     if guide not in GUIDES:
         raise ValueError(f"guide must be one of {GUIDES}, got {guide!r}")
     check_problem_settings(problem)
     check_theta(problem, theta)
     check_beta_if_concrete(beta)
-    S, B = Q_L.shape
-    chex.assert_shape(follower.policy, (S, B))
-    chex.assert_shape(follower.V, (S,))
+    S, B = problem.num_states, problem.num_actions
+    src = f"S={S}, B={B} from transition [S, B, S]"
+    check_shape("Q_L", Q_L, (S, B), src)
+    check_shape("follower.policy", follower.policy, (S, B), src)
+    check_shape("follower.V", follower.V, (S,), src)
+    if V_L is not None:
+        check_shape("V_L", V_L, (S,), src)
     chex.assert_equal_shape([batch.s, batch.b, batch.t, batch.done])
     for b in (batch,) if guide_batch is None else (batch, guide_batch):
         for name, idx, size in (("s", b.s, S), ("b", b.b, B), ("s_next", b.s_next, S)):

@@ -234,7 +234,7 @@ def truncated_hypergradient(
     check_beta_if_concrete(beta)
     check_count("horizon", horizon)
     _check_options(backup, guide, baseline)
-    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.truncated_hypergradient")
+    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.truncated_hypergradient", game)
     f = policy_fn(theta)
     br = best_response(game, f, beta, backup)
     V_L, Q_L = leader_values(game, f, br.policy)
@@ -339,8 +339,10 @@ def check_problem(
 
     for i, theta in enumerate(theta_list):
         label = f"theta {i}: policy_fn(theta) (leader policy)"
+        check_policy_fn_on_simplex(
+            policy_fn, theta, f"games.tabular.check_problem, theta {i}", game
+        )
         check_probability_rows_if_concrete(label, policy_fn(theta))
-        check_policy_fn_on_simplex(policy_fn, theta, f"games.tabular.check_problem, theta {i}")
     # the discount weight beyond the cut: every episode is cut at the horizon (no terminal states)
     cut_weight = discount_weight_beyond(game.gamma_L, game.gamma_F, horizon)
     out = []

@@ -349,7 +349,7 @@ def exact_hypergradient(
     check_game(game)
     check_beta_if_concrete(beta)
     # first: it refuses a non-floating theta before policy_fn is traced with it
-    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.exact_hypergradient")
+    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.exact_hypergradient", game)
     # the computation's dtype: policy_fn's output promoted with beta and the game's tables
     dtype = compute_dtype(game, jax.eval_shape(policy_fn, theta), beta)
     warn_float32_long_horizon(
@@ -509,7 +509,7 @@ def as_if_optimal_hypergradient(
     g, sg = jax.lax.stop_gradient(g), jax.lax.stop_gradient
 
     log_g = sg(_log_policy(g, log_g, backup, "as_if_optimal_hypergradient"))
-    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.as_if_optimal_hypergradient")
+    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.as_if_optimal_hypergradient", game)
 
     def J(th):
         f = policy_fn(th)
@@ -547,7 +547,7 @@ def k_step_hypergradient(policy_fn, theta, game, Q_prev: Array, beta, K: int, ba
     check_shape("Q_prev", Q_prev, (S, A, B), f"S={S}, A={A}, B={B} from {game.name}")
     check_finite_if_concrete("Q_prev", Q_prev)
     Q_prev = jax.lax.stop_gradient(Q_prev)
-    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.k_step_hypergradient")
+    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.k_step_hypergradient", game)
 
     def J(th):
         f = policy_fn(th)
@@ -597,7 +597,7 @@ def lag_hypergradient(
     check_if_concrete(check_unit_interval, "mix", mix)
     check_policy_shapes(game, g=g_prev, g_label="g_prev (the follower's previous policy)")
     g_prev = jax.lax.stop_gradient(g_prev)
-    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.lag_hypergradient")
+    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.lag_hypergradient", game)
 
     def J(th):
         f = policy_fn(th)

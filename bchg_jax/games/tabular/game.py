@@ -214,9 +214,10 @@ def check_policy_shapes(game: TabularGame, f=None, g=None, g_label="g (follower 
         check_probability_rows_if_concrete(label, table)
 
 
-def check_policy_fn_on_simplex(policy_fn, theta, caller: str) -> None:
-    """``policy_fn``'s rows stay distributions as a concrete ``theta`` moves (a traced one is
-    skipped): their sums must not change along a random direction of ``theta`` (one JVP).
+def check_policy_fn_on_simplex(policy_fn, theta, caller: str, game=None) -> None:
+    """``policy_fn(theta)`` is an [S, A] table of ``game`` (when given; checked for a traced
+    ``theta`` too), and its rows stay distributions as a concrete ``theta`` moves (a traced one
+    is skipped): their sums must not change along a random direction of ``theta`` (one JVP).
 
     The leader's objective is a function of policies; its derivative in a direction that moves
     a row's sum off 1 (a direct table ``policy_fn = lambda t: t`` moves every entry freely) is
@@ -229,8 +230,10 @@ def check_policy_fn_on_simplex(policy_fn, theta, caller: str) -> None:
       policy_fn: theta -> f [S, A].
       theta: the leader's parameters (pytree of floating arrays).
       caller: the function's name in the error.
+      game: the :class:`TabularGame` whose S and A the table must have (None: not checked).
     Raises:
-      ValueError: a theta with a non-floating leaf (or none), or a row sum that moves with
+      ValueError: a theta with a non-floating leaf (or none), a table of another shape than
+        [S, A], rows that are not distributions at ``theta``, or a row sum that moves with
         theta beyond rounding.
     """
     leaves = jax.tree.leaves(theta)
@@ -241,6 +244,14 @@ def check_policy_fn_on_simplex(policy_fn, theta, caller: str) -> None:
             f"differentiated, got {'no arrays' if not leaves else 'dtypes ' + str(kinds)}: "
             "e.g. jnp.zeros((S, A)) or jnp.asarray(theta, jnp.float32)"
         )
+    if game is not None:
+        S, A = np.shape(game.transition)[:2]
+        check_shape(
+            f"{caller}: policy_fn(theta)",
+            jax.eval_shape(policy_fn, theta),
+            (S, A),
+            f"the leader's policy table [S, A], S={S}, A={A} from {game.name}'s transition",
+        )
     if not is_concrete(*leaves):
         return
     rng = np.random.default_rng(0)
@@ -250,6 +261,7 @@ def check_policy_fn_on_simplex(policy_fn, theta, caller: str) -> None:
     f, df = jax.jvp(policy_fn, (theta,), (direction,))
     if not is_concrete(df):  # a policy_fn closing over traced values (under jit): skipped
         return
+    check_probability_rows_if_concrete(f"{caller}: policy_fn(theta) (leader policy)", f)
     df = np.asarray(df, np.float64)
     scale = float(np.max(np.abs(df), initial=0.0))
     drift = float(np.max(np.abs(df.sum(-1)), initial=0.0))

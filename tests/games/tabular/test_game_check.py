@@ -225,3 +225,24 @@ def test_check_problem_truncated_target_of_naive_pgd_without_a_baseline(x64):
     assert row["truncated_bias_se"] < 4.0 and row["bias_se"] > 20.0, row
     bchg = truncated_hypergradient(game, policy_fn, theta, BETA, CUT, backup="paper")
     assert np.abs((row["mean"] - np.ravel(bchg)) / row["se"]).max() > 6.0
+
+
+def test_a_policy_fn_of_another_shape_or_axis_is_named_as_such():
+    """A policy_fn that returns the table transposed ([A, S]) or normalises the wrong axis is
+    refused with what is wrong with it (its shape, its rows), before any solve; it used to read
+    "row sums move with theta"."""
+    game = _short_game(None)  # S = 3, A = 2
+    theta = jnp.zeros((3, 2), jnp.float32)
+    transposed = lambda t: jax.nn.softmax(t, -1).T  # noqa: E731
+    columns = lambda t: jax.nn.softmax(t, 0)  # noqa: E731
+    calls = {
+        "exact_hypergradient": lambda fn: exact_hypergradient(fn, theta, game, BETA),
+        "check_problem": lambda fn: check_problem(
+            game, fn, [theta], BETA, horizon=5, batches=2, verbose=False
+        ),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match=rf"{name}.*must have shape \(3, 2\).*got \(2, 3\)"):
+            call(transposed)
+        with pytest.raises(ValueError, match=f"{name}.*must hold probability rows"):
+            call(columns)
