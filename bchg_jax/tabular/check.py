@@ -441,8 +441,8 @@ def check_problem(
             )
             if row["rare_share"] > 0:
                 cut_clause += (
-                    f"; {100 * row['rare_share']:.3g}% of it carried by pairs sampled < "
-                    f"{RARE_VISITS} times: against the rest, bias "
+                    f"; {100 * row['rare_share']:.3g}% of the exact value carried by pairs "
+                    f"sampled < {RARE_VISITS} times: against the rest, bias "
                     f"{row['resolved_bias_se']:.1f} SE (p = {row['resolved_p_value']:.2g})"
                 )
             print(

@@ -357,7 +357,7 @@ def test_check_problem_tells_pairs_it_never_sampled_from_bias(capsys):
         (row,) = tabular.check_problem(prob, [prob.theta0], 0.08, config=config, batches=400)
     assert row["p_value"] < 1e-3 and row["bias_se"] > 100
     assert row["rare_share"] > 0.99 and row["resolved_p_value"] > 0.01
-    assert "carried by pairs sampled < 30 times" in capsys.readouterr().out
+    assert "of the exact value carried by pairs sampled < 30 times" in capsys.readouterr().out
     # at beta 0.25 (probability 0.018) nothing is rare and the plain comparison passes
     (row,) = tabular.check_problem(prob, [prob.theta0], 0.25, config=config, batches=400)
     assert row["p_value"] > 0.01 and np.isnan(row["rare_share"])

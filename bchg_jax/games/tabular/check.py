@@ -78,7 +78,6 @@ from bchg_jax.core.validate import (
     check_beta,
     check_beta_if_concrete,
     check_count,
-    check_probability_rows_if_concrete,
     warn_float32_logit_rounding,
 )
 from bchg_jax.games.estimators import hypergradient
@@ -337,12 +336,10 @@ def check_problem(
         g = exact_hypergradient(policy_fn, theta, game, beta, backup)
         return g, est, *targets, jnp.max(jnp.abs(br.Q))
 
-    for i, theta in enumerate(theta_list):
-        label = f"theta {i}: policy_fn(theta) (leader policy)"
+    for i, theta in enumerate(theta_list):  # its shape, its rows, and that they stay rows
         check_policy_fn_on_simplex(
             policy_fn, theta, f"games.tabular.check_problem, theta {i}", game
         )
-        check_probability_rows_if_concrete(label, policy_fn(theta))
     # the discount weight beyond the cut: every episode is cut at the horizon (no terminal states)
     cut_weight = discount_weight_beyond(game.gamma_L, game.gamma_F, horizon)
     out = []
