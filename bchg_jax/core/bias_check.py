@@ -35,6 +35,67 @@ import numpy as np
 # float rounding of a comparison, relative to the largest |exact| or |mean| entry: a few float32
 # eps (estimates are often float32; a wider eps where the inputs' dtype is coarser)
 ROUNDING_EPS = 8 * float(np.finfo(np.float32).eps)
+# a comparison with a smaller p_value reads as biased
+BIASED_P = 1e-3
+# a pair through which theta acts, sampled fewer times than this in all of a check's batches, is
+# too rare for the standard error to account for: the families' checks then also judge the part
+# of the exact gradient the other pairs carry (``rare_share``, ``resolved_*``)
+RARE_VISITS = 30
+
+
+def reads_biased(row: dict) -> bool:
+    """Whether a :func:`compare` row reads as biased: ``p_value`` below :data:`BIASED_P` or an
+    exact mismatch."""
+    return bool(row["p_value"] < BIASED_P or row["exact_mismatches"] > 0)
+
+
+def resolved_entries(row: dict, rest=None, estimates=None) -> dict:
+    """The ``rare_share`` / ``resolved_*`` entries of a check's row: ``estimates`` judged
+    against ``rest``, the part of the exact value carried by the pairs sampled often enough;
+    NaN entries when ``rest`` is None (not computed).
+
+    Returns:
+      dict: ``rare_share`` (||exact - rest|| / ||exact||) and ``rare_component_share`` (the
+      largest |exact - rest| / |exact| of a component: the rare pairs often carry all of the
+      small components, whose standard error is small too), ``resolved_target`` (``rest``),
+      ``resolved_bias_se`` and ``resolved_p_value`` (:func:`compare` of ``estimates`` with it).
+    """
+    if rest is None:
+        return {
+            "rare_share": float("nan"),
+            "rare_component_share": float("nan"),
+            "resolved_target": np.full_like(row["exact"], np.nan),
+            "resolved_bias_se": float("nan"),
+            "resolved_p_value": float("nan"),
+        }
+    rest = np.ravel(np.asarray(rest, np.float64))
+    g = row["exact"]
+    tiny = np.finfo(np.float64).tiny
+    norm_g = max(float(np.linalg.norm(g)), tiny)
+    resolved = compare(rest, estimates)
+    part = np.abs(g - rest)
+    return {
+        "rare_share": float(np.linalg.norm(g - rest) / norm_g),
+        "rare_component_share": float(np.max(part / np.maximum(np.abs(g), tiny), initial=0.0)),
+        "resolved_target": rest,
+        "resolved_bias_se": resolved["bias_se"],
+        "resolved_p_value": resolved["p_value"],
+    }
+
+
+def not_resolved_message(i: int, row: dict, pairs: str, batches: int, advice: str) -> str:
+    """The warning of a check whose comparison reads as biased while the part it resolves
+    agrees (``row["resolved_p_value"] >= BIASED_P``)."""
+    return (
+        f"theta {i}: the estimates read as biased ({describe(row)}), but "
+        f"{100 * row['rare_share']:.3g}% of the exact gradient's norm (up to "
+        f"{100 * row['rare_component_share']:.3g}% of one component) is carried by "
+        f"{pairs} sampled fewer than {RARE_VISITS} times in all {batches} batches, which the "
+        "estimates "
+        f"see only when they visit them; against the rest they agree (bias "
+        f"{row['resolved_bias_se']:.1f} SE, p = {row['resolved_p_value']:.2g}): not resolved "
+        f"rather than biased. {advice}"
+    )
 
 
 def check_best_response_config(config) -> None:

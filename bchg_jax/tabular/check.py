@@ -109,12 +109,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from bchg_jax.core.bias_check import (
+    BIASED_P,
     CUT_WEIGHT_WARN,
+    RARE_VISITS,
     check_batches,
     check_best_response_config,
     compare,
     describe,
     discount_weight_beyond,
+    not_resolved_message,
+    reads_biased,
+    resolved_entries,
 )
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import FLOAT32_LOGIT_WARN, warn_float32_logit_rounding
@@ -129,11 +134,6 @@ Array = jax.Array
 CRITICS = ("exact", "monte_carlo")
 # warn when the sampler's table differs from the model's by more than rounding (module docstring)
 MODEL_GAP_WARN = 1e-6
-# a comparison with a smaller p_value reads as biased (bchg_jax.core.bias_check)
-BIASED_P = 1e-3
-# a state-action pair (or start state) sampled fewer times than this in all of a check's batches
-# is too rare for the standard error to account for (module docstring, ``rare_share``)
-RARE_VISITS = 30
 
 
 def resolved_problem(problem: TabularCMDP, rare: Array, rare_start: Array) -> TabularCMDP:
@@ -386,13 +386,13 @@ def check_problem(
         out.append(row)
         if row["resolved_p_value"] >= BIASED_P:  # NaN (not computed) compares False
             warnings.warn(
-                f"theta {i}: the estimates read as biased ({describe(row)}), but "
-                f"{100 * row['rare_share']:.3g}% of the exact gradient's norm is carried by "
-                f"state-action pairs or start states sampled fewer than {RARE_VISITS} times in "
-                f"all {batches} batches, which the estimates see only when they visit them; "
-                f"against the rest they agree (bias {row['resolved_bias_se']:.1f} SE, p = "
-                f"{row['resolved_p_value']:.2g}): not resolved rather than biased. Sample more "
-                "(batches, num_envs x num_steps), or check at a larger beta",
+                not_resolved_message(
+                    i,
+                    row,
+                    "state-action pairs or start states",
+                    batches,
+                    "Sample more (batches, num_envs x num_steps), or check at a larger beta",
+                ),
                 stacklevel=2,
             )
         if row["model_gap"] > MODEL_GAP_WARN:
@@ -456,30 +456,12 @@ def check_problem(
 def _resolved(problem, theta, beta, row: dict, est, visits, starts) -> dict:
     """The ``rare_share`` / ``resolved_*`` entries of a check's row (module docstring): computed
     when ``row`` reads as biased and some pair or start state was sampled fewer than
-    ``RARE_VISITS`` times, else NaN (``rare_share`` 0 when no pair is that rare)."""
-    nan = {
-        "rare_share": float("nan"),
-        "resolved_target": np.full_like(row["exact"], np.nan),
-        "resolved_bias_se": float("nan"),
-        "resolved_p_value": float("nan"),
-    }
-    if not (row["p_value"] < BIASED_P or row["exact_mismatches"] > 0):
-        return nan
+    ``RARE_VISITS`` times, else NaN (``rare_share`` 0 when none is that rare)."""
+    if not reads_biased(row):
+        return resolved_entries(row)
     rare = np.asarray(visits) < RARE_VISITS
     rare_start = np.asarray(starts) < RARE_VISITS
     if not (rare.any() or rare_start.any()):
-        return {**nan, "rare_share": 0.0}
-    rest = np.ravel(
-        np.asarray(
-            exact_hypergradient(resolved_problem(problem, rare, rare_start), theta, beta),
-            np.float64,
-        )
-    )
-    norm_g = max(float(np.linalg.norm(row["exact"])), np.finfo(np.float64).tiny)
-    resolved = compare(rest, est)
-    return {
-        "rare_share": float(np.linalg.norm(row["exact"] - rest) / norm_g),
-        "resolved_target": rest,
-        "resolved_bias_se": resolved["bias_se"],
-        "resolved_p_value": resolved["p_value"],
-    }
+        return {**resolved_entries(row), "rare_share": 0.0}
+    rest = exact_hypergradient(resolved_problem(problem, rare, rare_start), theta, beta)
+    return resolved_entries(row, rest, est)
