@@ -83,6 +83,18 @@ def resolved_entries(row: dict, rest=None, estimates=None) -> dict:
     }
 
 
+def resolved_clause(row: dict, pairs: str) -> str:
+    """The checks' printed clause on the part of the exact value the rare ``pairs`` carry and
+    the mean against the rest; empty when that part was not computed or is 0."""
+    if not row["rare_share"] > 0:  # NaN: not computed
+        return ""
+    return (
+        f"; {100 * row['rare_share']:.3g}% of the exact value carried by {pairs} sampled < "
+        f"{RARE_VISITS} times: against the rest, bias {row['resolved_bias_se']:.1f} SE "
+        f"(p = {row['resolved_p_value']:.2g})"
+    )
+
+
 def not_resolved_message(i: int, row: dict, pairs: str, batches: int, advice: str) -> str:
     """The warning of a check whose comparison reads as biased while the part it resolves
     agrees (``row["resolved_p_value"] >= BIASED_P``)."""
@@ -91,8 +103,7 @@ def not_resolved_message(i: int, row: dict, pairs: str, batches: int, advice: st
         f"{100 * row['rare_share']:.3g}% of the exact gradient's norm (up to "
         f"{100 * row['rare_component_share']:.3g}% of one component) is carried by "
         f"{pairs} sampled fewer than {RARE_VISITS} times in all {batches} batches, which the "
-        "estimates "
-        f"see only when they visit them; against the rest they agree (bias "
+        "estimates see only when they visit them; against the rest they agree (bias "
         f"{row['resolved_bias_se']:.1f} SE, p = {row['resolved_p_value']:.2g}): not resolved "
         f"rather than biased. {advice}"
     )

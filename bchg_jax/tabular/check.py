@@ -119,6 +119,7 @@ from bchg_jax.core.bias_check import (
     discount_weight_beyond,
     not_resolved_message,
     reads_biased,
+    resolved_clause,
     resolved_entries,
 )
 from bchg_jax.core.precision import full_precision
@@ -439,12 +440,7 @@ def check_problem(
                 if truncated > 0
                 else ""
             )
-            if row["rare_share"] > 0:
-                cut_clause += (
-                    f"; {100 * row['rare_share']:.3g}% of the exact value carried by pairs "
-                    f"sampled < {RARE_VISITS} times: against the rest, bias "
-                    f"{row['resolved_bias_se']:.1f} SE (p = {row['resolved_p_value']:.2g})"
-                )
+            cut_clause += resolved_clause(row, "pairs")
             print(
                 f"theta {i}: {describe(row)}{cut_clause}  [{method}, {config.num_envs} x "
                 f"{config.num_steps}, grouping={config.grouping}, partial={config.partial}, "

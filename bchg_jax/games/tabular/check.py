@@ -87,6 +87,7 @@ from bchg_jax.core.bias_check import (
     discount_weight_beyond,
     not_resolved_message,
     reads_biased,
+    resolved_clause,
     resolved_entries,
 )
 from bchg_jax.core.precision import full_precision
@@ -306,9 +307,9 @@ def check_problem(
       estimator's expectation without a cut|| / ||exact||: the bias the cut alone causes; for
       ``backup="paper"`` and ``guide="benefit"``, ||truncated_target - exact|| / ||exact||) and
       ``cut_weight`` (module docstring; a warning when either exceeds
-      :data:`CUT_WEIGHT_WARN`); ``rare_share``, ``resolved_target``, ``resolved_bias_se``,
-      ``resolved_p_value`` (module docstring, "a sharp leader"; NaN unless the comparison
-      reads as biased).
+      :data:`CUT_WEIGHT_WARN`); ``rare_share``, ``rare_component_share``, ``resolved_target``,
+      ``resolved_bias_se``, ``resolved_p_value`` (module docstring, "a sharp leader"; NaN
+      unless the comparison reads as biased).
     Raises:
       ValueError: an invalid game, ``beta``, ``backup``, ``guide`` or ``baseline``, no
         ``horizon`` (and no ``game.time_limit``), ``episodes`` < 1, ``batches`` < 2, or a
@@ -416,13 +417,7 @@ def check_problem(
                 stacklevel=2,
             )
         if verbose:
-            rare_clause = (
-                f"; {100 * row['rare_share']:.3g}% of the exact value carried by leader pairs "
-                f"sampled < {RARE_VISITS} times: against the rest, bias "
-                f"{row['resolved_bias_se']:.1f} SE (p = {row['resolved_p_value']:.2g})"
-                if row["rare_share"] > 0
-                else ""
-            )
+            rare_clause = resolved_clause(row, "leader pairs")
             print(
                 f"theta {i}: {describe(row)}; vs the truncated target: bias "
                 f"{row['truncated_bias_se']:.1f} SE (p = {row['truncated_p_value']:.2g}), "
