@@ -186,10 +186,14 @@ class Leader(NamedTuple):
       actor: ``actor(state, critic, response, beta)`` -> (``objective(params, batch, key)``
         to ascend, ``draw(key)`` -> batch or None (no minibatch), [] bool whether to update).
       metrics: ``metrics(state, response, episodes, beta, grad_norm, accepted)`` -> dict of
-        [] arrays, from the new state and the new response.
-      accepted: ``accepted(response)`` -> [] bool: keep the actor update (else it is undone),
-        which also needs every actor step's gradient to be finite (a finite global norm:
-        :func:`actor_steps`); None: always kept.
+        [] arrays, from the new state and the new response (``accepted``: [] bool, the actor
+        update was kept).
+      accepted: ``accepted(response)`` -> [] bool: keep the actor update only if the
+        follower's response to it is usable (else the update is undone and the response is
+        the one before); None: no condition on the response. Every family's update is also
+        undone when some actor step's gradient is not finite (a non-finite global norm:
+        :func:`actor_steps`), before the follower answers when ``accepted`` is None.
+        Not with ``learn``: an undone update would drop what the follower learnt.
       learn: ``learn(state, response, episodes, beta)`` -> the follower's memory after learning from
         the batch just collected (passed to ``follower`` as its warm start); None: the follower
         learns nothing from samples and ``warm(response)`` is passed.
@@ -308,6 +312,11 @@ def assemble(
     Returns:
       the :class:`~bchg_jax.core.loop.Trainer`.
     """
+    if leader.accepted is not None and leader.learn is not None:
+        raise ValueError(
+            "a Leader with both accepted and learn: an update the follower's response refuses "
+            "would drop what the follower learnt from the batch (set one of them)"
+        )
     dtype, max_steps, tau = jnp.dtype(config.dtype), config.max_steps, config.tau
     # a plain optax transformation is a NamedTuple (not callable)
     leader_opt = actor_opt if callable(actor_opt) else (lambda _: actor_opt)
@@ -355,12 +364,19 @@ def assemble(
             k_d = jax.random.fold_in(k_a, DIAGNOSTICS_KEY)
             extra = leader.diagnostics(k_d, state, critic, resp, hp.beta)
         actor, a_state, gnorm = update_actor(k_a, state, critic, resp, hp.beta, hp.actor_steps)
-        new = leader.follower(actor, hp.beta, leader.warm(resp) if learnt is None else learnt)
-        # an update the follower cannot answer, or from a gradient that was not finite, is undone
-        ok = None if leader.accepted is None else leader.accepted(new) & jnp.isfinite(gnorm)
-        if ok is not None:
-            keep = lambda x, y: jnp.where(ok, x, y)  # noqa: E731
-            actor, a_state = jax.tree.map(keep, (actor, a_state), (state.actor, state.actor_opt))
+        memory = leader.warm(resp) if learnt is None else learnt
+        # an update from a gradient that was not finite, or one the follower cannot answer, is
+        # undone (the leader and its Adam state as they were)
+        ok = jnp.isfinite(gnorm)
+        keep = lambda x, y: jnp.where(ok, x, y)  # noqa: E731
+        undo = lambda: jax.tree.map(keep, (actor, a_state), (state.actor, state.actor_opt))  # noqa: E731
+        if leader.accepted is None:  # undone before the follower answers: it answers the leader
+            actor, a_state = undo()  # that stays (and keeps what it learnt from the batch)
+            new = leader.follower(actor, hp.beta, memory)
+        else:  # the follower's answer to the update decides; undone, it is the answer before
+            new = leader.follower(actor, hp.beta, memory)
+            ok = ok & leader.accepted(new)
+            actor, a_state = undo()
             new = jax.tree.map(keep, new, resp)
         state = LeaderState(
             actor,

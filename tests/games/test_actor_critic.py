@@ -145,9 +145,10 @@ class _Resp(NamedTuple):  # a follower that always answers
     P: Any
 
 
-def _toy_trainer(objective, opt):
+def _toy_trainer(objective, opt, accepted=True):
     """The skeleton with trivial pieces: theta [2] float32 ascends ``objective(theta)`` with
-    ``opt``; the follower always converges (so only the gradient can undo an update)."""
+    ``opt``; the follower always converges (so only the gradient can undo an update);
+    ``accepted`` False: the family has no ``accepted`` condition."""
 
     def follower(actor, beta, warm):
         return _Resp(jnp.asarray(True), jnp.zeros((), jnp.float32))
@@ -166,14 +167,14 @@ def _toy_trainer(objective, opt):
         critic=None,
         actor=lambda state, critic, resp, beta: (lambda p, b, k: objective(p), None, True),
         metrics=metrics,
-        accepted=lambda resp: resp.converged,
+        accepted=(lambda resp: resp.converged) if accepted else None,
     )
     config = lqr.TrainConfig(iterations=1)
     return ac.assemble(None, "toy", config, leader, lqr.HParams, opt, optax.sgd(0.1), {})
 
 
-def _one_step(objective, opt):
-    tr = _toy_trainer(objective, opt)
+def _one_step(objective, opt, accepted=True):
+    tr = _toy_trainer(objective, opt, accepted)
     _, m = tr.run(tr.init(jax.random.key(0), lqr.HParams()), lqr.HParams(), 1)
     return {k: np.asarray(v)[0] for k, v in m.items()}
 
@@ -202,11 +203,60 @@ def test_a_finite_gradient_whose_squares_overflow_is_clipped_along_its_direction
         assert float(global_norm(g)) == float(optax.tree.norm(g)) or float(g[1]) == 0.0
 
 
-def test_an_update_from_a_non_finite_gradient_is_undone_and_flagged():
+@pytest.mark.parametrize("accepted", [True, False], ids=["accepted", "no-accepted"])
+def test_an_update_from_a_non_finite_gradient_is_undone_and_flagged(accepted):
     """The update was accepted on the follower's convergence alone: an infinite gradient left
     theta NaN with ``update_skipped`` 0. Now it is undone and counted (the make_train
-    docstring's "or the gradient was not finite")."""
+    docstring's "or the gradient was not finite"), also for a family without ``accepted``
+    (the tabular game's), which applied every update."""
     objective = lambda p: jnp.sum(p) * jnp.float32(jnp.inf)  # noqa: E731
-    m = _one_step(objective, optax.chain(clip_by_global_norm(1.0), optax.adam(0.1)))
+    m = _one_step(objective, optax.chain(clip_by_global_norm(1.0), optax.adam(0.1)), accepted)
     np.testing.assert_array_equal(m["theta"], [0.0, 0.0])
     assert m["skipped"] == 1 and m["grad_norm"] == np.inf
+    finite = _one_step(lambda p: jnp.sum(p), optax.sgd(0.1), accepted)  # a finite one is taken
+    np.testing.assert_allclose(finite["theta"], [0.1, 0.1], rtol=1e-6)
+    assert finite["skipped"] == 0
+
+
+def _nan_critic_step(follower=None):
+    """One iteration of the toy game's trainer from a critic whose weights are NaN (a critic
+    that diverged): (state before, state after, metrics)."""
+    from bchg_jax.core.follower_model import FollowerModel
+
+    kw = {} if follower is None else dict(follower=FollowerModel(**follower))
+    config = tabular.TrainConfig(episodes=2, minibatch=8, iterations=1, **kw)
+    tr = tabular.make_train(toy_game(), "bchg", config)
+    hp = jax.tree.map(lambda x: x[0], tr.hparams({"actor_steps": [1], "beta": [0.05]}))
+    state = tr.init(jax.random.key(0), hp)
+    nan = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), state.critic.params)
+    state = state._replace(critic=state.critic._replace(params=nan))
+    new, m = tr.run(state, hp, 1)
+    return state, new, {k: np.asarray(v)[0] for k, v in m.items()}
+
+
+@pytest.mark.slow
+def test_the_tabular_game_undoes_an_update_from_a_diverged_critic():
+    """The tabular game's trainer applied every actor update: a NaN critic made the leader NaN
+    (and so every later iteration) with ``update_skipped`` 0 ("this trainer never drops one").
+    Now the update is undone and counted; the leader and its Adam state stay as they were."""
+    state, new, m = _nan_critic_step()
+    assert m["update_skipped"] == 1
+    chex_equal = lambda a, b: jax.tree.map(np.testing.assert_array_equal, a, b)  # noqa: E731
+    chex_equal((new.actor, new.actor_opt), (state.actor, state.actor_opt))
+    assert np.isfinite(m["J"])
+    # a follower that learns from samples keeps what it learnt from the batch, answering the
+    # leader that stayed
+    state, new, m = _nan_critic_step(dict(kind="q_learning", lr=0.5))
+    assert m["update_skipped"] == 1
+    chex_equal(new.actor, state.actor)
+    learnt = np.asarray(new.follower.own)
+    assert np.all(np.isfinite(learnt)) and not np.array_equal(learnt, state.follower.own)
+
+
+def test_a_leader_with_both_accepted_and_learn_is_refused():
+    pieces = dict.fromkeys(ac.Leader._fields, None)  # never called: refused before use
+    pieces.update(accepted=lambda r: True, learn=lambda *a: None)
+    with pytest.raises(ValueError, match="both accepted and learn"):
+        ac.assemble(
+            None, "toy", lqr.TrainConfig(), ac.Leader(**pieces), lqr.HParams, None, None, {}
+        )

@@ -386,7 +386,8 @@ def make_train(
             "batch_return": jnp.mean(jnp.sum(rL[ep.s[:, :T], ep.a, ep.b], -1)),
             "follower_sweeps": br.sweeps,
             "solve_capped": capped.astype(jnp.int32),  # at its sweep cap (the answer still used)
-            "update_skipped": jnp.zeros((), jnp.int32),  # this trainer never drops one
+            # an actor update from a gradient that was not finite is undone (a diverged critic)
+            "update_skipped": (~accepted).astype(jnp.int32),
             "logits_rounded": logits_rounded(solved, beta),  # float32 and a small beta
             **gap,
             **problem_metrics(metrics_fn, f, br),
