@@ -39,7 +39,7 @@ WARN_SHARE = 0.01
 
 
 def solver_health(metrics: Mapping[str, np.ndarray]) -> Dict[str, float]:
-    """Counts of the two flags over every run and iteration recorded so far.
+    """Counts and shares of the :data:`FLAGS` over every run and iteration recorded so far.
 
     Args:
       metrics: name -> array (e.g. [G, N, t] from ``run_grid``); the flags may be missing (a

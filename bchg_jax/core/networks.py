@@ -20,20 +20,20 @@ def torch_like_init():
 
 class MLP(nn.Module):
     """ReLU MLP with ``hidden`` layers and a linear output of size ``out`` (every network of the
-        library: the game actors and critics, the LQ MLP critics).
+    library: the game actors and critics, the LQ MLP critics).
 
-        ``torch_init=True``: U(+-1/sqrt(fan_in)) kernels (:func:`torch_like_init`); False: flax's
-        default lecun_normal. ``param_dtype``: the parameters' dtype (computations follow it).
+    ``torch_init=True``: U(+-1/sqrt(fan_in)) kernels (:func:`torch_like_init`); False: flax's
+    default lecun_normal. ``param_dtype``: the parameters' dtype (computations follow it).
     ``precision``: the layers' matmul precision; ``None`` (default) follows
     ``jax_default_matmul_precision`` (TF32 on a GPU), ``"highest"`` is full float32 on every
     backend (for a network that must resolve input differences below ~1e-3 of its inputs).
 
-        Attributes:
-          hidden: widths of the hidden layers (e.g. (64, 64)).
-          out: size of the linear output layer.
-          torch_init: kernel initialisation (see above).
-          param_dtype: the parameters' dtype.
-          precision: ``None`` or a ``jax.lax.Precision`` name (``"highest"``).
+    Attributes:
+      hidden: widths of the hidden layers (e.g. (64, 64)).
+      out: size of the linear output layer.
+      torch_init: kernel initialisation (see above).
+      param_dtype: the parameters' dtype.
+      precision: ``None`` or a ``jax.lax.Precision`` name (``"highest"``).
     """
 
     hidden: Tuple[int, ...]

@@ -25,8 +25,6 @@ of every game trainer is one :class:`LeaderState`.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import operator
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -282,9 +280,7 @@ def actor_steps(opt, objective, draw, key, params, opt_state, num_steps, max_ste
         k = jax.random.fold_in(key, 10_000 + i)
         grads = jax.grad(lambda p: -objective(p, batch, k))(params)
         params, o = adam_step(opt, params, o, grads)
-        sq = [jnp.sum(g**2) for g in jax.tree.leaves(grads)]
-        norm = jnp.sqrt(functools.reduce(operator.add, sq))
-        norm = jnp.where(jnp.isfinite(norm) & (norm > 0), norm, global_norm(grads))
+        norm = global_norm(grads)
         return params, o, jnp.where(jnp.isfinite(last), norm, last)
 
     gnorm = jnp.zeros((), jax.tree.leaves(params)[0].dtype)

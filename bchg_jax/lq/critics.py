@@ -334,41 +334,6 @@ def leave_one_out_vector_value(s: Array, y: Array, gamma, ridge: float = 1e-6) -
     return jnp.einsum("etf,efd->etd", phi_all[:, :-1], W)
 
 
-@full_precision
-def expected_quadratic_features(s: Array, mean_b: Array, cov_b: Array) -> Array:
-    """E_{b ~ N(mean_b, cov_b)} quadratic_features((s, b)) (exact: E[z_i z_j] = zbar_i zbar_j +
-    Cov_ij, non-zero only inside the action block).
-
-    Args:
-      s: [..., n] states.
-      mean_b: [..., m] mean follower actions.
-      cov_b: [m, m] action covariance.
-    Returns:
-      [..., (n + m)(n + m + 1) / 2 + 1] expected features.
-    """
-    n, m = s.shape[-1], mean_b.shape[-1]
-    zbar = jnp.concatenate([s, mean_b], -1)
-    cov = jnp.zeros((n + m, n + m), s.dtype).at[n:, n:].set(cov_b)
-    i, j = _triu(n + m)
-    return quadratic_features(zbar) + jnp.concatenate([cov[i, j], jnp.zeros((1,), s.dtype)])
-
-
-@full_precision
-def fit_quadratic_vector_q(s: Array, b: Array, y: Array, gamma, ridge: float = 1e-6):
-    """Vector-valued action value (e.g. grad_theta Q_F) by SARSA-LSTD on quadratic features of
-    (s, b): ``s`` [E, T+1, n], ``b`` [E, T+1, m], ``y`` [E, T, D]. Returns the weights W [F, D]
-    (``quadratic_features(z) @ W``), F = (n + m)(n + m + 1) / 2 + 1."""
-    phi_all = quadratic_features(jnp.concatenate([s, b], -1))
-    F = phi_all.shape[-1]
-    return lstd(
-        phi_all[:, :-1].reshape(-1, F),
-        phi_all[:, 1:].reshape(-1, F),
-        y.reshape(-1, y.shape[-1]),
-        gamma,
-        ridge,
-    )
-
-
 # --- MLP critics (TD(0)) ---
 
 
@@ -382,11 +347,11 @@ def init_mlp(
       in_dim: input size (n + m for Q_L(s, b), n for grad V_F(s)).
       out: output size (1, or d for a vector value).
       hidden: hidden layer sizes.
-      dtype: dtype of the dummy input used for initialisation.
+      dtype: the parameters' dtype (and that of the dummy input used for initialisation).
     Returns:
       (model, params).
     """
-    model = MLP(tuple(hidden), out, torch_init=False)
+    model = MLP(tuple(hidden), out, torch_init=False, param_dtype=dtype)
     return model, model.init(key, jnp.zeros((1, in_dim), dtype))
 
 

@@ -44,7 +44,7 @@ import numpy as np
 from bchg_jax.core import hparams as hparams_lib
 from bchg_jax.core.bias_check import discount_weight_beyond
 from bchg_jax.core.follower_model import FollowerSettings, agreement
-from bchg_jax.core.loop import Trainer, build_trainer, check_setup, sgd_ascent
+from bchg_jax.core.loop import Trainer, build_trainer, check_setup, global_norm, sgd_ascent
 from bchg_jax.core.maxent_lqr import soft_q, soft_value
 from bchg_jax.core.networks import MLP
 from bchg_jax.core.validate import check_beta, check_config, check_positive
@@ -311,8 +311,9 @@ def make_train(
     d = int(np.size(problem.theta0))
     E, T = config.num_episodes, problem.horizon
     use_mlp = config.critic == "mlp" and method != "exact"
-    q_model = MLP(tuple(config.mlp_hidden), 1, torch_init=False)
-    v_model = MLP(tuple(config.mlp_hidden), d, torch_init=False)
+    # the critics' parameters (and Adam states) in theta's dtype, as every other piece
+    q_model = MLP(tuple(config.mlp_hidden), 1, torch_init=False, param_dtype=dtype)
+    v_model = MLP(tuple(config.mlp_hidden), d, torch_init=False, param_dtype=dtype)
     comp_fn = getattr(problem, "components", None)
 
     def init(key, hp):
@@ -536,7 +537,7 @@ def make_train(
         metrics["solve_capped"] = (~br.converged & ~br.info.unstable).astype(jnp.int32)
         metrics["update_skipped"] = (~ok).astype(jnp.int32)
         metrics["diverging"] = (~stable | br.info.unstable).astype(jnp.int32)
-        metrics["grad_norm"] = jnp.linalg.norm(raw)  # the estimate's, skipped or not
+        metrics["grad_norm"] = global_norm(raw)  # the estimate's, skipped or not
         if fm.kind == "k_step":
             metrics["follower_gap"] = gain_gap(played, br)
             own = jnp.where(jnp.all(jnp.isfinite(own)), own, jnp.zeros_like(own))

@@ -105,6 +105,7 @@ def rollout(
         instead of all S states (the sparse solvers' table; ~S/J less work per step). The
         successors are in increasing state order, so the inverse-CDF draw picks the same
         state for the same uniform number as the full search.
+    Returns:
       :class:`Batch`, every field [num_envs, num_steps] (time axis 1).
     Raises:
       ValueError: ``transition`` not [S, B, S]; ``policy``, ``init_dist`` or ``terminal`` not

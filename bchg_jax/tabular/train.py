@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from bchg_jax.core import hparams as hparams_lib
 from bchg_jax.core.bias_check import CUT_WEIGHT_WARN, discount_weight_beyond
 from bchg_jax.core.follower_model import FollowerSettings, agreement, lag_mix
-from bchg_jax.core.loop import Trainer, build_trainer, check_setup, sgd_ascent
+from bchg_jax.core.loop import Trainer, build_trainer, check_setup, global_norm, sgd_ascent
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.rounding import within_tolerance
 from bchg_jax.core.validate import (
@@ -631,7 +631,7 @@ def make_train(
         if learns:
             rF, lr = problem.follower_reward(theta), jnp.asarray(fm.lr, dtype)
             own = q_learning_update(own, batch, rF, beta, problem.gamma_F, lr)
-        grad_norm = jnp.sqrt(sum(jnp.sum(x**2) for x in jax.tree.leaves(grad)))
+        grad_norm = global_norm(grad)  # finite for every finite gradient (overflow-safe)
         # a non-finite estimate is dropped (flagged), never spread into theta, and so is an
         # update to a theta whose tables are not distributions; a follower or metric solve that
         # hit its sweep cap is flagged (its approximate answer is still used)

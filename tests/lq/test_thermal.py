@@ -270,3 +270,16 @@ def test_mlp_td_critic_fits_exact_leader_q():
     good, paper = r2(True, 1e-3), r2(False, 1e-4)
     assert good > 0.9, good
     assert paper < good
+
+
+def test_mlp_critics_take_the_problems_dtype(x64):
+    """The LQ MLP critics were built with flax's default float32 parameters whatever theta's
+    dtype: a float64 run trained float32 critics (and Adam states). They now follow theta."""
+    for dtype in (jnp.float64, jnp.float32):
+        config = LQTrainConfig(critic="mlp", mlp_hidden=(4,), mlp_warm_start=True, iterations=1)
+        tr = make_train_lq(_small_lq(dtype), "bchg", config)
+        hp = jax.tree.map(lambda x: x[0], tr.hparams({"lr": [0.1], "beta": [0.5]}))
+        leaves = jax.tree.leaves(tr.init(jax.random.key(0), hp).critic)
+        assert leaves and {x.dtype for x in leaves} == {jnp.dtype(dtype)}
+    _, params = critics_quadratic.init_mlp(jax.random.key(0), 3, dtype=jnp.float64)
+    assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.float64)}

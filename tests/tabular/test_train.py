@@ -132,3 +132,21 @@ def test_float32_metric_is_unbiased_against_float64(x64):
     assert rowsum.max() <= 4 * float(jnp.finfo(jnp.float32).eps)  # normalised rows
     err = J32 - J64
     assert abs(err.mean()) < 1e-5 and np.abs(err).max() < 1e-5, err
+
+
+def test_a_finite_gradient_whose_squares_overflow_is_clipped_not_dropped():
+    """float32 leader rewards ~1e24: the hypergradient is finite (norm 8e24) but its sum of
+    squares overflows. The trainer's norm was inf, so every such update was dropped as
+    non-finite (``update_skipped``) and the clip never acted; it is now a clipped step."""
+    import dataclasses
+
+    prob = random_tabular_cmdp(jax.random.key(0), num_states=5, num_actions=3)
+    big = dataclasses.replace(prob, leader_reward=lambda th: 1e24 * prob.leader_reward(th))
+    cfg = TrainConfig(num_envs=2, num_steps=5, iterations=1, clip_norm=1.0)
+    tr = make_train(big, "exact", cfg)
+    hp = jax.tree.map(lambda x: x[0], tr.hparams({"lr": [0.1], "beta": [0.3]}))
+    state = tr.init(jax.random.key(0), hp)
+    new, m = tr.run(state, hp, 1)
+    assert int(m["update_skipped"][0]) == 0 and 1e24 < float(m["grad_norm"][0]) < 1e26
+    step = np.linalg.norm(np.asarray(new.theta) - np.asarray(state.theta))
+    np.testing.assert_allclose(step, 0.1, rtol=1e-5)  # lr times the clip

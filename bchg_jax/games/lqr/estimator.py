@@ -19,7 +19,7 @@ does is one small function, and an :class:`Estimator` names the ones in use:
 * pieces on the guiding term (:mod:`bchg_jax.games.guide`): e.g. the control variate.
 
 :func:`estimator` builds the pieces of an :class:`~bchg_jax.games.lqr.config.EstimatorConfig`;
-a study passes its own (``make_train(..., estimator=...)``), e.g. with one more guide piece.
+a study passes its own (``make_train(..., estimator_pieces=...)``), e.g. with one more guide piece.
 """
 
 from __future__ import annotations

@@ -239,8 +239,10 @@ def make_train(
         pure functions instead promote the game with the policy:
         :func:`~bchg_jax.games.tabular.game.compute_dtype`.)
       metrics_fn: optional ``metrics_fn(f, response)`` -> dict of [] arrays added to every
-        iteration's metrics, from the leader's policy f [S, A] and the follower's
-        :class:`~bchg_jax.games.tabular.follower.GameBestResponse` (the problem's own, e.g.
+        iteration's metrics, from the leader's policy f [S, A] and the follower's response (a
+        :class:`~bchg_jax.games.tabular.follower.GameBestResponse` for the paper's follower, a
+        :class:`~bchg_jax.games.tabular.follower_models.FollowerResponse` for the others; both
+        have ``policy``, ``Q`` and ``V``) (the problem's own, e.g.
         :func:`bchg_jax.problems.toy_game.toy_game_metrics`).
     Returns:
       a :class:`~bchg_jax.core.loop.Trainer`; its ``hparams(grid)`` builds :class:`HParams`
