@@ -340,10 +340,15 @@ def _refuse_if_not_extendable(out: str, method: str, iterations: int) -> None:
     except Exception:  # noqa: BLE001 - reported with its advice when the method runs
         return
     if final and done < iterations:
-        fail(
-            f"{out} completed {done} iterations of {method} but holds no checkpoint to continue "
-            f"from; start a new run with --iterations {iterations}"
-        )
+        _refuse_extension(out, method, done, iterations)
+
+
+def _refuse_extension(out: str, method: str, done: int, iterations: int) -> None:
+    """Exits 2: ``out`` completed ``done`` < ``iterations`` iterations and has no checkpoint."""
+    fail(
+        f"{out} completed {done} iterations of {method} but holds no checkpoint to continue "
+        f"from; start a new run with --iterations {iterations}"
+    )
 
 
 def new_stamped_dir(parent: str) -> str:
@@ -469,7 +474,7 @@ def run_method_folder(
             verb = "extending" if "final" in data else "resuming"
             print(f"[{method}] {verb} at iteration {start} (to {a.iterations})")
         elif "final" in data:  # completed before checkpoints were kept: nothing to extend
-            _refuse_if_not_extendable(out, method, a.iterations)
+            _refuse_extension(out, method, done, a.iterations)
         else:  # stopped before its first checkpoint was complete
             print(f"[{method}] no checkpoint in {out}; starting again from iteration 0")
     _truncate_jsonl(jsonl_path, start)

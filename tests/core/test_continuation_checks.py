@@ -50,6 +50,7 @@ def test_run_grid_refuses_a_start_that_is_not_the_state_or_the_metrics(trainer):
     np.testing.assert_array_equal(joined["J"], straight["J"])
 
 
+@pytest.mark.slow
 def test_load_state_never_grows_the_run_axes_and_keeps_the_dtype(trainer, tmp_path):
     ckpt = str(tmp_path / "c")
     state, _ = run_grid(trainer, GRID, 2, 4, chunk=4, verbose=False)

@@ -44,6 +44,7 @@ def test_the_game_at_an_unstabilisable_gain_is_not_converged_under_jit(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.slow
 def test_a_rounding_sized_coupling_is_ill_conditioned(dtype):
     # the coupling jit produced at K = (15, -10): a stabilisable pair whose P ~ 1e34
     with jax.enable_x64(dtype == "float64"):

@@ -121,6 +121,7 @@ def test_seeds_must_be_a_positive_int():
     assert state_template(tr, grid, np.int64(2)).theta.shape[:2] == (1, 2)
 
 
+@pytest.mark.slow
 def test_grid_values_that_the_dtype_rounds_to_zero_or_inf_are_refused(x64):
     """``beta = 1e-46`` is > 0 in float64 (validate passes) but 0 in float32: the float32
     trainer's grid refuses it (and a subnormal 1e-40, and lr 1e39 -> inf); a float64 grid keeps

@@ -344,6 +344,7 @@ def _ctrl_c_that_python_drops():
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.slow
 def test_a_ctrl_c_python_drops_in_a_gc_callback_still_stops_the_run(tmp_path, monkeypatch, capsys):
     """JAX frees device buffers from a garbage-collection callback; a KeyboardInterrupt raised
     there is printed as "Exception ignored" and dropped, and the run trained to its end with exit

@@ -230,6 +230,7 @@ def test_validate_finds_a_diverging_closed_loop_behind_a_slow_riccati_iteration(
     assert 1.0539 < rho < 1.0540
 
 
+@pytest.mark.slow
 def test_finite_horizon_overflow_is_refused():
     # float32, rho 1.056 over 3000 steps: the covariance overflows (the return was -inf)
     p = _scalar(0.0)
@@ -241,6 +242,7 @@ def test_finite_horizon_overflow_is_refused():
     assert np.isfinite(float(exact_lq.leader_objective(p, w, 0.1, 100)))  # finite: as it is
 
 
+@pytest.mark.slow
 def test_follower_references_refuse_a_diverging_policy(x64):
     from bchg_jax.lq import follower_references as refs
 

@@ -40,6 +40,7 @@ def _cmdp(dtype, gamma_F, S=5, B=3, D=4, seed=1):
 
 
 @pytest.mark.parametrize("gamma_F, beta", [(0.999, 0.02), (0.999, 0.05), (0.995, 0.02)])
+@pytest.mark.slow
 def test_float32_as_if_reference_matches_float64(x64, gamma_F, beta):
     p64, p32 = _cmdp(jnp.float64, gamma_F), _cmdp(jnp.float32, gamma_F)
     theta = p64.theta0

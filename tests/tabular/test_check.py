@@ -146,6 +146,7 @@ def test_check_problem_samples_from_the_whole_table_where_the_support_moved(tele
     assert not any(row["support_lost"] for row in rows["dense"])
 
 
+@pytest.mark.slow
 def test_check_problem_cut_weight_uses_the_slower_discount():
     """The guiding term's FollowerQGrad segments are discounted by gamma_F: gamma_F 0.99,
     gamma_L 0.5, H 40: cut_weight is the discount weight beyond the cut, 0.676 (>= 0.99^40 =
@@ -312,15 +313,16 @@ def test_resolved_problem_splits_the_exact_hypergradient_by_pairs(x64):
     pairs = np.asarray(jax.random.bernoulli(jax.random.key(1), 0.4, (S, B)))
     starts = np.asarray(jax.random.bernoulli(jax.random.key(2), 0.5, (S,)))
 
-    def g(rare, rare_start):
-        return np.asarray(
-            tabular.exact_hypergradient(resolved_problem(prob, rare, rare_start), theta, beta)
+    # one compilation for every split (the masks are traced; eager calls compile op by op)
+    g = jax.jit(
+        lambda rare, rare_start: tabular.exact_hypergradient(
+            resolved_problem(prob, rare, rare_start), theta, beta
         )
-
-    full = np.asarray(tabular.exact_hypergradient(prob, theta, beta))
-    none = g(np.zeros((S, B), bool), np.zeros(S, bool))
-    every = g(np.ones((S, B), bool), np.ones(S, bool))
-    part, rest = g(pairs, starts), g(~pairs, ~starts)
+    )
+    full = np.asarray(jax.jit(lambda: tabular.exact_hypergradient(prob, theta, beta))())
+    none = np.asarray(g(np.zeros((S, B), bool), np.zeros(S, bool)))
+    every = np.asarray(g(np.ones((S, B), bool), np.ones(S, bool)))
+    part, rest = np.asarray(g(pairs, starts)), np.asarray(g(~pairs, ~starts))
     np.testing.assert_allclose(none, full, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(part + rest - every, full, rtol=1e-8, atol=1e-10)
     assert np.linalg.norm(part - full) > 1e-3 * np.linalg.norm(full)  # the split is not trivial

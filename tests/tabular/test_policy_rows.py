@@ -46,6 +46,7 @@ def test_float32_best_responses_sum_to_one_on_fourrooms():
             assert err <= 4 * EPS32, (name, err)
 
 
+@pytest.mark.slow
 def test_sampler_never_draws_outside_a_row_that_sums_below_one():
     """Rows of the policy, the transition, the successor table and rho_0 whose float32 sum is
     0.99 with a zero last entry: the zero entries are never drawn (before: every uniform above

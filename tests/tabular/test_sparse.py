@@ -525,6 +525,7 @@ def test_sweep_counts_are_int32_under_x64_so_the_trainer_can_switch_solvers(x64,
     assert np.all(np.isfinite(np.asarray(metrics["J"])))
 
 
+@pytest.mark.slow
 def test_sparse_soft_solver_respects_max_sweeps():
     """``max_sweeps`` caps soft and expectation sweeps together: near the cap no round of
     ``linear_sweeps`` expectation sweeps starts, plain soft sweeps run up to it (before, cap 5

@@ -76,6 +76,7 @@ def test_float64_game_with_float32_theta_computes_in_float64(x64):
     assert Qg.dtype == Vg.dtype == jnp.float64
 
 
+@pytest.mark.slow
 def test_a_float32_game_with_a_float64_beta_or_warm_start_is_promoted_consistently(x64):
     """The solvers' loop carries take the promoted dtype: a strongly typed float64 beta with a
     float32 game and policy failed inside the while_loop ("carry input and carry output must
