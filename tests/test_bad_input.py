@@ -612,7 +612,7 @@ SHAPE_CALLS = [
     (
         "games.lqr.rollout theta",
         lambda: game_lqr.rollout(K, lqr_game(), jnp.zeros(3), _resp(), 2, 3),
-        "theta must have last axis",
+        "theta must be the vector [2]",
         None,
     ),
     (
@@ -1166,6 +1166,10 @@ def test_lqr_game_check_refuses_bad_options_before_estimating():
         check_problem(lqr_game(), [TH_LQR], 0.1, direct_baseline="x", batches=2, leader_steps=2)
     with pytest.raises(ValueError, match="beta"):
         check_problem(lqr_game(), [TH_LQR], 0.0, batches=2, leader_steps=2)
+    # a theta at which the follower's pair is unstabilisable is named as such (validate(theta),
+    # as lq.check_problem does), not as a Riccati iteration that failed
+    with pytest.raises(ValueError, match=r"is not stabilisable at theta=\[-20.0, -10.0\]"):
+        check_problem(lqr_game(), [np.array([-20.0, -10.0])], 0.1, batches=2, leader_steps=2)
 
 
 @pytest.mark.slow
@@ -1594,3 +1598,31 @@ def test_tabular_hypergradient_names_the_table_of_the_wrong_shape():
     short = _follower()._replace(V=jnp.zeros(S - 1))
     with pytest.raises(ValueError, match=r"follower.V must have shape"):
         tabular.hypergradient(_cmdp(), TH, BATCH, short, R_TAB, 0.1)
+
+
+def test_lq_exact_hypergradient_refuses_a_leader_objective_that_is_not_finite():
+    """c(theta) = log(theta_0 - 1) at theta_0 = 0: leader_objective refused it, but the
+    gradient of a NaN J has finite pieces (d/dtheta log(theta_0 - 1) = -1), and
+    exact_hypergradient returned them without a word. Now it names c too, and is NaN traced."""
+    p = _lq(leader_quadratic=lambda th: (jnp.eye(2), jnp.eye(1), jnp.log(th[0] - 1.0)))
+    theta = jnp.zeros(1)
+    for fn in (lq_family.leader_objective, lq_family.exact_hypergradient):
+        with pytest.raises(ValueError, match="leader_quadratic\\(theta\\)'s c is not finite"):
+            fn(p, theta, 0.5)
+    traced = jax.jit(lambda th: lq_family.exact_hypergradient(p, th, 0.5))(theta)
+    assert np.all(np.isnan(np.asarray(traced)))
+
+
+def test_lq_constant_arrays_given_as_functions_of_theta_are_refused_by_name():
+    """A Qbar that depends on theta (a function) raised a bare TypeError from np.asarray."""
+    with pytest.raises(ValueError, match="Qbar must be an array.*A_fn, B_fn and leader_quad"):
+        _lq(Qbar=lambda th: jnp.eye(2) * th[0])
+
+
+def test_lqr_game_rollout_refuses_a_nan_theta():
+    """lq.rollout refused a NaN theta by name; the game's rollout returned NaN states."""
+    game, theta = lqr_game(), jnp.asarray(TH_LQR)
+    resp = game_lqr.best_response(game, theta, 0.1)
+    game_lqr.rollout(jax.random.key(0), game, theta, resp, 2, 5)
+    with pytest.raises(ValueError, match="theta must be finite"):
+        game_lqr.rollout(jax.random.key(0), game, theta.at[0].set(jnp.nan), resp, 2, 5)

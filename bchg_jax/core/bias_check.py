@@ -29,6 +29,8 @@ True; ``z`` and ``bias_se`` still judge the estimates.
 
 from __future__ import annotations
 
+import warnings
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -41,6 +43,26 @@ BIASED_P = 1e-3
 # too rare for the standard error to account for: the families' checks then also judge the part
 # of the exact gradient the other pairs carry (``rare_share``, ``resolved_*``)
 RARE_VISITS = 30
+# a comparison whose standard error's norm is more than this share of the exact gradient's norm
+# cannot see a bias of the gradient's own size: the checks warn that its pass says little
+LOW_RESOLUTION = 0.5
+
+
+def warn_if_unresolved(where: str, row: dict, batches: int, stacklevel: int = 3) -> bool:
+    """Warns when a :func:`compare` row that does not read as biased has a resolution
+    ``rel_se`` above :data:`LOW_RESOLUTION`: no bias below about twice that share of the
+    gradient's norm could show, so the pass says little. Returns whether it warned."""
+    if reads_biased(row) or not row["rel_se"] > LOW_RESOLUTION:  # NaN: an exact value of 0
+        return False
+    warnings.warn(
+        f"{where}: the estimates' standard error is {100 * row['rel_se']:.3g}% of the exact "
+        f"gradient's norm ({batches} batches), so a bias of up to about "
+        f"{200 * row['rel_se']:.3g}% of it would not show: this pass says little. Use more "
+        "batches (the resolution falls as 1 / sqrt(batches)) or more episodes per batch",
+        UserWarning,
+        stacklevel=stacklevel,
+    )
+    return True
 
 
 def reads_biased(row: dict) -> bool:

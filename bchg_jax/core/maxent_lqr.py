@@ -146,11 +146,12 @@ class RiccatiInfo(NamedTuple):
 #: stall: the change then wanders at the rounding floor of the map and ``max_iters`` would not
 #: help.
 STALL_ITERS = 1000
-#: A stall also needs P to have gone nowhere over those iterations: a net relative move of at
-#: most this share of the path it travelled (the sum of its changes). Rounding noise walks back
-#: and forth (net ~ path / sqrt(STALL_ITERS), 0.03 of it); a slow mode still growing (its
-#: change rising for thousands of iterations before it falls to ``tol``) moves one way
-#: (net ~ path).
+#: A stall also needs P to have gone nowhere over those iterations: a net move (relative to P at
+#: the window's start) of at most this share of the path it travelled (the sum of its relative
+#: changes). Rounding noise walks back and forth (net ~ path / sqrt(STALL_ITERS), 0.03 of it); a
+#: slow mode still growing (its change rising for thousands of iterations before it falls to
+#: ``tol``) moves one way (net ~ path), and a P growing without bound (no stabilising solution)
+#: moves by many times itself.
 STALL_NET_SHARE = 0.25
 #: A stabilising solution whose :func:`relative_condition` times the dtype's epsilon exceeds
 #: this is flagged ``ill_conditioned`` and not converged: rounding the data alone may move P by
@@ -174,7 +175,9 @@ def _iterate(A, B, Qbar, Rbar, gamma, P0, tol, max_iters):
         # a window of STALL_ITERS without a new minimum: a stall if P went nowhere along its
         # path (rounding noise), else a slow drift: start a new window from here
         window_end = since >= STALL_ITERS
-        stalled = window_end & (_rel_change(P2, P_ref) <= STALL_NET_SHARE * path)
+        # (the net move relative to the window's start: relative to P2, a P that grows
+        # geometrically - no stabilising solution - would read as one that went nowhere)
+        stalled = window_end & (_rel_change(P_ref, P2) <= STALL_NET_SHARE * path)
         restart = new_min | (window_end & ~stalled)
         since = jnp.where(window_end & ~stalled, 0, since)
         P_ref = jnp.where(restart, P2, P_ref)
@@ -632,6 +635,13 @@ def check_solution(
                     if dt == np.float32 or dt.itemsize < 4
                     else "loosen tol"
                 )
+            )
+        if not (np.isfinite(res) and np.all(np.isfinite(np.asarray(br.P)))):
+            raise ValueError(
+                f"{what} did not converge: its value matrix grew until it overflowed "
+                f"{np.asarray(br.P).dtype} ({its} iterations), as it does when the follower's "
+                "pair (sqrt(gamma) A, B) is unstabilisable (in an LQR game A is A + C K, the "
+                "dynamics under the leader's gain K); validate(theta) checks the pair"
             )
         raise ValueError(
             f"{what} did not converge (relative change {res:.3g} after {its} iterations): the "

@@ -31,7 +31,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.core.bias_check import check_batches, check_best_response_config, compare, describe
+from bchg_jax.core.bias_check import (
+    check_batches,
+    check_best_response_config,
+    compare,
+    describe,
+    warn_if_unresolved,
+)
 from bchg_jax.lq import exact as exact_lq
 from bchg_jax.lq.cmdp import LQConfigurableMDP
 from bchg_jax.lq.train import METHOD_SPECS, HParams, TrainConfig, make_train
@@ -126,6 +132,7 @@ def check_problem(
                 "so there is no exact hypergradient to compare with"
             )
         row = compare(g, est)
+        warn_if_unresolved(f"lq.check_problem, theta {i}", row, batches)
         out.append(row)
         if verbose:
             critic = f"critic={config.critic}, " if METHOD_SPECS[method][1] == "critic" else ""

@@ -117,6 +117,13 @@ class LQConfigurableMDP:
     components: Optional[Callable[[Array], dict]] = None
 
     def __post_init__(self):
+        for label in ("Qbar", "Rbar", "U", "init_cov"):
+            if callable(getattr(self, label)):  # np.asarray of a function: a bare TypeError
+                raise ValueError(
+                    f"{self.name}: {label} must be an array: the follower's costs, the noise "
+                    "and the start covariance do not depend on theta in this family (theta "
+                    "acts through A_fn, B_fn and leader_quadratic)"
+                )
         full_precision_fields(self, ("A_fn", "B_fn", "leader_quadratic", "components"))
 
     # ---- sizes -----------------------------------------------------------------------------

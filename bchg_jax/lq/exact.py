@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.core.maxent_lqr import GaussianBestResponse, nan_unless_converged
+from bchg_jax.core.maxent_lqr import GaussianBestResponse, nan_unless, nan_unless_converged
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.stability import is_discounted_stable, log_spectral_radius  # noqa: F401
 from bchg_jax.core.validate import (
@@ -266,7 +266,8 @@ def exact_hypergradient(
       horizon: as :func:`leader_objective`.
       tol: Riccati stopping tolerance. max_iters: Riccati iteration cap.
     Returns:
-      [d] gradient (like ``theta``); NaN when the Riccati iteration did not converge (traced).
+      [d] gradient (like ``theta``); NaN when the Riccati iteration did not converge or J_L is
+      not finite (traced).
     Raises:
       ValueError: as :func:`leader_objective` (a concrete ``theta`` and ``beta`` whose solve
         did not converge included).
@@ -277,10 +278,13 @@ def exact_hypergradient(
         br = problem.best_response(th, beta, tol=tol, max_iters=max_iters)
         return leader_objective(problem, th, beta, horizon, br=br), br
 
-    grad, br = jax.grad(J, has_aux=True)(theta)
+    (value, br), grad = jax.value_and_grad(J, has_aux=True)(theta)
     grad = nan_unless_converged(
         br, grad, "lq.exact_hypergradient: the follower's Riccati iteration"
     )
+    # a J that is not finite has no gradient, though its pieces' derivatives may be finite
+    # (c(theta) = log(theta_0 - 1) at theta_0 < 1): NaN, and refused below when concrete
+    grad = nan_unless(jnp.isfinite(value), grad)
     H = problem.horizon if horizon == "default" else horizon
     refuse_divergence(problem, theta, br, H, grad, "lq.exact_hypergradient")
     return grad

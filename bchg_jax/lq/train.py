@@ -20,8 +20,10 @@ PartialDerivative Algorithm 4, FollowerQGrad Algorithm 6):
      returns for Q_L and V_L), ``naive`` (partial term only) or ``exact`` (autodiff of the
      closed-form J_L). ``hpgd_mc`` is the authors' baseline as specified, and *biased*: its Q_L
      is the same episode's return G_t, which sums over the same future steps as dQF_t, so
-     ``E[G_t dQF_t] = Q_L grad Q_F + Cov(G_t, dQF_t)``; measured: its mean 60-75% off
-     the exact hypergradient, whatever the batch size (more episodes do not remove it);
+     ``E[G_t dQF_t] = Q_L grad Q_F + Cov(G_t, dQF_t)``; measured on the thermal problem: its
+     mean 60-75% off the exact hypergradient, whatever the batch size (more episodes do not
+     remove it); on other problems the covariance term can dominate (146-785% off, pointing
+     against the gradient, on small random LQ problems);
   5. SGD ascent after clipping to ``clip_norm``; skipped (``update_skipped``) when the solve did
      not converge, the estimate is not finite, or the closed loop at theta_i diverges under
      max(gamma_L, gamma_F) (``diverging``: J_L is infinite there; ``validate`` checks theta0

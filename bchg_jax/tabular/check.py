@@ -121,6 +121,7 @@ from bchg_jax.core.bias_check import (
     reads_biased,
     resolved_clause,
     resolved_entries,
+    warn_if_unresolved,
 )
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import FLOAT32_LOGIT_WARN, warn_float32_logit_rounding
@@ -366,6 +367,7 @@ def check_problem(
         truncated = float(np.mean(np.asarray(cut, np.float64)))
         cut_weight = truncated * weight
         row = compare(g, est)
+        warn_if_unresolved(f"tabular.check_problem, theta {i}", row, batches)
         target = np.asarray(target, np.float64)
         norm_g = max(float(np.linalg.norm(row["exact"])), np.finfo(np.float64).tiny)
         # relative to an exact gradient of 0 it is undefined (NaN): the warning uses cut_weight

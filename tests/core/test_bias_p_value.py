@@ -63,3 +63,28 @@ def test_a_real_bias_gets_a_small_p_value_and_an_exact_mismatch_zero():
     assert np.isnan(max_abs_t_p_value(np.nan, 10, 4))
     with pytest.raises(ValueError, match="dof must be >= 1"):
         t_two_sided_p(1.0, 0)
+
+
+def test_a_pass_at_low_resolution_is_warned_about():
+    """A check whose standard error is several times the gradient's norm passed in silence (an
+    LQ problem with Q from 1e-3 to 1e2: p = 0.38 at a resolution of 788%). It now warns that
+    the pass says little; a resolved pass and a biased reading do not get that warning."""
+    import warnings
+
+    from bchg_jax.core.bias_check import LOW_RESOLUTION, compare, warn_if_unresolved
+
+    rng = np.random.default_rng(0)
+    exact = np.array([1.0, -0.5])
+    noisy = exact + 20.0 * rng.normal(size=(50, 2))  # SE ~ 2.8: ~250% of the norm
+    row = compare(exact, noisy)
+    assert row["rel_se"] > LOW_RESOLUTION and row["p_value"] > 1e-3
+    with pytest.warns(UserWarning, match="standard error is .*% of the exact gradient's norm"):
+        assert warn_if_unresolved("theta 0", row, 50)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sharp = compare(exact, exact + 0.01 * rng.normal(size=(50, 2)))
+        assert not warn_if_unresolved("theta 0", sharp, 50)  # resolved
+        biased = compare(exact, exact + 30.0 + 20.0 * rng.normal(size=(50, 2)))
+        assert biased["p_value"] < 1e-3 and not warn_if_unresolved("theta 0", biased, 50)
+        zero = compare(np.zeros(2), rng.normal(size=(50, 2)))  # no norm to be relative to
+        assert not warn_if_unresolved("theta 0", zero, 50)

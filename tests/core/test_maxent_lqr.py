@@ -151,6 +151,21 @@ def test_unstabilisable_pair_is_flagged_not_silent():
         check_solution(br)
 
 
+def test_a_value_matrix_growing_without_bound_is_not_called_a_rounding_stall(x64):
+    """float64, a mode growing 1.2^2 x 0.99 = 1.43 per iteration that B cannot reach: the
+    relative change, measured against the new (growing) P, stays at 0.23, so after 1000
+    iterations the stall test read a net move of at most 1 over a path of 230 as "went nowhere"
+    and the error blamed float64's rounding floor ("loosen tol"). The net move is now measured
+    against the window's start: the iteration runs until P overflows and the error names an
+    unstabilisable pair."""
+    A, B = np.diag([1.2, 0.5]), np.array([[0.0], [1.0]])
+    assert not is_stabilizable(A, B, 0.99)
+    br = maxent_lqr(A, B, np.eye(2), np.eye(1), 0.1 * np.eye(2), 0.99, 0.3)
+    assert not bool(br.converged) and not bool(br.info.stalled)
+    with pytest.raises(ValueError, match="grew until it overflowed float64.*unstabilisable"):
+        check_solution(br)
+
+
 def _large_gain_system(k):
     """A 2-d double integrator under a leader gain k (the LQR game's A + C K at K = (k, k))."""
     A = np.array([[0.0, 1.0], [0.0, 0.0]]) + np.array([[0.1], [0.0]]) @ np.array([[k, k]])

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.core.bias_check import check_batches, compare, describe
+from bchg_jax.core.bias_check import check_batches, compare, describe, warn_if_unresolved
 from bchg_jax.core.validate import check_count
 from bchg_jax.games.lqr.exact import (
     exact_critic_estimate,
@@ -79,7 +79,8 @@ def check_problem(
       ``rel_error``, ``rel_se``, ``cosine`` (:func:`~bchg_jax.core.bias_check.compare`).
     Raises:
       ValueError: an invalid game, ``beta`` or estimator option (as ``exact_critic_estimate``),
-        ``batches`` < 2, or a theta whose follower solve does not converge (no exact reference).
+        ``batches`` < 2, a theta ``game.validate(theta)`` refuses (an unstabilisable follower
+        pair there), or one whose follower solve does not converge (no exact reference).
     Warns:
       UserWarning: a float32 theta at which the exact reference itself is unreliable (its
         direct and follower-response parts cancel: large leader gains,
@@ -114,12 +115,14 @@ def check_problem(
     out = []
     for i, theta in enumerate(theta_list):
         theta = jnp.asarray(theta)
+        game.validate(theta)  # shape, finiteness and a solvable follower at this theta
         # concrete: a bad theta or an unconverged follower solve is an error here
         exact = exact_hypergradient(
             game, theta, beta, horizon=options["leader_steps"], stochastic=stochastic
         )
         est = estimates(theta, jax.random.split(jax.random.fold_in(key, i), batches))
         row = compare(np.asarray(exact), np.asarray(est))
+        warn_if_unresolved(f"games.lqr.check_problem, theta {i}", row, batches)
         out.append(row)
         if verbose:
             kind = "Gaussian" if stochastic else "deterministic"

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import check_count, check_shape
 from bchg_jax.games.lqr.follower import GameResponse
-from bchg_jax.games.lqr.game import LQRGame, leader_gain, transition
+from bchg_jax.games.lqr.game import LQRGame, check_game_theta, leader_gain, transition
 
 Array = jax.Array
 
@@ -62,9 +62,11 @@ def rollout(
     Returns:
       :class:`GameTrajectories` (``s`` [E, T+1, n], ``a`` [E, T, k], ``b`` [E, T, m]).
     Raises:
-      ValueError: ``theta`` not [k * n], a ``resp`` whose gains do not fit the game (a response
-        of another game), or ``num_episodes`` / the horizon not a positive integer.
+      ValueError: ``theta`` not [k * n] or (concrete) not finite, a ``resp`` whose gains do
+        not fit the game (a response of another game), or ``num_episodes`` / the horizon not a
+        positive integer.
     """
+    check_game_theta(game, theta)  # a NaN theta gave NaN states without a word
     check_count("num_episodes", num_episodes)
     check_count(
         "horizon (or game.horizon when horizon is None)",

@@ -89,6 +89,7 @@ from bchg_jax.core.bias_check import (
     reads_biased,
     resolved_clause,
     resolved_entries,
+    warn_if_unresolved,
 )
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import (
@@ -377,6 +378,7 @@ def check_problem(
         warn_float32_logit_rounding(f"games.tabular.check_problem, theta {i}", q_max, beta)
         est = jax.vmap(_flat)(est)
         row = compare(_flat(g), est)
+        warn_if_unresolved(f"games.tabular.check_problem, theta {i}", row, batches)
         target, uncut = (np.asarray(_flat(x), np.float64) for x in (target, uncut))
         norm_g = max(float(np.linalg.norm(row["exact"])), np.finfo(np.float64).tiny)
         # relative to an exact gradient of 0 it is undefined (NaN): the warning uses cut_weight
