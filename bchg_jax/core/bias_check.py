@@ -54,10 +54,11 @@ def warn_if_unresolved(where: str, row: dict, batches: int, stacklevel: int = 3)
     gradient's norm could show, so the pass says little. Returns whether it warned."""
     if reads_biased(row) or not row["rel_se"] > LOW_RESOLUTION:  # NaN: an exact value of 0
         return False
+    pct = lambda x: f"{100 * x:.3g}" if x < 10 else f"{100 * x:,.0f}"  # noqa: E731 - no 1e+03
     warnings.warn(
-        f"{where}: the estimates' standard error is {100 * row['rel_se']:.3g}% of the exact "
+        f"{where}: the estimates' standard error is {pct(row['rel_se'])}% of the exact "
         f"gradient's norm ({batches} batches), so a bias of up to about "
-        f"{200 * row['rel_se']:.3g}% of it would not show: this pass says little. Use more "
+        f"{pct(2 * row['rel_se'])}% of it would not show: this pass says little. Use more "
         "batches (the resolution falls as 1 / sqrt(batches)) or more episodes per batch",
         UserWarning,
         stacklevel=stacklevel,

@@ -278,15 +278,18 @@ def test_check_problem_judges_the_cut_by_its_exact_bias(x64, capsys):
     """gamma_L = 0, gamma_F 0.9, H 20: the discount weight beyond the cut is 0.12 but the
     first-episode forms' exact cut bias is ~1e-11, so no warning (it used to warn on the
     weight). The printed line compares the mean with the truncated target too (a check whose
-    only gap was the cut read "EXACT MISMATCH" and nothing else)."""
+    only gap was the cut read "EXACT MISMATCH" and nothing else). The only warning is the one
+    on its resolution (85% of the gradient's norm at 20 batches)."""
     prob = random_tabular_cmdp(jax.random.key(3), gamma_F=0.9, gamma_L=0.0, dtype=jnp.float64)
     prob = type(prob)(**{**prob.__dict__, "time_limit": 20})
     config = TrainConfig(
         num_envs=16, num_steps=20, grouping="first_episode", partial="first_episode"
     )
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         (row,) = tabular.check_problem(prob, [prob.theta0], 0.5, config=config, batches=20)
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1 and "this pass says little" in said[0] and row["rel_se"] > 0.5, said
     assert row["truncated"] == 1.0 and row["cut_weight"] > 0.1 and row["cut_bias"] < 1e-9
     out = capsys.readouterr().out
     assert "vs the truncated target: bias" in out and "cut_bias" in out
