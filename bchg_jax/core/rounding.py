@@ -146,6 +146,39 @@ def keep_sweeping(residual: Array, values: Array, tol, progress: Progress, windo
     return (residual > tol) & ~stalled
 
 
+def sweep_to_tolerance(sweep, x0: Array, tol, max_sweeps, gamma):
+    """Apply ``sweep`` from ``x0`` in one ``lax.while_loop`` until the sup-norm change is
+    ``<= tol``, the solve has stalled at the rounding floor (:func:`keep_sweeping`), or
+    ``max_sweeps`` sweeps: the loop of every dense tabular solver with a tolerance.
+
+    Args:
+      sweep: one fixed-point sweep, ``x -> x'`` (same shape and dtype).
+      x0: the warm start (V [S], or a game's Q [S, A, B]); it sets the carry's dtype.
+      tol: the requested tolerance (may be traced).
+      max_sweeps: the sweep cap (may be traced).
+      gamma: the contraction factor, for :func:`stall_window`.
+    Returns:
+      ``(x, residual, sweeps)``: the last iterate, the sup-norm change of the last sweep (inf
+      when no sweep ran) and the sweeps performed (int32 []).
+    """
+    window = stall_window(gamma)
+
+    def cond(c):
+        x, res, k, progress = c
+        return keep_sweeping(res, x, tol, progress, window) & (k < max_sweeps)
+
+    def body(c):
+        x, _, k, progress = c
+        x2 = sweep(x)
+        res = jnp.max(jnp.abs(x2 - x))
+        return x2, res, k + 1, progress_update(progress, res)
+
+    inf = jnp.asarray(jnp.inf, x0.dtype)
+    init = (x0, inf, jnp.zeros((), jnp.int32), progress_init((), x0.dtype))
+    x, res, k, _ = jax.lax.while_loop(cond, body, init)
+    return x, res, k
+
+
 def refuse_unless_within(residual: Array, values: Array, tol, what: str, caps: str) -> Array:
     """Whether a differentiable solve met its tolerance (:func:`within_tolerance`), refusing a
     concrete miss: an exact best response never returns an unconverged solve silently.

@@ -19,13 +19,7 @@ import jax.numpy as jnp
 
 from bchg_jax.core.maxent_lqr import nan_unless
 from bchg_jax.core.precision import full_precision
-from bchg_jax.core.rounding import (
-    keep_sweeping,
-    progress_init,
-    progress_update,
-    refuse_unless_within,
-    stall_window,
-)
+from bchg_jax.core.rounding import refuse_unless_within, sweep_to_tolerance
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_discount,
@@ -121,24 +115,7 @@ def policy_evaluation_sweeps(
     def sweep(V):
         return jnp.sum(policy * soft_q(P, r, V, gamma, cont), axis=-1)
 
-    window = stall_window(gamma)
-
-    def cond(c):
-        V, res, k, progress = c
-        return keep_sweeping(res, V, tol, progress, window) & (k < max_sweeps)
-
-    def body(c):
-        V2 = sweep(c[0])
-        res = jnp.max(jnp.abs(V2 - c[0]))
-        return V2, res, c[2] + 1, progress_update(c[3], res)
-
-    init = (
-        V0,
-        jnp.asarray(jnp.inf, V0.dtype),
-        jnp.zeros((), jnp.int32),
-        progress_init((), V0.dtype),
-    )
-    V, res, _, _ = jax.lax.while_loop(cond, body, init)
+    V, res, _ = sweep_to_tolerance(sweep, V0, tol, max_sweeps, gamma)
     return (V, res) if return_residual else V
 
 

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core.precision import full_precision
-from bchg_jax.core.rounding import keep_sweeping, progress_init, progress_update, stall_window
+from bchg_jax.core.rounding import sweep_to_tolerance
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_discount,
@@ -220,21 +220,7 @@ def soft_value_iteration(
         V, res = jax.lax.fori_loop(0, num_sweeps, body, (V0, jnp.asarray(jnp.inf, r.dtype)))
         n = jnp.asarray(num_sweeps, jnp.int32)
     else:
-        window = stall_window(gamma)
-
-        def cond(carry):
-            V, res, k, progress = carry
-            return keep_sweeping(res, V, tol, progress, window) & (k < max_sweeps)
-
-        def body(carry):
-            V, _, k, progress = carry
-            V2 = sweep(V)
-            res = jnp.max(jnp.abs(V2 - V))
-            return V2, res, k + 1, progress_update(progress, res)
-
-        zero = jnp.zeros((), jnp.int32)
-        init = (V0, jnp.asarray(jnp.inf, r.dtype), zero, progress_init((), r.dtype))
-        V, res, n, _ = jax.lax.while_loop(cond, body, init)
+        V, res, n = sweep_to_tolerance(sweep, V0, tol, max_sweeps, gamma)
     Q = soft_q(P, r, V, gamma, cont)
     V = soft_v(Q, beta)
     return BestResponse(policy=boltzmann(Q, V, beta), V=V, Q=Q, sweeps=n, residual=res)

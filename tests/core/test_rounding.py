@@ -17,6 +17,7 @@ from bchg_jax.core.rounding import (
     progress_update,
     rounding_floor,
     stall_window,
+    sweep_to_tolerance,
     within_tolerance,
 )
 from bchg_jax.games.tabular.follower import soft_q_iteration
@@ -85,6 +86,24 @@ def test_window_floor_and_tests():
     assert float(rounding_floor(bad)) == 0.0
     assert not bool(within_tolerance(jnp.float32(jnp.inf), bad, 1e-6))
     assert not bool(within_tolerance(jnp.float32(jnp.nan), V, 1e-6))
+
+
+def test_sweep_to_tolerance_stops_at_tol_at_the_cap_and_at_a_stall():
+    # x -> 0.5 x + 1 from 0: change 0.5^k after sweep k+1, so 1e-3 is met after 11 sweeps
+    half = lambda x: 0.5 * x + 1.0  # noqa: E731
+    x0 = jnp.zeros((3,), jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
+    x, res, k = sweep_to_tolerance(half, x0, 1e-3, 100, 0.5)
+    assert int(k) == 11 and float(res) == pytest.approx(2.0**-10)
+    np.testing.assert_allclose(x, 2.0 - 2.0**-10, rtol=1e-6)
+    x, res, k = sweep_to_tolerance(half, x0, 1e-3, 4, 0.5)  # the cap
+    assert int(k) == 4 and float(res) == pytest.approx(0.125)
+    _, res, k = sweep_to_tolerance(half, x0, 1e-3, 0, 0.5)  # no sweep: an infinite change
+    assert int(k) == 0 and np.isinf(float(res))
+    # a change stuck at the rounding floor stops after the stall window, not at the cap
+    floor = float(rounding_floor(jnp.ones((1,), jnp.float32)))
+    stuck = lambda x: x + jnp.where(x > 1.0, -0.5, 0.5) * floor  # noqa: E731
+    _, res, k = sweep_to_tolerance(stuck, jnp.ones((1,), jnp.float32), 1e-9, 10_000, 0.5)
+    assert int(k) == 1 + int(stall_window(0.5)) and float(res) <= floor
 
 
 @pytest.mark.parametrize("solver", ["dense", "sparse"])

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bchg_jax.core.precision import full_precision
-from bchg_jax.core.rounding import keep_sweeping, progress_init, progress_update, stall_window
+from bchg_jax.core.rounding import sweep_to_tolerance
 from bchg_jax.core.softmax import follower_softmax
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
@@ -196,17 +196,8 @@ def soft_q_iteration(
     r = jnp.asarray(game.follower_reward, dtype)
     Q0 = jnp.zeros_like(r) if Q0 is None else jnp.asarray(Q0, dtype)
 
-    window = stall_window(game.gamma_F)
+    def sweep(Q):
+        return soft_q_backup(P, r, Q, f, beta, gamma_F, backup)
 
-    def cond(c):
-        Q, res, it, progress = c
-        return (it == 0) | (keep_sweeping(res, Q, tol, progress, window) & (it < max_sweeps))
-
-    def body(c):
-        Q2 = soft_q_backup(P, r, c[0], f, beta, gamma_F, backup)
-        res = jnp.max(jnp.abs(Q2 - c[0]))
-        return Q2, res, c[2] + 1, progress_update(c[3], res)
-
-    init = (Q0, jnp.asarray(jnp.inf, r.dtype), jnp.asarray(0, jnp.int32))
-    Q, res, it, _ = jax.lax.while_loop(cond, body, init + (progress_init((), r.dtype),))
+    Q, res, it = sweep_to_tolerance(sweep, Q0, tol, max_sweeps, game.gamma_F)
     return response_from_q(Q, beta, it, res)
