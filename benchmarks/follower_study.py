@@ -37,6 +37,8 @@ import time
 
 import numpy as np
 
+from bchg_jax.core.io import atomic_write_bytes, save_figure, save_json
+
 FOURROOMS_METHODS = ("bchg", "hpgd_oracle", "hpgd_mc", "hpgd_sa", "sobirl", "naive", "exact")
 TOY_METHODS = ("bchg", "naive_on", "naive_off", "biac_on", "biac_off")
 BETAS = ("1e-3", "5e-3")
@@ -93,9 +95,7 @@ def run(out: str, iterations: dict, parts, followers=None) -> None:
         with open(os.path.join(folder, "log.txt"), "a") as log:
             seconds = _train(folder, command, log)
         wall[os.path.relpath(folder, out)] = wall.get(os.path.relpath(folder, out), 0) + seconds
-        with open(wall_path + ".tmp", "w") as f:
-            json.dump(wall, f, indent=1)
-        os.replace(wall_path + ".tmp", wall_path)
+        save_json(wall_path, wall)
         print(f"{folder}: {seconds:.0f} s", flush=True)
 
 
@@ -181,11 +181,9 @@ def table(out: str, compact: str, iterations: dict) -> None:
         lines.append("")
     for row in axes:
         row[0].legend(fontsize=6)
-    os.makedirs(compact, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(os.path.join(compact, "figure.png"), dpi=110)
-    with open(os.path.join(compact, "table.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    save_figure(os.path.join(compact, "figure.png"), fig)
+    atomic_write_bytes(os.path.join(compact, "table.md"), ("\n".join(lines) + "\n").encode())
     print("\n".join(lines))
 
 
