@@ -217,3 +217,31 @@ def test_whole_episode_estimate_with_a_leader_action_of_probability_zero():
     ct = tgame.hypergradient(lambda t: t, f, ep, *rest) * f
     _, vjp = jax.vjp(lambda th: jnp.log(shared(th)), theta)
     np.testing.assert_allclose(est, vjp(ct)[0], rtol=2e-4, atol=1e-6)
+
+
+def test_rollout_never_draws_an_entry_that_rounding_left_below_zero(x64):
+    """1 - 0.8 - 0.2 is -5.6e-17: validate() accepts it (rounding), and the samplers must draw
+    it with probability 0; its log was NaN, which jax.random.categorical picked every time."""
+    S, A, B = 3, 2, 2
+    P = np.zeros((S, A, B, S))
+    P[..., 0], P[..., 1] = 0.8, 0.2
+    P[..., 2] = 1.0 - P[..., 0] - P[..., 1]
+    assert P.min() < 0
+    rng = np.random.default_rng(0)
+    rewards = [jnp.asarray(rng.normal(size=(S, A, B))) for _ in range(2)]
+    game = tgame.TabularGame(jnp.asarray(P), jnp.asarray([1.0, 0.0, 0.0]), *rewards, 0.8, 0.8, 10)
+    game = game.validate()
+    f = jnp.asarray([[0.5, 0.5], [1.0, -1e-6], [0.5, 0.5]])  # a policy row within its tolerance
+    g = jnp.full((S, A, B), 0.5)
+    ep = tgame.rollout(jax.random.key(0), game, f, g, 500, 10)
+    assert not np.any(np.asarray(ep.s) == 2)
+    assert not np.any((np.asarray(ep.s) == 1) & (np.asarray(ep.a) == 1))
+    frequency = np.mean(np.asarray(ep.s[:, 1:]) == 0)
+    assert abs(frequency - 0.8) < 0.02, frequency
+    # the trainer's batch: its last next states too
+    config = tgame.TrainConfig(actor="tabular", dtype="float64", episodes=200)
+    tr = tgame.make_train(game, "bchg", config)
+    state = tr.init(jax.random.key(0), tgame.HParams(1, 1, 0.3))
+    resp = response_from_q(state.follower, 0.3, 0, 0.0)
+    _, full = tr.steps["collect"](jax.random.key(1), state, resp)
+    assert not np.any(np.asarray(full.s) == 2)

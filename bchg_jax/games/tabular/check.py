@@ -163,17 +163,24 @@ def _truncated(
         """Mass on (s_t, a_t, b_t) [S, A, B] -> on (s_{t+1}, a_{t+1}, b_{t+1})."""
         return jnp.einsum("sab,sabt->t", m, P)[:, None, None] * joint
 
+    def per_f(mass, w):
+        """sum_b mass(s) f(a|s) g(b|s, a) w(s, a, b) / f(a|s) [S, A] from a state mass [S]:
+        the expected cotangent of log f without dividing by f (finite where f is 0)."""
+        return mass[:, None] * jnp.sum(g * w, -1)
+
+    # the expected cotangents of log f (grad log f = grad f / f, as the estimator pulls it back)
+    one = jnp.ones_like(Q_L)
     if horizon is None:
         # sum_t gL^t P(s_t = s) = rho (I - gL P_pi)^-1; the guiding weights' sum over k of
         # E[c_k; s_k, a_k, b_k] = N + sum_{j>=1} gF^j forward^j(N), N = occupancy x Benefit
         S = rho.shape[0]
         P_pi = jnp.einsum("sab,sabt->st", joint, P)
         eye = jnp.eye(S, dtype=dtype)
-        occ = jnp.linalg.solve((eye - gamma_L * P_pi).T, rho)[:, None, None] * joint
-        c_direct = jnp.sum(occ * adv_L, -1)
-        N = occ * ben
+        d = jnp.linalg.solve((eye - gamma_L * P_pi).T, rho)
+        c_direct = per_f(d, adv_L)
+        N = d[:, None, None] * joint * ben
         tail = jnp.linalg.solve((eye - gamma_F * P_pi).T, jnp.einsum("sab,sabt->t", N, P))
-        c_guide = jnp.sum(N + gamma_F * tail[:, None, None] * joint, -1)
+        c_guide = per_f(d, ben) + per_f(gamma_F * tail, one)
     else:
 
         def step(carry, t):
@@ -183,10 +190,13 @@ def _truncated(
             # the expected cotangents of log f(a|s) of the direct and the guiding term
             occ, omega_prev, c_direct, c_guide = carry
             disc = gamma_L**t
-            c_direct = c_direct + disc * jnp.sum(occ * adv_L, -1)
+            d = jnp.sum(occ, (1, 2))  # P(s_t = s)
+            c_direct = c_direct + disc * per_f(d, adv_L)
             if benefit:
                 omega = omega_prev + disc * occ * ben
-                c_guide = c_guide + jnp.sum(omega, -1)
+                # omega_prev is a state mass times f g (forward)
+                c_guide = c_guide + per_f(jnp.sum(omega_prev, (1, 2)), one)
+                c_guide = c_guide + disc * per_f(d, ben)
                 omega_prev = gamma_F * forward(omega)
             return (forward(occ), omega_prev, c_direct, c_guide), None
 
@@ -199,10 +209,9 @@ def _truncated(
     if benefit:
         V_F = br.V  # [S, A]; the influence sums' baseline sum_a' f V_F(s, a')
         ct = ct + c_guide * (V_F - jnp.sum(f * V_F, -1, keepdims=True)) / beta
-    # grad log f = grad f / f, as the estimator pulls it back (0 where f is 0: never sampled)
-    ct = jnp.where(f > 0, ct / jnp.where(f > 0, f, 1.0), 0.0)
-    if keep is not None:
-        ct = jnp.where(keep, ct, 0.0)
+    # the estimator's expectation: 0 where f is 0 (never sampled); the part of the pairs in
+    # ``keep`` is what they carry in the exact gradient, at f = 0 too (the limit f -> 0)
+    ct = jnp.where(f > 0, ct, 0.0) if keep is None else jnp.where(keep, ct, 0.0)
     _, vjp = jax.vjp(policy_fn, theta)
     return vjp(ct.astype(f_out.dtype))[0]  # the cotangent of policy_fn's output dtype
 

@@ -16,6 +16,15 @@ from bchg_jax.games.tabular.game import check_policy_shapes, compute_dtype
 Array = jax.Array
 
 
+def log_probs(p: Array) -> Array:
+    """log p with entries below 0 taken as 0 (log 0 = -inf: never drawn): the sampler's logits.
+
+    ``validate()`` accepts entries down to -1e-9 (rounding: ``1 - 0.8 - 0.2`` is -5.6e-17) and
+    policies down to ``-core.validate.POLICY_ROW_TOL``; their log is NaN, which
+    ``jax.random.categorical`` (an argmax) picks every time."""
+    return jnp.log(jnp.maximum(p, 0))
+
+
 class GameEpisodes(NamedTuple):
     """A batch of E episodes of T steps of a tabular Markov game (int indices, time axis 1).
 
@@ -65,14 +74,14 @@ def rollout(key: Array, game, f: Array, g: Array, num_episodes: int, horizon: in
     P = jnp.asarray(game.transition, dtype)
     k0, kl = jax.random.split(key)
     s0 = jax.random.categorical(
-        k0, jnp.log(jnp.asarray(game.init_dist, dtype)), shape=(num_episodes,)
+        k0, log_probs(jnp.asarray(game.init_dist, dtype)), shape=(num_episodes,)
     )
 
     def body(s, k):
         ka, kb, ks = jax.random.split(k, 3)
-        a = jax.random.categorical(ka, jnp.log(f[s]))
-        b = jax.random.categorical(kb, jnp.log(g[s, a]))
-        s2 = jax.random.categorical(ks, jnp.log(P[s, a, b]))
+        a = jax.random.categorical(ka, log_probs(f[s]))
+        b = jax.random.categorical(kb, log_probs(g[s, a]))
+        s2 = jax.random.categorical(ks, log_probs(P[s, a, b]))
         return s2, (s, a, b)
 
     _, (s, a, b) = jax.lax.scan(body, s0, jax.random.split(kl, horizon))

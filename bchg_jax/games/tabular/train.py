@@ -77,7 +77,7 @@ from bchg_jax.games.tabular.exact import (
 from bchg_jax.games.tabular.follower import BACKUPS, response_from_q, soft_q_iteration
 from bchg_jax.games.tabular.follower_models import follower_pieces
 from bchg_jax.games.tabular.game import TabularGame
-from bchg_jax.games.tabular.rollout import rollout
+from bchg_jax.games.tabular.rollout import log_probs, rollout
 
 Array = jax.Array
 # bchg: BC-HG (Theorem 2); naive: Naive-PGD (direct term only); biac: the paper's Bi-AC variant
@@ -183,8 +183,8 @@ def td_target(method: str, critic_target: str, Qt, f_targ, g, s2, key):
         a_star = jnp.argmax(f_targ[s2], -1)
         return Qt[s2, a_star, jnp.argmax(g[s2, a_star], -1)]
     ka, kb = jax.random.split(key)
-    a2 = jax.random.categorical(ka, jnp.log(f_targ[s2]))
-    return Qt[s2, a2, jax.random.categorical(kb, jnp.log(g[s2, a2]))]
+    a2 = jax.random.categorical(ka, log_probs(f_targ[s2]))
+    return Qt[s2, a2, jax.random.categorical(kb, log_probs(g[s2, a2]))]
 
 
 def surrogate(logf, Q, g, V_F, beta, e, t, buf, gamma_F, direct_baseline: str, guide: str):
@@ -252,7 +252,8 @@ def make_train(
       ``follower_max_sweeps`` before ``follower_tol`` or the float rounding floor of
       :mod:`bchg_jax.core.rounding`: the follower's own solve, or for
       ``k_step`` / ``q_learning`` the one behind ``follower_gap``; K backups have no tolerance
-      to miss), ``update_skipped`` (always 0: no update is dropped), and those of
+      to miss), ``update_skipped`` (1: some actor step's gradient was not finite, e.g. a diverged
+      critic, and the iteration's actor update was undone), and those of
       ``metrics_fn``). A follower that is not the best response adds ``follower_gap``
       (max |g - g^dagger(f)|). ``config.track_reference`` adds, from each iteration's start,
       the cosine ``cos_<ref>`` and the projection ``proj_<ref>`` = <est, ref> / |ref|^2 of the
@@ -340,7 +341,7 @@ def make_train(
         """Episodes under (f, g) (uniform leader actions in the very first batch) -> buffer;
         returns them with the last next state (``s`` [E, T+1])."""
         ep = rollout(key, game, behaviour(state), resp.policy, E, T)
-        s_last = jax.vmap(lambda k, s, a, b: jax.random.categorical(k, jnp.log(P[s, a, b])))(
+        s_last = jax.vmap(lambda k, s, a, b: jax.random.categorical(k, log_probs(P[s, a, b])))(
             jax.random.split(jax.random.fold_in(key, 7), E), ep.s[:, -1], ep.a[:, -1], ep.b[:, -1]
         )
         full = ep._replace(s=jnp.concatenate([ep.s, s_last[:, None]], 1))

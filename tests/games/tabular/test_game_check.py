@@ -267,6 +267,28 @@ def test_the_expectation_splits_by_leader_pair(x64):
     np.testing.assert_allclose(whole, exact_hypergradient(policy_fn, theta, game, BETA, "paper"))
 
 
+def test_the_part_of_a_leader_action_of_probability_zero_is_its_exact_share(x64):
+    # a leader table divided by its row sums (a policy_fn the docs accept) with f(1|0) = 0:
+    # the action is never sampled, but theta moves it. Its part (rare_share's) is what it
+    # carries in the exact gradient, the limit of f(1|0) -> 0, not 0 (the check then read the
+    # estimator's miss of it as bias with rare_share 0)
+    game = _short_game(None)
+    table = lambda x: x / x.sum(-1, keepdims=True)  # noqa: E731
+    x = jnp.asarray([[1.0, 0.0], [0.3, 0.7], [0.5, 0.5]])
+    f = table(x)
+    br = best_response(game, f, BETA, "paper")
+    V_L, Q_L = leader_values(game, f, br.policy)
+    args = (game, table, x, BETA, None, br, V_L, Q_L, "benefit", "state")
+    every = jnp.ones(f.shape, bool)
+    exact = np.asarray(exact_hypergradient(table, x, game, BETA, "paper"))
+    assert abs(exact[0, 1]) > 0.1  # theta's effect through the unsampled action
+    np.testing.assert_allclose(_truncated(*args, every), exact, rtol=1e-9, atol=1e-12)
+    # the estimator's expectation (never sampled: nothing of that pair) and the rest's part
+    rest = np.asarray(_truncated(*args, jnp.asarray(f > 0)))
+    np.testing.assert_allclose(_truncated(*args), rest, rtol=1e-12, atol=1e-14)
+    assert abs(rest[0, 1]) < 1e-9
+
+
 @pytest.mark.slow
 def test_game_check_tells_leader_actions_it_never_sampled_from_bias(x64, capsys):
     # a sharp leader (logits x12, actions of probability ~1e-5): BC-HG under the paper backup is
