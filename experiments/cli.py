@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 from typing import Sequence, Tuple
 
@@ -125,9 +126,26 @@ class ExperimentParser(argparse.ArgumentParser):
 
     def parse_args(self, args=None, namespace=None):
         args = sys.argv[1:] if args is None else list(args)
-        unset = argparse.Namespace(**{x.dest: _UNSET for x in self._actions})
+        values = {}  # every value each flag was given, in order
+
+        class Given(argparse.Namespace):
+            def __setattr__(self, k, v):
+                if v is not _UNSET:
+                    values.setdefault(k, []).append(v)
+                super().__setattr__(k, v)
+
+        unset = Given(**{x.dest: _UNSET for x in self._actions})
         given = super().parse_args(args, unset)
         explicit = {k for k, v in vars(given).items() if v is not _UNSET}
+        for k, vs in values.items():  # argparse keeps the last value and drops the others
+            if any(v != vs[0] for v in vs[1:]):
+                shown = [" ".join(map(str, v)) if isinstance(v, list) else str(v) for v in vs]
+                flag = f"--{k.replace('_', '-')}"
+                grid = f" (a grid's values follow one flag: {flag} {' '.join(shown)})"
+                fail(
+                    f"{flag} is given {len(vs)} times ({', then '.join(shown)}); only the last "
+                    "would be used: give it once" + (grid if isinstance(vs[0], list) else "")
+                )
         a = super().parse_args(args, namespace)
         a._explicit = frozenset(explicit)
         if getattr(a, "config", None):
@@ -453,6 +471,22 @@ def check_same_x64(cfg: dict, run_dir: str) -> None:
         )
 
 
+def _enclosing_run(path: str):
+    """The nearest folder above ``path`` whose config.json is a run folder's (it names its
+    experiment), or None."""
+    d = os.path.dirname(os.path.abspath(path))
+    while True:
+        try:
+            with open(os.path.join(d, "config.json")) as f:
+                if "experiment" in json.load(f):
+                    return d
+        except (OSError, ValueError, TypeError):
+            pass
+        if os.path.dirname(d) == d:
+            return None
+        d = os.path.dirname(d)
+
+
 def resume_args(a, experiment: str):
     """For ``--resume DIR``: DIR's saved arguments, with ``--iterations`` (extend only) and the
     flags of :data:`NOT_SETTINGS` taken from the command line. Exits 2 with a message naming the
@@ -467,15 +501,14 @@ def resume_args(a, experiment: str):
             )
     cfg_path = os.path.join(run_dir, "config.json")
     parent = os.path.dirname(os.path.abspath(run_dir))
+    run = _enclosing_run(run_dir)  # e.g. DIR/bchg/checkpoint -> DIR, not DIR/bchg
     method_folder = os.path.exists(cfg_path) and "experiment" not in read_run_config(
         cfg_path, "--resume"
     )
-    if method_folder or (
-        not os.path.exists(cfg_path) and os.path.exists(os.path.join(parent, "config.json"))
-    ):
+    if method_folder or (not os.path.exists(cfg_path) and run is not None):
         fail(
             f"--resume {a.resume} is a method's folder inside a run; resume the run folder: "
-            f"python -m experiments.{experiment} --resume {parent}"
+            f"python -m experiments.{experiment} --resume {shlex.quote(run or parent)}"
         )
     if not os.path.exists(cfg_path):
         fail(f"--resume {a.resume}: no config.json there (not a run folder)")
@@ -483,7 +516,7 @@ def resume_args(a, experiment: str):
     if cfg["experiment"] != experiment:
         fail(
             f"--resume {a.resume} holds a {cfg['experiment']} run; resume it with "
-            f"python -m experiments.{cfg['experiment']} --resume {a.resume}"
+            f"python -m experiments.{cfg['experiment']} --resume {shlex.quote(a.resume)}"
         )
     check_same_x64(cfg, a.resume)
     saved = with_legacy(cfg["args"], vars(a))

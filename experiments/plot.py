@@ -27,7 +27,7 @@ import numpy as np
 from bchg_jax.core.health import FLAGS, WARN_SHARE, health_text, health_warning, solver_health
 from bchg_jax.problems.thermal import COMPONENT_WEIGHTS as THERMAL_WEIGHTS
 from experiments.cli import NOT_SETTINGS as RUN_FLAGS
-from experiments.summary import summarize
+from experiments.summary import nonfinite_seeds, summarize
 
 METHOD_LABELS = {
     "bchg": "BC-HG",
@@ -107,14 +107,22 @@ def _config(run_dir: str) -> dict:
 
 
 def rolling_mean(x: np.ndarray, window: int) -> np.ndarray:
-    """Trailing rolling mean along the last axis (shorter windows at the start)."""
+    """Trailing rolling mean along the last axis (shorter windows at the start). A window that
+    holds a non-finite value is NaN, and only that window: a cumulative sum over it carried one
+    NaN iteration (``metric_nonfinite``) to the end of the curve."""
     if window <= 1:
         return x
-    c = np.cumsum(x, axis=-1, dtype=np.float64)
-    out = np.empty_like(c)
-    out[..., :window] = c[..., :window] / np.arange(1, min(window, x.shape[-1]) + 1)
-    out[..., window:] = (c[..., window:] - c[..., :-window]) / window
-    return out
+    finite = np.isfinite(x)
+
+    def trailing_sum(v):
+        c = np.cumsum(v, axis=-1, dtype=np.float64)
+        out = c.copy()
+        out[..., window:] -= c[..., :-window]
+        return out
+
+    n = np.minimum(np.arange(1, x.shape[-1] + 1), window)
+    out = trailing_sum(np.where(finite, x, 0.0)) / n
+    return np.where(trailing_sum(~finite) > 0, np.nan, out)
 
 
 def mean_se(curves: np.ndarray):
@@ -356,6 +364,8 @@ def load_run(run_dir: str, metric: str = "J"):
                 **hp,
                 "iterations": int(J.shape[-1]),
                 "window": window,
+                # > 0 only when no grid point is finite in every seed (summarize)
+                "nonfinite_seeds": int(nonfinite_seeds(final)[best]),
                 # the best point's solver health (bchg_jax.core.health): {} without flags
                 "health": solver_health({f: d[f][best] for f in FLAGS if f in d.files}),
             },
@@ -603,6 +613,8 @@ def final_table(run_dirs, footnote: bool = True) -> str:
                     + (f"; {s['iterations']} it" if s["iterations"] < planned else "")
                     + ")"
                 )
+                if s.get("nonfinite_seeds"):  # as the run's own table: there is no best point
+                    cells[-1] = "nan +- nan (no grid point finite in every seed)"
                 if health_warning(s["health"]):  # a result that is not what it claims to be
                     cells[-1] += f" **{health_text(s['health'])}**"
                     unhealthy = True
@@ -640,6 +652,15 @@ def export_best(run_dir: str, dest: str) -> None:
     instead of the full grid's megabytes.
     """
     from bchg_jax.core.io import atomic_write_bytes, save_npz
+
+    if os.path.isdir(dest) and os.path.isdir(run_dir) and os.path.samefile(dest, run_dir):
+        raise ValueError(f"--export {dest} is the run folder itself; give another folder")
+    trained = [m for m in METHOD_ORDER if os.path.isdir(os.path.join(dest, m, "checkpoint"))]
+    if trained:  # a CLI's run folder (an export keeps no checkpoint): its grids would be lost
+        raise ValueError(
+            f"--export {dest} holds a run (checkpoints of {', '.join(trained)}); its results "
+            "would be replaced by a copy of the best grid points: give another folder"
+        )
 
     def _copy_atomic(src: str, dst: str) -> None:
         with open(src, "rb") as f:
@@ -699,10 +720,22 @@ def main(argv=None):
         help="with one run folder: write its compact copy (best grid points) to DEST",
     )
     a = p.parse_args(argv)
+    if a.out is not None:  # checked before anything is drawn or exported
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        formats = FigureCanvasBase.get_supported_filetypes()
+        ext = os.path.splitext(a.out)[1][1:].lower() or "png"
+        if os.path.isdir(a.out):
+            p.error(f"--out {a.out} is a folder; give the figure's file name (e.g. figure.png)")
+        if ext not in formats:
+            p.error(f"--out {a.out}: matplotlib writes no .{ext} figures ({', '.join(formats)})")
     if a.export is not None:
         if len(a.runs) != 1:
             raise SystemExit("error: --export takes exactly one run folder")
-        export_best(a.runs[0], a.export)
+        try:
+            export_best(a.runs[0], a.export)
+        except ValueError as err:
+            raise SystemExit(f"error: {err}") from None
         a.runs = [a.export]
     for d in a.runs:
         if not load_run(d):

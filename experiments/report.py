@@ -7,6 +7,7 @@ best grid points).
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from typing import Callable, Optional, Sequence
 
@@ -235,7 +236,7 @@ def finish_run(
         where = shown_dir or run_dir
         print(
             f"NOT in the summary: {done}, stopped before the end; finish with\n"
-            f"  python -m experiments.{experiment or '<experiment>'} --resume {where}",
+            f"  python -m experiments.{experiment or '<experiment>'} --resume {shlex.quote(where)}",
             file=sys.stderr,
             flush=True,
         )

@@ -19,6 +19,7 @@ import datetime
 import functools
 import json
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -115,7 +116,7 @@ def run_experiment(
     except KeyboardInterrupt:
         print(
             f"\ninterrupted {_where(run_dir)}; nothing saved is lost. Resume with:\n"
-            f"  python -m experiments.{experiment} --resume {shown}",
+            f"  python -m experiments.{experiment} --resume {shlex.quote(shown)}",
             file=sys.stderr,
         )
         _remove_scratch(scratch)
@@ -125,7 +126,7 @@ def run_experiment(
         print(
             f"\nerror: could not write the results {_where(run_dir)}: {err}\n"
             "Every file written before is complete (atomic writes). Fix the cause, then "
-            f"resume with:\n  python -m experiments.{experiment} --resume {shown}",
+            f"resume with:\n  python -m experiments.{experiment} --resume {shlex.quote(shown)}",
             file=sys.stderr,
         )
         raise SystemExit(1) from None
@@ -263,7 +264,7 @@ def prepare_run_dir(
     else:
         run_dir = new_stamped_dir(os.path.join(a.out, experiment))
     cfg_path = os.path.join(run_dir, "config.json")
-    command = f"python -m experiments.{experiment} " + " ".join(
+    command = f"python -m experiments.{experiment} " + shlex.join(
         argv if argv is not None else sys.argv[1:]
     )
     args = saved_args(a)
@@ -622,13 +623,19 @@ def _append_jsonl(
         if isinstance(v, np.ndarray) and v.ndim == 3:
             seed_mean = v.astype(np.float64).mean(axis=1)  # [G, t]
             line["metrics"][k] = {
-                "last": seed_mean[:, -1].tolist(),
-                "chunk_mean": seed_mean[:, begin:done].mean(-1).tolist(),
-                "window_mean": seed_mean[:, -min(window, done) :].mean(-1).tolist(),
+                "last": _json_values(seed_mean[:, -1]),
+                "chunk_mean": _json_values(seed_mean[:, begin:done].mean(-1)),
+                "window_mean": _json_values(seed_mean[:, -min(window, done) :].mean(-1)),
             }
     with open(path, "a") as f:
-        f.write(json.dumps(line) + "\n")
+        f.write(json.dumps(line, allow_nan=False) + "\n")
         f.flush()
+
+
+def _json_values(x: np.ndarray) -> list:
+    """Floats as JSON holds them: a non-finite mean (a diverged seed) is null; Python's NaN
+    token is not JSON, and JSON.parse and other strict readers reject the whole line."""
+    return [float(v) if np.isfinite(v) else None for v in x]
 
 
 def _truncate_jsonl(path: str, start: int) -> None:

@@ -492,3 +492,78 @@ def test_smoke_keeps_an_explicit_chunk_and_checks_it():
     assert a.chunk == 5 and a.iterations == 20
     with pytest.raises(ValueError, match="chunk"):
         cli.validate_args(cli.parse_args(["--smoke", "--chunk", "0"]))
+
+
+def test_resume_command_and_recorded_command_survive_a_path_with_spaces(
+    tmp_path, monkeypatch, capsys
+):
+    """The printed "Resume with" command and config.json's command were not shell-quoted: with
+    --out "my runs/b 1" the pasted command resumed "my" and failed on the other words."""
+    import shlex
+
+    import bchg_jax.core.io as bio
+
+    def refuse(path, state, step=0):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(bio, "save_state", refuse)
+    run = str(tmp_path / "my runs" / "b 1")
+    argv = ["--smoke", "--method", "naive", "--out", run, "--exact-out"]
+    with pytest.raises(SystemExit):
+        cli.main(argv)
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert shlex.split(line) == ["python", "-m", "experiments.fourrooms", "--resume", run]
+    command = json.load(open(os.path.join(run, "config.json")))["command"]
+    assert shlex.split(command)[3:] == argv
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["--lr", "0.1", "--lr", "0.05"], "--lr is given 2 times (0.1, then 0.05)"),
+        (["--seeds", "3", "--seeds", "5"], "--seeds is given 2 times (3, then 5)"),
+        (["--method", "bchg", "--method", "naive"], "--method is given 2 times"),
+    ],
+)
+def test_a_flag_given_twice_with_other_values_is_refused(argv, named, capsys):
+    """argparse kept the last value and dropped the others: --lr 0.1 --lr 0.05 trained lr 0.05
+    alone, with nothing said."""
+    with pytest.raises(SystemExit) as e:
+        cli.parse_args(argv)
+    assert e.value.code == 2 and named in capsys.readouterr().err
+    a = cli.parse_args(["--seeds", "3", "--seeds", "3", "--lr", "0.1", "0.05"])  # the same: fine
+    assert a.seeds == 3 and a.lr == [0.1, 0.05]
+
+
+def test_metrics_jsonl_is_strict_json_when_a_seed_diverges(tmp_path):
+    """A non-finite mean was written as Python's NaN token, which is not JSON: JavaScript's
+    JSON.parse (and any strict reader of the documented JSON lines) rejected the line."""
+    from experiments.run_folder import _append_jsonl
+
+    J = np.ones((2, 2, 4))
+    J[1, 0, 3] = np.nan
+    path = str(tmp_path / "metrics.jsonl")
+    _append_jsonl(path, "bchg", {"J": J}, 0, 4, 1.0, 10, {"lr": np.array([0.1, 0.2])})
+
+    def strict(token):
+        raise ValueError(f"{token} is not JSON")
+
+    line = json.loads(open(path).read(), parse_constant=strict)
+    assert line["metrics"]["J"]["last"] == [1.0, None]
+    assert line["metrics"]["J"]["window_mean"] == [1.0, None]
+
+
+def test_resume_inside_a_method_folder_names_the_run_folder(tmp_path, capsys):
+    """--resume RUN/bchg/checkpoint was told to resume RUN/bchg, a method's folder, which is
+    refused in turn: the advice must name RUN."""
+    from experiments.cli import resume_args
+
+    run = tmp_path / "run"
+    (run / "bchg" / "checkpoint" / "20").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"experiment": "fourrooms", "args": {}}))
+    (run / "bchg" / "config.json").write_text(json.dumps({"method": "bchg", "args": {}}))
+    for inside in (run / "bchg", run / "bchg" / "checkpoint", run / "bchg" / "checkpoint" / "20"):
+        with pytest.raises(SystemExit):
+            resume_args(cli.parse_args(["--resume", str(inside)]), "fourrooms")
+        err = capsys.readouterr().err
+        assert err.rstrip().endswith(f"--resume {run}"), err

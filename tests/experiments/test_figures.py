@@ -425,3 +425,58 @@ def test_table_marks_unhealthy_cells_and_names_the_window(tmp_path):
     d = dict(np.load(os.path.join(b, "bchg", "metrics.npz")))
     np.savez(os.path.join(b, "bchg", "metrics.npz"), **{**d, "summary_window": np.asarray(20)})
     assert "last 10 / 10-20 iterations (by column)" in plot.final_table([a, b]).splitlines()[-1]
+
+
+def test_export_never_overwrites_a_run_folder(tmp_path):
+    """--export onto the run folder itself (or onto another run) replaced every method's
+    metrics.npz by its best grid point: the grid was lost and the run could not be resumed."""
+    run = write_run(tmp_path / "run")
+    path = os.path.join(run, "naive", "metrics.npz")
+    before = np.load(path)["J"].shape
+    with pytest.raises(SystemExit, match="run folder itself"):
+        plot.main([run, "--export", run])
+    os.makedirs(os.path.join(run, "naive", "checkpoint"))  # a CLI's run keeps its checkpoint
+    with pytest.raises(SystemExit, match="holds a run"):
+        plot.main([write_run(tmp_path / "other"), "--export", run])
+    assert np.load(path)["J"].shape == before == (2, 3, 40)
+    plot.main([run, "--export", str(tmp_path / "best")])  # a new folder: the compact copy
+    assert np.load(tmp_path / "best" / "naive" / "metrics.npz")["J"].shape == (1, 3, 40)
+
+
+def test_rolling_mean_keeps_a_non_finite_iteration_inside_its_windows():
+    """One NaN iteration (the LQR game's metric_nonfinite: "the curve has a NaN there") made
+    the rest of the curve NaN: the cumulative sum carried it past every later window."""
+    x = np.arange(10.0)
+    x[2] = np.nan
+    got = plot.rolling_mean(x, 3)
+    assert np.isnan(got[2:5]).all()
+    np.testing.assert_allclose(got[[0, 1]], [0.0, 0.5])
+    np.testing.assert_allclose(got[5:], [4.0, 5.0, 6.0, 7.0, 8.0])
+    y = np.arange(10.0)
+    y[2] = np.inf
+    assert np.isfinite(plot.rolling_mean(y, 3)[5:]).all()
+    np.testing.assert_allclose(plot.rolling_mean(np.arange(4.0), 10), [0.0, 0.5, 1.0, 1.5])
+
+
+def test_plot_out_that_is_a_folder_or_an_unknown_format_is_refused(tmp_path, capsys):
+    """--out naming a folder (or a .xyz file) drew the figure, then died with a traceback
+    (IsADirectoryError / matplotlib's ValueError) before the table was printed."""
+    run = write_run(tmp_path / "run")
+    for out, says in ((str(tmp_path), "is a folder"), (str(tmp_path / "f.xyz"), "no .xyz")):
+        with pytest.raises(SystemExit) as e:
+            plot.main([run, "--out", out])
+        assert e.value.code == 2 and says in capsys.readouterr().err
+    plot.main([run, "--out", str(tmp_path / "f.pdf")])
+    assert os.path.getsize(tmp_path / "f.pdf") > 0
+
+
+def test_table_says_when_no_grid_point_is_finite(tmp_path):
+    """With a non-finite seed at every grid point the plot table printed "nan +- nan (lr 0.1)":
+    grid point 0 named as if it were the best one; the run's own table says there is none."""
+    run = write_run(tmp_path / "run")
+    path = os.path.join(run, "naive", "metrics.npz")
+    d = dict(np.load(path))
+    d["J"][:, 0, -3] = np.nan  # seed 0 of both grid points, inside the window
+    np.savez(path, **d)
+    naive = next(x for x in plot.final_table([run]).splitlines() if x.startswith("| Naive"))
+    assert "no grid point finite in every seed" in naive and "lr 0.1" not in naive
