@@ -112,6 +112,8 @@ def main(argv=None):
         norm = np.linalg.norm(g)
         for batch in a.batches:
             for name, (guide, oracle) in METHODS.items():
+                if a.critic == "batch" and name == "HPGD (MC/SA)":
+                    name = "HPGD (MC)"  # the batch's Monte Carlo critic: HPGD (SA) trains SARSA
                 est = estimates(problem, theta, beta, batch, guide, oracle, a.estimates, a.critic)
                 est = est.reshape(est.shape[0], -1)
                 bias = np.linalg.norm(est.mean(0) - g) / norm

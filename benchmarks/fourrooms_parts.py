@@ -20,7 +20,10 @@ metric: warm-started policy-evaluation sweeps), ``collect`` (rollout), ``leader_
 iterations divided by their number (it includes the ascent and bookkeeping; with few runs the
 parts, timed as separate calls, each also pay ~0.1 ms of dispatch). Each timing is the
 best of ``--repeats`` calls after one compiling call; ``sweeps`` is the follower's mean number
-of soft-VI sweeps per run and the number the vmapped loop runs (its slowest lane).
+of soft-VI sweeps per run and the number the vmapped loop runs (its slowest lane); ``capped``
+and ``skipped`` are the solver health of the timed ``whole`` calls (the share of run-iterations
+whose follower or metric solve hit its cap, and the skipped updates): a speed figure with capped
+solves is not a valid one.
 
 The cost depends on the training phase: the follower's warm start is poorest while theta moves
 fast. Measured on the 2-core CPU (2026-11-26): the 240-run grid costs 140 ms per iteration at
@@ -41,6 +44,7 @@ import jax
 import numpy as np
 
 from bchg_jax import tabular
+from bchg_jax.core.health import solver_health
 from bchg_jax.core.sweep import grid_functions, seed_keys
 from bchg_jax.problems import fourrooms
 from benchmarks._timing import time_call
@@ -57,7 +61,8 @@ def measure(
     solver: str = "auto",
 ):
     """One row per part: (part, first call extra s, ms per iteration) plus the follower's sweep
-    counts (mean per run, and the slowest lane's)."""
+    counts (mean per run, and the slowest lane's) and the solver health of the timed whole-loop
+    calls (:func:`~bchg_jax.core.health.solver_health`)."""
     trainer = tabular.make_train(
         fourrooms(), method, tabular.TrainConfig(num_steps=100, solver=solver)
     )
@@ -110,10 +115,13 @@ def measure(
         timed("leader_critic", critic, keys, flat.critic, flat.theta, batch, segments, alphas),
         timed("estimate", estimate, flat.theta, betas, batch, segments, br, Q_L, V_hat),
     ]
-    c, t = time_call(lambda s: run(s, hp, iterations), state, repeats=repeats)
+    c, t, (_, m) = time_call(
+        lambda s: run(s, hp, iterations), state, repeats=repeats, with_output=True
+    )
     rows.append(("whole", c, t / iterations))
     sweeps = np.asarray(br.sweeps)
-    return [(p, c, 1e3 * t) for p, c, t in rows], float(sweeps.mean()), int(sweeps.max())
+    health = solver_health({k: np.asarray(m[k]) for k in ("solve_capped", "update_skipped")})
+    return [(p, c, 1e3 * t) for p, c, t in rows], float(sweeps.mean()), int(sweeps.max()), health
 
 
 def main(argv=None):
@@ -151,15 +159,19 @@ def main(argv=None):
     print(
         "| runs | "
         + " | ".join(["follower", "evaluate", "collect", "leader_critic", "estimate", "whole"])
-        + " | soft-VI sweeps mean / loop |"
+        + " | soft-VI sweeps mean / loop | capped | skipped |"
     )
-    print("|---:|" + "---:|" * 7)
+    print("|---:|" + "---:|" * 9)
     for R in a.runs:
-        rows, mean_sweeps, max_sweeps = measure(
+        rows, mean_sweeps, max_sweeps, health = measure(
             R, a.beta, a.method, a.warmup, a.iterations, a.repeats, a.solver
         )
         cells = " | ".join(f"{ms:.3f}" if ms < 1 else f"{ms:.1f}" for _, _, ms in rows)
-        print(f"| {R} | {cells} | {mean_sweeps:.1f} / {max_sweeps} |", flush=True)
+        print(
+            f"| {R} | {cells} | {mean_sweeps:.1f} / {max_sweeps} | "
+            f"{health['capped_share']:.2%} | {health['update_skipped']} |",
+            flush=True,
+        )
         print("  first call extra s: " + ", ".join(f"{n} {c:.1f}" for n, c, _ in rows), flush=True)
 
 

@@ -8,11 +8,12 @@ trained for ``--train`` iterations (``--critic-steps`` updates each, default the
 the explore preset's data (2 target-policy episodes and the preset's behaviour episodes
 ``a = K s + 0.5 eps`` per iteration, its replay ring and target rate). The tables in
 ``benchmarks/results/lqr_game/`` were made with the preset values of their time: the
-``learned_quality_start_*`` tables and ``learned_quality_edge`` / ``_mb64`` / ``_mb256`` /
+``learned_quality_start_c10`` / ``_start_c20`` tables and ``learned_quality_edge`` /
 ``_guide_bound`` with 2 behaviour episodes, a ring of 40 and 10 critic steps (today:
-``--set explore_episodes=2 replay=40 --critic-steps 10``), the older ones also with
-``replay=200 tau=0.05``; each table's first line names its minibatch and, in the tables made
-since the flag exists, its critic steps. Then each estimator (the trainer's
+``--set explore_episodes=2 replay=40 --critic-steps 10``; ``_start_c20`` with 20 and
+``_start_explore6_c20`` with 6 behaviour episodes, as their first lines say), the older ones
+also with ``replay=200 tau=0.05``; each table's first line names its minibatch and, in the
+tables made since the flag exists, its critic steps. Then each estimator (the trainer's
 own ``actor_grad`` on a fresh batch of 2 target-policy episodes (``a = K s`` for the
 deterministic methods since 2026-11-28, as their trainer collects; the Gaussian leader's
 before, which at U = 1e-3 moves the actions by ~1e-3) and the preset's actor
@@ -222,7 +223,9 @@ def main(argv=None):
             cos = flat @ full / (np.linalg.norm(flat, axis=1) * nf + 1e-300)
             cm = mean @ full / (np.linalg.norm(mean) * nf)
             cd = mean @ direct / (np.linalg.norm(mean) * np.linalg.norm(direct))
-            critic_sd = np.linalg.norm(g.mean(1).std(0)) / nf
+            # the spread of the per-critic means, a sample standard deviation (ddof=1) over the
+            # few critics (4 by default: ddof=0 would read it 13% low)
+            critic_sd = np.linalg.norm(g.mean(1).std(0, ddof=1)) / nf if len(g) > 1 else np.nan
             std = np.linalg.norm(np.sqrt(((g - g.mean(1, keepdims=True)) ** 2).mean((0, 1)))) / nf
             vec = lambda v: "(" + ", ".join(f"{x:+.3g}" for x in v) + ")"  # noqa: E731
             print(

@@ -90,3 +90,21 @@ def test_the_documents_link_only_to_files_in_the_repository():
             if not path.exists() or ROOT not in path.parents and path != ROOT:
                 broken.append(f"{doc.relative_to(ROOT)}: {target}")
     assert not broken, f"links to nothing in this repository: {broken}"
+
+
+def test_the_sources_name_only_scripts_that_exist():
+    """Every ``benchmarks/NAME.py`` / ``experiments/NAME.py`` that a docstring or comment of the
+    package, the benchmarks or the experiments names is a file of this checkout."""
+    import re
+
+    sources = [
+        *sorted((ROOT / "bchg_jax").rglob("*.py")),
+        *sorted((ROOT / "benchmarks").glob("*.py")),
+        *sorted((ROOT / "experiments").glob("*.py")),
+    ]
+    missing = []
+    for src in sources:
+        for name in re.findall(r"\b((?:benchmarks|experiments)/\w+\.(?:py|sh))\b", src.read_text()):
+            if not (ROOT / name).is_file():
+                missing.append(f"{src.relative_to(ROOT)}: {name}")
+    assert not missing, f"scripts named that do not exist: {missing}"

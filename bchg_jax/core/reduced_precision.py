@@ -19,7 +19,8 @@ compiled for the CPU whose precision is not ``HIGHEST`` has both operands rounde
 It is a worst case of the GPU: XLA:GPU may compute a small product (a matrix-vector one, say)
 in a fused loop at full float32, and here every default product is rounded. The test suite uses
 it on whole trainers (every solve converges and the results match the CPU's), and
-``benchmarks/reduced_precision_check.py`` runs the experiments under it.
+``python -m benchmarks.reduced_precision MODULE ARGS`` (``benchmarks/reduced_precision.py``)
+runs any experiment or benchmark under it.
 
 How: the CPU lowering rule of ``dot_general`` is replaced for the duration of the block (a JAX
 internal, ``jax._src.interpreters.mlir``; a JAX without it raises ``RuntimeError`` here rather
