@@ -15,6 +15,7 @@ selects the paper's form throughout (MLP critics, score function, no baseline/co
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 from experiments.cli import FOLLOWER_SETTINGS, smoke_requested
@@ -222,8 +223,8 @@ def validate_args(a):
 
     methods = methods_of(a.method)
     check_counts(a, "seeds", "iterations", "chunk", "episodes")
-    if a.init_std < 0:
-        raise ValueError(f"--init-std must be >= 0, got {a.init_std}")
+    if not (math.isfinite(a.init_std) and a.init_std >= 0):  # NaN compared False
+        raise ValueError(f"--init-std must be finite and >= 0, got {a.init_std}")
     train_config(a)
     HParams.from_grid(method_grid(a))
     return methods

@@ -740,7 +740,8 @@ def test_traced_values_are_not_checked():
         ("lqr_game", ["--tau", "2"], "--tau (TrainConfig.tau) must be in (0, 1], got 2.0"),
         # an infinite rate or scale is refused like a negative one (it trained on NaN / nothing)
         ("lqr_game", ["--actor-lr", "inf"], "(ActorConfig.lr) must be finite, got inf"),
-        ("thermal", ["--init-std", "inf"], "must be finite, got inf"),
+        ("thermal", ["--init-std", "inf"], "--init-std must be finite and >= 0, got inf"),
+        ("thermal", ["--init-std", "nan"], "--init-std must be finite and >= 0, got nan"),
         # --faithful fixes the critic and the follower gradient; asking for others is a clash
         ("thermal", ["--faithful", "--critic", "quadratic"], "drop --critic quadratic"),
         # ... and the paper's critic training: a changed critic is not a faithful run
