@@ -188,6 +188,11 @@ def compare(compact: str, reference: str, max_se: float, abs_tol: float = 1e-3) 
     for b, e in found:
         mine = load_run(os.path.join(compact, panel_name(b, e)))
         ref = ref_of[(b, e)]
+        unmatched = [
+            f"{m} ({'not in this run' if m in ref else 'no reference'})"
+            for m in METHODS
+            if (m in mine) != (m in ref)
+        ]
         for m in METHODS:
             if m not in mine or m not in ref:
                 continue
@@ -202,6 +207,8 @@ def compare(compact: str, reference: str, max_se: float, abs_tol: float = 1e-3) 
                 f"| {panel_name(b, e)} | {m} | {a['mean']:.4f} +- {a['se']:.4f} | "
                 f"{r['mean']:.4f} +- {r['se']:.4f} | {z:.2f} | {'yes' if within else 'NO'} |"
             )
+        if unmatched:  # a partial panel is compared on what it holds, and says so
+            print(f"not compared in {panel_name(b, e)}: {', '.join(unmatched)}")
         wall = os.path.join(compact, panel_name(b, e), "wall.json")
         if os.path.exists(wall):
             with open(wall) as f:
