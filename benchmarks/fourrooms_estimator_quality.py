@@ -4,7 +4,8 @@
 [--betas 0.001 0.003 0.005]``
 
 The paper's sample-efficiency claim measured directly. At the initial leader parameter, for each
-beta and batch size (environment steps per estimate, one episode stream as in training), every
+beta and batch size (environment steps per estimate, drawn as one episode stream of that length;
+training runs a batch above 200 as 200-step streams, experiments.fourrooms.batch_shape), every
 method's hypergradient estimate is drawn ``--estimates`` times with the *exact* leader critic
 Q_L (so only the hypergradient estimator differs; with exact critics HPGD (MC) and HPGD (SA)
 coincide; ``--critic batch`` gives the baselines the Monte Carlo critic of their batch, as in
