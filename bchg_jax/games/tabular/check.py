@@ -45,7 +45,9 @@ What it shows, and what to do about it:
   biased and some leader (s, a) was sampled fewer than ``RARE_VISITS`` times in all batches,
   the row also judges the mean against the exact hypergradient less those pairs' part
   (``resolved_target``; their part: the expected ``grad log f(a|s)`` terms of their visits,
-  Theorem 2's score form uncut, :func:`_truncated` with ``keep``), with ``rare_share`` (that
+  Theorem 2's score form uncut, :func:`_truncated` with ``keep``; for an action of probability
+  exactly 0, never visited, the limit f -> 0 of that expectation: its share of the exact
+  gradient), with ``rare_share`` (that
   part's share of the norm), ``resolved_bias_se`` and ``resolved_p_value``, and warns "not
   resolved rather than biased" when only the full comparison fails
   (:mod:`bchg_jax.tabular.check` does the same for a CMDP).
@@ -159,9 +161,11 @@ def _truncated(
     ben = Q_L - jnp.sum(g * Q_L, -1, keepdims=True)  # the Benefit
     benefit = guide == "benefit"
 
-    def forward(m):
-        """Mass on (s_t, a_t, b_t) [S, A, B] -> on (s_{t+1}, a_{t+1}, b_{t+1})."""
-        return jnp.einsum("sab,sabt->t", m, P)[:, None, None] * joint
+    def push(mass, w=None):
+        """sum_{s,a,b} mass(s) f(a|s) g(b|s, a) w(s, a, b) P(s'|s, a, b) [S']: a state mass
+        (weighted by ``w``) one step on."""
+        m = mass[:, None, None] * joint
+        return jnp.einsum("sab,sabt->t", m if w is None else m * w, P)
 
     def per_f(mass, w):
         """sum_b mass(s) f(a|s) g(b|s, a) w(s, a, b) / f(a|s) [S, A] from a state mass [S]:
@@ -172,38 +176,35 @@ def _truncated(
     one = jnp.ones_like(Q_L)
     if horizon is None:
         # sum_t gL^t P(s_t = s) = rho (I - gL P_pi)^-1; the guiding weights' sum over k of
-        # E[c_k; s_k, a_k, b_k] = N + sum_{j>=1} gF^j forward^j(N), N = occupancy x Benefit
+        # E[c_k; s_k, a_k, b_k] = N + sum_{j>=1} gF^j (N pushed on j steps), N = occupancy x
+        # Benefit
         S = rho.shape[0]
         P_pi = jnp.einsum("sab,sabt->st", joint, P)
         eye = jnp.eye(S, dtype=dtype)
         d = jnp.linalg.solve((eye - gamma_L * P_pi).T, rho)
         c_direct = per_f(d, adv_L)
-        N = d[:, None, None] * joint * ben
-        tail = jnp.linalg.solve((eye - gamma_F * P_pi).T, jnp.einsum("sab,sabt->t", N, P))
+        tail = jnp.linalg.solve((eye - gamma_F * P_pi).T, push(d, ben))
         c_guide = per_f(d, ben) + per_f(gamma_F * tail, one)
     else:
 
         def step(carry, t):
-            # occ = P(s_t, a_t, b_t) (episodes neither end nor reset before the cut); omega =
-            # E[c_t; s_t, a_t, b_t] with c_t = sum_{k<=t} gF^(t-k) gL^k Ben_k, the guiding
-            # weight of step t (games.estimators.game_score_weights); the sums over t < H are
-            # the expected cotangents of log f(a|s) of the direct and the guiding term
-            occ, omega_prev, c_direct, c_guide = carry
+            # d = P(s_t = s) (episodes neither end nor reset before the cut); the guiding
+            # weight of step t is c_t = sum_{k<=t} gF^(t-k) gL^k Ben_k
+            # (games.estimators.game_score_weights), and E[c_t; s_t, a_t, b_t] = (m_t(s) +
+            # gL^t d_t(s) Ben) f g, with m_t the state mass of the earlier steps' part; the sums
+            # over t < H are the expected cotangents of log f(a|s) of the direct and the
+            # guiding term. State masses, not [S, A, B] ones, so nothing is divided by f.
+            d, m, c_direct, c_guide = carry
             disc = gamma_L**t
-            d = jnp.sum(occ, (1, 2))  # P(s_t = s)
             c_direct = c_direct + disc * per_f(d, adv_L)
             if benefit:
-                omega = omega_prev + disc * occ * ben
-                # omega_prev is a state mass times f g (forward)
-                c_guide = c_guide + per_f(jnp.sum(omega_prev, (1, 2)), one)
-                c_guide = c_guide + disc * per_f(d, ben)
-                omega_prev = gamma_F * forward(omega)
-            return (forward(occ), omega_prev, c_direct, c_guide), None
+                c_guide = c_guide + per_f(m, one) + disc * per_f(d, ben)
+                m = gamma_F * (push(m) + disc * push(d, ben))
+            return (push(d), m, c_direct, c_guide), None
 
-        occ0 = rho[:, None, None] * joint
         zero = jnp.zeros_like(f)
         (_, _, c_direct, c_guide), _ = jax.lax.scan(
-            step, (occ0, jnp.zeros_like(occ0), zero, zero), jnp.arange(horizon, dtype=dtype)
+            step, (rho, jnp.zeros_like(rho), zero, zero), jnp.arange(horizon, dtype=dtype)
         )
     ct = c_direct
     if benefit:

@@ -289,6 +289,24 @@ def test_the_part_of_a_leader_action_of_probability_zero_is_its_exact_share(x64)
     assert abs(rest[0, 1]) < 1e-9
 
 
+def test_the_cut_and_uncut_expectations_agree_for_rows_within_their_tolerance(x64):
+    # leader rows summing to 1 - 5e-5 (accepted: POLICY_ROW_TOL 1e-4): the scan over t < H
+    # must carry state masses as the linear solves do; read off P(s_t, a_t, b_t) it put the row
+    # sum into every mass and, at H = 200 (beyond-cut weight 2e-18), sat 5e-5 off the uncut
+    game = _short_game(None)
+    scaled = lambda t: (1.0 - 5e-5) * policy_fn(t)  # noqa: E731
+    theta = _theta()
+    f = scaled(theta)
+    br = best_response(game, f, BETA, "paper")
+    V_L, Q_L = leader_values(game, f, br.policy)
+    for guide in ("benefit", "none"):
+        cut, uncut = (
+            _truncated(game, scaled, theta, BETA, h, br, V_L, Q_L, guide, "state")
+            for h in (200, None)
+        )
+        np.testing.assert_allclose(cut, uncut, rtol=1e-10, atol=1e-13 * np.abs(uncut).max())
+
+
 @pytest.mark.slow
 def test_game_check_tells_leader_actions_it_never_sampled_from_bias(x64, capsys):
     # a sharp leader (logits x12, actions of probability ~1e-5): BC-HG under the paper backup is
