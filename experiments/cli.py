@@ -138,10 +138,13 @@ class ExperimentParser(argparse.ArgumentParser):
         given = super().parse_args(args, unset)
         explicit = {k for k, v in vars(given).items() if v is not _UNSET}
         for k, vs in values.items():  # argparse keeps the last value and drops the others
-            if any(v != vs[0] for v in vs[1:]):
+            if any(repr(v) != repr(vs[0]) for v in vs[1:]):  # by repr: nan is nan
                 shown = [" ".join(map(str, v)) if isinstance(v, list) else str(v) for v in vs]
                 flag = f"--{k.replace('_', '-')}"
-                grid = f" (a grid's values follow one flag: {flag} {' '.join(shown)})"
+                each = dict.fromkeys(
+                    str(x) for v in vs for x in (v if isinstance(v, list) else [v])
+                )
+                grid = f" (a grid's values follow one flag: {flag} {' '.join(each)})"
                 fail(
                     f"{flag} is given {len(vs)} times ({', then '.join(shown)}); only the last "
                     "would be used: give it once" + (grid if isinstance(vs[0], list) else "")
@@ -471,20 +474,28 @@ def check_same_x64(cfg: dict, run_dir: str) -> None:
         )
 
 
-def _enclosing_run(path: str):
-    """The nearest folder above ``path`` whose config.json is a run folder's (it names its
-    experiment), or None."""
+def _enclosing_run(path: str, levels: int = 3):
+    """The run folder ``path`` lies in (a method's folder, its checkpoint folder or a step of
+    it: up to ``levels`` folders up) as ``(folder, experiment)``, or None. The climb passes a
+    method's config.json and stops at any other."""
     d = os.path.dirname(os.path.abspath(path))
-    while True:
-        try:
-            with open(os.path.join(d, "config.json")) as f:
-                if "experiment" in json.load(f):
-                    return d
-        except (OSError, ValueError, TypeError):
-            pass
+    for _ in range(levels):
+        cfg_path = os.path.join(d, "config.json")
+        if os.path.exists(cfg_path):
+            try:
+                with open(cfg_path) as f:
+                    cfg = json.load(f)
+            except (OSError, ValueError):
+                return None
+            if not (isinstance(cfg, dict) and isinstance(cfg.get("args"), dict)):
+                return None  # not a bchg-jax config.json
+            if "experiment" in cfg:
+                return d, cfg["experiment"]
+            # a method's config.json: its run folder is one up
         if os.path.dirname(d) == d:
             return None
         d = os.path.dirname(d)
+    return None
 
 
 def resume_args(a, experiment: str):
@@ -506,9 +517,10 @@ def resume_args(a, experiment: str):
         cfg_path, "--resume"
     )
     if method_folder or (not os.path.exists(cfg_path) and run is not None):
+        folder, owner = run if run is not None else (parent, experiment)
         fail(
             f"--resume {a.resume} is a method's folder inside a run; resume the run folder: "
-            f"python -m experiments.{experiment} --resume {shlex.quote(run or parent)}"
+            f"python -m experiments.{owner} --resume {shlex.quote(folder)}"
         )
     if not os.path.exists(cfg_path):
         fail(f"--resume {a.resume}: no config.json there (not a run folder)")

@@ -645,6 +645,26 @@ def final_table(run_dirs, footnote: bool = True) -> str:
     return "\n".join(lines)
 
 
+# what export_best leaves out of a method's metrics.npz: a folder whose npz holds one is a run's
+EXPORT_DROPS = ("grad_norm", "sweeps", "riccati_iters", "ok")
+
+
+def _holds_a_run(method_dir: str) -> bool:
+    """Whether a method folder holds a CLI run's results rather than an export's: a checkpoint,
+    or a metrics.npz with more than one grid point or with a record an export drops (a run
+    whose checkpoints were deleted still has those)."""
+    if os.path.isdir(os.path.join(method_dir, "checkpoint")):
+        return True
+    path = os.path.join(method_dir, "metrics.npz")
+    if not os.path.exists(path):
+        return False
+    try:
+        with np.load(path) as d:
+            return bool(set(d.files) & set(EXPORT_DROPS)) or d["J"].shape[0] > 1
+    except (OSError, ValueError, KeyError, IndexError):
+        return True  # unreadable: not ours to overwrite
+
+
 def export_best(run_dir: str, dest: str) -> None:
     """Writes a compact copy of a run folder: per method only its best grid point (G = 1).
 
@@ -655,11 +675,12 @@ def export_best(run_dir: str, dest: str) -> None:
 
     if os.path.isdir(dest) and os.path.isdir(run_dir) and os.path.samefile(dest, run_dir):
         raise ValueError(f"--export {dest} is the run folder itself; give another folder")
-    trained = [m for m in METHOD_ORDER if os.path.isdir(os.path.join(dest, m, "checkpoint"))]
-    if trained:  # a CLI's run folder (an export keeps no checkpoint): its grids would be lost
+    trained = [m for m in METHOD_ORDER if _holds_a_run(os.path.join(dest, m))]
+    if trained:  # a CLI's run folder: its grids and health records would be lost
         raise ValueError(
-            f"--export {dest} holds a run (checkpoints of {', '.join(trained)}); its results "
-            "would be replaced by a copy of the best grid points: give another folder"
+            f"--export {dest} holds a run ({', '.join(trained)}: a checkpoint, several grid "
+            "points or the per-iteration records an export drops); its results would be "
+            "replaced by a copy of the best grid points: give another folder"
         )
 
     def _copy_atomic(src: str, dst: str) -> None:
@@ -679,9 +700,7 @@ def export_best(run_dir: str, dest: str) -> None:
         keep = {
             k: v[best : best + 1].astype(np.float32)
             for k, v in d.items()
-            if isinstance(v, np.ndarray)
-            and v.ndim == 3
-            and k not in ("grad_norm", "sweeps", "riccati_iters", "ok")
+            if isinstance(v, np.ndarray) and v.ndim == 3 and k not in EXPORT_DROPS
         }
         keep.update({k: v[best : best + 1] for k, v in d.items() if k.startswith("grid_")})
         keep["summary_window"] = np.asarray(window)

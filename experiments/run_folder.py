@@ -616,7 +616,12 @@ def _append_jsonl(
         "chunk_iterations": int(done - begin),
         "chunk_seconds": round(float(seconds), 4),
         "window": int(min(window, done)),
-        "grid": {k: np.atleast_1d(v).tolist() for k, v in grid.items()},
+        "grid": {
+            k: [x if np.isfinite(x) else None for x in np.atleast_1d(v).tolist()]
+            if np.issubdtype(np.asarray(v).dtype, np.floating)
+            else np.atleast_1d(v).tolist()
+            for k, v in grid.items()
+        },
         "metrics": {},
     }
     for k, v in m.items():

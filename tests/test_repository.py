@@ -104,7 +104,9 @@ def test_the_sources_name_only_scripts_that_exist():
     ]
     missing = []
     for src in sources:
-        for name in re.findall(r"\b((?:benchmarks|experiments)/\w+\.(?:py|sh))\b", src.read_text()):
+        for name in re.findall(
+            r"(?<![\w/.])((?:benchmarks|experiments)/\w+\.(?:py|sh))\b", src.read_text()
+        ):
             if not (ROOT / name).is_file():
                 missing.append(f"{src.relative_to(ROOT)}: {name}")
     assert not missing, f"scripts named that do not exist: {missing}"

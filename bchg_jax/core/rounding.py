@@ -146,7 +146,7 @@ def keep_sweeping(residual: Array, values: Array, tol, progress: Progress, windo
     return (residual > tol) & ~stalled
 
 
-def sweep_to_tolerance(sweep, x0: Array, tol, max_sweeps, gamma):
+def sweep_to_tolerance(sweep, x0: Array, tol, max_sweeps, gamma, min_sweeps: int = 0):
     """Apply ``sweep`` from ``x0`` in one ``lax.while_loop`` until the sup-norm change is
     ``<= tol``, the solve has stalled at the rounding floor (:func:`keep_sweeping`), or
     ``max_sweeps`` sweeps: the loop of every dense tabular solver with a tolerance.
@@ -157,6 +157,8 @@ def sweep_to_tolerance(sweep, x0: Array, tol, max_sweeps, gamma):
       tol: the requested tolerance (may be traced).
       max_sweeps: the sweep cap (may be traced).
       gamma: the contraction factor, for :func:`stall_window`.
+      min_sweeps: sweeps made whatever the test says (the game's solver makes one, also at a
+        traced ``tol`` of inf).
     Returns:
       ``(x, residual, sweeps)``: the last iterate, the sup-norm change of the last sweep (inf
       when no sweep ran) and the sweeps performed (int32 []).
@@ -165,7 +167,7 @@ def sweep_to_tolerance(sweep, x0: Array, tol, max_sweeps, gamma):
 
     def cond(c):
         x, res, k, progress = c
-        return keep_sweeping(res, x, tol, progress, window) & (k < max_sweeps)
+        return (k < min_sweeps) | (keep_sweeping(res, x, tol, progress, window) & (k < max_sweeps))
 
     def body(c):
         x, _, k, progress = c

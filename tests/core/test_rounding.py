@@ -99,6 +99,8 @@ def test_sweep_to_tolerance_stops_at_tol_at_the_cap_and_at_a_stall():
     assert int(k) == 4 and float(res) == pytest.approx(0.125)
     _, res, k = sweep_to_tolerance(half, x0, 1e-3, 0, 0.5)  # no sweep: an infinite change
     assert int(k) == 0 and np.isinf(float(res))
+    _, res, k = sweep_to_tolerance(half, x0, jnp.inf, 100, 0.5, min_sweeps=1)  # one regardless
+    assert int(k) == 1 and float(res) == 1.0
     # a change stuck at the rounding floor stops after the stall window, not at the cap
     floor = float(rounding_floor(jnp.ones((1,), jnp.float32)))
     stuck = lambda x: x + jnp.where(x > 1.0, -0.5, 0.5) * floor  # noqa: E731

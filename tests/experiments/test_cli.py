@@ -532,6 +532,7 @@ def test_a_flag_given_twice_with_other_values_is_refused(argv, named, capsys):
         cli.parse_args(argv)
     assert e.value.code == 2 and named in capsys.readouterr().err
     a = cli.parse_args(["--seeds", "3", "--seeds", "3", "--lr", "0.1", "0.05"])  # the same: fine
+    assert cli.parse_args(["--lr", "nan", "--lr", "nan"]).lr == [pytest.approx(np.nan, nan_ok=True)]
     assert a.seeds == 3 and a.lr == [0.1, 0.05]
 
 
@@ -567,3 +568,12 @@ def test_resume_inside_a_method_folder_names_the_run_folder(tmp_path, capsys):
             resume_args(cli.parse_args(["--resume", str(inside)]), "fourrooms")
         err = capsys.readouterr().err
         assert err.rstrip().endswith(f"--resume {run}"), err
+    # the hint names the run's own experiment; a folder under a project with a config.json of
+    # another tool is no run's
+    with pytest.raises(SystemExit):
+        resume_args(cli.parse_args(["--resume", str(run / "bchg")]), "thermal")
+    assert "python -m experiments.fourrooms --resume" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text(json.dumps({"experiment": "mine"}))
+    with pytest.raises(SystemExit):
+        resume_args(cli.parse_args(["--resume", str(tmp_path / "new")]), "fourrooms")
+    assert "no config.json there (not a run folder)" in capsys.readouterr().err

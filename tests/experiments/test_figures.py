@@ -439,12 +439,15 @@ def test_export_never_overwrites_a_run_folder(tmp_path):
     before = np.load(path)["J"].shape
     with pytest.raises(SystemExit, match="run folder itself"):
         plot.main([run, "--export", run])
+    with pytest.raises(SystemExit, match="holds a run"):  # its grid (no checkpoint left)
+        plot.main([write_run(tmp_path / "other"), "--export", run])
     os.makedirs(os.path.join(run, "naive", "checkpoint"))  # a CLI's run keeps its checkpoint
     with pytest.raises(SystemExit, match="holds a run"):
-        plot.main([write_run(tmp_path / "other"), "--export", run])
+        plot.main([write_run(tmp_path / "other2"), "--export", run])
     assert np.load(path)["J"].shape == before == (2, 3, 40)
     plot.main([run, "--export", str(tmp_path / "best")])  # a new folder: the compact copy
     assert np.load(tmp_path / "best" / "naive" / "metrics.npz")["J"].shape == (1, 3, 40)
+    plot.main([run, "--export", str(tmp_path / "best")])  # an export is refreshed in place
 
 
 def test_rolling_mean_keeps_a_non_finite_iteration_inside_its_windows():

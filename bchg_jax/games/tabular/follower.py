@@ -199,5 +199,5 @@ def soft_q_iteration(
     def sweep(Q):
         return soft_q_backup(P, r, Q, f, beta, gamma_F, backup)
 
-    Q, res, it = sweep_to_tolerance(sweep, Q0, tol, max_sweeps, game.gamma_F)
+    Q, res, it = sweep_to_tolerance(sweep, Q0, tol, max_sweeps, game.gamma_F, min_sweeps=1)
     return response_from_q(Q, beta, it, res)
