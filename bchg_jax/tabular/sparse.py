@@ -128,7 +128,8 @@ class Successors(NamedTuple):
     (:func:`successors_from_support`, :func:`successors_from_transition`,
     :func:`problem_successors`) also keep them in increasing order, which makes
     :func:`~bchg_jax.tabular.rollout.rollout` draw the same states as the dense sampler; every
-    function that takes a table checks it with :meth:`check`.
+    public function that takes a table (the sparse solvers, ``rollout``, :func:`colour_classes`)
+    checks it with :meth:`check`.
     """
 
     index: np.ndarray
@@ -290,8 +291,19 @@ def colour_classes(successors: Successors) -> np.ndarray:
 
     The states of one colour do not depend on each other in a Bellman sweep, so a Gauss-Seidel
     sweep can update a whole class at once from the latest values of the others.
+
+    Raises:
+      ValueError: ``successors`` is not a successor table of its S states
+        (:meth:`Successors.check`).
     """
     index = np.asarray(successors.index)
+    successors.check(index.shape[0] if index.ndim else 0, "colour_classes: S from its index")
+    return _colour(index)
+
+
+def _colour(index: np.ndarray) -> np.ndarray:
+    """:func:`colour_classes` of a checked ``index`` [S, J] (padding included: a neighbour too
+    many only costs a colour, never a wrong class)."""
     S = index.shape[0]
     neighbours = [set() for _ in range(S)]
     for s in range(S):
@@ -319,7 +331,7 @@ class _Order(NamedTuple):
 
 
 def _gauss_seidel_order(index: np.ndarray) -> _Order:
-    colour = colour_classes(Successors(index, np.ones(index.shape, bool)))
+    colour = _colour(index)
     perm = np.argsort(colour, kind="stable").astype(np.int32)  # int32: same under x64 or not
     inv = np.empty_like(perm)
     inv[perm] = np.arange(len(perm), dtype=np.int32)

@@ -586,6 +586,11 @@ def test_a_hand_built_successor_table_is_checked_before_use():
         for call in calls:
             with pytest.raises(ValueError, match=shown):
                 call(table)
+    # colour_classes takes S from the table (a -1 wrapped to the last state, a 5 past S gave a
+    # bare IndexError)
+    for table, shown in cases[:-1]:
+        with pytest.raises(ValueError, match=shown):
+            sparse.colour_classes(table)
     for call in calls:
         call(good)
     # padding may repeat a valid state (the builders pad a short row with its first successor)
