@@ -330,6 +330,12 @@ def main(argv=None):
         if not compare(a.compact, reference, a.max_se, a.abs_tol):
             raise SystemExit(3)
         return
+    if os.path.realpath(a.compact) == os.path.realpath(a.out):
+        # a panel's compact copy would be its own run folder: refused after hours of training
+        raise SystemExit(
+            f"error: --compact {a.compact} is --out itself; the compact copies need a folder "
+            "of their own (e.g. OUT/compact)"
+        )
     panels = (
         [parse_panel(s) for s in a.panels] if a.panels else [(b, e) for b in BATCHES for e in BETAS]
     )
@@ -352,6 +358,10 @@ def main(argv=None):
             except subprocess.CalledProcessError as e:  # its error is in the panel's log
                 log = os.path.join(a.out, panel_name(batch, beta), "log.txt")
                 raise SystemExit(f"error: {panel_name(batch, beta)}: {e}; see {log}") from None
+            except ValueError as e:  # the compact copy refused (its run folder is kept)
+                raise SystemExit(
+                    f"error: {panel_name(batch, beta)}: its compact copy was refused: {e}"
+                ) from None
     else:
         cores = sorted(os.sched_getaffinity(0))
         todo = queue.Queue()
@@ -380,6 +390,8 @@ def main(argv=None):
                 except subprocess.CalledProcessError as e:
                     log = os.path.join(a.out, panel_name(batch, beta), "log.txt")
                     failed.append(f"{panel_name(batch, beta)}: {e}; see {log}")
+                except ValueError as e:
+                    failed.append(f"{panel_name(batch, beta)}: its compact copy was refused: {e}")
 
         threads = [
             threading.Thread(target=worker, args=(cores[i % len(cores)],)) for i in range(a.workers)

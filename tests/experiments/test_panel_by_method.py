@@ -92,6 +92,8 @@ def test_bad_flags_exit_before_anything_runs(tmp_path):
         (["--method-workers", "0"], "--method-workers must be >= 1"),
         (["--chunk", "0"], "--chunk must be >= 1"),
         (["--workers", "2", "--method-workers", "2"], "exclude each other"),
+        # checked first: a refusal of another flag shows the old code did not check it
+        (["--compact", str(tmp_path / "o"), "--methods", "nope"], "is --out itself"),
     ]:
         with pytest.raises(SystemExit) as e:
             ff.main(base + extra)
