@@ -1,5 +1,8 @@
 """The LQ K-step follower (issue 30): its policy, V^g, the exact references, the trainer."""
 
+import pathlib
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -119,3 +122,21 @@ def test_bchg_under_a_one_step_learner_targets_the_as_if_optimal_reference(x64, 
     se = g.std(0) / np.sqrt(len(g))
     assert np.all(np.abs(g.mean(0) - target) < 4 * se), (g.mean(0), target, se)
     assert np.max(np.abs(g.mean(0) - through) / se) > 20
+
+
+def test_followers_doc_quotes_the_lq_through_reference_the_trainer_takes(x64, random_lq):
+    """docs/followers.md's LQ paragraph gives the cosine between the one-step learner's estimate
+    (mean: the as-if-optimal reference) and the reference through its next update. That
+    reference starts from the learner's state after its reaction (the trainer's ``references``);
+    the docs once quoted the cosine of the one from the state before it (-0.84; now 0.37)."""
+    p = random_lq()
+    theta, beta = jnp.array([0.3, -0.2]), 0.3
+    # as the trainer: the learner's play and its state after it, from P = 0
+    played, after = k_step_response(p, theta, beta, jnp.zeros((2, 2)), 1)
+    target = np.asarray(as_if_optimal_hypergradient(p, theta, played, beta))
+    through = np.asarray(k_step_hypergradient(p, theta, after, beta, 1))
+    cos = float(target @ through / np.linalg.norm(target) / np.linalg.norm(through))
+    doc = pathlib.Path(__file__).parents[2] / "docs" / "followers.md"
+    quoted = re.search(r"SE from the one through the update \(cosine (-?[0-9.]+)", doc.read_text())
+    assert quoted, "docs/followers.md no longer quotes the LQ cosine"
+    assert abs(float(quoted.group(1)) - cos) < 0.01, (quoted.group(1), cos)
