@@ -430,6 +430,20 @@ def check_distinct_values(a) -> None:
                 seen.add(v)
 
 
+def check_base_seed(a) -> None:
+    """``--seed`` is in [0, 2**32 - 1]: JAX reads a seed as a 32-bit word, so a larger one gave
+    another seed's runs (``--seed 4294967297`` trained ``--seed 1``'s without x64) and a
+    negative one keys that change with ``jax_enable_x64``.
+
+    Raises:
+      ValueError: naming the flag and the value given.
+    """
+    from bchg_jax.core.sweep import SEED_LIMIT
+
+    if not 0 <= a.seed < SEED_LIMIT:
+        raise ValueError(f"--seed must be in [0, {SEED_LIMIT - 1}], got {a.seed}")
+
+
 def check_counts(a, *flags: str) -> None:
     """Each named flag (attribute names of ``a``) is an integer >= 1; the error names the flag
     and the value given."""

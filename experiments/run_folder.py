@@ -30,6 +30,7 @@ import numpy as np
 
 from experiments.cli import (
     LEGACY_SETTINGS,
+    check_base_seed,
     check_distinct_values,
     fail,
     flag_names,
@@ -86,6 +87,7 @@ def run_experiment(
     try:
         if a.resume is None:  # a run saved before the check continues as it was
             check_distinct_values(a)
+            check_base_seed(a)
         methods = validate(a)
     except ValueError as err:
         fail(flag_names(str(err), a, config_flags))
@@ -369,9 +371,17 @@ def new_stamped_dir(parent: str) -> str:
 
 def check_writable(run_dir: str) -> None:
     """Exits 2 with a clear error unless ``run_dir`` can be created and written (before any
-    compilation; an existing folder's files are not touched)."""
+    compilation; an existing folder's files are not touched), and its checkpoints read back
+    (``bchg_jax.core.io.check_checkpoint_path``: no ``[...]`` or backslash in the path)."""
     import tempfile
 
+    from bchg_jax.core.io import check_checkpoint_path
+
+    try:
+        check_checkpoint_path(run_dir)
+    except ValueError as err:
+        print(f"error: cannot keep resumable results in {run_dir!r}: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     try:
         os.makedirs(run_dir, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".write-test-"):

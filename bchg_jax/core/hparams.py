@@ -4,8 +4,8 @@ Each family declares its grid-able hyperparameters once, as a ``NamedTuple`` wit
 a ``validate()`` method (a pytree, so ``vmap`` over a grid of them never retraces). This module
 gives the operations they share: :func:`from_grid` (a grid dict -> validated HParams with a
 leading grid axis, cast to the trainer's dtype), :func:`check_representable` (no value that the
-dtype rounds to 0, a subnormal or inf) and :func:`cast` (any HParams -> arrays of the trainer's
-dtype, int32 for step counts).
+dtype rounds to 0, a subnormal or inf, no step count that int32 cannot hold) and :func:`cast`
+(any HParams -> arrays of the trainer's dtype, int32 for step counts).
 """
 
 from __future__ import annotations
@@ -40,19 +40,32 @@ def check_representable(hp, dtype, integer_fields: Tuple[str, ...] = ()) -> None
     """Every float field of ``hp`` (concrete) keeps its meaning in the trainer's ``dtype``: a
     finite nonzero value may not round to 0 or to a subnormal (``HParams(beta=1e-46)`` is > 0
     in float64, 0 in float32: the Boltzmann policy exp((Q - V) / beta) of Eq. (lower) is then
-    NaN) nor overflow to inf (1e39 in float32).
+    NaN) nor overflow to inf (1e39 in float32). Every field of ``integer_fields`` is a whole
+    number that int32 holds (:func:`cast` wrapped ``actor_steps=1e10`` or ``inf`` to
+    -2147483648, and ``2**33`` to 0: no steps at all).
 
     Args:
       hp: a family's ``HParams`` with concrete fields (scalars or [G]).
       dtype: the float dtype of the trainer.
-      integer_fields: names of the fields cast to int32 (not checked here).
+      integer_fields: names of the fields cast to int32 (step counts).
     Raises:
-      ValueError: naming the field, its value and ``dtype``.
+      ValueError: naming the field, its value and ``dtype`` (or int32).
     """
     dtype = jax.dtypes.canonicalize_dtype(dtype)  # float64 without x64 is float32
     tiny, big = float(jnp.finfo(dtype).tiny), float(jnp.finfo(dtype).max)
+    low, high = np.iinfo(np.int32).min, np.iinfo(np.int32).max
     for name, value in zip(hp._fields, hp, strict=False):
         if name in integer_fields:
+            v = np.asarray(value)
+            if not np.issubdtype(v.dtype, np.integer):
+                v = v.astype(np.float64)
+            bad = ~((v >= low) & (v <= high) & (v == np.round(v)))  # NaN and inf fail too
+            if np.any(bad):
+                raise ValueError(
+                    f"hyperparameter {name} = {v[bad].ravel()[0].item()!r} is not a whole number "
+                    f"in int32's range [{low}, {high}]: as a step count it would be truncated "
+                    "or wrap around"
+                )
             continue
         v = np.asarray(value, np.float64)
         with np.errstate(over="ignore"):

@@ -11,6 +11,7 @@ another shape fails with a clear error (``load_state``).
 from __future__ import annotations
 
 import csv
+import fnmatch
 import io
 import json
 import os
@@ -130,6 +131,32 @@ def _manager(directory: str):
     )
 
 
+def check_checkpoint_path(directory: str) -> None:
+    """``directory`` is a folder whose orbax checkpoints can be read back.
+
+    Orbax finds the parts of a saved state with a glob pattern built from the folder's path,
+    and tensorstore reads a backslash as a separator: a path with a ``[...]`` character class
+    in one of its names (``runs/lr[0.1]``) or with a backslash was saved without an error but
+    every restore failed (``load_state``: damaged or unreadable), so the run could never be
+    resumed or extended.
+
+    Args:
+      directory: the checkpoint folder (or a folder above it).
+    Returns:
+      None.
+    Raises:
+      ValueError: a path orbax could not read back, naming the part at fault.
+    """
+    path = os.path.abspath(directory)
+    bad = [part for part in path.split(os.sep) if not fnmatch.fnmatchcase(part, part)]
+    if "\\" in path or bad:
+        what = f"the name {bad[0]!r} (a glob pattern)" if bad else "a backslash"
+        raise ValueError(
+            f"checkpoint folder {path!r}: orbax cannot read back a checkpoint saved under a path "
+            f"with {what}; use a folder whose path has no [...] and no backslash"
+        )
+
+
 def save_state(directory: str, state, step: int = 0) -> None:
     """Checkpoints any pytree of arrays with orbax (``directory/<step>/``), atomically.
 
@@ -147,9 +174,12 @@ def save_state(directory: str, state, step: int = 0) -> None:
     Returns:
       None.
     Raises:
-      ValueError: ``directory`` already holds a checkpoint of this ``step``.
+      ValueError: ``directory`` already holds a checkpoint of this ``step``, or its path is one
+        orbax cannot read back (:func:`check_checkpoint_path`).
     """
     import orbax.checkpoint as ocp
+
+    check_checkpoint_path(directory)
 
     arrays, names, keys = {}, [], []
     for i, (kp, x) in enumerate(_leaves(state)):

@@ -33,19 +33,43 @@ from bchg_jax.core.validate import is_concrete
 Array = jax.Array
 
 
+#: seeds and seed indices are in [0, SEED_LIMIT): ``jax.random.key`` and ``fold_in`` read them
+#: as 32-bit words, so a larger one was another's (base seed 2**32 + 1 gave base seed 1's keys
+#: with jax_enable_x64 off, other keys with it on; seed index 2**32 was index 0) and a negative
+#: base seed gave other keys with x64 on than off
+SEED_LIMIT = 2**32
+
+
+def _check_seed_value(name: str, value) -> None:
+    """``value`` (a base seed or a seed index: an int or a 0-d integer array) is an integer in
+    [0, :data:`SEED_LIMIT`); a traced value is not checked."""
+    if isinstance(value, jax.core.Tracer):
+        return
+    v = np.asarray(value)
+    integer = v.ndim == 0 and np.issubdtype(v.dtype, np.integer) and v.dtype != bool
+    if not integer or not 0 <= int(v) < SEED_LIMIT:
+        raise ValueError(
+            f"{name} must be an integer in [0, 2**32 - 1], got {value!r}: JAX's PRNG reads "
+            "seeds as 32-bit words, so a larger or negative one would give another seed's keys "
+            "(or keys that change with jax_enable_x64)"
+        )
+
+
 def seed_keys(seeds: Sequence[int] | int, base_seed: int = 0) -> Array:
     """Typed keys, one per seed index: fold_in(key(base_seed), i).
 
     Args:
-      seeds: N (seed indices 0..N-1) or a sequence of seed indices.
-      base_seed: seed of the base key.
+      seeds: N (seed indices 0..N-1) or a sequence of seed indices, each in [0, 2**32).
+      base_seed: seed of the base key, an integer in [0, 2**32).
     Returns:
       [N] typed PRNG keys.
     Raises:
       ValueError: no seed, a bool, a negative count, seed indices that are not integers (a
         float was truncated) or that repeat (two runs would be one, and their spread would
-        understate the standard error).
+        understate the standard error), or a base seed or seed index outside [0, 2**32) (JAX
+        reads them as 32-bit words: base seed 2**32 + 1 was base seed 1, index 2**32 was 0).
     """
+    _check_seed_value("base_seed", base_seed)
     if isinstance(seeds, (bool, np.bool_)):
         raise ValueError(f"seeds must be a count or a sequence of seed indices, got {seeds!r}")
     if isinstance(seeds, (int, np.integer)):
@@ -60,6 +84,9 @@ def seed_keys(seeds: Sequence[int] | int, base_seed: int = 0) -> Array:
             raise ValueError(
                 f"seeds must be integer seed indices [N], got {given.dtype} of shape {given.shape}"
             )
+        if given.size and (given.min() < 0 or given.max() >= SEED_LIMIT):
+            bad = given[(given < 0) | (given >= SEED_LIMIT)][0]
+            _check_seed_value("seed index", bad.item())
         if np.unique(given).size != given.size:
             raise ValueError(
                 f"seed indices must be distinct, got {given.tolist()} (a repeated index is the "
@@ -382,13 +409,26 @@ def run_grid(
         ``metrics`` not [G, N, start, ...] (each would silently give a curve of another
         length or another run's); with ``shard=True`` over several processes, a process given
         another grid, ``seeds``, ``iterations``, ``start``, ``chunk`` or ``base_seed`` than
-        process 0 (on every process).
+        process 0 (on every process); ``iterations`` above the trainer's
+        ``config.iteration_limit()`` where it has one (a game trainer's off-policy buffer or
+        cosine learning rate, sized by ``config.iterations``: the runs would silently change
+        past it).
     """
     N = _seed_count(seeds)
     if chunk < 1 or iterations < 1:
         raise ValueError("chunk and iterations must be >= 1")
     if not 0 <= start <= iterations:
         raise ValueError(f"start must be in [0, iterations], got {start}")
+    limit = getattr(trainer.config, "iteration_limit", None)
+    limit = limit() if callable(limit) else None
+    if limit is not None and iterations > limit:
+        raise ValueError(
+            f"run_grid(iterations={iterations}): this trainer was made for {limit} iterations "
+            "and its state or schedule is sized by them (an off-policy buffer, a cosine "
+            f"learning rate), so the runs would change past iteration {limit}; make the "
+            f"trainer with iterations={iterations} (a checkpoint of the shorter run loads "
+            "into it with load_state(..., grow=True))"
+        )
     hp = grid_hparams(trainer, grid)
     G = int(jax.tree.leaves(hp)[0].shape[0])  # grid points (from the HParams)
     _check_continuation(state, start, metrics, G, N)

@@ -86,6 +86,12 @@ class LeaderConfig:
         (``ValueError`` naming the field otherwise)."""
         return validate_checks(self)
 
+    def iteration_limit(self):
+        """The most outer iterations a run of this config trains as configured, or None: an
+        off-policy buffer holds ``episodes * iterations`` episodes, and past that every batch
+        overwrote the last slots (``run_grid`` refuses a longer run)."""
+        return self.iterations if self.buffer == "off" else None
+
 
 def validate_checks(config):
     """``check_config`` with the ``CHECKS`` of ``config``'s class and of every base class that

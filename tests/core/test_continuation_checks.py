@@ -109,6 +109,29 @@ def test_seed_keys_of_given_indices_are_those_of_the_count():
     )
 
 
+@pytest.mark.parametrize(
+    "seeds, base_seed",
+    [(2, 2**32 + 1), (2, -1), (2, 1.0), ([2**32], 0), ([-1], 0), (np.array([2**63], np.uint64), 0)],
+)
+def test_seed_keys_refuses_seeds_that_jax_reads_as_other_seeds(seeds, base_seed):
+    """JAX reads a seed as a 32-bit word: without x64, base seed 2**32 + 1 gave base seed 1's
+    keys (with x64 other ones), index 2**32 gave index 0's, and a negative base seed gave keys
+    that changed with x64; each is now refused."""
+    with pytest.raises(ValueError, match=r"in \[0, 2\*\*32 - 1\]"):
+        seed_keys(seeds, base_seed)
+
+
+def test_seed_keys_at_the_ends_of_the_seed_range_are_the_same_under_x64():
+    def data():
+        return np.asarray(jax.random.key_data(seed_keys([0, 2**32 - 1], 2**32 - 1)))
+
+    off = data()
+    with jax.enable_x64(True):
+        on = data()
+    np.testing.assert_array_equal(off, on)
+    assert not np.array_equal(off[0], off[1])
+
+
 @pytest.mark.slow
 def test_a_resume_under_another_x64_setting_is_refused(tmp_path, capsys):
     from experiments import fourrooms

@@ -105,6 +105,26 @@ def test_join_chunks_joins_along_the_iteration_axis_of_metrics_with_trailing_axe
     assert out["new"].shape == (G, N, 9, 2) and not out["new"][:, :, :4].any()
 
 
+def test_run_grid_refuses_more_iterations_than_an_iteration_sized_trainer_holds():
+    """A toy-game trainer made for 4 iterations with an off-policy buffer (4 batches) ran 8
+    in ``run_grid`` without a word: past iteration 4 every batch overwrote the last slots, and
+    J differed from a trainer made for 8 (by 5e-3 at iteration 5). A cosine learning rate is
+    also sized by ``config.iterations``; trainers whose state is not have no limit."""
+    from bchg_jax.games.lqr.config import ActorConfig
+    from bchg_jax.games.lqr.config import TrainConfig as LQRGameConfig
+    from bchg_jax.games.tabular.train import TrainConfig as GameConfig
+    from bchg_jax.games.tabular.train import make_train as make_train_game
+    from bchg_jax.problems.toy_game import toy_game
+
+    off = make_train_game(toy_game(), "bchg", GameConfig(iterations=4, buffer="off"))
+    with pytest.raises(ValueError, match="made for 4 iterations"):
+        run_grid(off, {"actor_steps": [1]}, 2, 8, verbose=False)
+    assert GameConfig(iterations=4, buffer="off").iteration_limit() == 4
+    assert GameConfig(iterations=4).iteration_limit() is None  # on-policy: the newest batch
+    cosine = LQRGameConfig(iterations=4, actor=ActorConfig(lr_schedule="cosine"))
+    assert cosine.iteration_limit() == 4 and LQRGameConfig(iterations=4).iteration_limit() is None
+
+
 def test_seeds_must_be_a_positive_int():
     """``seeds=2.5`` ran 2 seeds silently; now any seed count that is not a positive int is a
     clear error, before anything is built or run."""
@@ -144,6 +164,21 @@ def test_grid_values_that_the_dtype_rounds_to_zero_or_inf_are_refused(x64):
         tr.train(jax.random.key(0), HParams(beta=1e-46))
 
 
+@pytest.mark.parametrize("steps", [1e10, 2.0**31, np.inf, 2**33])
+def test_step_counts_that_int32_cannot_hold_are_refused_not_wrapped(steps):
+    """A game's ``actor_steps`` of 1e10 (or inf, or 2**31) was cast to int32 -2147483648, and
+    2**33 to 0: the run took no actor step, without a word (``HParams.from_grid`` without the
+    trainer's ``max_steps``, as the library's grid functions take it)."""
+    from bchg_jax.games.tabular.train import HParams
+
+    with pytest.raises(ValueError, match="actor_steps = .* int32"):
+        HParams.from_grid({"actor_steps": [1, steps]})
+    with pytest.raises(ValueError, match="actor_steps = .* int32"):
+        HParams(actor_steps=steps).check_representable(jnp.float32)
+    hp = HParams.from_grid({"actor_steps": [0, 2**31 - 1]})  # int32's own range is kept
+    assert hp.actor_steps.dtype == jnp.int32 and int(hp.actor_steps[1]) == 2**31 - 1
+
+
 @pytest.mark.slow
 def test_progress_line_marks_every_compiling_chunk_and_never_picks_a_nan_point(capsys):
     """The last, shorter chunk compiles again (a new static length): its rate said nothing of
@@ -175,3 +210,22 @@ def test_a_save_removes_the_folder_an_interrupted_save_left(tmp_path):
     save_state(ckpt, {"x": jnp.arange(3.0) + 1}, 75)
     assert not os.path.exists(stale) and checkpoint_step(ckpt) == 75
     np.testing.assert_array_equal(load_state(ckpt, state)["x"], [1.0, 2.0, 3.0])
+
+
+def test_a_checkpoint_path_orbax_cannot_read_back_is_refused_before_saving(tmp_path):
+    """Orbax gathers a saved state's parts with a glob of the folder's path, and tensorstore
+    reads a backslash as a separator: under ``lr[0.1]/`` or ``a\\b/`` the save went through
+    and every restore said the checkpoint was damaged, so the run could not be resumed. Such
+    a path is refused before anything is written; other unusual names round-trip."""
+    from bchg_jax.core.io import load_state, save_state
+
+    state = {"x": jnp.arange(3.0)}
+    for name in ("lr[0.1]", "a\\b"):
+        ckpt = str(tmp_path / name / "checkpoint")
+        with pytest.raises(ValueError, match="cannot read back"):
+            save_state(ckpt, state, 5)
+        assert not os.path.exists(ckpt)
+    for name in ("lr[0.1", "a*b?", "spaced ü €", "x]y"):
+        ckpt = str(tmp_path / name / "checkpoint")
+        save_state(ckpt, {"x": jnp.arange(3.0) + 1}, 5)
+        np.testing.assert_array_equal(load_state(ckpt, state)["x"], [1.0, 2.0, 3.0])

@@ -42,6 +42,8 @@ def test_smoke_run_writes_results(tmp_path):
         ["--smoke", "--batch", "300"],
         ["--smoke", "--method", "magic"],
         ["--smoke", "--lr", "-1"],
+        ["--smoke", "--seed", "4294967297"],  # JAX would read it as --seed 1
+        ["--smoke", "--seed", "-1"],
     ],
 )
 def test_bad_arguments_exit_with_a_message(argv, tmp_path, capsys):
@@ -49,6 +51,17 @@ def test_bad_arguments_exit_with_a_message(argv, tmp_path, capsys):
         cli.main(argv + ["--out", str(tmp_path)])
     assert e.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_an_out_folder_whose_checkpoints_cannot_be_read_back_is_refused(tmp_path, capsys):
+    """A run under ``lr[0.1]/`` trained and saved checkpoints that no resume could read (orbax
+    globs the folder's path); it now exits 2 before anything is made."""
+    out = str(tmp_path / "lr[0.1]")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--smoke", "--out", out, "--exact-out"])
+    assert e.value.code == 2
+    assert "cannot read back" in capsys.readouterr().err
+    assert not os.path.exists(out)
 
 
 def test_batch_shapes():

@@ -189,6 +189,13 @@ class TrainConfig(LeaderConfig):
 
     CHECKS = dict(positive_ints=("follower_max_iters",))
 
+    def iteration_limit(self):
+        """As :meth:`LeaderConfig.iteration_limit`; a ``"cosine"`` learning rate also decays to
+        0 over ``iterations`` (a longer run takes no step past them)."""
+        if self.actor.lr_schedule == "cosine":
+            return self.iterations
+        return super().iteration_limit()
+
     def validate(self) -> "TrainConfig":
         """Host-side range, choice and consistency checks of every part; returns ``self``
         (``ValueError`` naming the field otherwise, e.g. ``CriticConfig.replay``)."""
