@@ -1627,3 +1627,42 @@ def test_lqr_game_rollout_refuses_a_nan_theta():
     game_lqr.rollout(jax.random.key(0), game, theta, resp, 2, 5)
     with pytest.raises(ValueError, match="theta must be finite"):
         game_lqr.rollout(jax.random.key(0), game, theta.at[0].set(jnp.nan), resp, 2, 5)
+
+
+@pytest.mark.parametrize("preset", ["fourrooms", "thermal", "toy_game", "random_tabular_cmdp"])
+def test_presets_refuse_a_dtype_their_tables_cannot_hold(preset):
+    """toy_game(R=2.5, dtype=int32) was a valid game paying R = 2 (bfloat16: R = 2.1 read
+    2.09375); float64 without x64 built float32 tables for a user who asked for float64."""
+    from bchg_jax import problems
+
+    make = {
+        "fourrooms": lambda dt: problems.fourrooms(dtype=dt),
+        "thermal": lambda dt: problems.thermal(dtype=dt),
+        "toy_game": lambda dt: problems.toy_game(2.5, dtype=dt),
+        "random_tabular_cmdp": lambda dt: problems.random_tabular_cmdp(jax.random.key(0), dtype=dt),
+    }[preset]
+    for dt, shown in ((jnp.int32, "float dtype"), (jnp.bfloat16, "bfloat16"), ("x", "'x'")):
+        with pytest.raises(ValueError, match=shown):
+            make(dt)
+    if not jax.config.jax_enable_x64:
+        with pytest.raises(ValueError, match="jax_enable_x64"):
+            make(jnp.float64)
+    make(jnp.float32)
+
+
+def test_random_tabular_presets_name_a_size_that_is_not_a_positive_integer():
+    """num_states=-1 was an MLIRError from inside jax.random, 2.5 a TypeError about shapes,
+    dim=0 a problem with an empty theta; the game's S=-1 numpy's 'negative dimensions'."""
+    from bchg_jax import problems
+
+    key = jax.random.key(0)
+    for kw in ({"num_states": -1}, {"num_states": 2.5}, {"num_actions": 0}, {"dim": 0}):
+        (name,) = kw
+        with pytest.raises(ValueError, match=f"random_tabular_cmdp: {name} must be a positive"):
+            problems.random_tabular_cmdp(key, **kw)
+    for kw in ({"S": -1}, {"A": 0}, {"B": 1.5}):
+        (name,) = kw
+        with pytest.raises(ValueError, match=f"random_tabular_game: {name} must be a positive"):
+            problems.random_tabular_game(**kw)
+    assert problems.random_tabular_cmdp(key, num_states=1).validate().num_states == 1
+    assert problems.random_tabular_game(S=1).num_states == 1

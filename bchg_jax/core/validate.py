@@ -301,6 +301,34 @@ def check_dtype_available(where: str, dtype) -> None:
         )
 
 
+def check_float_dtype(where: str, dtype) -> None:
+    """A problem constructor's ``dtype`` argument: float32, or float64 with ``jax_enable_x64``.
+
+    The presets build their tables with ``jnp.asarray(table, dtype)``, which truncates an
+    integer dtype's rewards (the toy game's R = 2.5 read 2), rounds a 16-bit one and turns
+    float64 into float32 without x64, none of which a later check of the tables can see.
+
+    Args:
+      where: what has the dtype, shown first in the error (``"toy_game: dtype"``).
+      dtype: the requested dtype (anything ``np.dtype`` takes).
+    Returns:
+      None.
+    Raises:
+      ValueError: not a dtype, a non-floating dtype, a 16-bit float, or float64 while
+        ``jax_enable_x64`` is off.
+    """
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as err:
+        raise ValueError(f"{where} must be a float dtype, got {_show_any(dtype)}") from err
+    if not jnp.issubdtype(dt, jnp.floating):
+        raise ValueError(
+            f"{where} must be a float dtype (float32, or float64 with jax_enable_x64), got "
+            f"{dt.name}: the tables would be cast to it"
+        )
+    check_dtype_available(where, dt)
+
+
 # float32 runs of the tabular families warn above this discount: the soft fixed points and the
 # exact hypergradient's implicit derivative lose accuracy as 1 / (1 - gamma) grows. Measured
 # (float32 against float64 exact hypergradients, beta 0.5-1e-3, 2026-12-03): the tabular game

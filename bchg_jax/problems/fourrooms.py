@@ -8,6 +8,10 @@ cell plus one "ineffective" slot):
     r_F(s, b) = 1{s = G} + penalty(s)            (no penalty at G)
     r_L(s, b) = 1{s = T} - lambda 1{s = G} sum_cells |penalty|,   lambda = 5
 
+Both rewards follow the authors' code rather than the paper's formulas: no follower penalty at G
+(the paper adds it there too), and the leader's cost counts each cell's penalty once (the paper's
+sum over (s, b) counts it once per action; ``docs/experiments.md``, "Reward conventions").
+
 G is terminal. Slip: the intended move happens with probability ``p_intended``, each of the three
 other moves with ``(1 - p_intended) / 3``. ``slip_model="paper"`` uses 2/3 everywhere;
 ``slip_model="reference"`` reproduces the authors' code, whose follower model / exact evaluator use
@@ -20,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.core.validate import check_float_dtype
 from bchg_jax.tabular.cmdp import TabularCMDP
 
 LAYOUT = (
@@ -103,8 +108,10 @@ def fourrooms(
       :class:`TabularCMDP` with S = 104 states, B = 4 actions, theta0 [105] zeros, start cell
       'S' (rho_0 one-hot), terminal goal 'G'.
     Raises:
-      ValueError: an unknown ``slip_model`` or a negative ``penalty_budget`` / ``lam``.
+      ValueError: an unknown ``slip_model``, a negative ``penalty_budget`` / ``lam``, or a
+        ``dtype`` that is not float32 (or float64 with ``jax_enable_x64``).
     """
+    check_float_dtype("fourrooms: dtype", dtype)
     if slip_model not in SLIP_MODELS:
         raise ValueError(f"slip_model must be one of {SLIP_MODELS}, got {slip_model!r}")
     if penalty_budget < 0 or lam < 0:

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.core.validate import check_count, check_float_dtype
 from bchg_jax.games.tabular.game import TabularGame
 from bchg_jax.tabular.cmdp import TabularCMDP
 
@@ -40,7 +41,13 @@ def random_tabular_cmdp(
       dtype: float dtype.
     Returns:
       :class:`TabularCMDP` with [S, B, S] transitions, [S] rho_0, [S, B] rewards, theta0 [D].
+    Raises:
+      ValueError: a ``dtype`` that is not float32 (or float64 with ``jax_enable_x64``),
+        or ``num_states``, ``num_actions`` or ``dim`` not a positive integer.
     """
+    check_float_dtype("random_tabular_cmdp: dtype", dtype)
+    for name, value in (("num_states", num_states), ("num_actions", num_actions), ("dim", dim)):
+        check_count(f"random_tabular_cmdp: {name}", value)
     S, B, D = num_states, num_actions, dim
     ks = jax.random.split(key, 9)
     Wp = scale * jax.random.normal(ks[0], (S, B, S, D), dtype)
@@ -71,7 +78,14 @@ def random_tabular_game(
 ) -> TabularGame:
     """A random 2-player :class:`~bchg_jax.games.tabular.game.TabularGame` (validated):
     Dirichlet(1) transitions [S, A, B, S] and initial distribution, N(0, 1) rewards of both
-    players, both discounts ``gamma``, from ``numpy.random.default_rng(seed)``."""
+    players, both discounts ``gamma``, from ``numpy.random.default_rng(seed)``.
+
+    Raises:
+      ValueError: ``S``, ``A`` or ``B`` not a positive integer, or a game ``validate`` refuses
+        (a discount outside [0, 1), a bad ``time_limit``).
+    """
+    for name, value in (("S", S), ("A", A), ("B", B)):
+        check_count(f"random_tabular_game: {name}", value)
     rng = np.random.default_rng(seed)
     return TabularGame(
         jnp.asarray(rng.dirichlet(np.ones(S), size=(S, A, B))),

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.core.validate import check_float_dtype
 from bchg_jax.lq.cmdp import LQConfigurableMDP
 
 Array = jax.Array
@@ -54,7 +55,15 @@ def split_theta(w: Array) -> Tuple[Array, Array]:
       w: [8] leader weights.
     Returns:
       (alpha, beta_air): [4] insulation levels and [4] airflow levels in (0, 1).
+    Raises:
+      ValueError: ``w`` not of shape [8] (a longer one would add its extra entries to the
+        airflow levels' configuration cost while A_theta reads only the first 4 of them).
     """
+    if jnp.shape(w) != (2 * N_ZONES,):
+        raise ValueError(
+            f"thermal: the leader weights w must have shape ({2 * N_ZONES},) (insulation "
+            f"alpha [{N_ZONES}] then airflow beta_air [{N_ZONES}]), got {jnp.shape(w)}"
+        )
     th = jax.nn.sigmoid(w)
     return th[:N_ZONES], th[N_ZONES:]
 
@@ -147,7 +156,16 @@ def thermal(dtype=jnp.float32, horizon: int = 100, init_weights=None) -> LQConfi
     Returns:
       :class:`~bchg_jax.lq.cmdp.LQConfigurableMDP` (n = 4 states, m = 2 actions, theta0 [8],
       gamma_F = gamma_L = 0.9, s_0 ~ N(0, 5^2 I)).
+    Raises:
+      ValueError: ``init_weights`` not of shape [8], or a ``dtype`` that is not float32 (or
+        float64 with ``jax_enable_x64``).
     """
+    check_float_dtype("thermal: dtype", dtype)
+    if init_weights is not None and np.shape(init_weights) != (2 * N_ZONES,):
+        raise ValueError(
+            f"thermal: init_weights must have shape ({2 * N_ZONES},) (insulation alpha "
+            f"[{N_ZONES}] then airflow beta_air [{N_ZONES}]), got {np.shape(init_weights)}"
+        )
     B = jnp.asarray(B_HVAC, dtype)
     theta0 = (
         jnp.zeros((2 * N_ZONES,), dtype)

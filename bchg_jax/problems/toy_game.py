@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.core.validate import check_float_dtype
 from bchg_jax.games.tabular.game import TabularGame
 
 S_, A_, B_ = 0, 1, 2
@@ -35,7 +36,11 @@ def toy_game(
     Returns:
       the validated :class:`~bchg_jax.games.tabular.game.TabularGame`: transition
       [S=3, A=2, B=3, S=3], init_dist [3] (one-hot at S), rewards [3, 2, 3].
+    Raises:
+      ValueError: a ``dtype`` that is not float32 (or float64 with ``jax_enable_x64``): an
+        integer one would truncate R, a 16-bit one round it; or a game ``validate`` refuses.
     """
+    check_float_dtype("toy_game: dtype", dtype)
     P = np.zeros((3, 2, 3, 3))
     rF = np.zeros((3, 2, 3))
     rL = np.zeros((3, 2, 3))

@@ -33,6 +33,17 @@ def test_thermal_dynamics_and_start_value(x64):
     assert -265 < J < -255  # spec: start about -259
 
 
+def test_thermal_refuses_init_weights_that_are_not_eight():
+    """4 weights failed deep in A_theta's indexing; 10 were accepted, A_theta read 8 of them and
+    the configuration cost all 10 (0.1 (4 + 6) 0.25 = 0.25 at zeros instead of 0.2)."""
+    for shape in ((4,), (10,), ()):
+        with pytest.raises(ValueError, match=r"init_weights must have shape \(8,\)"):
+            thermal(init_weights=np.zeros(shape))
+    with pytest.raises(ValueError, match=r"w must have shape \(8,\)"):
+        thermal_A(jnp.zeros(10))
+    assert thermal(init_weights=np.full(8, 0.5)).validate().theta0.shape == (8,)
+
+
 @pytest.mark.slow
 def test_exact_objective_matches_monte_carlo(x64):
     p = thermal(jnp.float64)

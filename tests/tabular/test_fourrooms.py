@@ -58,6 +58,25 @@ def test_rewards_budget_and_goal():
     assert prob.terminal_mask[7] and int(prob.terminal_mask.sum()) == 1
 
 
+def test_reward_conventions_that_depart_from_the_paper_are_documented():
+    """The paper's r_L sums |penalty| over (s, a), 4 times the code's per-cell cost (V_L(S) at
+    the start -2.965 instead of -0.7406 at beta 1e-3), and its r_F penalises G too: both follow
+    the reference code, which the docs must say (they gave the formulas as if the paper's)."""
+    import importlib
+    import os
+
+    # the module itself: the package's attribute of that name is the function
+    module = importlib.import_module("bchg_jax.problems.fourrooms")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "docs", "experiments.md")) as f:
+        docs = " ".join(f.read().split())
+    assert "*Reward conventions.*" in docs
+    assert "no penalty at G (the paper's" in docs and "once per action, 4 times" in docs
+    text = " ".join(module.__doc__.split())
+    assert "no follower penalty at G (the paper adds it there too)" in text
+    assert "counts it once per action" in text
+
+
 def test_bad_options_raise():
     with pytest.raises(ValueError, match="slip_model"):
         fourrooms("sticky")
