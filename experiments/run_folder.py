@@ -476,6 +476,13 @@ def run_method_folder(
             except ValueError as err:  # a damaged checkpoint, or one of other runs
                 fail(f"{err}; delete {out} to train {method} again from iteration 0")
             start = int(np.asarray(state.step).reshape(-1)[0])
+            if start > done:  # each chunk writes its metrics first: only a lost write (a
+                # power cut before the folder's entries reached the disk) or an edit does this
+                fail(
+                    f"{ckpt_path} is at iteration {start} but {metrics_path} records only "
+                    f"{done}: the iterations between have no metrics; delete {out} to train "
+                    f"{method} again from iteration 0"
+                )
             # per-iteration metrics are [G, N, iterations, ...] (some carry trailing axes)
             metrics = {
                 k: v[:, :, :start]

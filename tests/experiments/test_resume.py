@@ -315,6 +315,23 @@ def test_resume_of_a_hand_damaged_folder_says_so(finished_run, tmp_path, capsys)
     assert "not [grid points, seeds, iterations] = [1, 3, ...]" in err and "by hand" in err
 
 
+def test_resume_of_a_checkpoint_ahead_of_its_metrics_says_so(finished_run, tmp_path, capsys):
+    """A chunk writes its metrics before its checkpoint; a folder whose checkpoint is ahead of
+    metrics.npz (a write lost to a power cut, or an edit) ended in a traceback from the sweep's
+    continuation check, now in an error that names both iteration counts."""
+    import shutil
+
+    behind = str(tmp_path / "behind")
+    shutil.copytree(finished_run, behind)
+    path = os.path.join(behind, "naive", "metrics.npz")
+    with np.load(path) as d:
+        data = {k: d[k][:, :, :10] if d[k].ndim >= 3 else d[k] for k in d.files}
+    data.pop("final", None)
+    np.savez(path, **data)
+    err = _error(fourrooms.main, ["--resume", behind, "--iterations", "30"], capsys)
+    assert "is at iteration 20" in err and "records only 10" in err
+
+
 def _exit_code_as_in_a_terminal(run: str, iterations: int) -> int:
     """The exit code of a one-seed ``naive`` Four-Rooms run into ``run`` (chunks of 10) that is
     to be interrupted, with SIGINT's default handler as under a terminal."""
