@@ -108,14 +108,17 @@ def fourrooms(
       :class:`TabularCMDP` with S = 104 states, B = 4 actions, theta0 [105] zeros, start cell
       'S' (rho_0 one-hot), terminal goal 'G'.
     Raises:
-      ValueError: an unknown ``slip_model``, a negative ``penalty_budget`` / ``lam``, or a
-        ``dtype`` that is not float32 (or float64 with ``jax_enable_x64``).
+      ValueError: an unknown ``slip_model``, a ``penalty_budget`` / ``lam`` that is not a
+        finite number >= 0, or a ``dtype`` that is not float32 (or float64 with
+        ``jax_enable_x64``).
     """
     check_float_dtype("fourrooms: dtype", dtype)
     if slip_model not in SLIP_MODELS:
         raise ValueError(f"slip_model must be one of {SLIP_MODELS}, got {slip_model!r}")
-    if penalty_budget < 0 or lam < 0:
-        raise ValueError("penalty_budget and lam must be >= 0")
+    for name, value in (("penalty_budget", penalty_budget), ("lam", lam)):
+        v = np.asarray(value)
+        if v.ndim != 0 or not np.issubdtype(v.dtype, np.number) or not 0 <= float(v) < np.inf:
+            raise ValueError(f"fourrooms: {name} must be a finite number >= 0, got {value!r}")
     cells, _, marks = _cells()
     S, start, goal, target = len(cells), marks["S"], marks["G"], marks["T"]
     sampler = jnp.asarray(slip_transition(PAPER_P_INTENDED), dtype)

@@ -80,3 +80,8 @@ def test_reward_conventions_that_depart_from_the_paper_are_documented():
 def test_bad_options_raise():
     with pytest.raises(ValueError, match="slip_model"):
         fourrooms("sticky")
+    # an array was numpy's "truth value ... ambiguous"; NaN reached the tables
+    for kw in ({"penalty_budget": np.array([0.1, 0.2])}, {"lam": float("nan")}, {"lam": -1.0}):
+        (name,) = kw
+        with pytest.raises(ValueError, match=f"fourrooms: {name} must be a finite number >= 0"):
+            fourrooms(**kw)
