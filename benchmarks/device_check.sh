@@ -14,7 +14,11 @@
 #   bash benchmarks/device_check.sh [OUTDIR] [EXPERIMENTS]
 # EXPERIMENTS: the scaling table's experiments, comma-separated (default:
 # fourrooms,thermal,toy_game,lqr_game; "none" skips steps 2 and 3).
-# The steps' limits add up to 7.8 minutes. If ./.whl holds wheels (packages the GPU machine
+# On an NVIDIA H200 (2026-12-04, jax 0.11.2) the check takes about 7.5 minutes, most of it
+# compiling (12-21 s per scaling row: each number of runs is its own program); the steps' limits
+# (fourrooms_throughput 75 s, thermal_faithful 45 s, scaling 95 / 120 / 100 / 115 s for
+# fourrooms / thermal / toy_game / lqr_game) add up to 9.2 minutes, and steps.txt records how
+# long each step took. If ./.whl holds wheels (packages the GPU machine
 # lacks, e.g. distrax), they are installed into /tmp/site first (unless BCHG_WHEELS_DONE=1:
 # benchmarks/gpu_session.sh installed them). DEVICE_CHECK_SMOKE=1 shrinks every step (a few
 # iterations, 1 and 10 runs, limits x8; the faithful thermal step runs 1 MLP iteration, 1-5 min
@@ -35,26 +39,37 @@ fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
 failed=()
 step() {   # step NAME LIMIT_S COMMAND...: run with a time limit, tee to OUT/NAME.txt
-  local name="$1" limit="$2"
+  local name="$1" limit="$2" t0
   shift 2
+  t0=$(date +%s)
   timeout "$((limit * scale))" "$@" 2>&1 | grep -v Warning | tee "$out/$name.txt"
   local rc="${PIPESTATUS[0]}"
+  echo "$name: $(($(date +%s) - t0)) s of its $((limit * scale)) s limit, exit $rc" >> "$out/steps.txt"
   if [ "$rc" -ne 0 ]; then
     [ "$rc" -eq 124 ] && why="ran past its $((limit * scale)) s limit" || why="exit $rc"
     failed+=("$name ($why)")
   fi
 }
+scaling_limit() {  # seconds for one experiment's scaling step: 4 rows, each compiled anew
+  case "$1" in
+    thermal) echo 120 ;;
+    lqr_game) echo 115 ;;
+    toy_game) echo 100 ;;
+    *) echo 95 ;;
+  esac
+}
+: > "$out/steps.txt"
 {
   date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
   python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
 } 2>&1 | tee "$out/header.txt"
-step fourrooms_throughput 110 python3 -m benchmarks.fourrooms_throughput --iterations "$grid_its" \
+step fourrooms_throughput 75 python3 -m benchmarks.fourrooms_throughput --iterations "$grid_its" \
   --single-iterations "$single_its" --solvers dense sparse --fail-on-cap
 if [ "$experiments" != none ]; then
-  step thermal_faithful 60 python3 -m benchmarks.thermal_throughput --methods bchg --seeds 1 \
+  step thermal_faithful 45 python3 -m benchmarks.thermal_throughput --methods bchg --seeds 1 \
     --only-mlp --mlp-iterations "$mlp_its" --fail-on-cap
   for e in ${experiments//,/ }; do
-    step "scaling_$e" 75 python3 -m benchmarks.scaling --experiments "$e" \
+    step "scaling_$e" "$(scaling_limit "$e")" python3 -m benchmarks.scaling --experiments "$e" \
       --runs $runs --iterations 2 --profile-runs $profile --reference --fail-on-cap
   done
 fi

@@ -40,8 +40,9 @@ seconds. ``--chunk N`` sets the iterations per jitted chunk (each chunk ends wit
 
 On a GPU one panel (every method + exact, 10 seeds x 10,000 iterations) is
 ``python -m benchmarks.fourrooms_figure run --panels 100:1e-3 --out OUT --compact OUT/compact
---method-workers 7 --chunk 1000`` then ``python -m benchmarks.fourrooms_figure compare --compact
-OUT/compact``; ``benchmarks/gpu_session.sh`` runs both after the device check, in one call.
+--chunk 1000`` (the methods one after another: side by side they take turns on the card) then
+``python -m benchmarks.fourrooms_figure compare --compact OUT/compact``;
+``bash benchmarks/gpu_session.sh --panel-only`` runs both.
 """
 
 from __future__ import annotations
@@ -275,8 +276,10 @@ def main(argv=None):
         default=1,
         help="run: train each panel's methods as this many concurrent processes, each method "
         "in its own run folder under OUT/batchB_betaX/by_method/ (default 1: one process per "
-        "panel). For a GPU, where the compiles overlap and the methods' small kernels share "
-        "the card",
+        "panel). For a CPU with cores to spare, where the compiles overlap; not for one GPU: "
+        "processes there take turns on the card, and each Four-Rooms iteration waits on the "
+        "host at every solver sweep: seven side by side ran bchg over 20x slower than alone "
+        "(H200, 2026-12-04; docs/performance.md)",
     )
     p.add_argument(
         "--chunk",

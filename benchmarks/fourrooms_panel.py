@@ -140,9 +140,11 @@ def _parts(run_dir: str):
 def _train_by_method(run_dir: str, methods, workers: int, args: dict) -> None:
     """Trains each method of a panel as its own process (``workers`` at a time, costliest
     first), each into ``run_dir/by_method/<method>``: a run folder of one method, resumed if it
-    exists. On a GPU the processes' compiles overlap and their small kernels share the card;
-    each child is told not to preallocate GPU memory (``XLA_PYTHON_CLIENT_PREALLOCATE=false``,
-    unless set) so that they fit side by side."""
+    exists. On a CPU with cores to spare their compiles overlap. On one GPU they take turns on
+    the card and each waits out the others' turns at every solver sweep (the loops hand their
+    condition to the host): run them one at a time there (docs/performance.md, "Four-Rooms on
+    one GPU"). Each child is told not to preallocate GPU memory
+    (``XLA_PYTHON_CLIENT_PREALLOCATE=false``, unless set) so that several fit."""
     from concurrent.futures import ThreadPoolExecutor
 
     env = dict(os.environ)

@@ -2,12 +2,19 @@
 # A whole GPU session as one script of at most 9 minutes (GPU_SESSION_BUDGET), for a remote job
 # of 10 minutes:
 #   1. benchmarks/device_check.sh: throughput of all four experiments, failing on any capped
-#      solve or skipped update (its steps' limits add up to 7.8 minutes; on an H200 it should
-#      take about half of that), with a profile of each experiment's 1- and 10,000-run chunk;
+#      solve or skipped update (about 7.5 minutes on an H200, 2026-12-04; its steps' limits add
+#      up to 9.2), with a profile of each experiment's 1- and 10,000-run chunk;
 #   2. one complete Four-Rooms panel (batch 100, beta 1e-3: every method + exact, 10 seeds x
-#      10,000 iterations), its methods trained side by side (--method-workers 7), in the time
-#      left of the budget; then `fourrooms_figure compare` against the committed CPU tables
-#      (each panel from the newest);
+#      10,000 iterations), its methods trained one after another in one process
+#      (GPU_SESSION_METHOD_WORKERS, default 1), in the time left of the budget; then
+#      `fourrooms_figure compare` against the committed CPU tables (each panel from the newest).
+#      Not side by side: on one GPU, processes take turns on the card, and a Four-Rooms
+#      iteration is a chain of ~1,200 small kernels whose solver loops hand their condition to
+#      the host at every sweep, so each waits out the others' turns. Seven processes side by
+#      side (H200, 2026-12-04) ran bchg's 240 runs at over 0.1 s per iteration (no chunk of
+#      1,000 iterations in a sitting of 121 s), against 4.5 ms alone in the device check.
+#      After the check (~7.5 min) a 9-minute call leaves too little for the panel: give it a
+#      call of its own (--panel-only);
 #   3. if time is left, `benchmarks.fourrooms_parts`: where a Four-Rooms iteration goes.
 # It writes at most six files to OUTDIR, few and shallow, so that a remote job copies little back:
 # RESULT.txt (one line per part: passed / failed / not finished), header.txt, device_check.txt,
@@ -18,16 +25,19 @@
 # Usage (repository root):
 #   bash benchmarks/gpu_session.sh [--smoke] [--panel-only] [OUTDIR]
 # Without --panel-only the work folder results/gpu_session/ (git-ignored) starts empty.
-# --panel-only skips the device check and continues the panel in that folder: a second call on
-#   the same machine finishes a panel that ran out of time (the work folder must still be
-#   there), e.g. `bash benchmarks/gpu_session.sh --panel-only $OUT`.
+# --panel-only skips the device check and starts the panel, or continues it in that folder: a
+#   call of its own for the panel (the check leaves it too little time), and further calls on
+#   the same machine finish a panel that ran out of time (the work folder must still be there),
+#   e.g. `bash benchmarks/gpu_session.sh --panel-only $OUT`.
 # --smoke tries the plumbing on a CPU in a few minutes: every device-check step shrunk,
 #   a panel of 2 seeds x 30 iterations (its comparison is printed, not judged), in
 #   results/gpu_session_smoke/. Exit status: 0 when every part passed, 1 otherwise.
 # GPU_SESSION_BUDGET (seconds, default 540) is the wall-clock budget of the whole script; the
 # panel gets what the device check leaves, minus 30 s kept for the bundle. GPU_SESSION_WORK
-# overrides the work folder. Fetch the wheels beforehand, on a machine that reaches a package
-# index (bash benchmarks/gpu_wheels.sh), copy ./.whl with the checkout, and give the job 600 s.
+# overrides the work folder; GPU_SESSION_METHOD_WORKERS the panel's --method-workers (1; 7 with
+# --smoke); a panel started with one number of workers continues in its layout. Fetch the
+# wheels beforehand, on a machine that reaches a package index (bash benchmarks/gpu_wheels.sh),
+# copy ./.whl with the checkout, and give the job 600 s.
 set -uo pipefail
 smoke=0 panel_only=0 out=""
 for arg in "$@"; do
@@ -57,11 +67,13 @@ if [ "$smoke" = 0 ] && compgen -G ".whl/*.whl" > /dev/null; then
   fi
 fi
 export BCHG_WHEELS_DONE=1 PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
-if [ "$smoke" = 1 ]; then
+if [ "$smoke" = 1 ]; then  # on a CPU the methods' compiles overlap: seven processes
   export DEVICE_CHECK_SMOKE=1
   panel_args=(--seeds 2 --iterations 30 --chunk 10)
+  method_workers="${GPU_SESSION_METHOD_WORKERS:-7}"
 else
   panel_args=(--seeds 10 --iterations 10000 --chunk 1000)
+  method_workers="${GPU_SESSION_METHOD_WORKERS:-1}"
 fi
 : > "$work/RESULT.txt"  # this call's parts only
 result() { echo "$*" | tee -a "$work/RESULT.txt"; }
@@ -101,7 +113,7 @@ if [ "$panel_only" = 0 ]; then
   bash benchmarks/device_check.sh "$work/check"
   rc=$?
   for f in header fourrooms_throughput thermal_faithful scaling_fourrooms scaling_thermal \
-    scaling_toy_game scaling_lqr_game FAILED PASSED; do
+    scaling_toy_game scaling_lqr_game steps FAILED PASSED; do
     [ -f "$work/check/$f.txt" ] && { echo "### $f"; cat "$work/check/$f.txt"; }
   done > "$work/device_check.txt"
   if [ "$rc" = 0 ]; then
@@ -123,7 +135,7 @@ if [ "$panel_limit" -lt 60 ]; then
 else
   t0=$(date +%s)
   timeout "$panel_limit" python3 -m benchmarks.fourrooms_figure run --panels 100:1e-3 \
-    --out "$work/fig" --compact "$work/compact" --method-workers 7 "${panel_args[@]}" \
+    --out "$work/fig" --compact "$work/compact" --method-workers "$method_workers" "${panel_args[@]}" \
     2>&1 | grep -v Warning | tee -a "$work/panel.txt"
   rc=${PIPESTATUS[0]}
   if [ "$rc" = 0 ]; then

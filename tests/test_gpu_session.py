@@ -41,6 +41,17 @@ def test_smoke_session_checks_trains_the_panel_and_bundles_six_files(tmp_path):
     check = (out / "device_check.txt").read_text()
     for step in ("fourrooms_throughput", "thermal_faithful", "scaling_lqr_game", "PASSED"):
         assert f"### {step}" in check
+    # each step's duration against its limit, so that the limits can be sized from a GPU run
+    steps = check.split("### steps\n")[1].split("###")[0].splitlines()
+    assert [line.split(":")[0] for line in steps] == [
+        "fourrooms_throughput",
+        "thermal_faithful",
+        "scaling_fourrooms",
+        "scaling_thermal",
+        "scaling_toy_game",
+        "scaling_lqr_game",
+    ]
+    assert all(line.endswith("exit 0") and " s of its " in line for line in steps), steps
     with tarfile.open(out / "gpu_session.tgz") as t:
         names = set(t.getnames())
     with tarfile.open(out / "compact.tgz") as t:
