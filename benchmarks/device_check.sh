@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One short GPU check (under 8 minutes) that fails (exit 1) when any run's solver hits its cap.
 #   1. Four-Rooms throughput: one run and the paper's 240-run grid, dense and sparse solvers.
-#   2. Thermal with the paper's faithful MLP critics, 1 run (their matmuls keep JAX's default).
+#   2. Thermal with the paper's faithful MLP critics, 1 run (their matmuls keep JAX's default),
+#      profiled.
 #   3. The scaling table of every experiment's trainer at 1 / 100 / 1000 / 10,000 vmapped runs,
 #      the 1- and 10,000-run chunks also profiled (kernels, device busy time, costliest kernels
 #      per iteration: what bounds them).
@@ -67,7 +68,7 @@ step fourrooms_throughput 75 python3 -m benchmarks.fourrooms_throughput --iterat
   --single-iterations "$single_its" --solvers dense sparse --fail-on-cap
 if [ "$experiments" != none ]; then
   step thermal_faithful 45 python3 -m benchmarks.thermal_throughput --methods bchg --seeds 1 \
-    --only-mlp --mlp-iterations "$mlp_its" --fail-on-cap
+    --only-mlp --mlp-iterations "$mlp_its" --profile --fail-on-cap
   for e in ${experiments//,/ }; do
     step "scaling_$e" "$(scaling_limit "$e")" python3 -m benchmarks.scaling --experiments "$e" \
       --runs $runs --iterations 2 --profile-runs $profile --reference --fail-on-cap

@@ -1,13 +1,15 @@
 """Thermal-control throughput: compile time and per-outer-iteration time, 1 and 10 vmapped seeds.
 
 ``python -m benchmarks.thermal_throughput [--iterations N] [--mlp-iterations M]
-[--methods bchg,...] [--seeds 1 10] [--skip-mlp | --only-mlp] [--fail-on-cap]``
+[--methods bchg,...] [--seeds 1 10] [--skip-mlp | --only-mlp] [--fail-on-cap] [--profile]``
 
 Modes: the fast quadratic (LSTD) critic and the paper's faithful MLP critics (64-64, 5000 Adam
 steps from the same initial parameters every iteration). Compile time is measured on a first
 call of the same jitted chunk and excluded from the per-iteration figures. Each row also gives
 the share of run-iterations whose Riccati solve hit its cap and the skipped updates;
-``--fail-on-cap`` exits with status 3 after the table if any row has either.
+``--fail-on-cap`` exits with status 3 after the table if any row has either. ``--profile`` calls
+each row's chunk once more under the profiler and prints what bounds it (kernels and copies per
+iteration, the device's busy share, the costliest kernels: :mod:`benchmarks.profile_trace`).
 """
 
 from __future__ import annotations
@@ -22,15 +24,17 @@ from bchg_jax import lq
 from bchg_jax.core.health import solver_health
 from bchg_jax.problems.thermal import thermal
 from benchmarks._timing import report_unhealthy, time_chunks, unhealthy
+from benchmarks.profile_trace import HEADER, summary_row
 
 
-def measure(method, config, seeds, iterations):
-    """(compile s, s per iteration, solver health) of ``seeds`` vmapped runs."""
+def measure(method, config, seeds, iterations, profile=False):
+    """(compile s, s per iteration, solver health, profile summary, its failure text or None)
+    of ``seeds`` vmapped runs."""
     trainer = lq.make_train(thermal(), method, config)
-    comp, per, m = time_chunks(
-        trainer, {"lr": np.array([0.1])}, seeds, iterations, with_metrics=True
+    comp, per, m, *prof = time_chunks(
+        trainer, {"lr": np.array([0.1])}, seeds, iterations, with_metrics=True, profile=profile
     )
-    return comp, per, solver_health(m)
+    return comp, per, solver_health(m), (prof[0] if prof else None)
 
 
 def main(argv=None):
@@ -45,6 +49,11 @@ def main(argv=None):
         "--fail-on-cap",
         action="store_true",
         help="exit 3 if any Riccati solve hit its cap or an update was skipped",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="call each row's chunk once more under jax.profiler and print what bounds it",
     )
     a = p.parse_args(argv)
     print(
@@ -70,12 +79,17 @@ def main(argv=None):
                 a.mlp_iterations,
             )
         )
-    bad = []
+    bad, profiles = [], []
     for name, config, its in modes:
         for method in a.methods.split(","):
             for seeds in a.seeds:
-                comp, per, h = measure(method, config, seeds, its)
+                comp, per, h, prof = measure(method, config, seeds, its, a.profile)
                 critic = "none (exact)" if method == "exact" else name
+                label = f"{method} {name} x{seeds}"
+                if isinstance(prof, str):
+                    profiles.append(f"| {label} | no profile: {prof} |")
+                elif prof is not None:
+                    profiles.append(summary_row(label, prof))
                 print(
                     f"| {method} | {critic} | {seeds} | {comp:.1f} | {per:.4f} | "
                     f"{per / seeds:.4f} | {h['capped_share']:.2%} | {h['update_skipped']} |",
@@ -83,6 +97,9 @@ def main(argv=None):
                 )
                 if unhealthy(h):
                     bad.append(f"{method} {name} {seeds} seeds")
+    if profiles:
+        print("\nProfiled (one more call of the same chunk under jax.profiler):\n" + HEADER)
+        print("\n".join(profiles), flush=True)
     report_unhealthy(bad, a.fail_on_cap)
 
 

@@ -84,3 +84,20 @@ def test_a_device_backend_without_device_events_is_an_error_not_zeros(monkeypatc
     )
     assert events == [kernel, copy] and where == ["/device:GPU:0 Stream #7"]
     assert profile_trace.is_copy("MemcpyD2H") and not profile_trace.is_copy("loop_fusion")
+
+
+@pytest.mark.slow
+def test_thermal_throughput_prints_what_bounds_each_row(capsys):
+    """``benchmarks.thermal_throughput --profile`` (the device check's faithful thermal step)
+    adds a profile row per timed row, read from the same compiled chunk."""
+    from benchmarks import thermal_throughput
+
+    thermal_throughput.main(
+        "--skip-mlp --methods bchg --seeds 1 --iterations 2 --profile --fail-on-cap".split()
+    )
+    out = capsys.readouterr().out
+    assert "| bchg | quadratic_loo | 1 |" in out
+    rows = out.split("Profiled (one more call of the same chunk under jax.profiler):\n")[1]
+    row = rows.splitlines()[2]
+    assert row.startswith("| bchg quadratic_loo x1 | ") and "no profile" not in row
+    assert row.count("|") == HEADER.splitlines()[0].count("|")
