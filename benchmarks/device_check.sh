@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One short GPU check (under 8 minutes) that fails (exit 1) when any run's solver hits its cap.
+# One short GPU check (about 7.5 minutes on an H200) that fails (exit 1) when any run's solver
+# hits its cap.
 #   1. Four-Rooms throughput: one run and the paper's 240-run grid, dense and sparse solvers.
 #   2. Thermal with the paper's faithful MLP critics, 1 run (their matmuls keep JAX's default),
 #      profiled.

@@ -13,8 +13,8 @@
 #      the host at every sweep, so each waits out the others' turns. Seven processes side by
 #      side (H200, 2026-12-04) ran bchg's 240 runs at over 0.1 s per iteration (no chunk of
 #      1,000 iterations in a sitting of 121 s), against 4.5 ms alone in the device check.
-#      After the check (~7.5 min) a 9-minute call leaves too little for the panel: give it a
-#      call of its own (--panel-only);
+#      After the check (~7.5 min) a 9-minute call leaves too little for the panel: give each a
+#      call of its own (--check-only, --panel-only);
 #   3. if time is left, `benchmarks.fourrooms_parts`: where a Four-Rooms iteration goes.
 # It writes at most six files to OUTDIR, few and shallow, so that a remote job copies little back:
 # RESULT.txt (one line per part: passed / failed / not finished), header.txt, device_check.txt,
@@ -23,12 +23,14 @@
 # timings, the GPU utilisation log). A machine whose JAX has no GPU backend stops at once.
 #
 # Usage (repository root):
-#   bash benchmarks/gpu_session.sh [--smoke] [--panel-only] [OUTDIR]
+#   bash benchmarks/gpu_session.sh [--smoke] [--panel-only | --check-only] [OUTDIR]
 # Without --panel-only the work folder results/gpu_session/ (git-ignored) starts empty.
 # --panel-only skips the device check and starts the panel, or continues it in that folder: a
 #   call of its own for the panel (the check leaves it too little time), and further calls on
 #   the same machine finish a panel that ran out of time (the work folder must still be there),
 #   e.g. `bash benchmarks/gpu_session.sh --panel-only $OUT`.
+# --check-only runs the device check (and fourrooms_parts if time is left), not the panel: with
+#   a 10-minute call, one call --check-only and one --panel-only (about 7.5 + 5-8 minutes).
 # --smoke tries the plumbing on a CPU in a few minutes: every device-check step shrunk,
 #   a panel of 2 seeds x 30 iterations (its comparison is printed, not judged), in
 #   results/gpu_session_smoke/. Exit status: 0 when every part passed, 1 otherwise.
@@ -39,15 +41,20 @@
 # wheels beforehand, on a machine that reaches a package index (bash benchmarks/gpu_wheels.sh),
 # copy ./.whl with the checkout, and give the job 600 s.
 set -uo pipefail
-smoke=0 panel_only=0 out=""
+smoke=0 panel_only=0 check_only=0 out=""
 for arg in "$@"; do
   case "$arg" in
     --smoke) smoke=1 ;;
     --panel-only) panel_only=1 ;;
+    --check-only) check_only=1 ;;
     -*) echo "unknown option $arg" >&2; exit 2 ;;
     *) out="$arg" ;;
   esac
 done
+if [ "$panel_only" = 1 ] && [ "$check_only" = 1 ]; then
+  echo "--panel-only and --check-only exclude each other" >&2
+  exit 2
+fi
 out="${out:-${OUT:-/tmp/gpu_session}}"
 mkdir -p "$out" && out="$(cd "$out" && pwd)"
 budget="${GPU_SESSION_BUDGET:-540}"
@@ -91,7 +98,8 @@ def ver(n):
     except E:
         return '-'
 print('python', sys.version.split()[0], *(n + ' ' + ver(n) for n in names.split()))"
-  echo "budget ${budget} s, smoke ${smoke}, panel-only ${panel_only}, wheels ${wheels}"
+  echo "budget ${budget} s, smoke ${smoke}, panel-only ${panel_only}, check-only ${check_only}, \
+wheels ${wheels}"
 } 2>&1 | tee "$work/header.txt"
 [ "$wheels" = "FAILED to install" ] && result "wheels: FAILED to install (header.txt)"
 backend="$(python3 -c 'import jax; print(jax.default_backend())' 2> /dev/null)"
@@ -130,7 +138,9 @@ if command -v nvidia-smi > /dev/null; then
   nvidia-smi dmon -s u -d 5 > "$work/dmon.txt" 2>&1 &
   dmon=$!
 fi
-if [ "$panel_limit" -lt 60 ]; then
+if [ "$check_only" = 1 ]; then
+  :  # the panel gets a call of its own (--panel-only)
+elif [ "$panel_limit" -lt 60 ]; then
   result "panel: not started (${panel_limit} s left); continue with --panel-only"
 else
   t0=$(date +%s)
@@ -178,7 +188,10 @@ result "total: $(($(date +%s) - t_start)) s of the ${budget} s budget"
   # in a file of their own: each file that comes back must stay under 16 MiB
   [ -d compact ] && tar czf "$out/compact.tgz" compact
 )
-for f in RESULT.txt header.txt device_check.txt panel.txt; do
+files=(RESULT.txt header.txt)  # and the parts this call ran (a work folder keeps earlier ones)
+[ "$panel_only" = 1 ] || files+=(device_check.txt)
+[ "$check_only" = 1 ] || files+=(panel.txt)
+for f in "${files[@]}"; do
   [ -f "$work/$f" ] && cp "$work/$f" "$out/$f"
 done
 grep -q "FAILED\|NOT FINISHED\|not started\|no GPU" "$work/RESULT.txt" && exit 1

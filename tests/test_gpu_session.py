@@ -1,4 +1,4 @@
-"""``benchmarks/gpu_session.sh --smoke``: the one-call GPU session's plumbing, on the CPU. A GPU
+"""``benchmarks/gpu_session.sh --smoke``: the GPU session's plumbing, on the CPU. A GPU
 lease is short and rare; this is what keeps its script from failing on the day."""
 
 import os
@@ -24,19 +24,19 @@ def _session(out, work, *flags, budget=1500, smoke=True):  # a slow 2-core CPU t
     )
 
 
-def test_smoke_session_checks_trains_the_panel_and_bundles_six_files(tmp_path):
+def test_smoke_session_checks_then_trains_the_panel_in_calls_of_their_own(tmp_path):
+    """The plan for a lease of 10-minute calls: ``--check-only``, then ``--panel-only`` in the
+    same work folder; each call bundles its files in at most six."""
     out, work = tmp_path / "out", tmp_path / "work"
-    proc = _session(out, work)
+    proc = _session(out, work, "--check-only")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = (out / "RESULT.txt").read_text()
-    assert "device check: passed" in result and "panel: complete" in result
+    assert "device check: passed" in result and "panel" not in result
     assert sorted(os.listdir(out)) == [
         "RESULT.txt",
-        "compact.tgz",
         "device_check.txt",
         "gpu_session.tgz",
         "header.txt",
-        "panel.txt",
     ]
     check = (out / "device_check.txt").read_text()
     for step in ("fourrooms_throughput", "thermal_faithful", "scaling_lqr_game", "PASSED"):
@@ -53,24 +53,44 @@ def test_smoke_session_checks_trains_the_panel_and_bundles_six_files(tmp_path):
     ]
     assert all(line.endswith("exit 0") and " s of its " in line for line in steps), steps
     with tarfile.open(out / "gpu_session.tgz") as t:
+        assert "check/PASSED.txt" in t.getnames()
+
+    # the panel in a call of its own, without the device check
+    out = tmp_path / "out2"
+    proc = _session(out, work, "--panel-only")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = (out / "RESULT.txt").read_text()
+    assert "panel: complete" in result and "device check" not in result
+    assert sorted(os.listdir(out)) == [
+        "RESULT.txt",
+        "compact.tgz",
+        "gpu_session.tgz",
+        "header.txt",
+        "panel.txt",
+    ]
+    with tarfile.open(out / "gpu_session.tgz") as t:
         names = set(t.getnames())
     with tarfile.open(out / "compact.tgz") as t:
         assert "compact/batch100_beta1e-3/wall.json" in t.getnames()
-    assert "check/PASSED.txt" in names
     assert "fig/batch100_beta1e-3/by_method/bchg/bchg/metrics.jsonl" in names
     assert not any("checkpoint" in n for n in names)
     assert "7 method worker(s)" in (out / "panel.txt").read_text()
 
-    # a second call continues the (here complete) panel without the device check
-    proc = _session(tmp_path / "out2", work, "--panel-only")
+    # a further call continues the (here complete) panel
+    proc = _session(tmp_path / "out3", work, "--panel-only")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = (tmp_path / "out2" / "RESULT.txt").read_text()
-    assert "panel: complete" in result and "device check" not in result
+    assert "panel: complete" in (tmp_path / "out3" / "RESULT.txt").read_text()
 
     # too little time left for the panel: said, and the exit status says it
-    proc = _session(tmp_path / "out3", work, "--panel-only", budget=50)
+    proc = _session(tmp_path / "out4", work, "--panel-only", budget=50)
     assert proc.returncode == 1
-    assert "panel: not started" in (tmp_path / "out3" / "RESULT.txt").read_text()
+    assert "panel: not started" in (tmp_path / "out4" / "RESULT.txt").read_text()
+
+
+def test_the_panel_only_and_check_only_calls_exclude_each_other(tmp_path):
+    proc = _session(tmp_path / "out", tmp_path / "work", "--panel-only", "--check-only")
+    assert proc.returncode == 2 and "exclude each other" in proc.stderr
+    assert not (tmp_path / "work").exists()
 
 
 def test_a_machine_without_a_gpu_backend_stops_at_once(tmp_path):
