@@ -149,7 +149,9 @@ def read_table(path: str) -> dict:
                 panels = [c.split(":")[0] for c in cells[1:]]
             elif line.startswith("| ") and panels and cells[0] in by_label:
                 for panel, cell in zip(panels, cells[1:], strict=False):
-                    mean, _, rest = cell.partition(" +- ")
+                    mean, sep, rest = cell.partition(" +- ")
+                    if not sep:  # "-": the method is not in that panel (a row of several)
+                        continue
                     out.setdefault(panel, {})[by_label[cells[0]]] = {
                         "mean": float(mean),
                         "se": float(rest.split()[0]),
@@ -183,7 +185,7 @@ def compare(compact: str, reference: str, max_se: float, abs_tol: float = 1e-3) 
     found = [pe for pe in panels_found(compact) if pe in ref_of]
     if not found:
         raise SystemExit(f"error: no panel is in both {compact} and {reference}")
-    ok, spread = True, 0
+    ok, spread, compared = True, 0, 0
     print("| panel | method | this run | reference | difference / SE | within |")
     print("|---|---|---:|---:|---:|---|")
     for b, e in found:
@@ -204,6 +206,7 @@ def compare(compact: str, reference: str, max_se: float, abs_tol: float = 1e-3) 
             z = diff / se if se > 0 else (0.0 if diff == 0 else math.inf)
             within = z <= max_se or diff <= abs_tol
             ok &= within
+            compared += 1
             print(
                 f"| {panel_name(b, e)} | {m} | {a['mean']:.4f} +- {a['se']:.4f} | "
                 f"{r['mean']:.4f} +- {r['se']:.4f} | {z:.2f} | {'yes' if within else 'NO'} |"
@@ -223,6 +226,11 @@ def compare(compact: str, reference: str, max_se: float, abs_tol: float = 1e-3) 
                     else ""
                 )
             )
+    if not compared:  # nothing agreed with anything: not a pass
+        raise SystemExit(
+            f"error: no method is in both {compact} and {reference} (panels "
+            f"{', '.join(panel_name(*pe) for pe in found)}); nothing was compared"
+        )
     if spread:  # read a single miss with this in mind
         p_one = math.erfc(max_se / math.sqrt(2))
         print(

@@ -14,7 +14,16 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 # summary entries that are not hyperparameters of the best grid point
-NOT_HPARAMS = ("method", "mean", "se", "wall_s", "health", "window", "nonfinite_seeds")
+NOT_HPARAMS = (
+    "method",
+    "mean",
+    "se",
+    "wall_s",
+    "health",
+    "grid_health",
+    "window",
+    "nonfinite_seeds",
+)
 # summary.csv columns of the solver-health flags (bchg_jax.core.health.FLAGS): the share of
 # capped solves and the counts of skipped updates, sampler-support losses, float32-rounded
 # follower logits and non-finite exact returns (0 where the trainer does not record the flag)
@@ -106,6 +115,11 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
                 f"(of {health['run_iterations']} run-iterations)"
             )
             warning = health_warning(health)
+            if not warning and health_warning(per_point[best]):  # diluted by the grid
+                warning = (
+                    f"the best grid point ({grid_label(method, grid, best)}): "
+                    f"{health_text(per_point[best])}\n" + health_warning(per_point[best])
+                )
             if warning:
                 print(
                     f"[{method}] " + warning.replace("\n", f"\n[{method}] "),
@@ -118,7 +132,9 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
         "mean": float(mean[best]),
         "se": float(se[best]),
         "window": window,  # the iterations the mean is over
-        "health": health,
+        # the best point's (the row's result; as experiments.plot's table), and the grid's
+        "health": per_point[best],
+        "grid_health": health,
         "nonfinite_seeds": int(diverged[best]),  # > 0 only when no grid point is finite
     }
 
@@ -222,7 +238,11 @@ def finish_run(
             f"{s['method']:>12}  {hp:30s}  {s['mean']:+.4f}  {s['se']:.4f}  "
             f"{health_text(s.get('health') or {})}"
         )
-    unhealthy = [s["method"] for s in summaries if health_warning(s.get("health") or {})]
+    unhealthy = [
+        s["method"]
+        for s in summaries
+        if health_warning(s.get("health") or {}) or health_warning(s.get("grid_health") or {})
+    ]
     if unhealthy:
         print(
             f"WARNING: solves hit their cap or updates were skipped in more than "

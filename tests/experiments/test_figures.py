@@ -487,3 +487,42 @@ def test_table_says_when_no_grid_point_is_finite(tmp_path):
     np.savez(path, **d)
     naive = next(x for x in plot.final_table([run]).splitlines() if x.startswith("| Naive"))
     assert "no grid point finite in every seed" in naive and "lr 0.1" not in naive
+
+
+def test_fourrooms_figure_compare_with_nothing_to_compare_fails(tmp_path, capsys):
+    """A panel folder whose methods are all missing (or none of them in the reference) was
+    reported as "not compared" and compare exited 0: a check that compared nothing passed."""
+    from benchmarks import fourrooms_figure as ff
+
+    ref = tmp_path / "ref"
+    write_run(ref / "batch100_beta1e-3", methods=("bchg",))
+    empty = tmp_path / "empty" / "batch100_beta1e-3"
+    os.makedirs(empty)
+    open(empty / "config.json", "w").write(open(ref / "batch100_beta1e-3" / "config.json").read())
+    with pytest.raises(SystemExit) as e:
+        ff.main(["compare", "--compact", str(tmp_path / "empty"), "--reference", str(ref)])
+    assert e.value.code != 0 and "nothing was compared" in str(e.value.code)
+    other = tmp_path / "other"
+    write_run(other / "batch100_beta1e-3", methods=("naive",))
+    with pytest.raises(SystemExit, match="nothing was compared"):
+        ff.compare(str(other), str(ref), 2.0)
+    assert ff.compare(str(ref), str(ref), 2.0)  # something compared: a pass
+
+
+def test_fourrooms_figure_table_with_a_method_missing_from_a_panel_reads_back(tmp_path, capsys):
+    """A batch row whose panels hold different methods has "-" cells; compare --reference on
+    that table.md died with ValueError (float("-")) instead of comparing the panels."""
+    from benchmarks import fourrooms_figure as ff
+
+    write_run(tmp_path / "batch100_beta1e-3", methods=("bchg", "naive"))
+    write_run(tmp_path / "batch100_beta3e-3", methods=("bchg",), beta=0.003)
+    ff.write_figure(str(tmp_path))
+    table = str(tmp_path / "table.md")
+    assert "| - |" in open(table).read()
+    got = ff.read_table(table)
+    assert set(got["batch100_beta1e-3"]) == {"bchg", "naive"}
+    assert set(got["batch100_beta3e-3"]) == {"bchg"}
+    capsys.readouterr()
+    assert ff.compare(str(tmp_path), table, 2.0)
+    out = capsys.readouterr().out
+    assert "| batch100_beta3e-3 | bchg |" in out and "| batch100_beta1e-3 | naive |" in out

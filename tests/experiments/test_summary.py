@@ -1,5 +1,7 @@
 """The run summaries' statistics (``experiments.summary.summarize``)."""
 
+import os
+
 import numpy as np
 
 from experiments.summary import summarize
@@ -82,3 +84,32 @@ def test_run_summary_keeps_columns_a_method_does_not_have(tmp_path, capsys):
         ("naive", "", "0.05"),
     ]
     assert "lr=0.05 beta=0.001" in capsys.readouterr().out
+
+
+def test_run_summary_health_is_the_best_points_not_the_grids(tmp_path, capsys):
+    """The run's table and summary.csv showed, beside the best grid point, the health of the
+    whole grid: a best point capped in 20% of its iterations read "capped 0.80%" (25 points)
+    and no warning was printed, while experiments.plot's table of the same run bolds it."""
+    import csv
+
+    from experiments import plot
+    from experiments.report import finish_method, finish_run
+
+    G, N, T = 25, 3, 40
+    J = np.zeros((G, N, T))
+    J[7] += 1.0  # the best point ...
+    capped = np.zeros((G, N, T), np.int32)
+    capped[7, :, :8] = 1  # ... hit its cap in 20% of its iterations (0.8% of the grid's)
+    grid = {"lr": np.linspace(0.01, 0.25, G)}
+    data = {"J": J, "solve_capped": capped, "update_skipped": np.zeros_like(capped)}
+    os.makedirs(tmp_path / "bchg")
+    s = finish_method(str(tmp_path / "bchg"), "bchg", grid, data, 10, "t", "J", write=True)
+    assert s["health"]["capped_share"] == 0.2 and s["grid_health"]["capped_share"] == 0.008
+    assert "best grid point" in capsys.readouterr().err
+    finish_run(str(tmp_path), [s, {**s, "method": "naive", "health": {}}], 10)
+    out = capsys.readouterr()
+    assert "capped 20.00%" in out.out and "of: bchg" in out.err
+    rows = {r["method"]: r for r in csv.DictReader(open(tmp_path / "summary.csv"))}
+    assert rows["bchg"]["capped_share"] == "0.2000"
+    # the same health as the plot CLI's table of this run
+    assert "**capped 20.00% skipped 0**" in plot.final_table([str(tmp_path)])
