@@ -142,8 +142,8 @@ def _train_by_method(run_dir: str, methods, workers: int, args: dict) -> None:
     first), each into ``run_dir/by_method/<method>``: a run folder of one method, resumed if it
     exists. On a CPU with cores to spare their compiles overlap. On one GPU they take turns on
     the card and each waits out the others' turns at every solver sweep (the loops hand their
-    condition to the host): run them one at a time there (docs/performance.md, "Four-Rooms on
-    one GPU"). Each child is told not to preallocate GPU memory
+    condition to the host): run them one at a time there (docs/performance.md, "On an NVIDIA
+    H200"). Each child is told not to preallocate GPU memory
     (``XLA_PYTHON_CLIENT_PREALLOCATE=false``, unless set) so that several fit."""
     from concurrent.futures import ThreadPoolExecutor
 

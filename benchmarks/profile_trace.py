@@ -160,6 +160,15 @@ def summary_row(label: str, s: dict) -> str:
     )
 
 
+def profile_row(label: str, prof) -> str:
+    """A table row of a profile: :func:`summary_row` of a summary, or the text saying why there
+    is none (``benchmarks._timing.time_chunks`` returns one where profiling failed or was
+    skipped)."""
+    return (
+        f"| {label} | no profile: {prof} |" if isinstance(prof, str) else summary_row(label, prof)
+    )
+
+
 HEADER = (
     "| call | traced wall ms / it | device busy ms / it | busy share of the untraced time | "
     "kernels / it | copies / it | copies ms / it | costliest (ms / it x count / it) |\n"

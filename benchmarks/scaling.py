@@ -56,7 +56,7 @@ from bchg_jax.core.health import health_text, solver_health
 from bchg_jax.core.io import save_json
 from bchg_jax.core.sweep import seed_keys
 from benchmarks._timing import report_unhealthy, time_chunks, unhealthy
-from benchmarks.profile_trace import HEADER, summary_row
+from benchmarks.profile_trace import HEADER, profile_row
 
 
 def trainer_for(name: str, runs: int):
@@ -263,11 +263,10 @@ def main(argv=None):
                     bad.append(f"{name} at {runs} runs (J off the CPU reference: {text})")
             if a.write_reference and len(J_runs) > len(written.get(key, [])):
                 written[key] = [float(x) for x in J_runs[:REFERENCE_RUNS]]
-            if isinstance(prof, str):
-                profiles.append(f"| {name} {method} x{runs} | no profile: {prof} |")
-            elif prof is not None:
-                profiles.append(summary_row(f"{name} {method} x{runs}", prof))
-                lines_read.update(prof["where"])
+            if prof is not None:
+                profiles.append(profile_row(f"{name} {method} x{runs}", prof))
+                if not isinstance(prof, str):
+                    lines_read.update(prof["where"])
             print(
                 f"| {name} | {method} | {runs} | {comp:.1f} | {per:.4f} | {runs / per:.0f} | "
                 f"{health.get('capped_share', 0.0):.2%} | {health.get('update_skipped', 0)} | "

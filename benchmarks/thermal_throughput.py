@@ -24,7 +24,7 @@ from bchg_jax import lq
 from bchg_jax.core.health import solver_health
 from bchg_jax.problems.thermal import thermal
 from benchmarks._timing import report_unhealthy, time_chunks, unhealthy
-from benchmarks.profile_trace import HEADER, summary_row
+from benchmarks.profile_trace import HEADER, profile_row
 
 
 def measure(method, config, seeds, iterations, profile=False):
@@ -85,11 +85,8 @@ def main(argv=None):
             for seeds in a.seeds:
                 comp, per, h, prof = measure(method, config, seeds, its, a.profile)
                 critic = "none (exact)" if method == "exact" else name
-                label = f"{method} {name} x{seeds}"
-                if isinstance(prof, str):
-                    profiles.append(f"| {label} | no profile: {prof} |")
-                elif prof is not None:
-                    profiles.append(summary_row(label, prof))
+                if prof is not None:
+                    profiles.append(profile_row(f"{method} {name} x{seeds}", prof))
                 print(
                     f"| {method} | {critic} | {seeds} | {comp:.1f} | {per:.4f} | "
                     f"{per / seeds:.4f} | {h['capped_share']:.2%} | {h['update_skipped']} |",
