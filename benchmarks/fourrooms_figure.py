@@ -31,7 +31,11 @@ that holds it (:data:`CPU_TABLES`: the rows re-measured on 2026-11-28, then the 
 Per panel and method it prints both means +- SE, their difference in units of the combined
 standard error and the wall times, and exits with status 3 if a difference exceeds both
 ``--max-se`` (default 2) combined SEs and ``--abs-tol`` (default 1e-3, the table's rounding:
-methods whose 10 seeds end at the same J have an SE near 0).
+methods whose 10 seeds end at the same J have an SE near 0). Runs of another length than their
+reference (the committed tables: 10,000 iterations) are an error (status 1, after the
+comparison is printed): their means are over other iterations; a ``table.md`` given as
+``--reference`` states a run's length only where it is short of its plan (``; 500 it``), and a
+length it does not state is named on stderr as not checked.
 
 ``--method-workers K`` trains each panel's methods as K concurrent processes, each method in its
 own run folder under ``OUT/batchB_betaX/by_method/`` (continued the same way when given again);
@@ -51,6 +55,7 @@ import argparse
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -75,6 +80,23 @@ CPU_TABLES = (
     "benchmarks/results/fourrooms_figure_remeasured/table_batch400.md",
     "benchmarks/results/fourrooms_figure/table.md",
 )
+
+
+def read_wall(path: str) -> dict:
+    """A panel's ``wall.json``.
+
+    Raises:
+      experiments.plot.DamagedResult: the file is not a JSON object with a ``total``.
+    """
+    from experiments.plot import DamagedResult
+
+    try:
+        with open(path) as f:
+            w = json.load(f)
+        float(w["total"])
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        raise DamagedResult(f"{path} cannot be read ({type(err).__name__}: {err})") from None
+    return w
 
 
 def panels_found(compact: str):
@@ -118,8 +140,7 @@ def write_figure(compact: str) -> None:
             if not os.path.exists(os.path.join(d, "wall.json")):  # exported, not finished
                 walls.append(f"{os.path.basename(d)} unknown")
                 continue
-            with open(os.path.join(d, "wall.json")) as f:
-                w = json.load(f)
+            w = read_wall(os.path.join(d, "wall.json"))
             total += w["total"]
             walls.append(
                 f"{os.path.basename(d)} {w['total']:.0f} s"
@@ -137,7 +158,8 @@ def write_figure(compact: str) -> None:
 
 def read_table(path: str) -> dict:
     """{panel name: {method: {"mean", "se"}}} from a ``table.md`` that :func:`write_figure`
-    wrote (cells ``0.662 +- 0.005 (lr 0.1, a 0.5)``, columns ``batchB_betaX: ...``)."""
+    wrote (cells ``0.662 +- 0.005 (lr 0.1, a 0.5)``, columns ``batchB_betaX: ...``); a cell of
+    a run short of its planned iterations (``(lr 0.1; 500 it)``) also gives ``"iterations"``."""
     from experiments.plot import METHOD_LABELS
 
     by_label = {label: m for m, label in METHOD_LABELS.items()}
@@ -152,20 +174,32 @@ def read_table(path: str) -> dict:
                     mean, sep, rest = cell.partition(" +- ")
                     if not sep:  # "-": the method is not in that panel (a row of several)
                         continue
-                    out.setdefault(panel, {})[by_label[cells[0]]] = {
-                        "mean": float(mean),
-                        "se": float(rest.split()[0]),
-                    }
+                    entry = {"mean": float(mean), "se": float(rest.split()[0])}
+                    short = re.search(r"; (\d+) it\)", rest)
+                    if short:
+                        entry["iterations"] = int(short.group(1))
+                    out.setdefault(panel, {})[by_label[cells[0]]] = entry
     return out
 
 
-def compare(compact: str, reference: str, max_se: float, abs_tol: float = 1e-3) -> bool:
+def compare(
+    compact: str,
+    reference: str,
+    max_se: float,
+    abs_tol: float = 1e-3,
+    reference_iterations: int | None = None,
+) -> bool:
     """Prints, per panel found in both and per method, the two means +- SE and their difference
     over the combined SE; returns True when every difference is within ``max_se`` combined SEs
     or within ``abs_tol``. ``reference``: a ``table.md``, a folder of compact copies, or a
     sequence of ``table.md`` files (each panel from the first that holds it). It also
     prints how often at least one of the comparisons that the SE decides would miss by chance
-    (1 - 0.954^k at 2 SE: 17% for four), to read a single miss by."""
+    (1 - 0.954^k at 2 SE: 17% for four), to read a single miss by.
+
+    The runs compared must be of the same length: ``reference_iterations`` is the length of a
+    reference run whose table cell does not state it (:func:`read_table`: only a run short of
+    its plan does; None: unknown, and said on stderr). Raises SystemExit (after printing the
+    comparison) when a run's length differs from its reference's."""
     import math
 
     from experiments.plot import load_run
@@ -185,7 +219,7 @@ def compare(compact: str, reference: str, max_se: float, abs_tol: float = 1e-3) 
     found = [pe for pe in panels_found(compact) if pe in ref_of]
     if not found:
         raise SystemExit(f"error: no panel is in both {compact} and {reference}")
-    ok, spread, compared = True, 0, 0
+    ok, spread, compared, lengths, unknown = True, 0, 0, [], []
     print("| panel | method | this run | reference | difference / SE | within |")
     print("|---|---|---:|---:|---:|---|")
     for b, e in found:
@@ -200,11 +234,16 @@ def compare(compact: str, reference: str, max_se: float, abs_tol: float = 1e-3) 
             if m not in mine or m not in ref:
                 continue
             a, r = mine[m][1], ref[m]
+            length = r.get("iterations", reference_iterations)
+            if length is None:
+                unknown.append(f"{panel_name(b, e)} {m}")
+            elif length != a["iterations"]:  # means over other iterations of the runs
+                lengths.append(f"{panel_name(b, e)} {m} ({a['iterations']} against {length})")
             se = math.hypot(a["se"], r["se"])
             spread += se * max_se > abs_tol  # the SE test, not the rounding, decides
             diff = abs(a["mean"] - r["mean"])
             z = diff / se if se > 0 else (0.0 if diff == 0 else math.inf)
-            within = z <= max_se or diff <= abs_tol
+            within = (z <= max_se or diff <= abs_tol) and length in (None, a["iterations"])
             ok &= within
             compared += 1
             print(
@@ -215,8 +254,7 @@ def compare(compact: str, reference: str, max_se: float, abs_tol: float = 1e-3) 
             print(f"not compared in {panel_name(b, e)}: {', '.join(unmatched)}")
         wall = os.path.join(compact, panel_name(b, e), "wall.json")
         if os.path.exists(wall):
-            with open(wall) as f:
-                w = json.load(f)
+            w = read_wall(wall)
             print(
                 f"wall time {panel_name(b, e)} (this run): {w['total']:.0f} s summed over the "
                 "methods, compile included"
@@ -230,6 +268,18 @@ def compare(compact: str, reference: str, max_se: float, abs_tol: float = 1e-3) 
         raise SystemExit(
             f"error: no method is in both {compact} and {reference} (panels "
             f"{', '.join(panel_name(*pe) for pe in found)}); nothing was compared"
+        )
+    if unknown:
+        print(
+            "WARNING: the reference does not state the iterations of "
+            f"{', '.join(unknown)}: not checked that they are as long as this run's",
+            file=sys.stderr,
+            flush=True,
+        )
+    if lengths:  # not a comparison of the same runs: an error, not a miss
+        raise SystemExit(
+            "error: runs of different length were compared (iterations of this run against "
+            f"the reference): {', '.join(lengths)}; compare runs of the same length"
         )
     if spread:  # read a single miss with this in mind
         p_one = math.erfc(max_se / math.sqrt(2))
@@ -333,14 +383,21 @@ def main(argv=None):
         help="compare: a difference this small always passes (default 1e-3, the table's rounding)",
     )
     a = p.parse_args(argv)
-    if a.action == "figure":
-        write_figure(a.compact)
-        return
-    if a.action == "compare":
-        reference = CPU_TABLES if a.reference is None else a.reference
-        if not compare(a.compact, reference, a.max_se, a.abs_tol):
-            raise SystemExit(3)
-        return
+    from experiments.plot import DamagedResult
+
+    try:  # a damaged compact copy: one line that names the file, not a traceback
+        if a.action == "figure":
+            write_figure(a.compact)
+            return
+        if a.action == "compare":
+            reference = CPU_TABLES if a.reference is None else a.reference
+            # the committed tables are of runs of ITERATIONS (their short cells would say so)
+            length = ITERATIONS if a.reference is None else None
+            if not compare(a.compact, reference, a.max_se, a.abs_tol, length):
+                raise SystemExit(3)
+            return
+    except DamagedResult as err:
+        raise SystemExit(f"error: {err}") from None
     if os.path.realpath(a.compact) == os.path.realpath(a.out):
         # a panel's compact copy would be its own run folder: refused after hours of training
         raise SystemExit(
@@ -413,7 +470,10 @@ def main(argv=None):
             t.join()
         if failed:
             raise SystemExit("error: " + "; ".join(failed))
-    write_figure(a.compact)
+    try:
+        write_figure(a.compact)
+    except DamagedResult as err:
+        raise SystemExit(f"error: {err}") from None
 
 
 if __name__ == "__main__":

@@ -175,8 +175,8 @@ def _merge_parts(run_dir: str, dest: str, methods) -> dict:
 
     parts = _parts(run_dir)
     seconds = {}
-    for m in methods:
-        export_best(parts[m], dest)
+    for i, m in enumerate(methods):
+        export_best(parts[m], dest, replace=i == 0)  # the first clears an earlier copy's methods
         seconds.update(method_seconds(parts[m]))
     with open(os.path.join(parts[methods[0]], "config.json")) as f:
         cfg = json.load(f)

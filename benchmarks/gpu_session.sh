@@ -158,7 +158,7 @@ else
     elif [ "$rc" = 0 ]; then
       result "compare: every method within 2 SE of the CPU table"
     else
-      result "compare: FAILED (exit $rc): a method differs by more than 2 SE (panel.txt)"
+      result "compare: FAILED (exit $rc; 3: a method differs by more than 2 SE, 1: runs of another length; panel.txt)"
     fi
   elif [ "$rc" = 124 ]; then
     result "panel: NOT FINISHED, stopped at the ${panel_limit} s limit; continue with --panel-only"

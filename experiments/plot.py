@@ -101,9 +101,50 @@ COMPONENT_YLABELS = {
 }
 
 
+class DamagedResult(ValueError):
+    """A run folder's ``config.json`` or ``metrics.npz`` that cannot be read (cut short by a
+    kill, edited by hand, another program's file); the message names the file."""
+
+
 def _config(run_dir: str) -> dict:
+    """The run folder's ``config.json`` ({} without one).
+
+    Raises:
+      DamagedResult: the file is not a JSON object.
+    """
     path = os.path.join(run_dir, "config.json")
-    return json.load(open(path)) if os.path.exists(path) else {}
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as err:
+        raise DamagedResult(f"{path} cannot be read ({type(err).__name__}: {err})") from None
+    if not isinstance(cfg, dict):
+        raise DamagedResult(f"{path} holds a {type(cfg).__name__}, not a run's settings")
+    return cfg
+
+
+def _read_metrics(path: str, names) -> dict:
+    """{name: array} of ``names`` and of the ``grid_*`` entries (those the file holds; ``J`` is
+    required, [G, N, iterations]) from a method's ``metrics.npz``; only these are read (a full
+    grid's file can be large).
+
+    Raises:
+      DamagedResult: the file cannot be read or has no such ``J``.
+    """
+    try:
+        with np.load(path) as d:
+            grid = [k for k in d.files if k.startswith("grid_")]
+            out = {k: np.asarray(d[k]) for k in dict.fromkeys([*names, *grid]) if k in d.files}
+    except Exception as err:  # noqa: BLE001 - zip, zlib, pickle and OS errors of a damaged file
+        raise DamagedResult(f"{path} cannot be read ({type(err).__name__}: {err})") from None
+    if np.ndim(out.get("J")) != 3:
+        raise DamagedResult(
+            f"{path} holds no J of shape [grid points, seeds, iterations]"
+            + (f" (J: {np.shape(out['J'])})" if "J" in out else "")
+        )
+    return out
 
 
 def rolling_mean(x: np.ndarray, window: int) -> np.ndarray:
@@ -345,17 +386,23 @@ def learning_curve_figure(
 
 def load_run(run_dir: str, metric: str = "J"):
     """{method: (best curves [seeds, iters] of ``metric``, summary dict)} for the method folders in
-    run_dir; the best grid point is chosen on J over the run's summary window."""
+    run_dir; the best grid point is chosen on J over the run's summary window.
+
+    Raises:
+      DamagedResult: a ``metrics.npz`` that cannot be read, or that lacks ``metric``.
+    """
     out = {}
     for method in METHOD_ORDER:
         path = os.path.join(run_dir, method, "metrics.npz")
         if not os.path.exists(path):
             continue
-        d = np.load(path)
+        d = _read_metrics(path, ["J", metric, "summary_window", *FLAGS])
+        if metric not in d:
+            raise DamagedResult(f"{path} holds no {metric!r}")
         J = d["J"]
         window = int(d["summary_window"]) if "summary_window" in d else 1000
         final, mean, se, best = summarize(J, window)
-        hp = {k[5:]: float(d[k][best]) for k in d.files if k.startswith("grid_")}
+        hp = {k[5:]: float(d[k][best]) for k in d if k.startswith("grid_")}
         out[method] = (
             d[metric][best],
             {
@@ -367,7 +414,7 @@ def load_run(run_dir: str, metric: str = "J"):
                 # > 0 only when no grid point is finite in every seed (summarize)
                 "nonfinite_seeds": int(nonfinite_seeds(final)[best]),
                 # the best point's solver health (bchg_jax.core.health): {} without flags
-                "health": solver_health({f: d[f][best] for f in FLAGS if f in d.files}),
+                "health": solver_health({f: d[f][best] for f in FLAGS if f in d}),
             },
         )
     return out
@@ -376,6 +423,22 @@ def load_run(run_dir: str, metric: str = "J"):
 def run_name(run_dir: str) -> str:
     """The run folder's name (its last path component)."""
     return os.path.basename(os.path.normpath(run_dir)) or run_dir
+
+
+def run_names(run_dirs) -> list:
+    """Each run folder's :func:`run_name`, or, where folders share their name (``a/run`` and
+    ``b/run``), the shortest end of its path that no other given folder's path ends with
+    (``a/run``, ``b/run``), so that panels and table columns can be told apart."""
+    parts = [os.path.abspath(d).split(os.sep) for d in run_dirs]
+    names = []
+    for i, mine in enumerate(parts):
+        k = 1
+        while k < len(mine) and any(
+            j != i and p[-k:] == mine[-k:] for j, p in enumerate(parts) if p != mine
+        ):
+            k += 1
+        names.append(run_name(run_dirs[i]) if k == 1 else "/".join(mine[-k:]))
+    return names
 
 
 def run_settings(run_dir: str):
@@ -412,20 +475,22 @@ def _wrap(text: str, width: int = 48) -> str:
 def panel_titles(run_dirs):
     """(panel titles, figure title) for a figure with one panel per run folder.
 
-    Each title is the folder name and, on a second line, the settings that differ between the
+    Each title is the folder name (:func:`run_names`: with the folders above it where two
+    runs share it) and, on a second line, the settings that differ between the
     runs (when none differ: the experiment's :data:`KEY_SETTINGS`). The figure title names the
     experiment and the key settings all panels share. One run: the panel title names the
     experiment and the figure title is empty. Runs of different experiments: each title names
     its experiment and key settings, and the figure title is empty.
     """
     info = [run_settings(d) for d in run_dirs]
+    names = run_names(run_dirs)
     experiments = {e for e, _ in info}
     titles = []
     if len(experiments) > 1:
-        for d, (e, s) in zip(run_dirs, info, strict=False):
+        for d, (e, s) in zip(names, info, strict=False):
             body = ", ".join(format_setting(k, s[k]) for k in _key_settings(e, s))
             titles.append(
-                run_name(d)
+                d
                 + f"\n{EXPERIMENT_NAMES.get(e, e or '?')}"
                 + (f": {_wrap(body, 40)}" if body else "")
             )
@@ -438,9 +503,9 @@ def panel_titles(run_dirs):
     differ = [k for k in key if k in differ] + sorted(k for k in differ if k not in key)
     shown = differ or _key_settings(experiment, info[0][1])
     name = EXPERIMENT_NAMES.get(experiment, experiment or "")
-    for d, (_, s) in zip(run_dirs, info, strict=False):
+    for d, (_, s) in zip(names, info, strict=False):
         body = ", ".join(format_setting(k, s[k]) for k in shown if k in s)
-        head = run_name(d) + (f" ({name})" if len(run_dirs) == 1 and name else "")
+        head = d + (f" ({name})" if len(run_dirs) == 1 and name else "")
         titles.append(head + (f"\n{_wrap(body)}" if body else ""))
     if len(run_dirs) == 1:
         return titles, ""
@@ -665,11 +730,30 @@ def _holds_a_run(method_dir: str) -> bool:
         return True  # unreadable: not ours to overwrite
 
 
-def export_best(run_dir: str, dest: str) -> None:
+def _read_all(path: str) -> dict:
+    """Every entry of a method's ``metrics.npz`` (:func:`_read_metrics`'s checks)."""
+    try:
+        with np.load(path) as d:
+            names = d.files
+    except Exception as err:  # noqa: BLE001 - as _read_metrics
+        raise DamagedResult(f"{path} cannot be read ({type(err).__name__}: {err})") from None
+    return _read_metrics(path, names)
+
+
+# the files export_best writes in a method folder (what it removes when they are stale)
+EXPORT_FILES = ("metrics.npz", "summary.csv", "curve.png")
+
+
+def export_best(run_dir: str, dest: str, replace: bool = True) -> None:
     """Writes a compact copy of a run folder: per method only its best grid point (G = 1).
 
     The copy is itself a run folder (plots and tables work on it), a few hundred KB per method
-    instead of the full grid's megabytes.
+    instead of the full grid's megabytes. ``dest`` may hold an earlier export (it is refreshed
+    in place), never a run (refused: ValueError). The export replaces exactly what it owns: the
+    files an earlier export wrote (:data:`EXPORT_FILES`, ``config.json``) that this one does
+    not write are removed, so a method the run no longer holds does not linger in the copy
+    beside the new results; other files are kept. ``replace=False`` keeps the method folders
+    that ``run_dir`` lacks (one copy gathered from several run folders, one method each).
     """
     from bchg_jax.core.io import atomic_write_bytes, save_npz
 
@@ -687,14 +771,26 @@ def export_best(run_dir: str, dest: str) -> None:
         with open(src, "rb") as f:
             atomic_write_bytes(dst, f.read())
 
+    def _remove_stale(method: str, names) -> None:
+        folder = os.path.join(dest, method)
+        for name in names:
+            if os.path.isfile(os.path.join(folder, name)):
+                os.remove(os.path.join(folder, name))
+        if os.path.isdir(folder) and not os.listdir(folder):
+            os.rmdir(folder)
+
     os.makedirs(dest, exist_ok=True)
     if os.path.exists(os.path.join(run_dir, "config.json")):
         _copy_atomic(os.path.join(run_dir, "config.json"), os.path.join(dest, "config.json"))
+    elif replace and os.path.isfile(os.path.join(dest, "config.json")):
+        os.remove(os.path.join(dest, "config.json"))  # an earlier export's settings
     for method in METHOD_ORDER:
         src = os.path.join(run_dir, method)
         if not os.path.exists(os.path.join(src, "metrics.npz")):
+            if replace:
+                _remove_stale(method, EXPORT_FILES)
             continue
-        d = dict(np.load(os.path.join(src, "metrics.npz")))
+        d = _read_all(os.path.join(src, "metrics.npz"))
         window = int(d["summary_window"]) if "summary_window" in d else 1000
         best = summarize(d["J"], window)[3]
         keep = {
@@ -709,6 +805,8 @@ def export_best(run_dir: str, dest: str) -> None:
         for name in ("summary.csv", "curve.png"):
             if os.path.exists(os.path.join(src, name)):
                 _copy_atomic(os.path.join(src, name), os.path.join(dest, method, name))
+            else:
+                _remove_stale(method, [name])
 
 
 def main(argv=None):
@@ -736,7 +834,8 @@ def main(argv=None):
         "--export",
         metavar="DEST",
         default=None,
-        help="with one run folder: write its compact copy (best grid points) to DEST",
+        help="with one run folder: write its compact copy (best grid points) to DEST (an "
+        "earlier export there is replaced, also its methods the run lacks; a run is refused)",
     )
     a = p.parse_args(argv)
     if a.out is not None:  # checked before anything is drawn or exported
@@ -756,17 +855,20 @@ def main(argv=None):
         except ValueError as err:
             raise SystemExit(f"error: {err}") from None
         a.runs = [a.export]
-    for d in a.runs:
-        if not load_run(d):
-            raise SystemExit(f"error: no <method>/metrics.npz under {d}")
-    if a.out:
-        out = a.out
-    elif len(a.runs) == 1:
-        out = os.path.join(a.runs[0], "figure.png")  # what the run wrote itself
-    else:  # never over a run's own figure
-        out = os.path.join(os.path.dirname(os.path.abspath(a.runs[0])), "comparison.png")
-    save_figure(out, panel_figure(a.runs, a.window))
-    print(final_table(a.runs))
+    try:  # a damaged file: one line that names it, not a traceback
+        for d in a.runs:
+            if not load_run(d):
+                raise SystemExit(f"error: no <method>/metrics.npz under {d}")
+        if a.out:
+            out = a.out
+        elif len(a.runs) == 1:
+            out = os.path.join(a.runs[0], "figure.png")  # what the run wrote itself
+        else:  # never over a run's own figure
+            out = os.path.join(os.path.dirname(os.path.abspath(a.runs[0])), "comparison.png")
+        save_figure(out, panel_figure(a.runs, a.window))
+        print(final_table(a.runs))
+    except DamagedResult as err:
+        raise SystemExit(f"error: {err}") from None
     print(f"\nfigure: {out}")
 
 

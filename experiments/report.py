@@ -156,13 +156,33 @@ def _saved_summaries(run_dir: str, done: set, window: int, iterations=None) -> t
     """(summaries, stopped): the summaries of the method folders in ``run_dir`` that are not in
     ``done`` and hold all ``iterations`` (None: any length), computed from their
     ``metrics.npz`` (nothing is rewritten), and {method: iterations done} of the folders of a
-    stopped run, left out (a mean over part of a run is not that method's result)."""
+    stopped run, left out (a mean over part of a run is not that method's result).
+
+    A ``metrics.npz`` that cannot be read, or whose ``J`` is not [grid points, seeds,
+    iterations], exits 2 with an error naming its folder (``experiments.cli.fail``)."""
+    from experiments.cli import fail
+
     out, stopped = [], {}
     for name in sorted(os.listdir(run_dir)):
         path = os.path.join(run_dir, name, "metrics.npz")
         if name in done or not os.path.isfile(path):
             continue
-        data = dict(np.load(path))
+        folder = os.path.join(run_dir, name)
+        try:
+            with np.load(path) as f:
+                data = {k: f[k] for k in f.files}
+        except Exception as err:  # noqa: BLE001 - zip, zlib, pickle and OS errors alike
+            fail(
+                f"{path} cannot be read ({type(err).__name__}: {err}): the method folder "
+                f"{folder} of an earlier command was damaged; delete it to summarise the run "
+                f"without {name}, or to train it again"
+            )
+        if "J" in data and np.ndim(data["J"]) != 3:
+            fail(
+                f"{path} holds J of shape {np.shape(data['J'])}, not [grid points, seeds, "
+                f"iterations]: the method folder {folder} was damaged; delete it to summarise the "
+                f"run without {name}, or to train it again"
+            )
         grid = {k[5:]: v for k, v in data.items() if k.startswith("grid_")}
         if "J" in data and grid and iterations is not None and data["J"].shape[2] < iterations:
             stopped[name] = int(data["J"].shape[2])
@@ -189,7 +209,8 @@ def finish_run(
     earlier command left in ``run_dir``; one stopped short of ``iterations`` is left out and
     named, with the command that finishes it) its ``summary.csv`` and ``figure.png``;
     ``extra_figures(run_dir)``; the printed table of best grid points and a warning naming the
-    methods with poor solver health."""
+    methods with poor solver health. An earlier method folder whose ``metrics.npz`` cannot be
+    read exits 2 naming it (:func:`_saved_summaries`)."""
     from bchg_jax.core.health import WARN_SHARE, health_text, health_warning
     from bchg_jax.core.io import save_csv, save_figure
     from experiments.plot import METHOD_ORDER, panel_figure

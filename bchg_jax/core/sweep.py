@@ -401,10 +401,11 @@ def run_grid(
         summary window).
     Returns:
       (state, metrics): state leaves [G, N, ...]; metrics name -> numpy [G, N, iterations, ...]
-      ([G, N, iterations - start, ...] when continuing without ``metrics``).
+      ([G, N, iterations - start, ...] when continuing without ``metrics``: with nothing left to
+      run, ``start == iterations``, every metric the trainer records, of length 0).
     Raises:
-      ValueError: ``seeds`` not a positive int, ``chunk`` or ``iterations`` < 1, ``start``
-        out of range, or a continuation whose pieces disagree: ``start`` > 0 without the
+      ValueError: ``seeds`` not a positive int, ``chunk``, ``iterations`` or ``window`` < 1,
+        ``start`` out of range, or a continuation whose pieces disagree: ``start`` > 0 without the
         ``state``, a ``state`` not [G, N, ...] or whose ``step`` is not ``start`` in every run,
         ``metrics`` not [G, N, start, ...] (each would silently give a curve of another
         length or another run's); with ``shard=True`` over several processes, a process given
@@ -417,6 +418,7 @@ def run_grid(
     N = _seed_count(seeds)
     if chunk < 1 or iterations < 1:
         raise ValueError("chunk and iterations must be >= 1")
+    _check_window(window)  # before anything compiles, not at the first progress line
     if not 0 <= start <= iterations:
         raise ValueError(f"start must be in [0, iterations], got {start}")
     limit = getattr(trainer.config, "iteration_limit", None)
@@ -433,6 +435,7 @@ def run_grid(
     G = int(jax.tree.leaves(hp)[0].shape[0])  # grid points (from the HParams)
     _check_continuation(state, start, metrics, G, N)
     (init, run), compiled = _kept(trainer)  # compiled: program shapes run so far (not re-marked)
+    plain_run = run
     if shard:
         compiled = set()  # the sharded program is made per call
     if state is None:
@@ -493,13 +496,29 @@ def run_grid(
                 warned = True
         if on_chunk is not None:
             on_chunk(state, metrics, done)
+    if metrics is None:  # nothing left to run (start == iterations) and no metrics given
+        metrics = _empty_metrics(plain_run, state, hp, G, N)
     return state, metrics
+
+
+def _empty_metrics(run, state, hp, G: int, N: int) -> Dict[str, np.ndarray]:
+    """name -> [G, N, 0, ...] zeros of every metric ``run`` records (its shapes and dtypes are
+    traced, nothing is compiled or run)."""
+    _, shapes = jax.eval_shape(lambda s, h: run(s, h, 1), state, hp)
+    return {k: np.zeros((G, N, 0) + tuple(v.shape[3:]), v.dtype) for k, v in shapes.items()}
 
 
 def _rate(x: float) -> str:
     """A rate in 9 characters: whole numbers from 100 up, three significant digits below (a
     slow run's 0.4 run-it/s is not shown as 0)."""
     return f"{x:9.0f}" if x >= 100 else f"{x:9.3g}"
+
+
+def _check_window(window) -> None:
+    """``window`` (iterations of a running mean) is an int >= 1: ``J[..., -0:]`` is the whole
+    run, so a window of 0 gave the mean since iteration 1 labelled "last 0 it"."""
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+        raise ValueError(f"window must be an int >= 1 (iterations of the mean), got {window!r}")
 
 
 def progress_line(
@@ -527,12 +546,15 @@ def progress_line(
       seconds: wall time of the last chunk.
       includes_compile: the chunk's time includes compilation.
       elapsed: wall time since the start.
-      window: iterations of the running mean (the experiment's summary window).
+      window: iterations of the running mean (the experiment's summary window), >= 1.
       health: :func:`~bchg_jax.core.health.solver_health` of the metrics so far, or None; its
         share of capped solves and count of skipped updates end the line.
     Returns:
       the progress line (str).
+    Raises:
+      ValueError: ``window`` not an int >= 1.
     """
+    _check_window(window)
     G, N = J.shape[0], J.shape[1]
     w = min(window, J.shape[-1])
     recent = J[..., -w:].mean(-1).mean(-1)  # [G]

@@ -229,3 +229,47 @@ def test_a_checkpoint_path_orbax_cannot_read_back_is_refused_before_saving(tmp_p
         ckpt = str(tmp_path / name / "checkpoint")
         save_state(ckpt, {"x": jnp.arange(3.0) + 1}, 5)
         np.testing.assert_array_equal(load_state(ckpt, state)["x"], [1.0, 2.0, 3.0])
+
+
+def test_run_grid_with_nothing_left_to_run_returns_empty_metrics():
+    """run_grid(..., start=iterations) without metrics returned (state, None), not the
+    documented [G, N, iterations - start, ...] metrics: a caller's metrics["J"] failed."""
+    from typing import NamedTuple
+
+    from bchg_jax.core.loop import Trainer, scan_loop
+
+    class State(NamedTuple):
+        step: jax.Array
+        x: jax.Array
+
+    def init(key, hp):
+        return State(jnp.asarray(0, jnp.int32), jnp.zeros(()))
+
+    def step(s, hp):
+        return State(s.step + 1, s.x + hp["lr"]), {"J": s.x, "pi": jnp.zeros(3, jnp.float32)}
+
+    run, train = scan_loop(init, step, 4)
+    tr = Trainer(None, "toy", None, init, run, train, lambda g: {"lr": jnp.asarray(g["lr"])})
+    grid = {"lr": np.array([0.1, 0.2])}
+    state, m = run_grid(tr, grid, 3, 4, verbose=False)
+    assert m["J"].shape == (2, 3, 4)
+    again, rest = run_grid(tr, grid, 3, 4, state=state, start=4, verbose=False)
+    assert again is state and set(rest) == {"J", "pi"}
+    assert rest["J"].shape == (2, 3, 0) and rest["pi"].shape == (2, 3, 0, 3)
+    assert rest["pi"].dtype == m["pi"].dtype
+    _, same = run_grid(tr, grid, 3, 4, state=state, start=4, metrics=m, verbose=False)
+    assert same is m  # the metrics given, as before
+
+
+@pytest.mark.parametrize("window", [0, -5, 2.5])
+def test_a_progress_window_below_one_is_refused(window):
+    """window=0 printed the mean since iteration 1 as "last 0 it" (J[..., -0:] is the whole
+    run); a negative one dropped the first iterations. Refused, by run_grid before it compiles."""
+    from bchg_jax.core.sweep import progress_line
+
+    J = np.stack([np.full((2, 4), 0.1), np.full((2, 4), 0.7)])
+    assert "last 2 it +0.7000" in progress_line(J, 4, 4, 4, 1.0, False, 1.0, window=2)
+    with pytest.raises(ValueError, match="window must be an int >= 1"):
+        progress_line(J, 4, 4, 4, 1.0, False, 1.0, window=window)
+    with pytest.raises(ValueError, match="window must be an int >= 1"):
+        run_grid(None, {"lr": [0.1]}, 1, 4, window=window)  # refused before the trainer is used

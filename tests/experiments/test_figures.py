@@ -526,3 +526,110 @@ def test_fourrooms_figure_table_with_a_method_missing_from_a_panel_reads_back(tm
     assert ff.compare(str(tmp_path), table, 2.0)
     out = capsys.readouterr().out
     assert "| batch100_beta3e-3 | bchg |" in out and "| batch100_beta1e-3 | naive |" in out
+
+
+def test_a_damaged_result_file_is_named_in_one_line_not_a_traceback(tmp_path):
+    """A metrics.npz cut short (a kill, a full disk) or a config.json edited by hand gave a
+    traceback (BadZipFile, JSONDecodeError) in the plot CLI and in fourrooms_figure's figure and
+    compare, which did not say which of the run's files was at fault."""
+    from benchmarks import fourrooms_figure as ff
+
+    write_run(tmp_path / "ok")
+    good = (tmp_path / "ok" / "naive" / "metrics.npz").read_bytes()
+    cases = [
+        ("naive/metrics.npz", good[:200]),  # cut short
+        ("naive/metrics.npz", b"not an npz"),
+        ("config.json", b'{"experiment": "fourrooms", "args": {'),
+        ("config.json", b"[1, 2]"),
+    ]
+    for i, (name, data) in enumerate(cases):
+        root = tmp_path / f"case{i}"
+        run = write_run(root / "batch100_beta1e-3")
+        path = os.path.join(run, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        calls = [plot.main, lambda: ff.main(["figure", "--compact", str(root)])]
+        if name.endswith(".npz"):  # compare reads no config.json
+            calls.append(
+                lambda: ff.main(["compare", "--compact", str(root), "--reference", str(root)])
+            )
+        for call in calls:
+            with pytest.raises(SystemExit) as e:
+                call([run]) if call is plot.main else call()
+            assert str(e.value.code).startswith(f"error: {path} ") and "\n" not in e.value.code
+    root = tmp_path / "wall"
+    write_run(root / "batch100_beta1e-3")
+    (root / "batch100_beta1e-3" / "wall.json").write_text('{"total": ')
+    with pytest.raises(SystemExit, match="wall.json cannot be read"):
+        ff.main(["figure", "--compact", str(root)])
+
+
+def test_runs_of_the_same_folder_name_get_distinct_titles_and_columns(tmp_path):
+    """a/run and b/run (the same experiment in two places) were both titled "run": two panels
+    and two table columns that could not be told apart."""
+    runs = [write_run(tmp_path / p / "run") for p in ("a", "b")]
+    titles, _ = plot.panel_titles(runs)
+    assert [t.split("\n")[0] for t in titles] == ["a/run", "b/run"]
+    head = plot.final_table(runs).splitlines()[0]
+    assert "| a/run: " in head and "| b/run: " in head
+    deep = [write_run(tmp_path / p / "x" / "run") for p in ("c", "d")]
+    assert plot.run_names([*deep, runs[0]]) == ["c/x/run", "d/x/run", "a/run"]
+    assert plot.run_names([runs[0], str(tmp_path / "other")]) == ["run", "other"]
+    thermal = write_run(tmp_path / "t" / "run", experiment="thermal")  # titles of two experiments
+    assert plot.panel_titles([runs[0], thermal])[0][1].startswith("t/run\n")
+
+
+def test_an_export_replaces_an_earlier_export_and_keeps_no_stale_method(tmp_path, capsys):
+    """Exporting into the folder of an earlier export kept the method folders the new run lacks:
+    its figure and table mixed the old results in with the new ones, without a word."""
+    dest = tmp_path / "best"
+    old = write_run(tmp_path / "old", methods=("bchg", "naive"))
+    with open(os.path.join(old, "naive", "curve.png"), "wb") as f:
+        f.write(b"old curve")
+    plot.main([old, "--export", str(dest)])
+    assert (dest / "naive" / "curve.png").exists()
+    (dest / "notes.txt").write_text("mine")  # not the export's: kept
+    new = write_run(tmp_path / "new", methods=("bchg",))
+    capsys.readouterr()
+    plot.main([new, "--export", str(dest)])
+    assert set(plot.load_run(str(dest))) == {"bchg"} and not (dest / "naive").exists()
+    assert "Naive-PGD" not in capsys.readouterr().out
+    assert (dest / "notes.txt").read_text() == "mine"
+    # replace=False (one copy gathered from one run folder per method) keeps the others
+    plot.export_best(old, str(dest))
+    plot.export_best(new, str(dest), replace=False)
+    assert set(plot.load_run(str(dest))) == {"bchg", "naive"}
+
+
+def test_fourrooms_figure_compare_refuses_runs_of_another_length(tmp_path, capsys):
+    """compare judged a 20-iteration panel against a 40-iteration one (or against the committed
+    10,000-iteration tables) as if they were the same runs: means over other iterations."""
+    from benchmarks import fourrooms_figure as ff
+
+    ref, short = tmp_path / "ref", tmp_path / "short"
+    write_run(ref / "batch100_beta1e-3", methods=("bchg",))
+    write_run(short / "batch100_beta1e-3", methods=("bchg",), iterations=20)
+    with pytest.raises(SystemExit, match=r"different length.*bchg \(20 against 40\)"):
+        ff.main(["compare", "--compact", str(short), "--reference", str(ref)])
+    assert "| batch100_beta1e-3 | bchg |" in capsys.readouterr().out  # printed all the same
+    assert ff.compare(str(ref), str(ref), 2.0)
+    # a table states a run's length where it is short of its plan ("; 20 it")
+    planned = tmp_path / "planned"
+    write_run(planned / "batch100_beta1e-3", methods=("bchg",), iterations=20)
+    cfg = planned / "batch100_beta1e-3" / "config.json"
+    cfg.write_text(cfg.read_text().replace('"iterations": 20', '"iterations": 40'))
+    ff.write_figure(str(planned))
+    table = str(planned / "table.md")
+    assert ff.read_table(table)["batch100_beta1e-3"]["bchg"]["iterations"] == 20
+    assert ff.compare(str(short), table, 2.0)
+    with pytest.raises(SystemExit, match="40 against 20"):
+        ff.compare(str(ref), table, 2.0)
+    # one it does not state: the given length (the committed tables': 10,000), else a warning
+    committed = os.path.join(
+        os.path.dirname(__file__), "..", "..", "benchmarks", "results", "fourrooms_figure"
+    )
+    with pytest.raises(SystemExit, match="40 against 10000"):
+        ff.compare(str(ref), os.path.join(committed, "table.md"), 2.0, reference_iterations=10000)
+    capsys.readouterr()
+    ff.compare(str(ref), os.path.join(committed, "table.md"), 2.0)
+    assert "does not state the iterations of batch100_beta1e-3 bchg" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 import os
 
 import numpy as np
+import pytest
 
 from experiments.summary import summarize
 
@@ -113,3 +114,23 @@ def test_run_summary_health_is_the_best_points_not_the_grids(tmp_path, capsys):
     assert rows["bchg"]["capped_share"] == "0.2000"
     # the same health as the plot CLI's table of this run
     assert "**capped 20.00% skipped 0**" in plot.final_table([str(tmp_path)])
+
+
+def test_run_summary_names_a_damaged_earlier_method_folder(tmp_path, capsys):
+    """A method folder of an earlier command whose metrics.npz was cut short (a kill, a full
+    disk) made the run summary die with a zipfile traceback after every method had trained."""
+    from experiments.report import finish_run
+
+    base = {"mean": 0.5, "se": 0.1, "window": 3, "health": {}, "nonfinite_seeds": 0}
+    bchg = {"method": "bchg", "lr": 0.1, **base}
+    for data in (b"PK\x03\x04 cut short", b""):
+        os.makedirs(tmp_path / "naive", exist_ok=True)
+        (tmp_path / "naive" / "metrics.npz").write_bytes(data)
+        with pytest.raises(SystemExit) as e:
+            finish_run(str(tmp_path), [bchg], 3)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and f"{tmp_path / 'naive'} of an earlier command" in err
+    np.savez(tmp_path / "naive" / "metrics.npz", J=np.zeros((2, 3)), grid_lr=np.ones(2))
+    with pytest.raises(SystemExit):
+        finish_run(str(tmp_path), [bchg], 3)
+    assert "holds J of shape (2, 3)" in capsys.readouterr().err
