@@ -141,8 +141,9 @@ def _train_by_method(run_dir: str, methods, workers: int, args: dict) -> None:
     """Trains each method of a panel as its own process (``workers`` at a time, costliest
     first), each into ``run_dir/by_method/<method>``: a run folder of one method, resumed if it
     exists. On a CPU with cores to spare their compiles overlap. On one GPU they take turns on
-    the card and each waits out the others' turns at every solver sweep (the loops hand their
-    condition to the host): run them one at a time there (docs/performance.md, "On an NVIDIA
+    the card and each waits out the others' turns at every host test (a solver loop's test or a
+    ``lax.cond``, read back by the host: ``benchmarks/loop_trips.py`` counts them): run them one
+    at a time there (docs/performance.md, "On an NVIDIA
     H200"). Each child is told not to preallocate GPU memory
     (``XLA_PYTHON_CLIENT_PREALLOCATE=false``, unless set) so that several fit."""
     from concurrent.futures import ThreadPoolExecutor

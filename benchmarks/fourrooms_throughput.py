@@ -28,6 +28,7 @@ import numpy as np
 
 from bchg_jax import product_grid, seed_keys
 from bchg_jax.core.health import solver_health
+from bchg_jax.core.host_tests import steps_per_test
 from bchg_jax.core.sweep import grid_functions
 from bchg_jax.problems import fourrooms
 from bchg_jax.tabular import HParams, TrainConfig, make_train
@@ -103,7 +104,7 @@ def main(argv=None):
     print(
         f"# Four-Rooms {a.method} throughput  {datetime.date.today()}  "
         f"{platform.processor() or platform.machine()}  jax {jax.__version__}  "
-        f"devices {jax.devices()}"
+        f"devices {jax.devices()}  a solver loop test every {steps_per_test()} steps"
     )
     print(
         "| beta | solver | 1 run: compile s | 1 run: ms/it | grid: runs | grid: compile s | "

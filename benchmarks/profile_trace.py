@@ -4,7 +4,9 @@
 with ``jax.profiler.ProfileData``. On a GPU the device planes hold one event per kernel and per
 copy: the summary gives, per outer iteration, the kernels launched, the device's busy time (the
 union of its events' intervals) as a share of the untraced call's time, the copies (a
-``while_loop`` on a GPU copies its predicate to the host every trip) and the costliest kernels.
+``while_loop`` on a GPU copies its predicate to the host every trip; copy kernels on the device,
+such as ``memcpy32_post``, count here too: ``benchmarks.loop_trips`` counts the host tests
+alone) and the costliest kernels.
 A low busy share with many short kernels means the call is bound by launches and loop trips
 (latency); a share near 1 with a few long kernels means arithmetic or memory bandwidth. The
 traced call runs slower than the untraced one (tracing adds to every launch, and XLA turns CUDA

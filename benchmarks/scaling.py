@@ -53,6 +53,7 @@ import jax
 import numpy as np
 
 from bchg_jax.core.health import health_text, solver_health
+from bchg_jax.core.host_tests import steps_per_test
 from bchg_jax.core.io import save_json
 from bchg_jax.core.sweep import seed_keys
 from benchmarks._timing import report_unhealthy, time_chunks, unhealthy
@@ -236,7 +237,8 @@ def main(argv=None):
     written = load_reference(a.write_reference)[0]
     print(
         f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, devices "
-        f"{jax.devices()}, {datetime.date.today()}, {a.iterations} timed iterations"
+        f"{jax.devices()}, {datetime.date.today()}, {a.iterations} timed iterations, a solver "
+        f"loop test every {steps_per_test()} steps (core.host_tests)"
     )
     print(
         "| experiment | method | vmapped runs | compile (s) | s / outer iteration | "

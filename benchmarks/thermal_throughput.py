@@ -22,6 +22,7 @@ import numpy as np
 
 from bchg_jax import lq
 from bchg_jax.core.health import solver_health
+from bchg_jax.core.host_tests import steps_per_test
 from bchg_jax.problems.thermal import thermal
 from benchmarks._timing import report_unhealthy, time_chunks, unhealthy
 from benchmarks.profile_trace import HEADER, profile_row
@@ -58,7 +59,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     print(
         f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "
-        f"devices {jax.devices()}"
+        f"devices {jax.devices()}, a solver loop test every {steps_per_test()} steps"
     )
     print(
         "| method | critic | seeds | compile (s) | s / outer iteration | s / iteration / seed |"

@@ -82,6 +82,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.core.host_tests import chunked_while_loop
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.stability import is_discounted_stable
 from bchg_jax.core.validate import check_discount, check_if_concrete, is_concrete
@@ -188,7 +189,7 @@ def _iterate(A, B, Qbar, Rbar, gamma, P0, tol, max_iters):
     zero = jnp.asarray(0, jnp.int32)
     no = jnp.zeros((), bool)
     init = (P0, inf, zero, inf, zero, P0, jnp.zeros((), P0.dtype), no)
-    P, res, it, _, _, _, _, stalled = jax.lax.while_loop(cond, body, init)
+    P, res, it, _, _, _, _, stalled = chunked_while_loop(cond, body, init)
     ok = jnp.isfinite(res) & (res <= tol) & jnp.all(jnp.isfinite(P))
     no = jnp.zeros((), bool)
     return P, RiccatiInfo(it, res, ok, no, stalled & ~ok, no, jnp.zeros((), P.dtype))

@@ -48,6 +48,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.core.host_tests import chunked_while_loop
+
 Array = jax.Array
 
 # the rounding floor in units of eps * max |V|. Stalled changes measured at 0.3 to 2.2 (Four-Rooms,
@@ -147,9 +149,11 @@ def keep_sweeping(residual: Array, values: Array, tol, progress: Progress, windo
 
 
 def sweep_to_tolerance(sweep, x0: Array, tol, max_sweeps, gamma, min_sweeps: int = 0):
-    """Apply ``sweep`` from ``x0`` in one ``lax.while_loop`` until the sup-norm change is
-    ``<= tol``, the solve has stalled at the rounding floor (:func:`keep_sweeping`), or
-    ``max_sweeps`` sweeps: the loop of every dense tabular solver with a tolerance.
+    """Apply ``sweep`` from ``x0`` in one ``while`` loop until the sup-norm change is ``<= tol``,
+    the solve has stalled at the rounding floor (:func:`keep_sweeping`), or ``max_sweeps``
+    sweeps: the loop of every dense tabular solver with a tolerance. The loop is
+    :func:`~bchg_jax.core.host_tests.chunked_while_loop` (on an accelerator, a host test every
+    few sweeps; the same iterates).
 
     Args:
       sweep: one fixed-point sweep, ``x -> x'`` (same shape and dtype).
@@ -177,7 +181,7 @@ def sweep_to_tolerance(sweep, x0: Array, tol, max_sweeps, gamma, min_sweeps: int
 
     inf = jnp.asarray(jnp.inf, x0.dtype)
     init = (x0, inf, jnp.zeros((), jnp.int32), progress_init((), x0.dtype))
-    x, res, k, _ = jax.lax.while_loop(cond, body, init)
+    x, res, k, _ = chunked_while_loop(cond, body, init)
     return x, res, k
 
 

@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
+from bchg_jax.core.host_tests import chunked_while_loop
+
 
 def _merge(x, batched: bool, has_run: bool, r_out: int, r_in: int):
     """One argument in the merged layout [..., r_out * r_in] (run index r_o * r_in + r_i), or
@@ -121,7 +123,7 @@ def stage_sizes(runs: int, smallest: int = 16):
     return sizes
 
 
-def compacting_while_loop(active, body, carry, smallest: int = 16):
+def compacting_while_loop(active, body, carry, smallest: int = 16, steps=None):
     """``while any(active(carry)): carry = body(carry)`` over a run axis, on fewer lanes as they
     finish.
 
@@ -137,6 +139,9 @@ def compacting_while_loop(active, body, carry, smallest: int = 16):
       body: ``carry -> carry`` (one iteration of every lane, inactive lanes unchanged).
       carry: pytree of arrays [..., R].
       smallest: the last stage's lane count is at most this (R itself when R is smaller).
+      steps: steps per loop test (:func:`~bchg_jax.core.host_tests.chunked_while_loop`; None:
+        its default): 1 where ``body`` holds a ``lax.cond``, itself a host test per step, which
+        the masked steps would only add to.
     Returns:
       the final carry (same shapes, lanes in their original order).
     """
@@ -146,13 +151,15 @@ def compacting_while_loop(active, body, carry, smallest: int = 16):
     for i, n in enumerate(sizes):
         after = sizes[i + 1] if i + 1 < len(sizes) else 0
         if i == 0:
-            carry = jax.lax.while_loop(
-                lambda c, after=after: jnp.sum(active(c)) > after, body, carry
+            carry = chunked_while_loop(
+                lambda c, after=after: jnp.sum(active(c)) > after, body, carry, steps
             )
         else:
             lanes = order[:n]
             sub = jax.tree.map(lambda x, lanes=lanes: jnp.take(x, lanes, axis=-1), carry)
-            sub = jax.lax.while_loop(lambda c, after=after: jnp.sum(active(c)) > after, body, sub)
+            sub = chunked_while_loop(
+                lambda c, after=after: jnp.sum(active(c)) > after, body, sub, steps
+            )
             carry = jax.tree.map(lambda x, y, lanes=lanes: x.at[..., lanes].set(y), carry, sub)
         if after:
             order = jnp.argsort(~active(carry), stable=True)  # active lanes first

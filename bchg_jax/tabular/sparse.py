@@ -638,7 +638,9 @@ def _soft_impl(order, tol, max_sweeps, linear_sweeps, has_run, probs, r, beta, g
         "window": jnp.broadcast_to(stall_window(jnp.max(gc, axis=0)), (R,)),
         "const": lanes,
     }
-    carry = compacting_while_loop(active, body, carry)
+    # one step per loop test: each step's lax.cond is a host test on a GPU anyway, and masked
+    # steps after a lane's last would each add one (core.host_tests)
+    carry = compacting_while_loop(active, body, carry, steps=1)
     t = tables(carry)
     Q = backup(t, carry["V"])
     V = soft_v(t, Q)
