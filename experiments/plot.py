@@ -106,6 +106,16 @@ class DamagedResult(ValueError):
     kill, edited by hand, another program's file); the message names the file."""
 
 
+def _summary_window(path: str, d: dict) -> int:
+    """The ``summary_window`` a metrics.npz records (1000 where it records none), >= 1."""
+    if "summary_window" not in d:
+        return 1000
+    window = np.asarray(d["summary_window"])
+    if window.ndim or not np.issubdtype(window.dtype, np.number) or not window >= 1:
+        raise DamagedResult(f"{path} holds summary_window {window!r}, not a count >= 1")
+    return int(window)
+
+
 def _config(run_dir: str) -> dict:
     """The run folder's ``config.json`` ({} without one).
 
@@ -400,7 +410,7 @@ def load_run(run_dir: str, metric: str = "J"):
         if metric not in d:
             raise DamagedResult(f"{path} holds no {metric!r}")
         J = d["J"]
-        window = int(d["summary_window"]) if "summary_window" in d else 1000
+        window = _summary_window(path, d)
         final, mean, se, best = summarize(J, window)
         hp = {k[5:]: float(d[k][best]) for k in d if k.startswith("grid_")}
         out[method] = (
@@ -791,7 +801,7 @@ def export_best(run_dir: str, dest: str, replace: bool = True) -> None:
                 _remove_stale(method, EXPORT_FILES)
             continue
         d = _read_all(os.path.join(src, "metrics.npz"))
-        window = int(d["summary_window"]) if "summary_window" in d else 1000
+        window = _summary_window(os.path.join(src, "metrics.npz"), d)
         best = summarize(d["J"], window)[3]
         keep = {
             k: v[best : best + 1].astype(np.float32)

@@ -11,7 +11,10 @@ def summarize(J: np.ndarray, window: int):
 
     ``se`` is NaN with one seed: a standard error needs two, and 0 would read as exact. A grid
     point with a non-finite seed (:func:`nonfinite_seeds`) is never ``best``; when every point
-    has one, ``best`` is 0 and its mean NaN (the callers say so)."""
+    has one, ``best`` is 0 and its mean NaN (the callers say so). A ``window`` below 1 is
+    refused (ValueError): ``J[..., -0:]`` is the whole run."""
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+        raise ValueError(f"window must be an int >= 1 (iterations of the mean), got {window!r}")
     final = J[..., -min(window, J.shape[-1]) :].mean(-1)
     n = final.shape[1]
     se = final.std(-1, ddof=1) / np.sqrt(n) if n > 1 else np.full(final.shape[0], np.nan)

@@ -348,16 +348,19 @@ def _check_continuation(state, start: int, metrics, G: int, N: int) -> None:
 
 def join_chunks(chunks):
     """Joins per-chunk metrics along the iteration axis (axis 2 of [G, N, iterations, ...]: a
-    metric may carry trailing axes, e.g. a policy per iteration). A metric missing from an earlier
-    chunk (a run resumed from files saved before the trainer recorded it) is 0 there."""
+    metric may carry trailing axes, e.g. a policy per iteration). A metric missing from a chunk
+    (a run resumed from files saved before the trainer recorded it) is filled there: NaN for a
+    float metric (not recorded; a 0 would be a made-up value on its curve), 0 for an integer
+    or bool one (the health flags: not flagged)."""
     out = {}
     for name in dict.fromkeys(k for c in chunks for k in c):
         like = next(c[name] for c in chunks if name in c)
+        fill = np.nan if np.issubdtype(like.dtype, np.inexact) else 0
         parts = []
         for c in chunks:
             length = next(iter(c.values())).shape[2]
             shape = like.shape[:2] + (length,) + like.shape[3:]
-            parts.append(c[name] if name in c else np.zeros(shape, like.dtype))
+            parts.append(c[name] if name in c else np.full(shape, fill, like.dtype))
         out[name] = np.concatenate(parts, axis=2)
     return out
 
@@ -461,7 +464,7 @@ def run_grid(
             trim = lambda t: _unflat(jax.tree.map(lambda x: x[:R], t), G, N)  # noqa: E731
             return trim(s), trim(m)
 
-    chunks = [] if metrics is None else [metrics]
+    chunks = [metrics] if metrics else []  # {}: no earlier metrics, as None
     done, t0, warned = start, time.perf_counter(), False
     while done < iterations:
         n = min(chunk, iterations - done)
@@ -496,7 +499,7 @@ def run_grid(
                 warned = True
         if on_chunk is not None:
             on_chunk(state, metrics, done)
-    if metrics is None:  # nothing left to run (start == iterations) and no metrics given
+    if not metrics:  # nothing left to run (start == iterations) and no metrics given
         metrics = _empty_metrics(plain_run, state, hp, G, N)
     return state, metrics
 

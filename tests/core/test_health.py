@@ -186,3 +186,15 @@ def test_resumed_legacy_metrics_get_zero_flags():
     assert m["J"].shape == (1, 2, 7)
     np.testing.assert_array_equal(m["solve_capped"][..., :4], 0)
     np.testing.assert_array_equal(m["solve_capped"][..., 4:], 1)
+
+
+def test_a_resumed_float_metric_reads_nan_where_it_was_not_recorded():
+    """A float metric the earlier chunk lacks (a policy per iteration, a cosine) was 0 there: a
+    made-up value on its curve. It is NaN (not recorded); the flags stay 0."""
+    from bchg_jax.core.sweep import join_chunks
+
+    old = {"J": np.ones((1, 2, 4))}
+    new = {"J": np.ones((1, 2, 3)), "pi": np.full((1, 2, 3, 5), 0.2, np.float32)}
+    m = join_chunks([old, new])
+    assert m["pi"].shape == (1, 2, 7, 5) and m["pi"].dtype == np.float32
+    assert np.isnan(m["pi"][:, :, :4]).all() and (m["pi"][:, :, 4:] == np.float32(0.2)).all()

@@ -101,8 +101,8 @@ def test_join_chunks_joins_along_the_iteration_axis_of_metrics_with_trailing_axe
     assert out["J"].shape == (G, N, 9) and out["g_S"].shape == (G, N, 9, 3)
     np.testing.assert_array_equal(out["g_S"][:, :, 4:], 1.0)
     np.testing.assert_array_equal(out["g_S"][:, :, :4], 0.0)
-    # a metric the earlier chunk lacks is 0 there, with its own trailing axes
-    assert out["new"].shape == (G, N, 9, 2) and not out["new"][:, :, :4].any()
+    # a float metric the earlier chunk lacks is NaN there (not recorded), with its own axes
+    assert out["new"].shape == (G, N, 9, 2) and np.isnan(out["new"][:, :, :4]).all()
 
 
 def test_run_grid_refuses_more_iterations_than_an_iteration_sized_trainer_holds():
@@ -259,6 +259,12 @@ def test_run_grid_with_nothing_left_to_run_returns_empty_metrics():
     assert rest["pi"].dtype == m["pi"].dtype
     _, same = run_grid(tr, grid, 3, 4, state=state, start=4, metrics=m, verbose=False)
     assert same is m  # the metrics given, as before
+    # metrics={} is no earlier metrics, as None (it ended in a bare StopIteration)
+    half, _ = run_grid(tr, grid, 3, 2, verbose=False)
+    _, tail = run_grid(tr, grid, 3, 4, state=half, start=2, metrics={}, verbose=False)
+    np.testing.assert_array_equal(tail["J"], m["J"][:, :, 2:])
+    _, none = run_grid(tr, grid, 3, 4, state=state, start=4, metrics={}, verbose=False)
+    assert none["J"].shape == (2, 3, 0)
 
 
 @pytest.mark.parametrize("window", [0, -5, 2.5])

@@ -633,3 +633,16 @@ def test_fourrooms_figure_compare_refuses_runs_of_another_length(tmp_path, capsy
     capsys.readouterr()
     ff.compare(str(ref), os.path.join(committed, "table.md"), 2.0)
     assert "does not state the iterations of batch100_beta1e-3 bchg" in capsys.readouterr().err
+
+
+def test_a_summary_window_below_one_is_a_damaged_file(tmp_path):
+    """summary_window 0 in a metrics.npz (edited, another program's) averaged the whole run
+    (J[..., -0:]) and called it the final window; it is named as damaged."""
+    run = write_run(tmp_path / "run")
+    path = os.path.join(run, "naive", "metrics.npz")
+    with np.load(path) as d:
+        data = {k: d[k] for k in d.files}
+    np.savez(path, **{**data, "summary_window": np.asarray(0)})
+    with pytest.raises(SystemExit) as e:
+        plot.main([run])
+    assert str(e.value.code).startswith(f"error: {path} holds summary_window")

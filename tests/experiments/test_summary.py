@@ -134,3 +134,10 @@ def test_run_summary_names_a_damaged_earlier_method_folder(tmp_path, capsys):
     with pytest.raises(SystemExit):
         finish_run(str(tmp_path), [bchg], 3)
     assert "holds J of shape (2, 3)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("window", [0, -3, 2.5, True])
+def test_summarize_refuses_a_window_below_one(window):
+    """J[..., -0:] is the whole run: a window of 0 gave the mean since iteration 1."""
+    with pytest.raises(ValueError, match="window must be an int >= 1"):
+        summarize(np.ones((2, 3, 10)), window)
