@@ -25,8 +25,9 @@ import numpy as np
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
     """Writes ``data`` to ``path`` atomically: to a temporary file in the same folder (readable
-    by others as the umask allows), fsynced, then moved into place with ``os.replace``; a
-    failure leaves ``path`` as it was and removes the temporary file.
+    by others as the umask allows), fsynced, then moved into place with ``os.replace``, and the
+    folder fsynced (the rename itself survives a power loss; skipped where a folder cannot be
+    opened, e.g. Windows); a failure leaves ``path`` as it was and removes the temporary file.
 
     Args:
       path: destination file (parent folders are created).
@@ -49,6 +50,21 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    _fsync_folder(os.path.dirname(os.path.abspath(path)))
+
+
+def _fsync_folder(folder: str) -> None:
+    """fsync a folder (its entries: a rename into it), where the platform allows it."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # no folder descriptors (Windows)
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # a file system that does not sync folders
+        pass
+    finally:
+        os.close(fd)
 
 
 def save_json(path: str, obj) -> None:

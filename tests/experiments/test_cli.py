@@ -82,6 +82,24 @@ def test_atomic_writes_leave_no_temporary_files(tmp_path):
     assert (os.stat(tmp_path / "a.json").st_mode & 0o044) == 0o044  # readable by others
 
 
+def test_an_atomic_write_syncs_the_file_and_then_its_folder(tmp_path, monkeypatch):
+    """The rename is an entry of the folder: without a sync of the folder a power loss could
+    leave the old file (or none) after the write had returned."""
+    import stat
+
+    from bchg_jax.core.io import save_json
+
+    synced, fsync = [], os.fsync
+
+    def recording_fsync(fd):
+        synced.append("folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        return fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    save_json(str(tmp_path / "sub" / "a.json"), {"x": 1})
+    assert synced == ["file", "folder"]
+
+
 @pytest.mark.slow
 def test_stopped_run_resumes_without_losing_or_repeating_work(tmp_path, monkeypatch):
     import bchg_jax.core.io as bio
