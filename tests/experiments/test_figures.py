@@ -646,3 +646,22 @@ def test_a_summary_window_below_one_is_a_damaged_file(tmp_path):
     with pytest.raises(SystemExit) as e:
         plot.main([run])
     assert str(e.value.code).startswith(f"error: {path} holds summary_window")
+
+
+def test_fourrooms_figure_table_explains_its_bold_cells(tmp_path):
+    """write_figure turns final_table's footnote off (it names the window once, above), which
+    also dropped the line saying what a bold cell is; a healthy table has no such line."""
+    from benchmarks import fourrooms_figure as ff
+
+    run = write_run(tmp_path / "batch100_beta1e-3", methods=("bchg", "naive"))
+    ff.write_figure(str(tmp_path))
+    assert "In bold" not in (tmp_path / "table.md").read_text()
+    path = os.path.join(run, "naive", "metrics.npz")
+    with np.load(path) as d:
+        data = {k: d[k] for k in d.files}
+    capped = np.zeros(data["J"].shape, np.int32)
+    capped[:, :, ::2] = 1
+    np.savez(path, **data, solve_capped=capped, update_skipped=np.zeros_like(capped))
+    ff.write_figure(str(tmp_path))
+    text = (tmp_path / "table.md").read_text()
+    assert "**capped" in text and "In bold: solver health above 1% capped or skipped" in text
