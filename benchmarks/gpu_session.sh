@@ -9,13 +9,16 @@
 #      (GPU_SESSION_METHOD_WORKERS, default 1), in the time left of the budget; then
 #      `fourrooms_figure compare` against the committed CPU tables (each panel from the newest).
 #      Not side by side: on one GPU, processes take turns on the card, and a Four-Rooms
-#      iteration is a chain of ~1,200 small kernels whose solver loops hand their condition to
-#      the host at every sweep, so each waits out the others' turns. Seven processes side by
+#      iteration is a chain of ~1,200 small kernels with host tests among them (solver loop
+#      tests, lax.cond: benchmarks/loop_trips.py), so each waits out the others' turns. Seven processes side by
 #      side (H200, 2026-12-04) ran bchg's 240 runs at over 0.1 s per iteration (no chunk of
 #      1,000 iterations in a sitting of 121 s), against 4.5 ms alone in the device check.
 #      After the check (~7.5 min) a 9-minute call leaves too little for the panel: give each a
 #      call of its own (--check-only, --panel-only);
-#   3. if time is left, `benchmarks.fourrooms_parts`: where a Four-Rooms iteration goes.
+#   3. if time is left: the toy game and thermal rows of the check again with a solver loop
+#      test at every step (BCHG_STEPS_PER_TEST=1, as before 2026-12-04; the check runs the
+#      accelerator default of 4), to measure what the fewer host tests save; then
+#      `benchmarks.fourrooms_parts`: where a Four-Rooms iteration goes.
 # It writes at most six files to OUTDIR, few and shallow, so that a remote job copies little back:
 # RESULT.txt (one line per part: passed / failed / not finished), header.txt, device_check.txt,
 # panel.txt, compact.tgz (the panel's compact copies and wall.json: `fourrooms_figure figure` and
@@ -168,7 +171,16 @@ else
 fi
 [ -n "$dmon" ] && kill "$dmon" 2> /dev/null
 
-# 3. where a Four-Rooms iteration goes, if time is left
+# 3. if time is left: one host test per solver step against the check's default (core.host_tests)
+ab_limit=$(($(left) - 20))
+if [ "$smoke" = 0 ] && [ "$panel_only" = 0 ] && [ "$ab_limit" -ge 60 ]; then
+  BCHG_STEPS_PER_TEST=1 timeout "$ab_limit" python3 -m benchmarks.scaling \
+    --experiments toy_game,thermal --runs 1 100 --iterations 2 --reference 2>&1 \
+    | grep -v Warning | tee "$work/steps_per_test_1.txt"
+  result "steps per test 1 (against the check's rows): exit ${PIPESTATUS[0]}"
+fi
+
+# where a Four-Rooms iteration goes, if time is left
 parts_limit=$(($(left) - 20))
 if [ "$smoke" = 0 ] && [ "$parts_limit" -ge 45 ]; then
   timeout "$parts_limit" python3 -m benchmarks.fourrooms_parts --runs 1 240 --warmup 50 \
@@ -182,7 +194,7 @@ result "total: $(($(date +%s) - t_start)) s of the ${budget} s budget"
   cd "$work" || exit 1
   find fig -maxdepth 5 \( -name log.txt -o -name metrics.jsonl -o -name summary.csv \
     -o -name sittings.json -o -name panel.json \) 2> /dev/null > files.lst
-  ls -d check dmon.txt fourrooms_parts.txt 2> /dev/null >> files.lst
+  ls -d check dmon.txt steps_per_test_1.txt fourrooms_parts.txt 2> /dev/null >> files.lst
   tar czf "$out/gpu_session.tgz" --exclude='*/checkpoint' -T files.lst
   # the compact copies (about 2.5 MB a panel: the 12 of the CPU figure take 29 MB, RESULTS.md)
   # in a file of their own: each file that comes back must stay under 16 MiB
