@@ -23,7 +23,10 @@ The counts are the program's, not the device's: the CPU gives the same ones as a
 sweeps of a solve, which move with float rounding). Not counted: loops inside library calls
 (``jnp.linalg``, optax) and anything traced before the wrappers are in place. A ``cond`` whose
 predicate is batched under ``vmap`` runs both branches as a ``select`` (no host test) and is
-listed as such. The wrappers stay in place only inside :func:`counting`.
+listed as such where the ``cond`` is called under the ``vmap`` itself; inside a loop body under
+``vmap`` the predicate is not seen as batched and such a ``cond`` is listed as a host test (every
+``cond`` of the library has a predicate shared by the lanes, a real host test). The wrappers
+stay in place only inside :func:`counting`.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ def _batched(x) -> bool:
     """Whether ``x`` is batched by an enclosing ``vmap`` (a batch tracer with a mapped axis)."""
     from jax._src.interpreters import batching
 
-    return isinstance(x, batching.BatchTracer) and x.batch_dim is not batching.not_mapped
+    return isinstance(x, batching.BatchTracer) and x.batch_dim is not None
 
 
 def _traced(x) -> bool:

@@ -8,7 +8,7 @@ import pytest
 from bchg_jax.core.host_tests import ENV_VAR
 from bchg_jax.problems.random_tabular import random_tabular_cmdp
 from bchg_jax.tabular.train import TrainConfig, make_train
-from benchmarks.loop_trips import FIXED, HOST_TEST, count_trips, host_tests
+from benchmarks.loop_trips import COND, FIXED, HOST_TEST, SELECT, count_trips, counting, host_tests
 
 
 def _trainer():
@@ -39,3 +39,21 @@ def test_host_tests_are_the_follower_sweeps_plus_one(steps, monkeypatch):
     assert host_tests(per_it) >= _follower_tests(per_it)
     with pytest.raises(ValueError, match="traced before"):
         count_trips(trainer, grid, runs=1, warmup=0, iterations=4)  # compiled: nothing counted
+
+
+def test_a_cond_with_a_batched_predicate_is_a_select_and_a_shared_one_a_host_test():
+    """Under vmap a cond whose predicate differs by lane runs both branches (a select, no host
+    test); one whose predicate the lanes share stays a conditional (it crashed the tool on jax
+    0.10.2, which has no batching.not_mapped)."""
+    import jax.numpy as jnp
+
+    def f(x, shared):
+        batched = jax.lax.cond(x > 0, lambda: x, lambda: -x)
+        return batched + jax.lax.cond(shared > 0, lambda: 1.0, lambda: 2.0)
+
+    with counting() as counts:
+        out = jax.jit(jax.vmap(f, (0, None)))(jnp.arange(-2.0, 3.0), 1.0)
+        jax.block_until_ready(out)
+        jax.effects_barrier()
+    assert sorted(kind for _, kind in counts) == sorted([COND, SELECT])
+    assert np.allclose(out, [3.0, 2.0, 1.0, 2.0, 3.0])

@@ -99,7 +99,8 @@ def test_steps_per_test_default_and_environment(monkeypatch):
         with pytest.raises(ValueError, match=ENV_VAR):
             steps_per_test()
     cond, body, init = _loop(3)
-    for bad in (0, -1, 2.0, True):
+    assert int(chunked_while_loop(cond, body, init, np.int64(2))[0]) == 3  # a numpy integer
+    for bad in (0, -1, 2.0, True, np.bool_(True)):
         with pytest.raises(ValueError, match="steps must be a positive integer"):
             chunked_while_loop(cond, body, init, bad)
 
