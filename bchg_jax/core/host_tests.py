@@ -39,7 +39,8 @@ from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from bchg_jax.core.validate import check_count
 
 #: steps per loop test on any backend but the CPU: a trip of 4 saves 3 device-to-host waits on a
 #: GPU, and a loop pays at most 3 masked steps at its end (a solver sweep: a few small kernels,
@@ -88,8 +89,7 @@ def chunked_while_loop(
       ValueError: ``steps`` not a positive integer.
     """
     steps = steps_per_test() if steps is None else steps
-    if isinstance(steps, (bool, np.bool_)) or not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    check_count("steps", steps)
     steps = int(steps)
     if steps == 1:
         return jax.lax.while_loop(cond_fun, body_fun, init_val)
