@@ -33,6 +33,23 @@ in ``examples/custom_cmdp.py``, whether a program hits it depends on XLA's numbe
 the emitters the same programs compile, with the same results (the golden values of
 ``tests/tabular/test_follower_models.py`` to 1e-6) and speed (the main job 13.1 s either way);
 jaxlib 0.11.2 compiles the example with them.
+
+And it turns off the ``reduce`` kind of XLA:CPU's YNNPACK library fusions on 0.10.x
+(``--xla_cpu_experimental_ynn_fusion_type=-LIBRARY_FUSION_TYPE_REDUCE``; the dot and elementwise
+kinds stay): jaxlib 0.10.2 hands a broadcast product summed over its last axis to a YNNPACK
+``reduce`` fusion that computes it wrongly when the array has a leading axis of length 1, the
+leading grid axis of every vmapped trainer (``core.sweep.grid_functions`` with one grid point).
+``jnp.sum(r[..., None, :] * w, -1)`` for ``r`` [1, R, 100] and ``w`` [2, 100] returned the first
+row's sums in place of the second's (an error of 21.6 on values of ~50) for every R from 24 to
+1,000 tried (and at 50 steps), and right ones for R up to 20, for [2, 100, 100], [1, 1, 100, 100]
+or a 2-d ``r`` (2026-12-04; ``tests/core/test_compile_options.py`` keeps the case). The library's
+own programs were not measurably hit (every experiment's trainer, 1 and 100 runs, 10
+iterations: the same metrics up to rounding, relative 1e-6 to 4e-5, with the fusions on or off),
+but a new line of code can be (the LQR game's two returns, first written that way, came out
+equal). Without these fusions the trainers are as fast or faster on this machine
+(docs/performance.md). jaxlib 0.10.0 and 0.10.1 know the option, its '-' form and the type name
+(their flag lists were checked; the project needs 0.10.2 or later anyway); whether 0.11.x still
+has the fault is not known here (no CPU wheel of it in reach).
 """
 
 from __future__ import annotations
@@ -46,10 +63,14 @@ FLAGS = (
         "--xla_cpu_enable_concurrency_optimized_scheduler=false",
     ),
     ("xla_cpu_use_fusion_emitters", "--xla_cpu_use_fusion_emitters=false"),
+    (
+        "xla_cpu_experimental_ynn_fusion_type",
+        "--xla_cpu_experimental_ynn_fusion_type=-LIBRARY_FUSION_TYPE_REDUCE",
+    ),
 )
 FLAG = " ".join(flag for _, flag in FLAGS)  # what the import appends to an empty XLA_FLAGS
 # jaxlib versions that stall / mis-compile without them (and whose XLA_FLAGS parser was checked
-# to know both options)
+# to know every option)
 CHECKED_JAXLIB_PREFIXES = ("0.10.",)
 
 

@@ -17,7 +17,12 @@ from bchg_jax.lq.estimators import (
     per_step_follower_grad,
     per_step_follower_grad_pathwise,
 )
-from bchg_jax.lq.exact import components, exact_hypergradient, leader_objective
+from bchg_jax.lq.exact import (
+    components,
+    exact_hypergradient,
+    leader_objective,
+    objective_and_components,
+)
 from bchg_jax.lq.follower import GaussianBestResponse, best_response, riccati, soft_q, soft_value
 from bchg_jax.lq.follower_models import k_step_response, observed_follower, policy_value
 from bchg_jax.lq.follower_references import as_if_optimal_hypergradient, k_step_hypergradient
@@ -35,6 +40,7 @@ __all__ = [
     "components",
     "exact_hypergradient",
     "leader_objective",
+    "objective_and_components",
     "GaussianBestResponse",
     "best_response",
     "riccati",

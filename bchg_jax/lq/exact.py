@@ -290,6 +290,16 @@ def exact_hypergradient(
     return grad
 
 
+def _signed_values(quadratics: Dict[str, tuple], br, X: Array, mass) -> Dict[str, Array]:
+    """{name: value} of each quadratic term given X and the discount mass, with the sign of a
+    reward for ``stability`` and of a cost (positive) otherwise (:func:`components`)."""
+    out = {}
+    for name, (Ms, Mb, c) in quadratics.items():
+        val = quadratic_return(Ms, Mb, c, br, X, mass)
+        out[name] = val if name == "stability" else -val
+    return out
+
+
 @full_precision
 def components(
     problem: LQConfigurableMDP,
@@ -317,11 +327,37 @@ def components(
     X = discounted_state_covariance(problem, theta, br, H)
     mass = _discount_mass(problem.gamma_L, H, theta.dtype)
     refuse_divergence(problem, theta, br, H, X, "lq.components")
-    out = {}
-    for name, (Ms, Mb, c) in quadratics.items():
-        val = quadratic_return(Ms, Mb, c, br, X, mass)
-        out[name] = val if name == "stability" else -val
-    return out
+    return _signed_values(quadratics, br, X, mass)
+
+
+@full_precision
+def objective_and_components(
+    problem: LQConfigurableMDP,
+    theta: Array,
+    br: GaussianBestResponse,
+    quadratics: Dict[str, tuple],
+    horizon="default",
+):
+    """(J, {name: value}): :func:`leader_objective` with the ``br`` given and
+    :func:`components`, from one discounted state-covariance sum where the two ran it twice (a
+    scan of ``horizon`` steps for a finite horizon; XLA does not merge two such loops inside a
+    trainer's program). The trainer's metrics at every iteration.
+
+    Args:
+      problem, theta, br, quadratics, horizon: as :func:`components`.
+    Returns:
+      ([] the leader's return, {name: [] value}).
+    Raises:
+      ValueError: as :func:`leader_objective` and :func:`components`.
+    """
+    _check_args(problem, None, horizon, theta)
+    check_policy_fits(problem, br, "br")
+    H = problem.horizon if horizon == "default" else horizon
+    X = discounted_state_covariance(problem, theta, br, H)
+    mass = _discount_mass(problem.gamma_L, H, theta.dtype)
+    J = quadratic_return(*problem.leader_quadratic(theta), br, X, mass)
+    refuse_divergence(problem, theta, br, H, J, "lq.objective_and_components")
+    return J, _signed_values(quadratics, br, X, mass)
 
 
 class QuadraticValue(NamedTuple):

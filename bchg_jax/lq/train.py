@@ -439,14 +439,15 @@ def make_train(
         """Metrics of theta: the exact 100-step J_L and its components at the policy played
         (``played``, default the best response ``br``), the best response's solve status."""
         played = br if played is None else played
-        metrics = {
-            "J": exact_lq.leader_objective(problem, theta, beta, br=played),
+        quadratics = {} if comp_fn is None else comp_fn(theta)
+        # J and the components from one state-covariance sum (one 100-step scan, not two)
+        J, parts = exact_lq.objective_and_components(problem, theta, played, quadratics)
+        return {
+            "J": J,
             "ok": br.converged.astype(jnp.int32),
             "riccati_iters": br.info.iterations,
+            **parts,
         }
-        if comp_fn is not None:
-            metrics.update(exact_lq.components(problem, theta, played, comp_fn(theta)))
-        return metrics
 
     def follower_terms(key, theta, br, traj, critic_init):
         """The follower-side inputs of the estimator: V_F on the batch, the control variate

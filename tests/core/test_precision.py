@@ -152,6 +152,8 @@ def test_lq_riccati_propositions_exact_and_lstd():
     _full(lambda t: th.best_response(t, beta).P, theta)
     _full(functools.partial(lq_exact.leader_objective, th), theta, beta)
     _full(functools.partial(lq_exact.exact_hypergradient, th), theta, beta)
+    br_th = th.best_response(theta, beta)
+    _full(lambda t: lq_exact.objective_and_components(th, t, br_th, th.components(t)), theta)
     F = 0.5 * jnp.eye(3)
     _full(lq_exact.discounted_lyapunov, F, jnp.eye(3), 0.9)
     n, m = th.state_dim, B.shape[1]
@@ -183,12 +185,14 @@ def test_tabular_game_follower_and_exact():
     _full(lambda f_: games.tabular.soft_q_iteration(game, f_, 0.05, tol=1e-6, max_sweeps=50).Q, f)
     _full(lambda f_: game_exact.best_response(game, f_, 0.05).Q, f)
     _full(lambda f_: game_exact.leader_objective(game, f_, 0.05), f)
+    br0 = game_exact.best_response(game, f, 0.05)
     _full(
         lambda f_: game_exact.leader_return(
             game, f_, game_exact.best_response(game, f_, 0.05).policy
         ),
         f,
     )
+    _full(lambda f_: game_exact.leader_returns(game, f_, br0.policy, (1.0, 0.9)), f)
     _full(jax.grad(lambda f_: game_exact.leader_objective(game, f_, 0.05)), f)
     # the references for followers that are not at their best response (issue 30)
     br = game_exact.best_response(game, f, 0.05)
@@ -217,6 +221,7 @@ def test_lqr_game_follower_and_exact():
     b = jnp.ones((3, game.follower_dim))
     _full(lambda t: games.lqr.best_response(game, t, 0.1).P, theta)
     _full(lambda t: lqr_exact.leader_objective(game, t, 0.1), theta)
+    _full(lambda t: lqr_exact.leader_returns(game, t, 0.1, (1.0, game.gamma_L)), theta)
     _full(lambda t: lqr_exact.exact_hypergradient(game, t, 0.1), theta)
     _full(lambda t: lqr_exact.hypergradient_split(game, t, 0.1), theta)
     _full(lambda x: games.lqr.follower_value(game, resp, x, a), s)

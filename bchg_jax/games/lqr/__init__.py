@@ -32,6 +32,7 @@ from bchg_jax.games.lqr.exact import (
     influence_steps,
     leader_objective,
     leader_q,
+    leader_returns,
     leader_state_values,
 )
 from bchg_jax.games.lqr.follower import (
@@ -62,6 +63,7 @@ __all__ = [
     "hypergradient_split",
     "influence_steps",
     "leader_objective",
+    "leader_returns",
     "leader_q",
     "leader_state_values",
     "GameResponse",

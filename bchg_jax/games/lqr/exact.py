@@ -359,6 +359,67 @@ def _bump_terms(game: LQRGame, theta: Array, resp: GameResponse, stochastic: boo
 
 
 @full_precision
+def leader_returns(
+    game: LQRGame,
+    theta: Array,
+    beta,
+    gammas,
+    *,
+    horizon: int | None = None,
+    stochastic: bool = True,
+    resp: GameResponse | None = None,
+    s0: Array | None = None,
+    tol: float = 1e-6,
+    max_iters: int = 50_000,
+) -> Array:
+    """[G] exact returns ``sum_{t < horizon} gamma^t E[r_L(s_t)]``, one per discount in
+    ``gammas``, from one pass over the state's moments (:func:`leader_objective` with each
+    gamma, at the cost of one).
+
+    The trainers' metrics take the undiscounted return (the figures' y-axis) and the
+    ``gamma_L``-discounted one (the leader's objective) at every iteration: a scan of
+    ``horizon`` steps with a QR per step (module docstring), shared here where two calls of
+    :func:`leader_objective` ran it twice (XLA does not merge two such loops inside the
+    trainer's program).
+
+    Args:
+      game, theta, beta, horizon, stochastic, resp, s0, tol, max_iters: as
+        :func:`leader_objective`.
+      gammas: a non-empty tuple or list of discounts (each a scalar, concrete ones in [0, 1]).
+    Returns:
+      [G] the returns, in the order of ``gammas``; NaN and raises as :func:`leader_objective`.
+    Raises:
+      ValueError: as :func:`leader_objective`, and ``gammas`` that is not a non-empty tuple or
+        list of scalars.
+    """
+    if not isinstance(gammas, (tuple, list)) or not gammas or any(np.ndim(g) for g in gammas):
+        raise ValueError(
+            "games.lqr.leader_returns: gammas must be a non-empty tuple or list of scalar "
+            f"discounts, got {gammas!r}"
+        )
+    for g in gammas:
+        _check_args(game, gamma=g)
+    horizon = _check_args(game, beta, horizon, theta=theta)
+    if s0 is not None:  # the game's own s0 is validated; an override is checked here
+        check_shape("s0", s0, (game.state_dim,), f"n={game.state_dim} from {game.name}")
+        if is_concrete(s0) and not np.all(np.isfinite(np.asarray(s0))):
+            raise ValueError(f"{game.name}: s0 must be finite, got {np.asarray(s0)}")
+    T = int(game.horizon if horizon is None else horizon)
+    solved = resp is None
+    if solved:
+        resp = best_response(game, theta, beta, stochastic=stochastic, tol=tol, max_iters=max_iters)
+    x0 = jnp.asarray(game.s0 if s0 is None else s0, theta.dtype)
+    r, F, G = _bump_terms(game, theta, resp, stochastic, x0, T)
+    t = jnp.arange(T, dtype=theta.dtype)
+    J = jnp.stack([jnp.sum(r * jnp.asarray(g, theta.dtype) ** t) for g in gammas])
+    if not solved:  # the response given is evaluated as it is (the trainer flags its solves)
+        return J
+    J = nan_unless_converged(resp, J, "lqr.leader_objective: the follower's Riccati iteration")
+    refuse_overflow(J, F, G, x0, T, "games.lqr.leader_objective")
+    return J
+
+
+@full_precision
 def leader_objective(
     game: LQRGame,
     theta: Array,
@@ -375,7 +436,8 @@ def leader_objective(
     """sum_{t < horizon} gamma^t E[r_L(s_t)] from ``s0`` (default the game's): exact.
 
     ``gamma=1`` (default) is the paper's y-axis (undiscounted 100-step return); the leader's
-    training objective is ``gamma=game.gamma_L``. Differentiable in theta. The moments are
+    training objective is ``gamma=game.gamma_L`` (both from one pass: :func:`leader_returns`).
+    Differentiable in theta. The moments are
     propagated in square-root form (module docstring), so a closed loop with rho(F) > 1 that the
     follower still answers (gamma_F rho(F)^2 < 1) has a finite return as long as the state's
     mean and covariance factor (~ rho(F)^t) fit the dtype.
@@ -405,23 +467,9 @@ def leader_objective(
         concrete solve here that did not converge, or a concrete return that is not finite
         (the moments overflowed the dtype: :func:`refuse_overflow`).
     """
-    horizon = _check_args(game, beta, horizon, gamma, theta=theta)
-    if s0 is not None:  # the game's own s0 is validated; an override is checked here
-        check_shape("s0", s0, (game.state_dim,), f"n={game.state_dim} from {game.name}")
-        if is_concrete(s0) and not np.all(np.isfinite(np.asarray(s0))):
-            raise ValueError(f"{game.name}: s0 must be finite, got {np.asarray(s0)}")
-    T = int(game.horizon if horizon is None else horizon)
-    solved = resp is None
-    if solved:
-        resp = best_response(game, theta, beta, stochastic=stochastic, tol=tol, max_iters=max_iters)
-    x0 = jnp.asarray(game.s0 if s0 is None else s0, theta.dtype)
-    r, F, G = _bump_terms(game, theta, resp, stochastic, x0, T)
-    J = jnp.sum(r * jnp.asarray(gamma, theta.dtype) ** jnp.arange(T, dtype=theta.dtype))
-    if not solved:  # the response given is evaluated as it is (the trainer flags its solves)
-        return J
-    J = nan_unless_converged(resp, J, "lqr.leader_objective: the follower's Riccati iteration")
-    refuse_overflow(J, F, G, x0, T, "games.lqr.leader_objective")
-    return J
+    _check_args(game, gamma=gamma)  # a gamma with axes is named as gamma, not as gammas
+    kw = dict(horizon=horizon, stochastic=stochastic, resp=resp, s0=s0, tol=tol)
+    return leader_returns(game, theta, beta, (gamma,), max_iters=max_iters, **kw)[0]
 
 
 def refuse_overflow(value, F, G, s0, horizon: int, caller: str) -> None:

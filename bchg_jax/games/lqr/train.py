@@ -53,7 +53,6 @@ and what the caller's ``metrics_fn`` adds (the CLI: the gains K1, K2).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import warnings
 from typing import Callable, Optional
 
@@ -89,7 +88,7 @@ from bchg_jax.games.lqr.estimator import (
     follower_mean_q,
     score_surrogate,
 )
-from bchg_jax.games.lqr.exact import leader_objective
+from bchg_jax.games.lqr.exact import leader_objective, leader_returns
 from bchg_jax.games.lqr.follower import best_response
 from bchg_jax.games.lqr.game import LQRGame, leader_mean, leader_reward
 from bchg_jax.games.lqr.rollout import rollout
@@ -302,8 +301,10 @@ def make_train(
         # where the exact return at the kept theta is finite (a return that is not finite
         # means the state's moments overflowed the dtype: metric_nonfinite, not a solve).
         theta, skipped = state.actor, (~ok).astype(jnp.int32)
-        J = functools.partial(leader_objective, game, theta, beta, stochastic=not det, resp=resp)
-        J_undiscounted, J_discounted = J(), J(gamma=gL)
+        # one pass over the state's moments for both returns (leader_returns)
+        J_undiscounted, J_discounted = leader_returns(
+            game, theta, beta, (1.0, gL), stochastic=not det, resp=resp
+        )
         moments_ok = jnp.isfinite(J_undiscounted) & jnp.isfinite(J_discounted)
         finite_grad = jnp.isfinite(grad_norm)
         capped = ~ok & (finite_grad | moments_ok) if method in EXACT else ~ok & finite_grad

@@ -20,6 +20,7 @@ from bchg_jax.games.tabular.exact import (
     lag_hypergradient,
     leader_objective,
     leader_return,
+    leader_returns,
     leader_values,
     soft_policy_evaluation,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "exact_hypergradient",
     "leader_objective",
     "leader_return",
+    "leader_returns",
     "leader_values",
     "soft_policy_evaluation",
     "as_if_optimal_hypergradient",

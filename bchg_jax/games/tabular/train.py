@@ -73,6 +73,7 @@ from bchg_jax.games.tabular.exact import (
     k_step_hypergradient,
     lag_hypergradient,
     leader_return,
+    leader_returns,
 )
 from bchg_jax.games.tabular.follower import BACKUPS, response_from_q, soft_q_iteration
 from bchg_jax.games.tabular.follower_models import follower_pieces
@@ -380,12 +381,13 @@ def make_train(
         solved = br.Q if model.best_response else br.best  # the Q of the best-response solve
         capped = ~within_tolerance(br.residual, solved, config.follower_tol)
         gap = {} if model.best_response else {"follower_gap": br.gap}
+        J, J_discounted = leader_returns(game, f, br.policy, (1.0, gL))  # one scan for both
         return {
-            "J": leader_return(game, f, br.policy),
+            "J": J,
             # the slowly moving target actor against the same follower (the reference's
             # evaluation policy is its target actor: "AverageTargetReturn")
             "J_target_actor": leader_return(game, policy(state.actor_targ), br.policy),
-            "J_discounted": leader_return(game, f, br.policy, gamma=gL),
+            "J_discounted": J_discounted,
             "batch_return": jnp.mean(jnp.sum(rL[ep.s[:, :T], ep.a, ep.b], -1)),
             "follower_sweeps": br.sweeps,
             "solve_capped": capped.astype(jnp.int32),  # at its sweep cap (the answer still used)
