@@ -56,6 +56,6 @@ def test_the_game_metrics_scan_the_chain_once_per_policy():
     trainer = games.make_train(game, "naive", games.TrainConfig(iterations=4, episodes=2))
     grid = {"actor_steps": np.array([1]), "critic_steps": np.array([1])}
     per_it, m = count_trips(trainer, grid, runs=1, warmup=0, iterations=2)
-    steps = _scan_steps(per_it, games.exact.leader_returns, "games/tabular/exact.py")
+    steps = _scan_steps(per_it, games.exact._returns, "games/tabular/exact.py")
     assert steps == 2 * 12  # J and J_discounted in one scan, J_target_actor in another
     assert np.all(np.asarray(m["J_discounted"]) != np.asarray(m["J"]))

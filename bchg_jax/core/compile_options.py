@@ -1,4 +1,5 @@
-"""The XLA:CPU stall of large vmapped programs, and the flag that avoids it.
+"""The XLA:CPU flags of jaxlib 0.10.x: a stall of large vmapped programs, a fusion that fails to
+compile and one that computes a wrong sum, and the flags that avoid them.
 
 On XLA:CPU (jaxlib 0.10.2, 2 cores) the *concurrency-optimized scheduler* deadlocks large vmapped
 training programs: the thermal trainer with 1000 runs (8.5 GB of temporaries per iteration)

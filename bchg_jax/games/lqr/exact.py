@@ -392,14 +392,28 @@ def leader_returns(
       ValueError: as :func:`leader_objective`, and ``gammas`` that is not a non-empty tuple or
         list of scalars.
     """
-    if not isinstance(gammas, (tuple, list)) or not gammas or any(np.ndim(g) for g in gammas):
+    if not isinstance(gammas, (tuple, list)) or not gammas:
         raise ValueError(
             "games.lqr.leader_returns: gammas must be a non-empty tuple or list of scalar "
             f"discounts, got {gammas!r}"
         )
-    for g in gammas:
-        _check_args(game, gamma=g)
+    kw = dict(horizon=horizon, stochastic=stochastic, resp=resp, s0=s0, tol=tol)
+    return _returns(game, theta, beta, tuple(gammas), "leader_returns", max_iters=max_iters, **kw)
+
+
+def _returns(
+    game, theta, beta, gammas, caller: str, *, horizon, stochastic, resp, s0, tol, max_iters
+):
+    """:func:`leader_returns` for a tuple ``gammas``, its checks in the order theta, beta,
+    horizon, each gamma, s0 (``caller`` names the public function in its messages)."""
     horizon = _check_args(game, beta, horizon, theta=theta)
+    for g in gammas:
+        if g is None or np.ndim(g) != 0:
+            raise ValueError(
+                f"games.lqr.{caller}: gamma (the leader return's discount) must be a scalar, "
+                f"got {g!r}"
+            )
+        _check_args(game, gamma=g)
     if s0 is not None:  # the game's own s0 is validated; an override is checked here
         check_shape("s0", s0, (game.state_dim,), f"n={game.state_dim} from {game.name}")
         if is_concrete(s0) and not np.all(np.isfinite(np.asarray(s0))):
@@ -414,8 +428,8 @@ def leader_returns(
     J = jnp.stack([jnp.sum(r * jnp.asarray(g, theta.dtype) ** t) for g in gammas])
     if not solved:  # the response given is evaluated as it is (the trainer flags its solves)
         return J
-    J = nan_unless_converged(resp, J, "lqr.leader_objective: the follower's Riccati iteration")
-    refuse_overflow(J, F, G, x0, T, "games.lqr.leader_objective")
+    J = nan_unless_converged(resp, J, f"lqr.{caller}: the follower's Riccati iteration")
+    refuse_overflow(J if len(gammas) > 1 else J[0], F, G, x0, T, f"games.lqr.{caller}")
     return J
 
 
@@ -467,9 +481,8 @@ def leader_objective(
         concrete solve here that did not converge, or a concrete return that is not finite
         (the moments overflowed the dtype: :func:`refuse_overflow`).
     """
-    _check_args(game, gamma=gamma)  # a gamma with axes is named as gamma, not as gammas
     kw = dict(horizon=horizon, stochastic=stochastic, resp=resp, s0=s0, tol=tol)
-    return leader_returns(game, theta, beta, (gamma,), max_iters=max_iters, **kw)[0]
+    return _returns(game, theta, beta, (gamma,), "leader_objective", max_iters=max_iters, **kw)[0]
 
 
 def refuse_overflow(value, F, G, s0, horizon: int, caller: str) -> None:

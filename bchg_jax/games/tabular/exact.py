@@ -223,15 +223,25 @@ def leader_returns(game, f: Array, g: Array, gammas, horizon: Optional[int] = No
       ValueError: as :func:`leader_return`, and ``gammas`` that is not a non-empty tuple or list
         of scalars.
     """
-    if not isinstance(gammas, (tuple, list)) or not gammas or any(np.ndim(x) for x in gammas):
+    if not isinstance(gammas, (tuple, list)) or not gammas:
         raise ValueError(
             "games.tabular.leader_returns: gammas must be a non-empty tuple or list of scalar "
             f"discounts, got {gammas!r}"
         )
+    return _returns(game, f, g, tuple(gammas), horizon, "leader_returns")
+
+
+def _returns(game, f, g, gammas, horizon, caller: str):
+    """:func:`leader_returns` for a tuple ``gammas``; checks in the order game, horizon, each
+    gamma, policy shapes (``caller`` names the public function)."""
     check_game(game)
     H = game.time_limit if horizon is None else horizon
     check_count("horizon (or game.time_limit when horizon is None)", H)
     for gamma in gammas:
+        if gamma is None or np.ndim(gamma) != 0:
+            raise ValueError(
+                f"games.tabular.{caller}: gamma must be a scalar discount, got {gamma!r}"
+            )
         check_if_concrete(check_discount, "gamma", gamma, True)
     check_policy_shapes(game, f, g)
     P_pi, r_pi = joint_chain(game, f, g)
@@ -269,9 +279,7 @@ def leader_return(
         a positive integer, a concrete ``gamma`` outside [0, 1], a bad scalar setting of
         ``game``, or ``f`` / ``g`` not shaped by ``game.transition``.
     """
-    check_game(game)
-    check_if_concrete(check_discount, "gamma", gamma, True)  # named as gamma, not as gammas
-    return leader_returns(game, f, g, (gamma,), horizon)[0]
+    return _returns(game, f, g, (gamma,), horizon, "leader_return")[0]
 
 
 @full_precision
