@@ -30,6 +30,7 @@ from bchg_jax import product_grid, seed_keys
 from bchg_jax.core.health import solver_health
 from bchg_jax.core.host_tests import steps_per_test
 from bchg_jax.core.sweep import grid_functions
+from bchg_jax.core.unroll import scan_unroll
 from bchg_jax.problems import fourrooms
 from bchg_jax.tabular import HParams, TrainConfig, make_train
 from benchmarks._timing import report_unhealthy, time_call, unhealthy
@@ -104,7 +105,8 @@ def main(argv=None):
     print(
         f"# Four-Rooms {a.method} throughput  {datetime.date.today()}  "
         f"{platform.processor() or platform.machine()}  jax {jax.__version__}  "
-        f"devices {jax.devices()}  a solver loop test every {steps_per_test()} steps"
+        f"devices {jax.devices()}  a solver loop test every {steps_per_test()} steps  "
+        f"{scan_unroll()} steps per trip of the rollout and SARSA scans"
     )
     print(
         "| beta | solver | 1 run: compile s | 1 run: ms/it | grid: runs | grid: compile s | "

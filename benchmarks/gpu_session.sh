@@ -15,9 +15,10 @@
 #      1,000 iterations in a sitting of 121 s), against 4.5 ms alone in the device check.
 #      After the check (~7.5 min) a 9-minute call leaves too little for the panel: give each a
 #      call of its own (--check-only, --panel-only);
-#   3. if time is left: the toy game's scaling rows at 1 and 100 runs with a solver loop test
-#      at every step (BCHG_STEPS_PER_TEST=1, as before 2026-12-04) and at the accelerator
-#      default of 4, to measure what the fewer host tests save; then
+#   3. if time is left: Four-Rooms' scaling rows at 1 and 240 runs with 4 steps per trip of
+#      its rollout and SARSA scans (the default, core.unroll) and with 25 (BCHG_SCAN_UNROLL),
+#      to measure whether fewer, longer trips shorten its chain (the toy game's A/B of steps per
+#      solver loop test, measured 2026-12-04 evening, is done); then
 #      `benchmarks.fourrooms_parts`: where a Four-Rooms iteration goes.
 # It writes at most six files to OUTDIR, few and shallow, so that a remote job copies little back:
 # RESULT.txt (one line per part: passed / failed / not finished), header.txt, device_check.txt,
@@ -171,15 +172,16 @@ else
 fi
 [ -n "$dmon" ] && kill "$dmon" 2> /dev/null
 
-# 3. if time is left: the toy game (the most host tests per iteration) at one host test per
-# solver step and at the accelerator default of 4 (core.host_tests), one after the other
-for steps in 1 4; do
+# 3. if time is left: Four-Rooms (bound by its rollout's and SARSA pass's fixed-length chains)
+# at 4 steps per scan trip (the default, core.unroll) and at 25, one after the other, each row
+# judged against the CPU's J (--reference)
+for unroll in 4 25; do
   ab_limit=$(($(left) - 20))
   if [ "$smoke" = 0 ] && [ "$ab_limit" -ge 45 ]; then
-    BCHG_STEPS_PER_TEST=$steps timeout "$ab_limit" python3 -m benchmarks.scaling \
-      --experiments toy_game --runs 1 100 --iterations 2 --reference 2>&1 \
-      | grep -v Warning | tee -a "$work/steps_per_test.txt"
-    result "toy game at ${steps} steps per solver loop test: exit ${PIPESTATUS[0]}"
+    BCHG_SCAN_UNROLL=$unroll timeout "$ab_limit" python3 -m benchmarks.scaling \
+      --experiments fourrooms --runs 1 240 --iterations 2 --reference 2>&1 \
+      | grep -v Warning | tee -a "$work/scan_unroll.txt"
+    result "Four-Rooms at ${unroll} steps per scan trip: exit ${PIPESTATUS[0]}"
   fi
 done
 
@@ -197,7 +199,7 @@ result "total: $(($(date +%s) - t_start)) s of the ${budget} s budget"
   cd "$work" || exit 1
   find fig -maxdepth 5 \( -name log.txt -o -name metrics.jsonl -o -name summary.csv \
     -o -name sittings.json -o -name panel.json \) 2> /dev/null > files.lst
-  ls -d check dmon.txt steps_per_test.txt fourrooms_parts.txt 2> /dev/null >> files.lst
+  ls -d check dmon.txt scan_unroll.txt fourrooms_parts.txt 2> /dev/null >> files.lst
   tar czf "$out/gpu_session.tgz" --exclude='*/checkpoint' -T files.lst
   # the compact copies (about 2.5 MB a panel: the 12 of the CPU figure take 29 MB, RESULTS.md)
   # in a file of their own: each file that comes back must stay under 16 MiB

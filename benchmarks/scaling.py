@@ -56,6 +56,7 @@ from bchg_jax.core.health import health_text, solver_health
 from bchg_jax.core.host_tests import steps_per_test
 from bchg_jax.core.io import save_json
 from bchg_jax.core.sweep import seed_keys
+from bchg_jax.core.unroll import scan_unroll
 from benchmarks._timing import report_unhealthy, time_chunks, unhealthy
 from benchmarks.profile_trace import HEADER, profile_row
 
@@ -238,7 +239,8 @@ def main(argv=None):
     print(
         f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, devices "
         f"{jax.devices()}, {datetime.date.today()}, {a.iterations} timed iterations, a solver "
-        f"loop test every {steps_per_test()} steps (core.host_tests)"
+        f"loop test every {steps_per_test()} steps (core.host_tests), {scan_unroll()} steps per "
+        "trip of the Four-Rooms scans (core.unroll)"
     )
     print(
         "| experiment | method | vmapped runs | compile (s) | s / outer iteration | "

@@ -34,13 +34,12 @@ solver is traced: a function already compiled keeps its value).
 
 from __future__ import annotations
 
-import os
 from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 
-from bchg_jax.core.validate import check_count
+from bchg_jax.core.validate import check_count, env_count
 
 #: steps per loop test on any backend but the CPU: a trip of 4 saves 3 device-to-host waits on a
 #: GPU, and a loop pays at most 3 masked steps at its end (a solver sweep: a few small kernels,
@@ -59,14 +58,8 @@ def steps_per_test(backend: Optional[str] = None) -> int:
     Raises:
       ValueError: ``BCHG_STEPS_PER_TEST`` set to anything but a positive integer.
     """
-    given = os.environ.get(ENV_VAR)
-    if given is not None:
-        try:
-            steps = int(given)
-        except ValueError:
-            steps = 0
-        if steps < 1 or str(steps) != given.strip():
-            raise ValueError(f"{ENV_VAR} must be a positive integer, got {given!r}")
+    steps = env_count(ENV_VAR)
+    if steps is not None:
         return steps
     backend = jax.default_backend() if backend is None else backend
     return 1 if backend == "cpu" else ACCELERATOR_STEPS_PER_TEST

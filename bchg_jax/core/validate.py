@@ -9,6 +9,7 @@ The public pure functions check their concrete arguments with :func:`check_if_co
 
 from __future__ import annotations
 
+import os
 import warnings
 import weakref
 from typing import Callable, Optional
@@ -152,6 +153,25 @@ def check_discount(name: str, value, closed: bool = False) -> None:
         raise ValueError(
             f"{name} must be a number in [0, {'1]' if closed else '1)'}, got {_show_any(value)}"
         )
+
+
+def env_count(var: str) -> Optional[int]:
+    """The positive integer in the environment variable ``var``, or None when it is unset (a
+    knob read when a program is traced, e.g. ``BCHG_STEPS_PER_TEST``).
+
+    Raises:
+      ValueError: ``var`` set to anything but a positive integer (``"4"``, not ``"4.0"``).
+    """
+    given = os.environ.get(var)
+    if given is None:
+        return None
+    try:
+        value = int(given)
+    except ValueError:
+        value = 0
+    if value < 1 or str(value) != given.strip():
+        raise ValueError(f"{var} must be a positive integer, got {given!r}")
+    return value
 
 
 def check_count(name: str, value, allow_none: bool = False) -> None:

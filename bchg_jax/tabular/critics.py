@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bchg_jax.core.segments import discounted_suffix_sum
+from bchg_jax.core.unroll import scan_unroll
 from bchg_jax.core.validate import check_discount, check_if_concrete
 from bchg_jax.tabular.rollout import Batch
 
@@ -73,7 +74,7 @@ def sarsa_update(key: Array, Q: Array, batch: Batch, leader_reward: Array, gamma
         target = r[i] + gamma_L * bt[i] * Q[s2[i], b2[i]]
         return Q.at[s[i], b[i]].add(alpha * (target - Q[s[i], b[i]])), None
 
-    Q, _ = jax.lax.scan(body, Q, order, unroll=4)  # as the rollout's scan
+    Q, _ = jax.lax.scan(body, Q, order, unroll=scan_unroll())  # as the rollout's scan
     return Q
 
 

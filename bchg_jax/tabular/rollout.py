@@ -14,6 +14,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.unroll import scan_unroll
 from bchg_jax.core.validate import (
     check_count,
     check_probability_rows_if_concrete,
@@ -161,12 +162,11 @@ def rollout(
         new_t = jnp.where(done, 0, t + 1)
         return (new_s, new_t), Batch(s, b, s_next, t, term, done)
 
-    # unroll 4: fewer loop round trips for one run (0.175 -> 0.14 ms per Four-Rooms iteration
-    # with the SARSA pass; results bit-identical; 8 was slower)
+    # several steps per loop trip (core.unroll: 4 unless BCHG_SCAN_UNROLL; the same results)
     _, out = jax.lax.scan(
         step,
         (s0, jnp.zeros((num_envs,), jnp.int32)),
         (u[:, :, :2], resets.astype(s0.dtype)),
-        unroll=4,
+        unroll=scan_unroll(),
     )
     return Batch(*(x.T for x in out))  # [num_envs, num_steps]
