@@ -59,12 +59,15 @@ def measure(
     iterations: int,
     repeats: int,
     solver: str = "auto",
+    parallel_steps: bool = False,
 ):
     """One row per part: (part, first call extra s, ms per iteration) plus the follower's sweep
     counts (mean per run, and the slowest lane's) and the solver health of the timed whole-loop
     calls (:func:`~bchg_jax.core.health.solver_health`)."""
     trainer = tabular.make_train(
-        fourrooms(), method, tabular.TrainConfig(num_steps=100, solver=solver)
+        fourrooms(),
+        method,
+        tabular.TrainConfig(num_steps=100, solver=solver, parallel_steps=parallel_steps),
     )
     grid = [(lr, a) for lr in PAPER_LR for a in PAPER_ALPHA]
     pts = [grid[i % len(grid)] for i in range(runs)]
@@ -145,6 +148,11 @@ def main(argv=None):
         choices=["auto", "dense", "sparse"],
         help="TrainConfig.solver (auto)",
     )
+    p.add_argument(
+        "--parallel-steps",
+        action="store_true",
+        help="TrainConfig.parallel_steps: the rollout in log depth, the SARSA pass one solve",
+    )
     p.add_argument("--warmup", type=int, default=200, help="training iterations first (200)")
     p.add_argument(
         "--iterations", type=int, default=20, help="iterations of the timed whole-loop call (20)"
@@ -152,7 +160,8 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3, help="timed calls, best kept (3)")
     a = p.parse_args(argv)
     print(
-        f"# Four-Rooms parts, {a.method}, solver {a.solver}, beta {a.beta:g}, batch 100; "
+        f"# Four-Rooms parts, {a.method}, solver {a.solver}, "
+        f"{'parallel' if a.parallel_steps else 'scan'} steps, beta {a.beta:g}, batch 100; "
         f"{platform.machine()} {jax.devices()[0].device_kind}, jax {jax.__version__}, "
         f"{datetime.date.today()}"
     )
@@ -164,7 +173,7 @@ def main(argv=None):
     print("|---:|" + "---:|" * 9)
     for R in a.runs:
         rows, mean_sweeps, max_sweeps, health = measure(
-            R, a.beta, a.method, a.warmup, a.iterations, a.repeats, a.solver
+            R, a.beta, a.method, a.warmup, a.iterations, a.repeats, a.solver, a.parallel_steps
         )
         cells = " | ".join(f"{ms:.3f}" if ms < 1 else f"{ms:.1f}" for _, _, ms in rows)
         print(

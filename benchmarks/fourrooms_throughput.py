@@ -3,7 +3,7 @@ each follower/metric solver side by side (compile time reported separately).
 
     python -m benchmarks.fourrooms_throughput [--iterations 500] [--single-iterations 10000]
         [--betas 1e-3 (default; the tables: 1e-3 3e-3 5e-3)] [--solvers dense sparse]
-        [--seeds 10] [--method bchg]
+        [--seeds 10] [--method bchg] [--steps scan (default) parallel]
 
 For every beta and solver (``TrainConfig.solver``): (a) one run, the jitted single-run scan
 over ``--single-iterations`` iterations (a whole 10,000-iteration run by default), and (b) the
@@ -11,7 +11,10 @@ paper's grid, 24 (lr, SARSA alpha) points x ``--seeds`` seeds vmapped (240 runs)
 ``--iterations`` iterations from the initial state. Each timed call follows a compiling call
 of identical shapes. Semantics match the experiment (batch 100, follower solved warm-started
 to the soft-sweep tolerance 1e-6, exact J_L evaluated every iteration). The last column is the
-ratio of the first solver's time to each solver's (same process, same machine). The ``capped``
+ratio of the first row's time to each row's (same process, same machine). ``--steps`` adds
+rows of ``TrainConfig.parallel_steps`` (``parallel``: the rollout in log depth, the SARSA pass
+one triangular solve) beside the scans (``scan``); the grid's mean final J is printed beside
+each row, so that a faster form is seen to train the same leader. The ``capped``
 column is the share of run-iterations (one run and grid together) whose follower or metric
 solve hit its sweep cap: a speed figure with capped solves is not a valid one, and
 ``--fail-on-cap`` then exits with status 3 after the table.
@@ -38,16 +41,23 @@ from experiments.fourrooms import PAPER_ALPHA, PAPER_LR
 
 
 def measure(
-    method: str, solver: str, beta: float, single_iterations: int, iterations: int, seeds: int
+    method: str,
+    solver: str,
+    beta: float,
+    single_iterations: int,
+    iterations: int,
+    seeds: int,
+    parallel_steps: bool = False,
 ):
     """(compile s, ms/it) of one run and of the 240-run grid; the grid's runs count; the solver
-    health of both (:func:`~bchg_jax.core.health.solver_health`)."""
+    health of both (:func:`~bchg_jax.core.health.solver_health`); the grid's mean final J."""
     problem = fourrooms("reference")
-    one = make_train(problem, method, TrainConfig(iterations=single_iterations, solver=solver))
+    cfg = dict(solver=solver, parallel_steps=parallel_steps)
+    one = make_train(problem, method, TrainConfig(iterations=single_iterations, **cfg))
     c1, t1, (_, m1) = time_call(
         jax.jit(one.train), jax.random.key(0), HParams(0.1, 0.5, beta), repeats=2, with_output=True
     )
-    trainer = make_train(problem, method, TrainConfig(iterations=iterations, solver=solver))
+    trainer = make_train(problem, method, TrainConfig(iterations=iterations, **cfg))
     hp = HParams.from_grid(product_grid(lr=PAPER_LR, sarsa_alpha=PAPER_ALPHA, beta=[beta]))
     init, run = grid_functions(trainer)
     state = init(seed_keys(seeds), hp)
@@ -63,6 +73,7 @@ def measure(
         1e3 * t2 / iterations,
         len(PAPER_LR) * len(PAPER_ALPHA) * seeds,
         solver_health(flags),
+        float(np.mean(np.asarray(m2["J"])[..., -1])),
     )
 
 
@@ -95,6 +106,14 @@ def main(argv=None):
         default=["dense", "sparse"],
         help="TrainConfig.solver values, the first is the ratio's base (default: dense sparse)",
     )
+    p.add_argument(
+        "--steps",
+        nargs="+",
+        default=["scan"],
+        choices=["scan", "parallel"],
+        help="the rollout's and SARSA pass's forms, rows for each solver: 'scan' one step after "
+        "the other, 'parallel' TrainConfig.parallel_steps (default: scan)",
+    )
     p.add_argument("--method", default="bchg", help="tabular method (default: bchg)")
     p.add_argument(
         "--fail-on-cap",
@@ -109,26 +128,34 @@ def main(argv=None):
         f"{scan_unroll()} steps per trip of the rollout and SARSA scans"
     )
     print(
-        "| beta | solver | 1 run: compile s | 1 run: ms/it | grid: runs | grid: compile s | "
-        "grid: ms/it | speed-up 1 run | speed-up grid | capped | skipped |"
+        "| beta | solver | steps | 1 run: compile s | 1 run: ms/it | grid: runs | "
+        "grid: compile s | grid: ms/it | speed-up 1 run | speed-up grid | grid: mean J | "
+        "capped | skipped |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     bad = []
     for beta in a.betas:
         base = None
         for solver in a.solvers:
-            c1, t1, c2, t2, runs, health = measure(
-                a.method, solver, beta, a.single_iterations, a.iterations, a.seeds
-            )
-            base = base or (t1, t2)
-            print(
-                f"| {beta:g} | {solver} | {c1:.1f} | {t1:.3f} | {runs} | {c2:.1f} | {t2:.1f} | "
-                f"{base[0] / t1:.2f}x | {base[1] / t2:.2f}x | {health['capped_share']:.2%} | "
-                f"{health['update_skipped']} |",
-                flush=True,
-            )
-            if unhealthy(health):
-                bad.append(f"beta {beta:g} {solver}")
+            for steps in a.steps:
+                c1, t1, c2, t2, runs, health, J = measure(
+                    a.method,
+                    solver,
+                    beta,
+                    a.single_iterations,
+                    a.iterations,
+                    a.seeds,
+                    steps == "parallel",
+                )
+                base = base or (t1, t2)
+                print(
+                    f"| {beta:g} | {solver} | {steps} | {c1:.1f} | {t1:.3f} | {runs} | {c2:.1f} | "
+                    f"{t2:.1f} | {base[0] / t1:.2f}x | {base[1] / t2:.2f}x | {J:.5f} | "
+                    f"{health['capped_share']:.2%} | {health['update_skipped']} |",
+                    flush=True,
+                )
+                if unhealthy(health):
+                    bad.append(f"beta {beta:g} {solver} {steps}")
     report_unhealthy(bad, a.fail_on_cap)
 
 

@@ -15,26 +15,33 @@
 #      1,000 iterations in a sitting of 121 s), against 4.5 ms alone in the device check.
 #      After the check (~7.5 min) a 9-minute call leaves too little for the panel: give each a
 #      call of its own (--check-only, --panel-only);
-#   3. if time is left: Four-Rooms' scaling rows at 1 and 240 runs with 4 steps per trip of
-#      its rollout and SARSA scans (the default, core.unroll) and with 25 (BCHG_SCAN_UNROLL),
-#      to measure whether fewer, longer trips shorten its chain (the toy game's A/B of steps per
-#      solver loop test, measured 2026-12-04 evening, is done); then
-#      `benchmarks.fourrooms_parts`: where a Four-Rooms iteration goes.
-# It writes at most six files to OUTDIR, few and shallow, so that a remote job copies little back:
-# RESULT.txt (one line per part: passed / failed / not finished), header.txt, device_check.txt,
+#   3. if time is left (all of it with --ab-only): Four-Rooms' chain of fixed-length steps
+#      (its rollout and SARSA pass, 200 dependent steps per iteration) shortened two ways,
+#      each timed by `benchmarks.fourrooms_throughput` (one run and the 240-run grid, sparse
+#      solver, the grid's mean J beside each row): TrainConfig.parallel_steps (the rollout in
+#      log depth, the SARSA pass one triangular solve: 235 -> 35 fixed steps per iteration,
+#      benchmarks.loop_trips) against the scans; the faithful thermal run under the profiler
+#      (its 5,000 Adam steps per iteration: which kernels make a step); Four-Rooms at 25 steps
+#      per scan trip (BCHG_SCAN_UNROLL) instead of 4; then `benchmarks.fourrooms_parts` with
+#      parallel steps: where such an iteration goes. Into ab.txt.
+# It writes at most seven files to OUTDIR, few and shallow, so that a remote job copies little
+# back: RESULT.txt (one line per part: passed / failed / not finished), header.txt, ab.txt,
+# device_check.txt,
 # panel.txt, compact.tgz (the panel's compact copies and wall.json: `fourrooms_figure figure` and
 # `compare` read them) and gpu_session.tgz (the check's tables, per-method logs and chunk
 # timings, the GPU utilisation log). A machine whose JAX has no GPU backend stops at once.
 #
 # Usage (repository root):
-#   bash benchmarks/gpu_session.sh [--smoke] [--panel-only | --check-only] [OUTDIR]
+#   bash benchmarks/gpu_session.sh [--smoke] [--panel-only | --check-only | --ab-only] [OUTDIR]
 # Without --panel-only the work folder results/gpu_session/ (git-ignored) starts empty.
 # --panel-only skips the device check and starts the panel, or continues it in that folder: a
 #   call of its own for the panel (the check leaves it too little time), and further calls on
 #   the same machine finish a panel that ran out of time (the work folder must still be there),
 #   e.g. `bash benchmarks/gpu_session.sh --panel-only $OUT`.
-# --check-only runs the device check (and fourrooms_parts if time is left), not the panel: with
+# --check-only runs the device check (and step 3 if time is left), not the panel: with
 #   a 10-minute call, one call --check-only and one --panel-only (about 7.5 + 5-8 minutes).
+# --ab-only runs step 3 alone (4-5 minutes on an H200, estimated): what is left to measure once the
+#   check and the panel have been (both were, 2026-12-04).
 # --smoke tries the plumbing on a CPU in a few minutes: every device-check step shrunk,
 #   a panel of 2 seeds x 30 iterations (its comparison is printed, not judged), in
 #   results/gpu_session_smoke/. Exit status: 0 when every part passed, 1 otherwise.
@@ -45,18 +52,19 @@
 # wheels beforehand, on a machine that reaches a package index (bash benchmarks/gpu_wheels.sh),
 # copy ./.whl with the checkout, and give the job 600 s.
 set -uo pipefail
-smoke=0 panel_only=0 check_only=0 out=""
+smoke=0 panel_only=0 check_only=0 ab_only=0 out=""
 for arg in "$@"; do
   case "$arg" in
     --smoke) smoke=1 ;;
     --panel-only) panel_only=1 ;;
     --check-only) check_only=1 ;;
+    --ab-only) ab_only=1 ;;
     -*) echo "unknown option $arg" >&2; exit 2 ;;
     *) out="$arg" ;;
   esac
 done
-if [ "$panel_only" = 1 ] && [ "$check_only" = 1 ]; then
-  echo "--panel-only and --check-only exclude each other" >&2
+if [ $((panel_only + check_only + ab_only)) -gt 1 ]; then
+  echo "--panel-only, --check-only and --ab-only exclude each other" >&2
   exit 2
 fi
 out="${out:-${OUT:-/tmp/gpu_session}}"
@@ -103,7 +111,7 @@ def ver(n):
         return '-'
 print('python', sys.version.split()[0], *(n + ' ' + ver(n) for n in names.split()))"
   echo "budget ${budget} s, smoke ${smoke}, panel-only ${panel_only}, check-only ${check_only}, \
-wheels ${wheels}"
+ab-only ${ab_only}, wheels ${wheels}"
 } 2>&1 | tee "$work/header.txt"
 [ "$wheels" = "FAILED to install" ] && result "wheels: FAILED to install (header.txt)"
 backend="$(python3 -c 'import jax; print(jax.default_backend())' 2> /dev/null)"
@@ -120,7 +128,7 @@ then copy .whl with the checkout); nothing was run"
 fi
 
 # 1. the device check
-if [ "$panel_only" = 0 ]; then
+if [ "$panel_only" = 0 ] && [ "$ab_only" = 0 ]; then
   t0=$(date +%s)
   bash benchmarks/device_check.sh "$work/check"
   rc=$?
@@ -142,7 +150,7 @@ if command -v nvidia-smi > /dev/null; then
   nvidia-smi dmon -s u -d 5 > "$work/dmon.txt" 2>&1 &
   dmon=$!
 fi
-if [ "$check_only" = 1 ]; then
+if [ "$check_only" = 1 ] || [ "$ab_only" = 1 ]; then
   :  # the panel gets a call of its own (--panel-only)
 elif [ "$panel_limit" -lt 60 ]; then
   result "panel: not started (${panel_limit} s left); continue with --panel-only"
@@ -172,42 +180,60 @@ else
 fi
 [ -n "$dmon" ] && kill "$dmon" 2> /dev/null
 
-# 3. if time is left: Four-Rooms (bound by its rollout's and SARSA pass's fixed-length chains)
-# at 4 steps per scan trip (the default, core.unroll) and at 25, one after the other, each row
-# judged against the CPU's J (--reference)
-for unroll in 4 25; do
-  ab_limit=$(($(left) - 20))
-  if [ "$smoke" = 0 ] && [ "$ab_limit" -ge 45 ]; then
-    BCHG_SCAN_UNROLL=$unroll timeout "$ab_limit" python3 -m benchmarks.scaling \
-      --experiments fourrooms --runs 1 240 --iterations 2 --reference 2>&1 \
-      | grep -v Warning | tee -a "$work/scan_unroll.txt"
-    result "Four-Rooms at ${unroll} steps per scan trip: exit ${PIPESTATUS[0]}"
+# 3. if time is left (all of it with --ab-only): Four-Rooms' chain of fixed-length steps shortened
+# (parallel steps; 25 steps per scan trip), each row timed beside the grid's mean J; then where an
+# iteration with parallel steps goes. Each part starts only with 45 s left.
+ab() {  # ab NAME COMMAND...: one part of step 3 into ab.txt, in the time left
+  local name=$1 limit=$(($(left) - 20)) rc
+  shift
+  if [ "$limit" -lt 45 ]; then
+    result "${name}: skipped (${limit} s left)"
+    return
   fi
-done
-
-# where a Four-Rooms iteration goes, if time is left
-parts_limit=$(($(left) - 20))
-if [ "$smoke" = 0 ] && [ "$parts_limit" -ge 45 ]; then
-  timeout "$parts_limit" python3 -m benchmarks.fourrooms_parts --runs 1 240 --warmup 50 \
-    --repeats 2 2>&1 | grep -v Warning | tee "$work/fourrooms_parts.txt"
-  result "fourrooms_parts: exit ${PIPESTATUS[0]}"
+  echo "### ${name}" >> "$work/ab.txt"
+  timeout "$limit" "$@" 2>&1 | grep -v Warning | tee -a "$work/ab.txt"
+  rc=${PIPESTATUS[0]}
+  case "$rc" in
+    0) result "${name}: passed" ;;
+    124) result "${name}: NOT FINISHED in ${limit} s" ;;
+    *) result "${name}: FAILED (exit ${rc}; 3: a solve at its cap or an update skipped)" ;;
+  esac
+}
+if [ "$smoke" = 1 ]; then  # the plumbing only, in seconds of a CPU's time each
+  throughput=(python3 -m benchmarks.fourrooms_throughput --solvers sparse --iterations 2
+    --single-iterations 2 --seeds 1 --fail-on-cap)
+  parts=(--runs 1 --warmup 2 --iterations 2 --repeats 1)
+  mlp=(--mlp-iterations 1)
+else
+  throughput=(python3 -m benchmarks.fourrooms_throughput --solvers sparse --iterations 500
+    --single-iterations 2000 --fail-on-cap)
+  parts=(--runs 1 240 --warmup 50 --repeats 2)
+  mlp=(--mlp-iterations 2)
+fi
+if [ "$smoke" = 0 ] || [ "$ab_only" = 1 ]; then
+  ab "Four-Rooms, scan and parallel steps" "${throughput[@]}" --steps scan parallel
+  ab "thermal faithful, profiled" python3 -m benchmarks.thermal_throughput --methods bchg \
+    --seeds 1 --only-mlp "${mlp[@]}" --profile --fail-on-cap
+  BCHG_SCAN_UNROLL=25 ab "Four-Rooms, 25 steps per scan trip" "${throughput[@]}" --steps scan
+  ab "fourrooms_parts, parallel steps" python3 -m benchmarks.fourrooms_parts "${parts[@]}" \
+    --parallel-steps
 fi
 
-# 4. the bundle: at most six files back
+# 4. the bundle: at most seven files back
 result "total: $(($(date +%s) - t_start)) s of the ${budget} s budget"
 (
   cd "$work" || exit 1
   find fig -maxdepth 5 \( -name log.txt -o -name metrics.jsonl -o -name summary.csv \
     -o -name sittings.json -o -name panel.json \) 2> /dev/null > files.lst
-  ls -d check dmon.txt scan_unroll.txt fourrooms_parts.txt 2> /dev/null >> files.lst
+  ls -d check dmon.txt 2> /dev/null >> files.lst
   tar czf "$out/gpu_session.tgz" --exclude='*/checkpoint' -T files.lst
   # the compact copies (about 2.5 MB a panel: the 12 of the CPU figure take 29 MB, RESULTS.md)
   # in a file of their own: each file that comes back must stay under 16 MiB
   [ -d compact ] && tar czf "$out/compact.tgz" compact
 )
-files=(RESULT.txt header.txt)  # and the parts this call ran (a work folder keeps earlier ones)
-[ "$panel_only" = 1 ] || files+=(device_check.txt)
-[ "$check_only" = 1 ] || files+=(panel.txt)
+files=(RESULT.txt header.txt ab.txt)  # and the parts this call ran (the folder keeps earlier ones)
+[ "$panel_only" = 1 ] || [ "$ab_only" = 1 ] || files+=(device_check.txt)
+[ "$check_only" = 1 ] || [ "$ab_only" = 1 ] || files+=(panel.txt)
 for f in "${files[@]}"; do
   [ -f "$work/$f" ] && cp "$work/$f" "$out/$f"
 done

@@ -204,6 +204,11 @@ def main(argv=None):
     p.add_argument("--runs", type=int, nargs="+", default=[1, 240], help="vmapped runs (1 240)")
     p.add_argument("--warmup", type=int, default=200, help="iterations trained first (200)")
     p.add_argument("--iterations", type=int, default=20, help="iterations counted (20)")
+    p.add_argument(
+        "--parallel-steps",
+        action="store_true",
+        help="Four-Rooms with TrainConfig.parallel_steps (rollout and SARSA pass in parallel form)",
+    )
     a = p.parse_args(argv)
     names = [n for n in a.experiments.split(",") if n]
     for n in names:
@@ -212,10 +217,11 @@ def main(argv=None):
         f"# Loop trips per outer iteration; {platform.machine()} {jax.devices()[0].device_kind}, "
         f"jax {jax.__version__}, {datetime.date.today()}; warmup {a.warmup}, "
         f"{a.iterations} iterations counted"
+        + ("; Four-Rooms with parallel_steps" if a.parallel_steps else "")
     )
     for n in names:
         for R in a.runs:
-            method, trainer, grid = trainer_for(n, R)
+            method, trainer, grid = trainer_for(n, R, a.parallel_steps)
             per_it, _ = count_trips(trainer, grid, R, a.warmup, a.iterations)
             print(
                 f"\n## {n}, {method}, {R} runs: {host_tests(per_it):.1f} host tests and "

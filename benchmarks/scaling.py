@@ -61,15 +61,18 @@ from benchmarks._timing import report_unhealthy, time_chunks, unhealthy
 from benchmarks.profile_trace import HEADER, profile_row
 
 
-def trainer_for(name: str, runs: int):
-    """(method, trainer, one-point grid) of an experiment's row at ``runs`` vmapped runs."""
+def trainer_for(name: str, runs: int, parallel_steps: bool = False):
+    """(method, trainer, one-point grid) of an experiment's row at ``runs`` vmapped runs;
+    ``parallel_steps``: Four-Rooms' ``TrainConfig.parallel_steps`` (the others ignore it)."""
     if name == "fourrooms":
         from bchg_jax.problems.fourrooms import fourrooms
         from bchg_jax.tabular.train import TrainConfig, make_train
 
         return (
             "bchg",
-            make_train(fourrooms(), "bchg", TrainConfig(num_steps=100)),
+            make_train(
+                fourrooms(), "bchg", TrainConfig(num_steps=100, parallel_steps=parallel_steps)
+            ),
             {"lr": np.array([0.1]), "sarsa_alpha": np.array([0.5]), "beta": np.array([1e-3])},
         )
     if name == "thermal":
@@ -135,10 +138,12 @@ def agrees_with_reference(J, ref):
     return ok, f"{n} runs: median {median:.1e}, {off:.0%} off"
 
 
-def measure(name: str, runs: int, iterations: int, profile: bool = False):
+def measure(
+    name: str, runs: int, iterations: int, profile: bool = False, parallel_steps: bool = False
+):
     """(method, compile s, s per iteration, health dict, per-run final J [runs], profile
     summary or None) of one row."""
-    method, trainer, grid = trainer_for(name, runs)
+    method, trainer, grid = trainer_for(name, runs, parallel_steps)
     comp, per, m, *prof = time_chunks(
         trainer, grid, runs, iterations, with_metrics=True, profile=profile
     )
@@ -221,7 +226,15 @@ def main(argv=None):
         help="record each row's first 100 per-run final J in FILE (merged with what it holds), "
         "to be the reference of another device; run it on the CPU",
     )
+    p.add_argument(
+        "--parallel-steps",
+        action="store_true",
+        help="Four-Rooms with TrainConfig.parallel_steps (its rollout in log depth, its SARSA "
+        "pass one triangular solve)",
+    )
     a = p.parse_args(argv)
+    if a.write_reference and a.parallel_steps:
+        p.error("--write-reference records the scan form's J; drop --parallel-steps")
     if a.write_reference and jax.default_backend() != "cpu":
         p.error(f"--write-reference records the CPU's J; this backend is {jax.default_backend()}")
     reference, ref_jax, ref_random = load_reference(a.reference)
@@ -241,6 +254,7 @@ def main(argv=None):
         f"{jax.devices()}, {datetime.date.today()}, {a.iterations} timed iterations, a solver "
         f"loop test every {steps_per_test()} steps (core.host_tests), {scan_unroll()} steps per "
         "trip of the Four-Rooms scans (core.unroll)"
+        + (", Four-Rooms with parallel_steps" if a.parallel_steps else "")
     )
     print(
         "| experiment | method | vmapped runs | compile (s) | s / outer iteration | "
@@ -251,7 +265,7 @@ def main(argv=None):
     for name in a.experiments.split(","):
         for runs in a.runs:
             method, comp, per, health, J_runs, prof = measure(
-                name, runs, a.iterations, profile=runs in a.profile_runs
+                name, runs, a.iterations, runs in a.profile_runs, a.parallel_steps
             )
             J = float(np.mean(J_runs))
             key = reference_key(name, method, a.iterations)

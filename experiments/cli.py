@@ -37,6 +37,8 @@ LEGACY_SETTINGS = {
     "follower_lr": 0.1,
     "follower_explore": 0.0,
     "track_reference": False,
+    # Four-Rooms' rollout and SARSA pass in parallel form
+    "parallel_steps": False,
 }
 
 

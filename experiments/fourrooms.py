@@ -35,6 +35,7 @@ SETTING_KEYS = (
     "lr",
     "sarsa_alpha",
     "solver",
+    "parallel_steps",
 )
 SETTING_KEYS += FOLLOWER_SETTINGS
 
@@ -112,6 +113,14 @@ def parse_args(argv=None):
         "successor table (same tolerance), 'auto' sparse when every state has at "
         "most S/4 successors, as in Four-Rooms (docs/performance.md)",
     )
+    g.add_argument(
+        "--parallel-steps",
+        action="store_true",
+        help="draw each rollout in log depth and make the SARSA pass one triangular solve "
+        "(TrainConfig.parallel_steps): the same batches and, up to float rounding, the same "
+        "critic in tens of dependent steps per iteration instead of one per transition; for a "
+        "GPU, slower on a CPU (docs/performance.md)",
+    )
     add_follower_args(p, estimate="the estimate (before clipping)")
     return p.parse_args(argv)
 
@@ -166,6 +175,7 @@ def run_method(method: str, a, run_dir: str):
         num_steps=steps,
         iterations=a.iterations,
         solver=a.solver,
+        parallel_steps=a.parallel_steps,
         follower=follower_model(a),
         track_reference=a.track_reference,
     )

@@ -88,9 +88,37 @@ def test_smoke_session_checks_then_trains_the_panel_in_calls_of_their_own(tmp_pa
 
 
 def test_the_panel_only_and_check_only_calls_exclude_each_other(tmp_path):
-    proc = _session(tmp_path / "out", tmp_path / "work", "--panel-only", "--check-only")
-    assert proc.returncode == 2 and "exclude each other" in proc.stderr
-    assert not (tmp_path / "work").exists()
+    for pair in (("--panel-only", "--check-only"), ("--check-only", "--ab-only")):
+        proc = _session(tmp_path / "out", tmp_path / "work", *pair)
+        assert proc.returncode == 2 and "exclude each other" in proc.stderr
+        assert not (tmp_path / "work").exists()
+
+
+def test_an_ab_only_call_times_both_forms_of_four_rooms_steps_and_nothing_else(tmp_path):
+    """``--ab-only``: step 3 alone (Four-Rooms with its scans and with parallel steps, the
+    faithful thermal run profiled, Four-Rooms at 25 steps per scan trip, the parts of a parallel
+    iteration), every Four-Rooms row beside its J."""
+    out = tmp_path / "out"
+    proc = _session(out, tmp_path / "work", "--ab-only")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = (out / "RESULT.txt").read_text()
+    for part in (
+        "Four-Rooms, scan and parallel steps: passed",
+        "thermal faithful, profiled: passed",
+        "Four-Rooms, 25 steps per scan trip: passed",
+        "fourrooms_parts, parallel steps: passed",
+    ):
+        assert part in result, result
+    assert "device check" not in result and "panel" not in result
+    assert sorted(os.listdir(out)) == ["RESULT.txt", "ab.txt", "gpu_session.tgz", "header.txt"]
+    ab = (out / "ab.txt").read_text()
+    first, thermal, unrolled, parts = ab.split("### ")[1:]
+    rows = [line.split(" | ") for line in first.splitlines() if line.startswith("| 0.001 |")]
+    assert [r[1:3] for r in rows] == [["sparse", "scan"], ["sparse", "parallel"]]
+    J = [float(r[10]) for r in rows]  # the grid's mean J: the same leader either way
+    assert abs(J[0] - J[1]) < 1e-5 * abs(J[0]) and J[0] < 0
+    assert "| bchg | mlp (faithful) | 1 |" in thermal and "Profiled" in thermal
+    assert "25 steps per trip" in unrolled and "parallel steps" in parts.splitlines()[1]
 
 
 def test_a_machine_without_a_gpu_backend_stops_at_once(tmp_path):

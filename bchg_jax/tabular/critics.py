@@ -38,7 +38,15 @@ def init_tabular_critic(
     return std * jax.random.normal(key, (num_states, num_actions), dtype)
 
 
-def sarsa_update(key: Array, Q: Array, batch: Batch, leader_reward: Array, gamma_L, alpha) -> Array:
+def sarsa_update(
+    key: Array,
+    Q: Array,
+    batch: Batch,
+    leader_reward: Array,
+    gamma_L,
+    alpha,
+    parallel: bool = False,
+) -> Array:
     """One SARSA pass over the batch in a random order (Algorithm 2 (CriticUpdate with SARSA)).
 
     Q(s,b) += alpha (r_L(s,b) + gamma_L Q(s',b') - Q(s,b)); (s', b') is the next step of the same
@@ -46,6 +54,10 @@ def sarsa_update(key: Array, Q: Array, batch: Batch, leader_reward: Array, gamma
     is the Q_L step of Algorithm 10 (EstimateValueBySARSA). The E*T transitions are visited
     sequentially (``lax.scan``) in one random permutation, so later updates see earlier ones.
     An episode end by time limit also zeroes the bootstrap (treated like a terminal step).
+
+    ``parallel=True`` computes the same pass as one triangular solve (:func:`_sarsa_solve`):
+    the same critic up to float rounding, in a few dependent steps instead of E*T, at the cost
+    of an (E*T) x (E*T) matrix per run.
 
     Args:
       key: PRNG key of the visiting order.
@@ -55,6 +67,8 @@ def sarsa_update(key: Array, Q: Array, batch: Batch, leader_reward: Array, gamma
       leader_reward: [S, B] r_L^theta(s, b).
       gamma_L: leader discount (scalar).
       alpha: SARSA step size alpha_SA (scalar, may be traced).
+      parallel: the pass as one triangular solve instead of a scan (same critic up to
+        rounding).
     Returns:
       [S, B] the updated critic Q_L^{i+1}.
     Raises:
@@ -69,6 +83,12 @@ def sarsa_update(key: Array, Q: Array, batch: Batch, leader_reward: Array, gamma
     s, b, s2, b2, bt = (x.reshape(-1) for x in (batch.s, batch.b, nxt_s, nxt_b, boot))
     r = leader_reward[s, b]
     order = jax.random.permutation(key, E * T)
+    if parallel:
+        B = Q.shape[-1]
+        x, y = (s * B + b)[order], (s2 * B + b2)[order]
+        return _sarsa_solve(Q.reshape(-1), x, y, r[order], bt[order], gamma_L, alpha).reshape(
+            Q.shape
+        )
 
     def body(Q, i):
         target = r[i] + gamma_L * bt[i] * Q[s2[i], b2[i]]
@@ -76,6 +96,36 @@ def sarsa_update(key: Array, Q: Array, batch: Batch, leader_reward: Array, gamma
 
     Q, _ = jax.lax.scan(body, Q, order, unroll=scan_unroll())  # as the rollout's scan
     return Q
+
+
+def _sarsa_solve(q0: Array, x: Array, y: Array, r: Array, bt: Array, gamma_L, alpha) -> Array:
+    """A sequential SARSA pass over n updates as one unit lower-triangular solve.
+
+    Update i (in visiting order) adds d_i to entry x_i of the flat critic, where
+    d_i = alpha (r_i + gamma_L bt_i Q_i[y_i] - Q_i[x_i]) and Q_i = q0 + sum_{j<i} d_j e_{x_j} is
+    the critic it sees. Writing Q_i out gives (I + alpha L_x - alpha gamma_L diag(bt) L_y) d = c,
+    with L_x[i, j] = [j < i, x_j = x_i], L_y[i, j] = [j < i, x_j = y_i] and
+    c = alpha (r + gamma_L bt q0[y] - q0[x]): forward substitution on it is the scan, and
+    ``lax.linalg.triangular_solve`` does it as one operation.
+
+    Args:
+      q0: [S * B] the flat critic before the pass.
+      x, y: [n] flat indices of each update's (s, b) and of its bootstrap's (s', b').
+      r: [n] rewards; bt: [n] 1 where the update bootstraps, 0 where it does not.
+      gamma_L, alpha: the discount and the step size (scalars, may be traced).
+    Returns:
+      [S * B] the critic after the pass.
+    """
+    n = x.shape[0]
+    earlier = jnp.arange(n)[None, :] < jnp.arange(n)[:, None]
+    same_x = (earlier & (x[None, :] == x[:, None])).astype(q0.dtype)
+    same_y = (earlier & (x[None, :] == y[:, None])).astype(q0.dtype)
+    A = jnp.eye(n, dtype=q0.dtype) + alpha * same_x - (alpha * gamma_L * bt)[:, None] * same_y
+    c = alpha * (r + gamma_L * bt * q0[y] - q0[x])
+    d = jax.lax.linalg.triangular_solve(
+        A, c[:, None], left_side=True, lower=True, unit_diagonal=True
+    )
+    return q0.at[x].add(d[:, 0])
 
 
 def _check_q_policy(Q: Array, policy: Array) -> None:

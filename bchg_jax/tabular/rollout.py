@@ -1,10 +1,22 @@
-"""Trajectory sampling with ``lax.scan``: ``num_envs`` streams x ``num_steps`` steps.
+"""Trajectory sampling: ``num_envs`` streams x ``num_steps`` steps, by ``lax.scan`` or in log depth.
 
 All streams start from rho_0 at the beginning of a batch and auto-reset when an episode ends
 (terminal state or time limit). Each step records the pre-transition state ``s``, the follower
 action ``b``, the sampled next state ``s_next`` (before any reset), the in-episode time index
 ``t``, and the flags ``terminal`` (s is terminal: no transition of p happened) and ``done``
 (the episode ends after this step: terminal or time limit).
+
+Two forms draw the same batch, bit for bit, from the same key. The scan takes one step after
+the other (``num_steps`` dependent steps). The parallel form (``parallel=True``) first draws,
+for every step and every state, where a stream in that state would go (an [S] map per step and
+stream, from the same uniform numbers), then composes the maps with
+``lax.associative_scan`` (composition is associative: (m2 o m1)[s] = m2[m1[s]]), so the states
+come out of about 2 log2(num_steps) dependent steps; the episode clock ``t`` is a running
+maximum. It does S times the work (B x S, or B x J with a successor table, per state and
+step), which an accelerator does side by side and a CPU does not (docs/performance.md). Its
+only restriction: an episode must not hit its time limit before the batch's last step
+(``time_limit`` None or >= ``num_steps``), since a time-limit reset depends on the clock, not
+on the state alone.
 """
 
 from __future__ import annotations
@@ -76,6 +88,54 @@ def _sample_cdf(cdf: Array, u: Array) -> Array:
     return jnp.minimum(jnp.sum(cdf <= x, axis=-1, dtype=jnp.int32), cdf.shape[-1] - 1)
 
 
+def check_parallel_limit(parallel: bool, time_limit: Optional[int], num_steps: int) -> None:
+    """ValueError unless the parallel form can draw ``num_steps`` steps under ``time_limit``.
+
+    The parallel form's states follow from the states alone, so no episode may reach its time
+    limit before the batch's last step (where the reset is not part of the batch).
+    """
+    if parallel and time_limit is not None and int(time_limit) < num_steps:
+        raise ValueError(
+            f"the parallel rollout needs time_limit None or >= num_steps (an episode cut by its "
+            f"time limit inside the batch), got time_limit {time_limit} < num_steps {num_steps}; "
+            "use the scan form (parallel=False)"
+        )
+
+
+def _parallel_steps(s0, u, resets, pol_cdf, p_cdf, nxt, term_mask, limit):
+    """The scan's step outputs, each [T, E], drawn in log depth (module docstring).
+
+    Args: ``s0`` [E] start states; ``u`` [T, E, 3] the scan's uniform numbers; ``resets``
+    [T, E] its reset states; the CDF tables, successor index (or None), terminal mask and time
+    limit of :func:`rollout`.
+    """
+    T, E = resets.shape
+    S = pol_cdf.shape[0]
+    states = jnp.arange(S)
+    # where a stream in each state would act and go at each step: [T, E, S], the scan's draws
+    b_all = _sample_cdf(pol_cdf, u[:, :, None, :1])
+    nx_all = _sample_cdf(p_cdf[states, b_all], u[:, :, None, 1:2])
+    if nxt is not None:
+        nx_all = nxt[states, nx_all]
+    # a terminal state's stream resets; a time limit cannot end an episode before step T - 1
+    step_map = jnp.where(term_mask, resets[..., None], nx_all).astype(s0.dtype)
+    # prefix compositions m_k o ... o m_0, each [E, S], applied to the start states
+    prefix = jax.lax.associative_scan(
+        lambda earlier, later: jnp.take_along_axis(later, earlier, axis=-1), step_map, axis=0
+    )
+    after = jnp.take_along_axis(prefix, jnp.broadcast_to(s0[:, None], (T, E, 1)), axis=-1)
+    s = jnp.concatenate([s0[None], after[:-1, :, 0]], axis=0)
+    b = jnp.take_along_axis(b_all, s[..., None], axis=-1)[..., 0]
+    s_next = jnp.take_along_axis(nx_all, s[..., None], axis=-1)[..., 0]
+    term = term_mask[s]
+    # the episode clock: steps since the last terminal step (a running maximum of its index)
+    k = jnp.arange(T, dtype=jnp.int32)[:, None]
+    start = jax.lax.cummax(jnp.where(term, k + 1, 0), axis=0)
+    t = k - jnp.concatenate([jnp.zeros_like(start[:1]), start[:-1]], axis=0)
+    done = term | (t + 1 >= limit)
+    return s, b, s_next, t, term, done
+
+
 def rollout(
     key: Array,
     policy: Array,
@@ -86,6 +146,7 @@ def rollout(
     num_envs: int,
     num_steps: int,
     successors=None,
+    parallel: bool = False,
 ) -> Batch:
     """Samples ``num_envs`` x ``num_steps`` transitions under the follower's policy.
 
@@ -106,6 +167,8 @@ def rollout(
         instead of all S states (the sparse solvers' table; ~S/J less work per step). The
         successors are in increasing state order, so the inverse-CDF draw picks the same
         state for the same uniform number as the full search.
+      parallel: draw the batch in log depth (module docstring): the same batch bit for bit,
+        ~2 log2(num_steps) dependent steps instead of ``num_steps``, S times the work.
     Returns:
       :class:`Batch`, every field [num_envs, num_steps] (time axis 1).
     Raises:
@@ -114,7 +177,8 @@ def rollout(
         ``transition`` or ``init_dist`` whose rows are not distributions (a negative entry, or a
         row sum off 1 by more than ``core.validate.POLICY_ROW_TOL``: logits or unnormalised
         weights would otherwise be drawn from, normalised, without a word); a ``time_limit``
-        that is not a positive integer or None; ``num_envs`` or ``num_steps`` < 1.
+        that is not a positive integer or None; ``num_envs`` or ``num_steps`` < 1;
+        ``parallel`` with a ``time_limit`` below ``num_steps``.
     """
     S, B = transition_sizes("transition", transition)
     src = f"S={S}, B={B} from transition [S, B, S]"
@@ -127,6 +191,7 @@ def rollout(
         check_probability_rows_if_concrete(label, table)  # logits or weights: no silent draw
     if num_envs < 1 or num_steps < 1:
         raise ValueError(f"num_envs and num_steps must be >= 1, got {num_envs} and {num_steps}")
+    check_parallel_limit(parallel, time_limit, num_steps)
     term_mask = jnp.zeros((S,), bool) if terminal is None else jnp.asarray(terminal, bool)
     limit = jnp.iinfo(jnp.int32).max if time_limit is None else int(time_limit)
     pol_cdf = jnp.cumsum(policy, axis=-1)
@@ -148,6 +213,10 @@ def rollout(
     # episode ends
     resets = jnp.searchsorted(rho_cdf, u[:, :, 2] * rho_cdf[-1], side="right")
     resets = jnp.minimum(resets, S - 1)
+
+    if parallel:
+        out = _parallel_steps(s0, u, resets.astype(s0.dtype), pol_cdf, p_cdf, nxt, term_mask, limit)
+        return Batch(*(x.T for x in out))
 
     def step(carry, xs):
         s, t = carry

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bchg_jax.core import hparams as hparams_lib
 from bchg_jax.core.bias_check import CUT_WEIGHT_WARN, discount_weight_beyond
@@ -57,7 +58,7 @@ from bchg_jax.tabular.follower_references import (
     k_step_hypergradient,
     lag_hypergradient,
 )
-from bchg_jax.tabular.rollout import rollout
+from bchg_jax.tabular.rollout import check_parallel_limit, rollout
 from bchg_jax.tabular.sparse import (
     cond_on_any_lane,
     depends_on_input,
@@ -114,6 +115,13 @@ class TrainConfig(FollowerSettings):
         on the same tolerance ``vi_tol``; an iteration whose model puts mass outside the
         successor table is solved densely and flagged (metric ``support_lost``).
       linear_sweeps: expectation sweeps after each soft sweep of the sparse follower solver.
+      parallel_steps: draw the rollouts in log depth and make the SARSA pass one triangular
+        solve (``rollout(parallel=True)``, ``sarsa_update(parallel=True)``): the same batches
+        bit for bit and the same critic up to float rounding, in tens of dependent steps per
+        iteration instead of one per transition, at S times the sampling work and an
+        (E*T)^2 matrix per SARSA pass. For an accelerator, where the iteration is a chain of
+        small kernels; slower on a CPU (docs/performance.md). Needs the problem's
+        ``time_limit`` None or >= ``num_steps`` (and ``oracle_steps`` for ``hpgd_oracle``).
       follower: the simulated follower (:class:`~bchg_jax.core.follower_model.FollowerModel`;
         default the best response, the paper's setting; docs/followers.md).
       track_reference: also record, every iteration, the estimate's cosine and projection
@@ -135,6 +143,7 @@ class TrainConfig(FollowerSettings):
     oracle_steps: int = 200
     solver: str = "auto"
     linear_sweeps: int = 16
+    parallel_steps: bool = False
 
     def validate(self) -> "TrainConfig":
         """Host-side field checks; returns ``self`` (raises ``ValueError`` on a bad field)."""
@@ -157,6 +166,10 @@ class TrainConfig(FollowerSettings):
                 "solver": SOLVERS,
             },
         )
+        if not isinstance(self.parallel_steps, (bool, np.bool_)):
+            raise ValueError(
+                f"TrainConfig.parallel_steps must be True or False, got {self.parallel_steps!r}"
+            )
         self.check_follower()
         return self
 
@@ -338,6 +351,8 @@ def make_train(
     S, B = problem.num_states, problem.num_actions
     terminal = problem.terminal_mask
     critic_kind, guide, use_oracle = METHOD_SPECS[method]
+    for steps in (config.num_steps, config.oracle_steps) if use_oracle else (config.num_steps,):
+        check_parallel_limit(config.parallel_steps, problem.time_limit, steps)
     if guide == "hpgd" and config.grouping != "every_visit":
         raise ValueError(
             "HPGD methods need grouping='every_visit' (dV_F comes from other segments)"
@@ -539,6 +554,7 @@ def make_train(
             config.num_envs,
             config.num_steps,
             successors=table,
+            parallel=config.parallel_steps,
         )
         if not use_oracle:
             return batch, None
@@ -552,6 +568,7 @@ def make_train(
             config.oracle_envs,
             config.oracle_steps,
             successors=table,
+            parallel=config.parallel_steps,
         )
 
     sampler_fn = problem.sample_transition or problem.transition
@@ -570,7 +587,9 @@ def make_train(
         Q_L, Algorithm 10) or Monte Carlo returns of the batch / oracle segments (Algorithm 9)."""
         rL = problem.leader_reward(theta)
         if critic_kind == "sarsa":
-            critic = critics.sarsa_update(key, critic, batch, rL, problem.gamma_L, alpha)
+            critic = critics.sarsa_update(
+                key, critic, batch, rL, problem.gamma_L, alpha, config.parallel_steps
+            )
             return critic, critic, None
         Q_L, V_L_hat = critics.monte_carlo_critic(
             batch if segments is None else segments, rL, problem.gamma_L
