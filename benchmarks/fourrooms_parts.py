@@ -2,7 +2,7 @@
 iteration, at 1 / 10 / 240 / 1000 vmapped runs (the first call's extra time reported apart).
 
     python -m benchmarks.fourrooms_parts [--runs 1 10 240 1000] [--beta 1e-3] [--method bchg]
-        [--solver auto|dense|sparse]
+        [--solver auto|dense|sparse] [--parallel-steps]
 
 The runs cycle through the paper's lr x SARSA-alpha grid (24 points, so 240 runs = the paper's
 grid x 10 seeds), run r with seed r. (Before 2026-11-29 every run had seed 0, so 240 runs were
@@ -25,6 +25,12 @@ and ``skipped`` are the solver health of the timed ``whole`` calls (the share of
 whose follower or metric solve hit its cap, and the skipped updates): a speed figure with capped
 solves is not a valid one.
 
+With ``--parallel-steps`` (``TrainConfig.parallel_steps``) each row is also checked on the device
+against the scan forms at the same inputs: the rollout's batch must be the scan's bit for bit and
+the SARSA critic the scan's within ``PARALLEL_RTOL`` of its largest entry (the exit status is 3
+otherwise): a fast parallel form that computes another critic (a linear solve at reduced
+precision, say) is a bug, not a speed-up.
+
 The cost depends on the training phase: the follower's warm start is poorest while theta moves
 fast. Measured on the 2-core CPU (2026-11-26): the 240-run grid costs 140 ms per iteration at
 iterations 200-220, against 58 ms averaged over a whole 10,000-iteration run; ``--warmup``
@@ -38,6 +44,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
+import sys
 import time
 
 import jax
@@ -49,6 +56,30 @@ from bchg_jax.core.sweep import grid_functions, seed_keys
 from bchg_jax.problems import fourrooms
 from benchmarks._timing import time_call
 from experiments.fourrooms import PAPER_ALPHA, PAPER_LR
+
+PARALLEL_RTOL = 1e-5  # the parallel SARSA pass against the scan's, relative to the critic's scale
+
+
+def parallel_check(method, solver, keys, flat, policy, alphas, batch, segments, Q_L):
+    """(same batch [bool], max |Q_L - Q_L of the scans| / max(1, max |Q_L of the scans|)): the
+    parallel forms' outputs against the scans' at the same inputs, computed on this device."""
+    ref = tabular.make_train(
+        fourrooms(), method, tabular.TrainConfig(num_steps=100, solver=solver)
+    ).steps
+    ref_batch, ref_segments = jax.jit(jax.vmap(ref["collect"]))(keys, flat.theta, policy)
+    same = all(
+        np.array_equal(np.asarray(a), np.asarray(b))
+        for a, b in zip(
+            jax.tree.leaves((batch, segments)),
+            jax.tree.leaves((ref_batch, ref_segments)),
+            strict=True,
+        )
+    )
+    axis = None if segments is None else 0
+    critic = jax.jit(jax.vmap(ref["leader_critic"], (0, 0, 0, 0, axis, 0)))
+    _, Q_ref, _ = critic(keys, flat.critic, flat.theta, batch, segments, alphas)
+    Q_ref, Q_L = np.asarray(Q_ref, np.float64), np.asarray(Q_L, np.float64)
+    return same, float(np.max(np.abs(Q_L - Q_ref)) / max(1.0, np.max(np.abs(Q_ref))))
 
 
 def measure(
@@ -124,7 +155,16 @@ def measure(
     rows.append(("whole", c, t / iterations))
     sweeps = np.asarray(br.sweeps)
     health = solver_health({k: np.asarray(m[k]) for k in ("solve_capped", "update_skipped")})
-    return [(p, c, 1e3 * t) for p, c, t in rows], float(sweeps.mean()), int(sweeps.max()), health
+    check = None
+    if parallel_steps:
+        check = parallel_check(method, solver, keys, flat, br.policy, alphas, batch, segments, Q_L)
+    return (
+        [(p, c, 1e3 * t) for p, c, t in rows],
+        float(sweeps.mean()),
+        int(sweeps.max()),
+        health,
+        check,
+    )
 
 
 def main(argv=None):
@@ -171,8 +211,9 @@ def main(argv=None):
         + " | soft-VI sweeps mean / loop | capped | skipped |"
     )
     print("|---:|" + "---:|" * 9)
+    off = []
     for R in a.runs:
-        rows, mean_sweeps, max_sweeps, health = measure(
+        rows, mean_sweeps, max_sweeps, health, check = measure(
             R, a.beta, a.method, a.warmup, a.iterations, a.repeats, a.solver, a.parallel_steps
         )
         cells = " | ".join(f"{ms:.3f}" if ms < 1 else f"{ms:.1f}" for _, _, ms in rows)
@@ -182,6 +223,18 @@ def main(argv=None):
             flush=True,
         )
         print("  first call extra s: " + ", ".join(f"{n} {c:.1f}" for n, c, _ in rows), flush=True)
+        if check is not None:
+            same, dev = check
+            print(
+                f"  against the scans on this device: batch {'identical' if same else 'DIFFERS'}, "
+                f"SARSA critic max |dQ| / scale {dev:.1e} (allowed {PARALLEL_RTOL:.0e})",
+                flush=True,
+            )
+            if not same or dev > PARALLEL_RTOL:
+                off.append(f"{R} runs")
+    if off:
+        print(f"parallel steps differ from the scans at {', '.join(off)}", file=sys.stderr)
+        sys.exit(3)
 
 
 if __name__ == "__main__":

@@ -106,19 +106,22 @@ def test_an_ab_only_call_times_both_forms_of_four_rooms_steps_and_nothing_else(t
         "Four-Rooms, scan and parallel steps: passed",
         "thermal faithful, profiled: passed",
         "Four-Rooms, 25 steps per scan trip: passed",
+        "Four-Rooms, parallel steps, 8 steps per host test: passed",
         "fourrooms_parts, parallel steps: passed",
     ):
         assert part in result, result
     assert "device check" not in result and "panel" not in result
     assert sorted(os.listdir(out)) == ["RESULT.txt", "ab.txt", "gpu_session.tgz", "header.txt"]
     ab = (out / "ab.txt").read_text()
-    first, thermal, unrolled, parts = ab.split("### ")[1:]
+    first, parts, thermal, unrolled, tests = ab.split("### ")[1:]
     rows = [line.split(" | ") for line in first.splitlines() if line.startswith("| 0.001 |")]
     assert [r[1:3] for r in rows] == [["sparse", "scan"], ["sparse", "parallel"]]
     J = [float(r[10]) for r in rows]  # the grid's mean J: the same leader either way
     assert abs(J[0] - J[1]) < 1e-5 * abs(J[0]) and J[0] < 0
     assert "| bchg | mlp (faithful) | 1 |" in thermal and "Profiled" in thermal
     assert "25 steps per trip" in unrolled and "parallel steps" in parts.splitlines()[1]
+    assert "against the scans on this device: batch identical" in parts
+    assert "a solver loop test every 8 steps" in tests and "| sparse | parallel |" in tests
 
 
 def test_a_machine_without_a_gpu_backend_stops_at_once(tmp_path):

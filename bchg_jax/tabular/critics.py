@@ -86,6 +86,7 @@ def sarsa_update(
     if parallel:
         B = Q.shape[-1]
         x, y = (s * B + b)[order], (s2 * B + b2)[order]
+        r = r.astype(Q.dtype)  # as the scan's update casts it into the critic
         return _sarsa_solve(Q.reshape(-1), x, y, r[order], bt[order], gamma_L, alpha).reshape(
             Q.shape
         )
@@ -121,7 +122,7 @@ def _sarsa_solve(q0: Array, x: Array, y: Array, r: Array, bt: Array, gamma_L, al
     same_x = (earlier & (x[None, :] == x[:, None])).astype(q0.dtype)
     same_y = (earlier & (x[None, :] == y[:, None])).astype(q0.dtype)
     A = jnp.eye(n, dtype=q0.dtype) + alpha * same_x - (alpha * gamma_L * bt)[:, None] * same_y
-    c = alpha * (r + gamma_L * bt * q0[y] - q0[x])
+    c = (alpha * (r + gamma_L * bt * q0[y] - q0[x])).astype(q0.dtype)
     d = jax.lax.linalg.triangular_solve(
         A, c[:, None], left_side=True, lower=True, unit_diagonal=True
     )

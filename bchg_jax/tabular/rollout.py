@@ -12,8 +12,9 @@ for every step and every state, where a stream in that state would go (an [S] ma
 stream, from the same uniform numbers), then composes the maps with
 ``lax.associative_scan`` (composition is associative: (m2 o m1)[s] = m2[m1[s]]), so the states
 come out of about 2 log2(num_steps) dependent steps; the episode clock ``t`` is a running
-maximum. It does S times the work (B x S, or B x J with a successor table, per state and
-step), which an accelerator does side by side and a CPU does not (docs/performance.md). Its
+maximum. It does S times the work (B + S comparisons per state and step, B + J with a
+successor table), which an accelerator does side by side and a CPU does not
+(docs/performance.md). Its
 only restriction: an episode must not hit its time limit before the batch's last step
 (``time_limit`` None or >= ``num_steps``), since a time-limit reset depends on the clock, not
 on the state alone.

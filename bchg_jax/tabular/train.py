@@ -119,7 +119,8 @@ class TrainConfig(FollowerSettings):
         solve (``rollout(parallel=True)``, ``sarsa_update(parallel=True)``): the same batches
         bit for bit and the same critic up to float rounding, in tens of dependent steps per
         iteration instead of one per transition, at S times the sampling work and an
-        (E*T)^2 matrix per SARSA pass. For an accelerator, where the iteration is a chain of
+        (E*T)^2 matrix per SARSA pass (4 MB per run at batch 1,000: 1 GB for the 240-run
+        grid). For an accelerator, where the iteration is a chain of
         small kernels; slower on a CPU (docs/performance.md). Needs the problem's
         ``time_limit`` None or >= ``num_steps`` (and ``oracle_steps`` for ``hpgd_oracle``).
       follower: the simulated follower (:class:`~bchg_jax.core.follower_model.FollowerModel`;
@@ -351,8 +352,9 @@ def make_train(
     S, B = problem.num_states, problem.num_actions
     terminal = problem.terminal_mask
     critic_kind, guide, use_oracle = METHOD_SPECS[method]
-    for steps in (config.num_steps, config.oracle_steps) if use_oracle else (config.num_steps,):
-        check_parallel_limit(config.parallel_steps, problem.time_limit, steps)
+    if method != "exact":  # which draws no batch
+        for steps in (config.num_steps,) + ((config.oracle_steps,) if use_oracle else ()):
+            check_parallel_limit(config.parallel_steps, problem.time_limit, steps)
     if guide == "hpgd" and config.grouping != "every_visit":
         raise ValueError(
             "HPGD methods need grouping='every_visit' (dV_F comes from other segments)"

@@ -163,5 +163,20 @@ def test_the_parallel_forms_say_where_they_do_not_apply():
     with pytest.raises(ValueError, match="time_limit 50 < num_steps 100"):
         make_train(prob, "bchg", TrainConfig(num_steps=100, parallel_steps=True))
     make_train(prob, "bchg", TrainConfig(num_steps=50, parallel_steps=True))  # at the limit
+    make_train(prob, "exact", TrainConfig(num_steps=100, parallel_steps=True))  # draws no batch
     with pytest.raises(ValueError, match="time_limit 50 < num_steps 200"):  # the oracle's
         make_train(prob, "hpgd_oracle", TrainConfig(num_steps=50, parallel_steps=True))
+
+
+def test_the_triangular_pass_casts_a_wider_reward_into_the_critic_as_the_scan_does():
+    """A float64 leader reward with a float32 critic (x64 on): the scan's update casts into the
+    critic's dtype, and so does the solve (it had refused the mixed dtypes)."""
+    with jax.enable_x64(True):
+        pol, P, rho, term = _setting(4, S=4, B=2, terminal=(2,))
+        batch = rollout(jax.random.key(1), pol, P, rho, term, None, 2, 20)
+        Q0 = jax.random.normal(jax.random.key(2), pol.shape, jnp.float32)
+        rL = jax.random.normal(jax.random.key(3), pol.shape, jnp.float64)
+        got = critics.sarsa_update(jax.random.key(4), Q0, batch, rL, 0.9, 0.5, parallel=True)
+        scan = critics.sarsa_update(jax.random.key(4), Q0, batch, rL, 0.9, 0.5)
+        assert got.dtype == scan.dtype == jnp.float32
+        np.testing.assert_allclose(np.asarray(got), np.asarray(scan), rtol=0, atol=1e-5)
