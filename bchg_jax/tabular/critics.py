@@ -81,12 +81,11 @@ def sarsa_update(
     last = jnp.zeros((E, T), bool).at[:, -1].set(True)
     boot = (~(batch.done | last)).astype(Q.dtype)
     s, b, s2, b2, bt = (x.reshape(-1) for x in (batch.s, batch.b, nxt_s, nxt_b, boot))
-    r = leader_reward[s, b]
+    r = leader_reward[s, b].astype(Q.dtype)  # a wider reward is rounded into the critic's dtype
     order = jax.random.permutation(key, E * T)
     if parallel:
         B = Q.shape[-1]
         x, y = (s * B + b)[order], (s2 * B + b2)[order]
-        r = r.astype(Q.dtype)  # as the scan's update casts it into the critic
         return _sarsa_solve(Q.reshape(-1), x, y, r[order], bt[order], gamma_L, alpha).reshape(
             Q.shape
         )

@@ -14,10 +14,9 @@ stream, from the same uniform numbers), then composes the maps with
 come out of about 2 log2(num_steps) dependent steps; the episode clock ``t`` is a running
 maximum. It does S times the work (B + S comparisons per state and step, B + J with a
 successor table), which an accelerator does side by side and a CPU does not
-(docs/performance.md). Its
-only restriction: an episode must not hit its time limit before the batch's last step
-(``time_limit`` None or >= ``num_steps``), since a time-limit reset depends on the clock, not
-on the state alone.
+(docs/performance.md). Its only restriction: an episode must not hit its time limit before the
+batch's last step (``time_limit`` None or >= ``num_steps``), since a time-limit reset depends on
+the clock, not on the state alone.
 """
 
 from __future__ import annotations

@@ -120,9 +120,9 @@ class TrainConfig(FollowerSettings):
         bit for bit and the same critic up to float rounding, in tens of dependent steps per
         iteration instead of one per transition, at S times the sampling work and an
         (E*T)^2 matrix per SARSA pass (4 MB per run at batch 1,000: 1 GB for the 240-run
-        grid). For an accelerator, where the iteration is a chain of
-        small kernels; slower on a CPU (docs/performance.md). Needs the problem's
-        ``time_limit`` None or >= ``num_steps`` (and ``oracle_steps`` for ``hpgd_oracle``).
+        grid). For an accelerator, where the iteration is a chain of small kernels; slower on
+        a CPU (docs/performance.md). Needs the problem's ``time_limit`` None or >=
+        ``num_steps`` (and ``oracle_steps`` for ``hpgd_oracle``).
       follower: the simulated follower (:class:`~bchg_jax.core.follower_model.FollowerModel`;
         default the best response, the paper's setting; docs/followers.md).
       track_reference: also record, every iteration, the estimate's cosine and projection

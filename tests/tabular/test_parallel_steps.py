@@ -3,6 +3,7 @@
 rounding, no loop left in either, and clear errors where the form does not apply."""
 
 import dataclasses
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -168,10 +169,12 @@ def test_the_parallel_forms_say_where_they_do_not_apply():
         make_train(prob, "hpgd_oracle", TrainConfig(num_steps=50, parallel_steps=True))
 
 
-def test_the_triangular_pass_casts_a_wider_reward_into_the_critic_as_the_scan_does():
-    """A float64 leader reward with a float32 critic (x64 on): the scan's update casts into the
-    critic's dtype, and so does the solve (it had refused the mixed dtypes)."""
-    with jax.enable_x64(True):
+def test_both_passes_round_a_wider_reward_into_the_critics_dtype():
+    """A float64 leader reward with a float32 critic (x64 on): both forms round it into the
+    critic's dtype first (the solve had refused the mixed dtypes; the scan's scatter had cast
+    them with JAX's FutureWarning that this will become an error)."""
+    with jax.enable_x64(True), warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
         pol, P, rho, term = _setting(4, S=4, B=2, terminal=(2,))
         batch = rollout(jax.random.key(1), pol, P, rho, term, None, 2, 20)
         Q0 = jax.random.normal(jax.random.key(2), pol.shape, jnp.float32)
