@@ -26,7 +26,10 @@
 #      iteration: which kernels make a step); Four-Rooms at 25 steps per scan trip
 #      (BCHG_SCAN_UNROLL) instead of 4; with parallel steps, at 8 steps per solver loop test
 #      (BCHG_STEPS_PER_TEST) instead of 4 (the grid's metric solve makes most of its host
-#      tests). Into ab.txt.
+#      tests); the kernels per iteration of Four-Rooms (scans and parallel steps) and of the
+#      faithful thermal run as XLA:GPU compiles them for the card (benchmarks.gpu_kernels
+#      --attached: the autotuned GEMMs, against the counts of its compile without a GPU).
+#      Into ab.txt.
 # It writes at most seven files to OUTDIR, few and shallow, so that a remote job copies little
 # back: RESULT.txt (one line per part: passed / failed / not finished), header.txt, ab.txt,
 # device_check.txt,
@@ -228,6 +231,12 @@ if [ "$smoke" = 0 ] || [ "$ab_only" = 1 ]; then
   BCHG_SCAN_UNROLL=25 ab "Four-Rooms, 25 steps per scan trip" "${throughput[@]}" --steps scan
   BCHG_STEPS_PER_TEST=8 ab "Four-Rooms, parallel steps, 8 steps per host test" \
     "${throughput[@]}" --steps parallel
+  if [ "$smoke" = 0 ]; then  # compiled for the card (its autotuned GEMMs); a CPU has none
+    ab "kernels per iteration, compiled for the card" bash -c "python3 -m benchmarks.gpu_kernels \
+      --attached --experiments fourrooms --runs 1 240 && python3 -m benchmarks.gpu_kernels \
+      --attached --experiments fourrooms --runs 1 240 --parallel-steps && python3 -m \
+      benchmarks.gpu_kernels --attached --experiments thermal_faithful --runs 1"
+  fi
 fi
 
 [ -n "$dmon" ] && kill "$dmon" 2> /dev/null

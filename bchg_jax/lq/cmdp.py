@@ -170,8 +170,28 @@ class LQConfigurableMDP:
         Returns:
           [..., n] next states.
         """
-        w = jax.random.normal(key, s.shape, s.dtype) @ jnp.asarray(self.U, s.dtype).T
-        return self.mean_next(theta, s, b) + w
+        return self.stepper(theta)(key, s, b)
+
+    def stepper(self, theta: Array) -> Callable[[Array, Array, Array], Array]:
+        """:meth:`step` at a fixed ``theta``: ``(key, s, b) -> s'``, the same draws, with A(theta)
+        and B(theta) formed once, here. A scan over time (:func:`bchg_jax.lq.rollout.rollout`)
+        calls it at every step: XLA:GPU does not move the matrices' construction (thermal's A:
+        17 scatter kernels) out of the loop by itself (``benchmarks.gpu_kernels``: 32 -> 13
+        kernels per step of thermal's rollout).
+
+        Args:
+          theta: [d] leader parameters.
+        Returns:
+          ``step(key, s [..., n], b [..., m]) -> [..., n]`` next states.
+        """
+        A, B = self.A_fn(theta), self.B_fn(theta)
+
+        @full_precision
+        def step(key: Array, s: Array, b: Array) -> Array:
+            w = jax.random.normal(key, s.shape, s.dtype) @ jnp.asarray(self.U, s.dtype).T
+            return (s @ A.T + b @ B.T) + w
+
+        return step
 
     def log_transition(self, theta: Array, s: Array, b: Array, s2: Array) -> Array:
         """log p_theta(s2|s, b) = log N(s2; A(theta) s + B(theta) b, U U^T), differentiable.

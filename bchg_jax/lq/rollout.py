@@ -46,11 +46,13 @@ def rollout(
 
     ``num_episodes`` episodes of ``horizon`` transitions: s_0 ~ rho_0, b_t ~ policy(.|s_t),
     s_{t+1} ~ p_theta(.|s_t, b_t), one ``lax.scan`` over time. ``policy`` needs
-    ``sample(key, s)`` (e.g. a :class:`~bchg_jax.core.maxent_lqr.GaussianBestResponse`).
+    ``sample(key, s)`` (e.g. a :class:`~bchg_jax.core.maxent_lqr.GaussianBestResponse`). A
+    problem with ``stepper(theta) -> step(key, s, b)`` (the same draws as ``step(key, theta, s,
+    b)``) has its theta-dependent pieces formed once, before the scan.
 
     Args:
       key: PRNG key.
-      problem: the configurable MDP (``sample_init``, ``step``).
+      problem: the configurable MDP (``sample_init``, ``step``; optionally ``stepper``).
       theta: [d] leader parameters.
       policy: the follower policy: ``sample(key, s [E, n]) -> [E, m]``.
       num_episodes: E.
@@ -77,10 +79,14 @@ def rollout(
     s0 = problem.sample_init(k0, theta, num_episodes)
     b0 = policy.sample(kb0, s0)
 
+    # theta's matrices formed once, outside the scan, where the problem can (``stepper``)
+    stepper = getattr(problem, "stepper", None)
+    step = stepper(theta) if stepper is not None else (lambda k, s, b: problem.step(k, theta, s, b))
+
     def body(carry, k):
         s, b = carry
         ks, kb = jax.random.split(k)
-        s2 = problem.step(ks, theta, s, b)
+        s2 = step(ks, s, b)
         b2 = policy.sample(kb, s2)
         return (s2, b2), (s2, b2)
 

@@ -1,0 +1,84 @@
+"""lq.rollout forms theta's matrices once, before its scan over time (``stepper``): the same
+batch as stepping through ``problem.step`` at every step, without the matrices' construction
+(thermal's A(theta): scatter-adds) inside the loop."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bchg_jax.lq.rollout import rollout
+from bchg_jax.problems.thermal import thermal
+
+
+class _StepOnly:
+    """The generic interface without ``stepper``: ``step(key, theta, s, b)`` at every step."""
+
+    def __init__(self, problem):
+        self._p = problem
+
+    def sample_init(self, key, theta, num):
+        return self._p.sample_init(key, theta, num)
+
+    def step(self, key, theta, s, b):
+        return self._p.step(key, theta, s, b)
+
+
+class _Linear:
+    """A Gaussian linear policy ``b = -K s + 0.5 eps`` (only ``sample`` and ``K`` are used)."""
+
+    def __init__(self, K):
+        self.K = K
+
+    def sample(self, key, s):
+        eps = jax.random.normal(key, s.shape[:-1] + (self.K.shape[0],), s.dtype)
+        return -s @ self.K.T + 0.5 * eps
+
+
+def _policy(problem, dtype):
+    n, m = problem.state_dim, problem.action_dim
+    return _Linear(jnp.asarray(np.random.default_rng(0).normal(size=(m, n)) * 0.1, dtype))
+
+
+def _prims(jaxpr):
+    out = set()
+    for eqn in jaxpr.eqns:
+        out.add(eqn.primitive.name)
+        for v in eqn.params.values():
+            inner = getattr(v, "jaxpr", None)
+            if inner is not None:
+                out |= _prims(getattr(inner, "jaxpr", inner))
+    return out
+
+
+def test_the_batch_is_the_one_of_stepping_through_step(x64):
+    problem = thermal()
+    for dtype in (jnp.float32, jnp.float64):
+        theta = jnp.asarray(np.random.default_rng(1).normal(size=8), dtype)
+        pol = _policy(problem, dtype)
+        key = jax.random.PRNGKey(3)
+        a = jax.jit(lambda k, th: rollout(k, problem, th, pol, 5, 30))(key, theta)
+        b = jax.jit(lambda k, th: rollout(k, _StepOnly(problem), th, pol, 5, 30))(key, theta)
+        assert a.s.dtype == dtype
+        np.testing.assert_array_equal(np.asarray(a.s), np.asarray(b.s))
+        np.testing.assert_array_equal(np.asarray(a.b), np.asarray(b.b))
+        # and one step is step's
+        s, bb = a.s[:, 0], a.b[:, 0]
+        np.testing.assert_array_equal(
+            np.asarray(problem.stepper(theta)(key, s, bb)),
+            np.asarray(problem.step(key, theta, s, bb)),
+        )
+
+
+def test_thermal_s_matrices_are_built_outside_the_scan():
+    problem = thermal()
+    theta = jnp.zeros(8, jnp.float32)
+    pol = _policy(problem, jnp.float32)
+    closed = jax.make_jaxpr(lambda k, th: rollout(k, problem, th, pol, 4, 10))(
+        jax.random.PRNGKey(0), theta
+    )
+    scans = [e for e in closed.jaxpr.eqns if e.primitive.name == "scan"]
+    assert len(scans) == 1
+    body = _prims(scans[0].params["jaxpr"].jaxpr)
+    assert "scatter-add" not in body and "scatter_add" not in body, sorted(body)
+    # the construction is still there, before the scan
+    assert {"scatter-add", "scatter_add"} & _prims(closed.jaxpr)
