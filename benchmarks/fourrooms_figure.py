@@ -359,6 +359,14 @@ def main(argv=None):
         "by experiments.fourrooms --resume"
     )
     p.add_argument(
+        "--parallel-steps",
+        action="store_true",
+        help="run: train with experiments.fourrooms --parallel-steps (the rollout and the SARSA "
+        "pass in parallel form: the same batches, the critic up to float rounding; fewer, wider "
+        "kernels on a GPU, docs/performance.md); a started panel must have been started so "
+        "(experiments.fourrooms --resume refuses the other form)",
+    )
+    p.add_argument(
         "--seeds",
         type=int,
         default=None,
@@ -425,7 +433,7 @@ def main(argv=None):
         raise SystemExit(
             "error: --workers (panels at once) and --method-workers exclude each other"
         )
-    more = dict(chunk=a.chunk, method_workers=a.method_workers)
+    more = dict(chunk=a.chunk, method_workers=a.method_workers, parallel_steps=a.parallel_steps)
     if a.workers == 1:
         for batch, beta in panels:
             try:
@@ -461,6 +469,7 @@ def main(argv=None):
                         a.iterations,
                         core,
                         chunk=a.chunk,
+                        parallel_steps=a.parallel_steps,
                     )
                 except subprocess.CalledProcessError as e:
                     log = os.path.join(a.out, panel_name(batch, beta), "log.txt")

@@ -64,14 +64,23 @@ CHILDREN = set()  # the training processes running now (stopped with this one: s
 
 
 def panel_command(
-    run_dir: str, methods, batch: int, beta: str, seeds=None, iterations=None, chunk=None
+    run_dir: str,
+    methods,
+    batch: int,
+    beta: str,
+    seeds=None,
+    iterations=None,
+    chunk=None,
+    parallel_steps: bool = False,
 ):
     """The ``experiments.fourrooms`` command that trains (or, when ``run_dir`` holds a
     ``config.json``, resumes) ``methods`` of one panel into ``run_dir``. A new panel gets
     ``seeds`` / ``iterations`` (None: :data:`SEEDS` / :data:`ITERATIONS`); a resumed one gets
     those given, which ``--resume`` checks against the saved run (other seeds are refused, more
     iterations extend it; they were ignored without a word), and goes on as it was started
-    without them."""
+    without them. ``parallel_steps`` adds ``--parallel-steps`` (TrainConfig.parallel_steps) to
+    either: a new panel trains that way, and a started one must have been started that way
+    (``--resume`` refuses the other form)."""
     if os.path.exists(os.path.join(run_dir, "config.json")):
         cmd = ["--resume", run_dir]
         for flag, value in (("--seeds", seeds), ("--iterations", iterations)):
@@ -98,6 +107,8 @@ def panel_command(
         ]
     if chunk is not None:
         cmd += ["--chunk", str(chunk)]
+    if parallel_steps:
+        cmd += ["--parallel-steps"]
     return [sys.executable, "-m", "experiments.fourrooms"] + cmd
 
 
@@ -198,6 +209,7 @@ def run_panel(
     core=None,
     chunk=None,
     method_workers: int = 1,
+    parallel_steps: bool = False,
 ) -> None:
     """Trains one panel (or continues it) and writes its compact copy and ``wall.json``.
 
@@ -205,7 +217,8 @@ def run_panel(
     run folder under ``OUT/batchB_betaX/by_method/`` (:func:`_train_by_method`); a panel started
     that way is continued that way. ``wall.json`` holds each method's seconds (compile
     included, every sitting), their ``total`` and the panel's ``elapsed`` wall-clock seconds
-    summed over its sittings (below ``total`` when methods ran side by side)."""
+    summed over its sittings (below ``total`` when methods ran side by side).
+    ``parallel_steps``: :func:`panel_command`'s."""
     from bchg_jax.core.io import save_json
     from experiments.plot import export_best
 
@@ -221,7 +234,14 @@ def run_panel(
         by_method = True
     elif method_workers > 1 and not by_method:
         print(f"== {name}: started as one process, continued as one", flush=True)
-    args = dict(batch=batch, beta=beta, seeds=seeds, iterations=iterations, chunk=chunk)
+    args = dict(
+        batch=batch,
+        beta=beta,
+        seeds=seeds,
+        iterations=iterations,
+        chunk=chunk,
+        parallel_steps=parallel_steps,
+    )
     sittings_path = os.path.join(run_dir, "sittings.json")
     sittings = []
     if os.path.exists(sittings_path):

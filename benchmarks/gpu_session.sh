@@ -55,7 +55,9 @@
 # GPU_SESSION_BUDGET (seconds, default 540) is the wall-clock budget of the whole script; the
 # panel gets what the device check leaves, minus 30 s kept for the bundle. GPU_SESSION_WORK
 # overrides the work folder; GPU_SESSION_METHOD_WORKERS the panel's --method-workers (1; 7 with
-# --smoke); a panel started with one number of workers continues in its layout. Fetch the
+# --smoke); a panel started with one number of workers continues in its layout.
+# GPU_SESSION_PARALLEL_STEPS=1 trains the panel with --parallel-steps (a panel started without
+# them is refused: give it another GPU_SESSION_WORK). Fetch the
 # wheels beforehand, on a machine that reaches a package index (bash benchmarks/gpu_wheels.sh),
 # copy ./.whl with the checkout, and give the job 600 s.
 set -uo pipefail
@@ -101,6 +103,9 @@ if [ "$smoke" = 1 ]; then  # on a CPU the methods' compiles overlap: seven proce
 else
   panel_args=(--seeds 10 --iterations 10000 --chunk 1000)
   method_workers="${GPU_SESSION_METHOD_WORKERS:-1}"
+fi
+if [ "${GPU_SESSION_PARALLEL_STEPS:-0}" = 1 ]; then  # the panel with parallel steps
+  panel_args+=(--parallel-steps)
 fi
 : > "$work/RESULT.txt"  # this call's parts only
 result() { echo "$*" | tee -a "$work/RESULT.txt"; }
