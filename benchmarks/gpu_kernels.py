@@ -297,20 +297,29 @@ def compiled_iteration(trainer, grid, runs: int, device) -> str:
     return lowered.compile().as_text()
 
 
-def trainer_for(name: str, runs: int, parallel_steps: bool = False):
+def trainer_for(name: str, runs: int, parallel_steps: bool = False, mlp_kernel: str = "xla"):
     """(method, trainer, grid) of :func:`benchmarks.scaling.trainer_for`, plus
-    ``thermal_faithful``: thermal with the paper's estimator (MLP critics, 5,000 Adam steps)."""
+    ``thermal_faithful``: thermal with the paper's estimator (MLP critics, 5,000 Adam steps;
+    ``mlp_kernel``: ``lq.TrainConfig.mlp_kernel``)."""
     from benchmarks.scaling import trainer_for as scaling_trainer
 
     if name != "thermal_faithful":
         return scaling_trainer(name, runs, parallel_steps)
+    import warnings
+
     from bchg_jax import lq
     from bchg_jax.problems.thermal import thermal
 
     config = lq.TrainConfig(
-        critic="mlp", follower_grad="score", state_baseline=False, control_variates=False
+        critic="mlp",
+        follower_grad="score",
+        state_baseline=False,
+        control_variates=False,
+        mlp_kernel=mlp_kernel,
     )
-    return "bchg", lq.make_train(thermal(), "bchg", config), {"lr": np.array([0.1])}
+    with warnings.catch_warnings():  # compiled for a GPU: the interpreter warning is moot
+        warnings.filterwarnings("ignore", message=".*Pallas' interpreter")
+        return "bchg", lq.make_train(thermal(), "bchg", config), {"lr": np.array([0.1])}
 
 
 def report(c: Count, top: int = 6) -> str:
@@ -337,6 +346,12 @@ def main(argv=None):
     p.add_argument("--experiments", default="fourrooms,thermal,toy_game,lqr_game")
     p.add_argument("--runs", type=int, nargs="+", default=[1, 240], help="vmapped runs (1 240)")
     p.add_argument("--parallel-steps", action="store_true", help="Four-Rooms' parallel steps")
+    p.add_argument(
+        "--mlp-kernel",
+        choices=("xla", "fused"),
+        default="xla",
+        help="thermal_faithful's MLP critic fit (lq.TrainConfig.mlp_kernel)",
+    )
     p.add_argument("--target", default=TARGET_FILE, help="GpuTargetConfigProto text file")
     p.add_argument("--attached", action="store_true", help="compile for the attached GPU")
     p.add_argument("--save", default=None, help="folder to write each compiled module into")
@@ -350,6 +365,9 @@ def main(argv=None):
     # the program a GPU runs: the solver loops traced with the accelerators' steps per host test
     # (chosen at trace time from the default backend, the CPU here) unless the caller set them
     os.environ.setdefault(host_tests.ENV_VAR, str(host_tests.ACCELERATOR_STEPS_PER_TEST))
+    from bchg_jax.lq import fused_td
+
+    os.environ.setdefault(fused_td.ENV_INTERPRET, "0")  # the Pallas kernels compiled, for it
     device = cuda_device(a.target, a.attached)
     where = "the attached GPU" if a.attached else f"target {os.path.basename(a.target)}"
     print(
@@ -360,7 +378,7 @@ def main(argv=None):
     )
     for n in names:
         for R in a.runs:
-            method, trainer, grid = trainer_for(n, R, a.parallel_steps)
+            method, trainer, grid = trainer_for(n, R, a.parallel_steps, a.mlp_kernel)
             text = compiled_iteration(trainer, grid, R, device)
             if a.save:
                 os.makedirs(a.save, exist_ok=True)

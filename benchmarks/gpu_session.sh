@@ -22,8 +22,10 @@
 #      log depth, the SARSA pass one triangular solve: 235 -> 35 fixed steps per iteration,
 #      benchmarks.loop_trips) against the scans; `benchmarks.fourrooms_parts` with parallel
 #      steps (where such an iteration goes, and whether its batch and critic are the scans' on
-#      the device); the faithful thermal run under the profiler (its 5,000 Adam steps per
-#      iteration: which kernels make a step); Four-Rooms at 25 steps per scan trip
+#      the device); the fused fit of the MLP critic (lq.fused_td: two Pallas kernels per Adam
+#      step instead of XLA's 27) checked against XLA's on the card (benchmarks.fused_td_check,
+#      exit 3 when they differ) and timed, then the faithful thermal run with each fit (the 0.1
+#      s/it target); Four-Rooms at 25 steps per scan trip
 #      (BCHG_SCAN_UNROLL) instead of 4; with parallel steps, at 8 steps per solver loop test
 #      (BCHG_STEPS_PER_TEST) instead of 4 (the grid's metric solve makes most of its host
 #      tests); the kernels per iteration of Four-Rooms (scans and parallel steps) and of the
@@ -219,20 +221,23 @@ if [ "$smoke" = 1 ]; then  # the plumbing only, in seconds of a CPU's time each
   throughput=(python3 -m benchmarks.fourrooms_throughput --solvers sparse --iterations 2
     --single-iterations 2 --seeds 1 --fail-on-cap)
   parts=(--runs 1 --warmup 2 --iterations 2 --repeats 1)
-  mlp=(--mlp-iterations 1)
+  mlp=(--mlp-iterations 1 --mlp-kernel xla)  # the fused fit would run interpreted on a CPU
+  fused=(--rows 300 --steps 5 --timing-steps 5 --interpret)
 else
   throughput=(python3 -m benchmarks.fourrooms_throughput --solvers sparse --iterations 500
     --single-iterations 2000 --fail-on-cap)
   parts=(--runs 1 240 --warmup 50 --repeats 2)
-  mlp=(--mlp-iterations 2)
+  mlp=(--mlp-iterations 2 --mlp-kernel xla fused)
+  fused=()
 fi
 rm -f "$work/ab.txt"  # this call's A/Bs only
 if [ "$smoke" = 0 ] || [ "$ab_only" = 1 ]; then
   ab "Four-Rooms, scan and parallel steps" "${throughput[@]}" --steps scan parallel
+  ab "fused TD fit against XLA's" python3 -m benchmarks.fused_td_check "${fused[@]}"
+  ab "thermal faithful, XLA and fused critic fits" python3 -m benchmarks.thermal_throughput \
+    --methods bchg --seeds 1 --only-mlp "${mlp[@]}" --fail-on-cap
   ab "fourrooms_parts, parallel steps" python3 -m benchmarks.fourrooms_parts "${parts[@]}" \
     --parallel-steps  # and, on the device, the same batch and critic as the scans
-  ab "thermal faithful, profiled" python3 -m benchmarks.thermal_throughput --methods bchg \
-    --seeds 1 --only-mlp "${mlp[@]}" --profile --fail-on-cap
   BCHG_SCAN_UNROLL=25 ab "Four-Rooms, 25 steps per scan trip" "${throughput[@]}" --steps scan
   BCHG_STEPS_PER_TEST=8 ab "Four-Rooms, parallel steps, 8 steps per host test" \
     "${throughput[@]}" --steps parallel
@@ -240,7 +245,8 @@ if [ "$smoke" = 0 ] || [ "$ab_only" = 1 ]; then
     ab "kernels per iteration, compiled for the card" bash -c "python3 -m benchmarks.gpu_kernels \
       --attached --experiments fourrooms --runs 1 240 && python3 -m benchmarks.gpu_kernels \
       --attached --experiments fourrooms --runs 1 240 --parallel-steps && python3 -m \
-      benchmarks.gpu_kernels --attached --experiments thermal_faithful --runs 1"
+      benchmarks.gpu_kernels --attached --experiments thermal_faithful --runs 1 \
+      --mlp-kernel fused"
   fi
 fi
 

@@ -1,12 +1,15 @@
 """Thermal-control throughput: compile time and per-outer-iteration time, 1 and 10 vmapped seeds.
 
 ``python -m benchmarks.thermal_throughput [--iterations N] [--mlp-iterations M]
-[--methods bchg,...] [--seeds 1 10] [--skip-mlp | --only-mlp] [--fail-on-cap] [--profile]``
+[--methods bchg,...] [--seeds 1 10] [--skip-mlp | --only-mlp] [--mlp-kernel xla fused]
+[--fail-on-cap] [--profile]``
 
 Modes: the fast quadratic (LSTD) critic and the paper's faithful MLP critics (64-64, 5000 Adam
-steps from the same initial parameters every iteration). Compile time is measured on a first
-call of the same jitted chunk and excluded from the per-iteration figures. Each row also gives
-the share of run-iterations whose Riccati solve hit its cap and the skipped updates;
+steps from the same initial parameters every iteration), fitted by XLA's program or by the
+fused Pallas kernels (``--mlp-kernel``, one row each: ``lq.TrainConfig.mlp_kernel``; the fused
+form is for a CUDA GPU and runs in Pallas' interpreter elsewhere). Compile time is measured on
+a first call of the same jitted chunk and excluded from the per-iteration figures. Each row also
+gives the share of run-iterations whose Riccati solve hit its cap and the skipped updates;
 ``--fail-on-cap`` exits with status 3 after the table if any row has either. ``--profile`` calls
 each row's chunk once more under the profiler and prints what bounds it (kernels and copies per
 iteration, the device's busy share, the costliest kernels: :mod:`benchmarks.profile_trace`).
@@ -47,6 +50,13 @@ def main(argv=None):
     p.add_argument("--skip-mlp", action="store_true")
     p.add_argument("--only-mlp", action="store_true", help="only the faithful MLP-critic mode")
     p.add_argument(
+        "--mlp-kernel",
+        nargs="+",
+        choices=("xla", "fused"),
+        default=["xla"],
+        help="the MLP critic's fit, a row each (lq.TrainConfig.mlp_kernel; default xla)",
+    )
+    p.add_argument(
         "--fail-on-cap",
         action="store_true",
         help="exit 3 if any Riccati solve hit its cap or an update was skipped",
@@ -68,18 +78,20 @@ def main(argv=None):
     print("|---|---|---|---|---|---|---|---|")
     modes = [] if a.only_mlp else [("quadratic_loo", lq.TrainConfig(), a.iterations)]
     if not a.skip_mlp:
-        modes.append(
+        modes += [
             (
-                "mlp (faithful)",
+                "mlp (faithful)" + ("" if kernel == "xla" else f", {kernel} fit"),
                 lq.TrainConfig(
                     critic="mlp",
                     follower_grad="score",
                     state_baseline=False,
                     control_variates=False,
+                    mlp_kernel=kernel,
                 ),
                 a.mlp_iterations,
             )
-        )
+            for kernel in a.mlp_kernel
+        ]
     bad, profiles = [], []
     for name, config, its in modes:
         for method in a.methods.split(","):

@@ -39,6 +39,8 @@ LEGACY_SETTINGS = {
     "track_reference": False,
     # Four-Rooms' rollout and SARSA pass in parallel form
     "parallel_steps": False,
+    # thermal's MLP critic fit (before the fused Pallas form)
+    "mlp_kernel": "xla",
 }
 
 

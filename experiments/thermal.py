@@ -43,6 +43,7 @@ SETTING_KEYS = (
     "mlp_lr",
     "mlp_minibatch",
     "mlp_normalize",
+    "mlp_kernel",
 )
 SETTING_KEYS += FOLLOWER_SETTINGS
 # the MLP critic's training flags that --faithful holds at their defaults (the paper's critic)
@@ -135,6 +136,14 @@ def parse_args(argv=None):
         help="samples per MLP critic step (0: full batch, the paper)",
     )
     g.add_argument(
+        "--mlp-kernel",
+        choices=("xla", "fused"),
+        default="xla",
+        help="how the leader's MLP critic is fitted: xla (any backend) or fused (two Pallas "
+        "kernels per Adam step on a CUDA GPU instead of XLA's 27; the same fit up to float "
+        "rounding; full batch, float32; allowed with --faithful)",
+    )
+    g.add_argument(
         "--mlp-normalize",
         action="store_true",
         help="MLP critics see inputs / RMS and predict outputs / (RMS(r) / (1 - gamma))",
@@ -205,6 +214,7 @@ def train_config(a):
         mlp_lr=a.mlp_lr,
         mlp_minibatch=a.mlp_minibatch,
         mlp_normalize=a.mlp_normalize,
+        mlp_kernel=a.mlp_kernel,
         follower=follower_model(a),
         track_reference=a.track_reference,
     ).validate()

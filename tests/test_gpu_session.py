@@ -95,16 +95,18 @@ def test_the_panel_only_and_check_only_calls_exclude_each_other(tmp_path):
 
 
 def test_an_ab_only_call_times_both_forms_of_four_rooms_steps_and_nothing_else(tmp_path):
-    """``--ab-only``: step 3 alone (Four-Rooms with its scans and with parallel steps, the
-    faithful thermal run profiled, Four-Rooms at 25 steps per scan trip, the parts of a parallel
-    iteration), every Four-Rooms row beside its J."""
+    """``--ab-only``: step 3 alone (Four-Rooms with its scans and with parallel steps, the fused
+    critic fit checked against XLA's, the faithful thermal run, the parts of a parallel
+    iteration, Four-Rooms at 25 steps per scan trip and at 8 steps per host test), every
+    Four-Rooms row beside its J."""
     out = tmp_path / "out"
     proc = _session(out, tmp_path / "work", "--ab-only")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = (out / "RESULT.txt").read_text()
     for part in (
         "Four-Rooms, scan and parallel steps: passed",
-        "thermal faithful, profiled: passed",
+        "fused TD fit against XLA's: passed",
+        "thermal faithful, XLA and fused critic fits: passed",
         "Four-Rooms, 25 steps per scan trip: passed",
         "Four-Rooms, parallel steps, 8 steps per host test: passed",
         "fourrooms_parts, parallel steps: passed",
@@ -113,12 +115,13 @@ def test_an_ab_only_call_times_both_forms_of_four_rooms_steps_and_nothing_else(t
     assert "device check" not in result and "panel" not in result
     assert sorted(os.listdir(out)) == ["RESULT.txt", "ab.txt", "gpu_session.tgz", "header.txt"]
     ab = (out / "ab.txt").read_text()
-    first, parts, thermal, unrolled, tests = ab.split("### ")[1:]
+    first, fused, thermal, parts, unrolled, tests = ab.split("### ")[1:]
     rows = [line.split(" | ") for line in first.splitlines() if line.startswith("| 0.001 |")]
     assert [r[1:3] for r in rows] == [["sparse", "scan"], ["sparse", "parallel"]]
     J = [float(r[10]) for r in rows]  # the grid's mean J: the same leader either way
     assert abs(J[0] - J[1]) < 1e-5 * abs(J[0]) and J[0] < 0
-    assert "| bchg | mlp (faithful) | 1 |" in thermal and "Profiled" in thermal
+    assert "| bchg | mlp (faithful) | 1 |" in thermal
+    assert "(ok, limit" in fused and "| fused |" in fused and "| xla |" in fused
     assert "25 steps per trip" in unrolled and "parallel steps" in parts.splitlines()[1]
     assert "against the scans on this device: batch identical" in parts
     assert "a solver loop test every 8 steps" in tests and "| sparse | parallel |" in tests

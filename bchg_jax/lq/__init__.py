@@ -26,6 +26,7 @@ from bchg_jax.lq.exact import (
 from bchg_jax.lq.follower import GaussianBestResponse, best_response, riccati, soft_q, soft_value
 from bchg_jax.lq.follower_models import k_step_response, observed_follower, policy_value
 from bchg_jax.lq.follower_references import as_if_optimal_hypergradient, k_step_hypergradient
+from bchg_jax.lq.fused_td import td_fit_fused
 from bchg_jax.lq.rollout import Trajectories, rollout
 from bchg_jax.lq.train import METHODS, HParams, TrainConfig, make_train
 
@@ -34,6 +35,7 @@ __all__ = [
     "fit_quadratic_q",
     "fit_quadratic_vector_value",
     "td_fit",
+    "td_fit_fused",
     "hypergradient",
     "per_step_follower_grad",
     "per_step_follower_grad_pathwise",

@@ -37,6 +37,7 @@ Hyperparameters a grid may vary (``lr``, ``beta``) are traced; everything else i
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, NamedTuple, Optional, Tuple
 
 import jax
@@ -50,7 +51,7 @@ from bchg_jax.core.loop import Trainer, build_trainer, check_setup, global_norm,
 from bchg_jax.core.maxent_lqr import soft_q, soft_value
 from bchg_jax.core.networks import MLP
 from bchg_jax.core.validate import check_beta, check_config, check_positive
-from bchg_jax.lq import critics
+from bchg_jax.lq import critics, fused_td
 from bchg_jax.lq import exact as exact_lq
 from bchg_jax.lq.cmdp import LQConfigurableMDP
 from bchg_jax.lq.estimators import (
@@ -79,6 +80,9 @@ METHODS = tuple(METHOD_SPECS)  # the method names make_train accepts
 CRITICS = ("quadratic", "quadratic_loo", "mlp", "exact")
 FOLLOWERS = ("best_response", "k_step")  # the follower models of this family
 FOLLOWER_GRADS = ("score", "pathwise")
+#: how the leader's MLP critic is fitted: XLA's program of ``critics.td_fit``, or two Pallas
+#: kernels per Adam step (:mod:`bchg_jax.lq.fused_td`; full batch, a CUDA GPU)
+MLP_KERNELS = ("xla", "fused")
 # the largest discount weight beyond the episodes' cut the sampling methods accept
 # (check_truncation; core.bias_check.discount_weight_beyond)
 TRUNCATION_TOL = 1e-3
@@ -127,6 +131,12 @@ class TrainConfig(FollowerSettings):
       mlp_warm_start: start each MLP fit from the previous iteration's parameters.
       mlp_normalize: scale the MLP critics' inputs / outputs (:func:`bchg_jax.lq.critics.scales`).
       mlp_minibatch: samples per MLP step; 0 means full batch.
+      mlp_kernel: how the leader's MLP critic (Q_L) is fitted: ``"xla"`` (``critics.td_fit``,
+        any backend) or ``"fused"`` (:func:`bchg_jax.lq.fused_td.td_fit_fused`: the same fit as
+        two Pallas kernels per Adam step, for a CUDA GPU, where XLA's 27 kernels per step bound
+        the faithful run; full batch, two hidden layers of one width in 16..128, float32; on
+        another backend it runs in Pallas' interpreter, for tests, with a warning). HPGD's
+        vector critic of grad V_F keeps ``"xla"``.
       value_samples: actions b_j ~ g(.|s) averaged for the MLP critic's V_L(s).
       ridge: LSTD ridge of the quadratic critics.
       riccati_tol: relative-change tolerance of the follower's Riccati iteration.
@@ -151,6 +161,7 @@ class TrainConfig(FollowerSettings):
     mlp_warm_start: bool = False  # True: start each iteration from the last fit (cheaper)
     mlp_normalize: bool = False  # scale inputs / outputs of the MLP critics (not the paper's)
     mlp_minibatch: int = 0  # 0: full-batch Adam steps (the paper); else samples per step
+    mlp_kernel: str = "xla"  # "fused": the leader critic's fit as Pallas kernels (a GPU)
     value_samples: int = 256  # MLP critic: V_L(s) = mean of Q_L(s, b_j), b_j ~ g(.|s)
     ridge: float = 1e-6
     riccati_tol: float = 1e-6
@@ -172,10 +183,26 @@ class TrainConfig(FollowerSettings):
             positive=("clip_norm", "mlp_lr", "riccati_tol"),
             unbounded=("clip_norm",),
             nonneg=("weights_init_std", "ridge"),
-            choices={"follower_grad": FOLLOWER_GRADS, "critic": CRITICS},
+            choices={
+                "follower_grad": FOLLOWER_GRADS,
+                "critic": CRITICS,
+                "mlp_kernel": MLP_KERNELS,
+            },
         )
         if not self.mlp_hidden or any(int(h) < 1 for h in self.mlp_hidden):
             raise ValueError(f"mlp_hidden must be positive layer sizes, got {self.mlp_hidden!r}")
+        if self.mlp_kernel == "fused":
+            hidden = tuple(int(h) for h in self.mlp_hidden)
+            if self.mlp_minibatch:
+                raise ValueError(
+                    "mlp_kernel='fused' fits at full batch (the paper's critic), got "
+                    f"mlp_minibatch={self.mlp_minibatch}; use mlp_kernel='xla' for minibatches"
+                )
+            if len(hidden) != 2 or hidden[0] != hidden[1] or hidden[0] not in (16, 32, 64, 128):
+                raise ValueError(
+                    "mlp_kernel='fused' fits two hidden layers of one width in (16, 32, 64, "
+                    f"128), got mlp_hidden={self.mlp_hidden!r}; use mlp_kernel='xla'"
+                )
         if self.critic == "quadratic_loo" and self.num_episodes < 2:
             raise ValueError(
                 "critic='quadratic_loo' fits each episode's leader critic on the other episodes "
@@ -313,6 +340,25 @@ def make_train(
     d = int(np.size(problem.theta0))
     E, T = config.num_episodes, problem.horizon
     use_mlp = config.critic == "mlp" and method != "exact"
+    fused = use_mlp and config.mlp_kernel == "fused"
+    if fused:
+        if dtype != jnp.float32:
+            raise ValueError(
+                f"mlp_kernel='fused' computes in float32, the problem's theta is {dtype}; use "
+                "mlp_kernel='xla'"
+            )
+        if n + m + 2 > 64:
+            raise ValueError(
+                f"mlp_kernel='fused' takes at most 62 critic inputs, got n + m = {n + m}"
+            )
+        interpret = fused_td.interpret_default()
+        if interpret:
+            warnings.warn(
+                f"mlp_kernel='fused' runs in Pallas' interpreter on {jax.default_backend()!r}, "
+                "orders of magnitude slower than mlp_kernel='xla' (it is meant for a CUDA GPU; "
+                "the interpreter is for tests)",
+                stacklevel=2,
+            )
     # the critics' parameters (and Adam states) in theta's dtype, as every other piece
     q_model = MLP(tuple(config.mlp_hidden), 1, torch_init=False, param_dtype=dtype)
     v_model = MLP(tuple(config.mlp_hidden), d, torch_init=False, param_dtype=dtype)
@@ -375,20 +421,14 @@ def make_train(
             X, Xn = x[:, :-1].reshape(-1, n + m), x[:, 1:].reshape(-1, n + m)
             k_fit, k_val = jax.random.split(key)
             xs, ys = critics.scales(X, rL.reshape(-1), problem.gamma_L, config.mlp_normalize)
-            params = critics.td_fit(
-                q_model,
-                critic_init[0],
-                X,
-                Xn,
-                rL.reshape(-1),
-                problem.gamma_L,
-                config.mlp_steps,
-                config.mlp_lr,
-                k_fit,
-                config.mlp_minibatch,
-                xs,
-                ys,
-            )
+            # the data, the discount and Adam's settings: the same for either fit
+            data = (X, Xn, rL.reshape(-1), problem.gamma_L, config.mlp_steps, config.mlp_lr)
+            if fused:
+                params = fused_td.td_fit_fused(critic_init[0], *data, xs, ys, interpret=interpret)
+            else:
+                params = critics.td_fit(
+                    q_model, critic_init[0], *data, k_fit, config.mlp_minibatch, xs, ys
+                )
             Q = critics.apply_scaled(q_model, params, X, xs, ys)[:, 0].reshape(E, T)
             bs = br.sample(k_val, jnp.broadcast_to(s[None], (config.value_samples,) + s.shape))
             xv = jnp.concatenate([jnp.broadcast_to(s[None], bs.shape[:-1] + (n,)), bs], -1)
