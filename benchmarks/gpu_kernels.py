@@ -3,7 +3,8 @@
     bash benchmarks/gpu_compiler.sh /tmp/cuda_site     # once: XLA:GPU's compiler, ~130 MB
     PYTHONPATH=/tmp/cuda_site python -m benchmarks.gpu_kernels \\
         [--experiments fourrooms,thermal,thermal_faithful,toy_game,lqr_game] [--runs 1 240] \\
-        [--parallel-steps] [--target benchmarks/h200_target.txtpb | --attached]
+        [--parallel-steps] [--mlp-kernel xla|fused] \\
+        [--target benchmarks/h200_target.txtpb | --attached] [--save DIR]
 
 What bounds the small problems on a GPU is a chain of kernels (docs/performance.md): each kernel
 a launch of its own, at 1-2 us even when it computes almost nothing. ``benchmarks.loop_trips``
@@ -27,7 +28,8 @@ set to :data:`~bchg_jax.core.host_tests.ACCELERATOR_STEPS_PER_TEST` unless given
 compiled without a device the GEMMs are XLA's untuned choice (the autotuner may split a GEMM
 differently on the card); the deviceless compile forms no command buffers (CUDA graphs), which
 XLA:GPU may form on the card; and the compiler is the one of the
-installed jaxlib (the card's image may have a newer one). Counts, not times.
+installed jaxlib (the card's image may have a newer one; jax 0.10.2 and 0.11.2 counted within
+0.1% of each other, 2026-12-05). Counts, not times.
 
 Needs XLA:GPU's compiler: the ``jax-cuda13-plugin`` and ``jax-cuda13-pjrt`` wheels of the
 installed jaxlib's version, which ``benchmarks/gpu_compiler.sh DIR`` installs into a folder of
@@ -293,8 +295,10 @@ def compiled_iteration(trainer, grid, runs: int, device) -> str:
         return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
 
     args = jax.tree.map(spec, (state, hp))
-    lowered = run.trace(*args, 1).lower(lowering_platforms=("cuda",))
-    return lowered.compile().as_text()
+    # the default device says which GPU a Pallas kernel is lowered for (jax >= 0.11)
+    with jax.default_device(device):
+        lowered = run.trace(*args, 1).lower(lowering_platforms=("cuda",))
+        return lowered.compile().as_text()
 
 
 def trainer_for(name: str, runs: int, parallel_steps: bool = False, mlp_kernel: str = "xla"):

@@ -49,8 +49,9 @@
 #   e.g. `bash benchmarks/gpu_session.sh --panel-only $OUT`.
 # --check-only runs the device check (and step 3 if time is left), not the panel: with
 #   a 10-minute call, one call --check-only and one --panel-only (about 7.5 + 5-8 minutes).
-# --ab-only runs step 3 alone (4-5 minutes on an H200, estimated): what is left to measure once the
-#   check and the panel have been (both were, 2026-12-04).
+# --ab-only runs step 3 alone (7-9 minutes on an H200, estimated; a part that does not fit the
+#   budget is "not started", the call then fails, and what ran is kept): what is left to
+#   measure once the check and the panel have been (both were, 2026-12-04).
 # --smoke tries the plumbing on a CPU in a few minutes: every device-check step shrunk,
 #   a panel of 2 seeds x 30 iterations (its comparison is printed, not judged), in
 #   results/gpu_session_smoke/. Exit status: 0 when every part passed, 1 otherwise.

@@ -7,13 +7,13 @@ pass with split-K weight gradients, four bias-gradient sums, an Adam update per 
 array), and at ~1.7 us a kernel the 5,000 steps of one fit take ~0.22 s, the faithful thermal
 run's whole iteration (``benchmarks.gpu_kernels``; docs/performance.md). Here a step is two:
 
-1. ``_block_grads``: a grid of row blocks (``BLOCK_ROWS`` transitions each, one program per
-   block), each computing, for its transitions, the forward pass on x and x', the TD errors
+1. :func:`block_grads`: a grid of row blocks (``BLOCK_ROWS`` transitions each, one program
+   per block), each computing, for its transitions, the forward pass on x and x', the TD errors
    ``delta = r / y_scale + gamma f(x') - f(x)`` (x' without gradient, as in ``td_fit``), and the
    backward pass of ``mean(delta^2)``: its share of every parameter's gradient, written as one
    row block of a ``[blocks, rows, H]`` array;
-2. ``_adam``: a grid over the parameter rows, each program summing its row over the blocks (a
-   fixed order: the same sum every call) and taking optax's Adam step on it.
+2. :func:`adam_step`: a grid over the parameter rows, each program summing its row over the
+   blocks (a fixed order: the same sum every call) and taking optax's Adam step on it.
 
 All parameters live in one ``[rows, H]`` array (:func:`pack`): W0 (inputs padded with zero rows
 to ``in_pad``), b0, W1, b1, W2 transposed (outputs padded to ``out_pad``), b2 (padded to H), so
