@@ -29,7 +29,7 @@ compiled without a device the GEMMs are XLA's untuned choice (the autotuner may 
 differently on the card); the deviceless compile forms no command buffers (CUDA graphs), which
 XLA:GPU may form on the card; and the compiler is the one of the
 installed jaxlib (the card's image may have a newer one; jax 0.10.2 and 0.11.2 counted within
-0.1% of each other, 2026-12-05). Counts, not times.
+1% of each other, 2026-12-05). Counts, not times.
 
 Needs XLA:GPU's compiler: the ``jax-cuda13-plugin`` and ``jax-cuda13-pjrt`` wheels of the
 installed jaxlib's version, which ``benchmarks/gpu_compiler.sh DIR`` installs into a folder of
@@ -201,7 +201,10 @@ def site(module: Module, ins: Instruction, package: str = "bchg_jax") -> str:
 class Count:
     """Kernels of a computation: ``fixed`` (loops of known trip count unrolled into it), the
     loops of unknown trip count (site, kernels per trip; their own loops inside counted per
-    trip) and the known loops (site, trips, kernels per trip), each where it is reached."""
+    trip) and the known loops (site, trips, kernels per trip; the trips per run of the
+    computation, or, marked ``[per trip of ...]``, per trip of the enclosing loop of unknown
+    length; ``[in a branch]``: inside a conditional, counted in ``fixed`` only if in its largest
+    branch)."""
 
     fixed: float = 0.0
     unknown: List[Tuple[str, float]] = dataclasses.field(default_factory=list)
@@ -233,16 +236,16 @@ def count(module: Module, name: Optional[str] = None, _memo=None) -> Count:
             else:
                 out.unknown.append((where, body.fixed + cond.fixed))
                 out.unknown += body.unknown
-                out.known += body.known
+                out.known += [(f"{s} [per trip of {where}]", t, k) for s, t, k in body.known]
         elif ins.op == "conditional":
             branches = _called(ins.text, "branch_computations") or (
                 _called(ins.text, "true_computation") + _called(ins.text, "false_computation")
             )
             counts = [count(module, b, memo) for b in branches]
             out.fixed += max((c.fixed for c in counts), default=0.0)
-            for c in counts:
+            for c in counts:  # listed from every branch, counted in the largest
                 out.unknown += c.unknown
-                out.known += c.known
+                out.known += [(f"{s} [in a branch]", t, k) for s, t, k in c.known]
         elif ins.op in ("call", "async-start"):
             for c in _called(ins.text, "to_apply") + _called(ins.text, "calls"):
                 sub = count(module, c, memo)

@@ -130,6 +130,16 @@ def test_counts_kernels_through_loops_conditionals_and_calls():
         ("core/host_tests.py:98 (w)", 20, 2.0),
         ("tabular/rollout.py:235 (scan)", 5, 11.0),
     ]
+    # a known loop inside the solver loop is listed per trip of it
+    solver = MODULE.replace(
+        "%a1 = f32[4]{0} fusion(%t), kind=kLoop, calls=%fused_a",
+        "%a1 = (s32[], f32[4]{0}) while(%t), condition=%inner_cond, body=%inner_body, "
+        + _TRIPS % 3,
+    )
+    inner = gk.count(gk.parse(solver))
+    assert ("a1 [per trip of tabular/follower.py:40 (solve)]", 3, 2.0) in inner.known
+    # the solver's trip: 5 kernels, the inner loop's 3 x 2, its test's 1
+    assert inner.unknown == [("tabular/follower.py:40 (solve)", 5 + 3 * 2 + 1)]
     text = gk.report(c)
     assert "| `tabular/rollout.py:235 (scan)` | 5 | 11 |" in text
     assert "| `tabular/follower.py:40 (solve)` | 7 |" in text

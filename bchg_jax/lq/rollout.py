@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core.validate import check_count, check_shape, check_theta
+from bchg_jax.lq.cmdp import LQConfigurableMDP
 
 Array = jax.Array
 
@@ -48,7 +49,9 @@ def rollout(
     s_{t+1} ~ p_theta(.|s_t, b_t), one ``lax.scan`` over time. ``policy`` needs
     ``sample(key, s)`` (e.g. a :class:`~bchg_jax.core.maxent_lqr.GaussianBestResponse`). A
     problem with ``stepper(theta) -> step(key, s, b)`` (the same draws as ``step(key, theta, s,
-    b)``) has its theta-dependent pieces formed once, before the scan.
+    b)``) has its theta-dependent pieces formed once, before the scan; a subclass of
+    :class:`~bchg_jax.lq.cmdp.LQConfigurableMDP` that overrides ``step`` alone is stepped
+    through its ``step``.
 
     Args:
       key: PRNG key.
@@ -80,8 +83,8 @@ def rollout(
     b0 = policy.sample(kb0, s0)
 
     # theta's matrices formed once, outside the scan, where the problem can (``stepper``)
-    stepper = getattr(problem, "stepper", None)
-    step = stepper(theta) if stepper is not None else (lambda k, s, b: problem.step(k, theta, s, b))
+    stepper = _stepper(problem, theta)
+    step = stepper if stepper is not None else (lambda k, s, b: problem.step(k, theta, s, b))
 
     def body(carry, k):
         s, b = carry
@@ -94,3 +97,20 @@ def rollout(
     s = jnp.concatenate([s0[None], ss], 0).swapaxes(0, 1)
     b = jnp.concatenate([b0[None], bs], 0).swapaxes(0, 1)
     return Trajectories(s, b)
+
+
+def _stepper(problem, theta):
+    """``problem.stepper(theta)``, or None: a problem without one, and a subclass of
+    :class:`~bchg_jax.lq.cmdp.LQConfigurableMDP` that overrides ``step`` but not ``stepper``
+    (its own ``step`` is what it samples with)."""
+    stepper = getattr(problem, "stepper", None)
+    if stepper is None:
+        return None
+    cls = type(problem)
+    if (
+        isinstance(problem, LQConfigurableMDP)
+        and cls.step is not LQConfigurableMDP.step
+        and cls.stepper is LQConfigurableMDP.stepper
+    ):
+        return None
+    return stepper(theta)

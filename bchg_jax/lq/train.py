@@ -191,7 +191,7 @@ class TrainConfig(FollowerSettings):
         )
         if not self.mlp_hidden or any(int(h) < 1 for h in self.mlp_hidden):
             raise ValueError(f"mlp_hidden must be positive layer sizes, got {self.mlp_hidden!r}")
-        if self.mlp_kernel == "fused":
+        if self.mlp_kernel == "fused" and self.critic == "mlp":
             hidden = tuple(int(h) for h in self.mlp_hidden)
             if self.mlp_minibatch:
                 raise ValueError(
@@ -340,7 +340,8 @@ def make_train(
     d = int(np.size(problem.theta0))
     E, T = config.num_episodes, problem.horizon
     use_mlp = config.critic == "mlp" and method != "exact"
-    fused = use_mlp and config.mlp_kernel == "fused"
+    # the leader's Q_L fit (HPGD-MC uses Monte Carlo returns and fits none)
+    fused = use_mlp and source != "mc" and config.mlp_kernel == "fused"
     if fused:
         if dtype != jnp.float32:
             raise ValueError(

@@ -61,12 +61,31 @@ def test_the_batch_is_the_one_of_stepping_through_step(x64):
         assert a.s.dtype == dtype
         np.testing.assert_array_equal(np.asarray(a.s), np.asarray(b.s))
         np.testing.assert_array_equal(np.asarray(a.b), np.asarray(b.b))
-        # and one step is step's
+        # and one step is the transition's formula, N(A s + B b, U U^T) from the key's draws
         s, bb = a.s[:, 0], a.b[:, 0]
-        np.testing.assert_array_equal(
-            np.asarray(problem.stepper(theta)(key, s, bb)),
-            np.asarray(problem.step(key, theta, s, bb)),
+        with jax.default_matmul_precision("highest"):
+            w = jax.random.normal(key, s.shape, s.dtype) @ jnp.asarray(problem.U, dtype).T
+            by_hand = problem.mean_next(theta, s, bb) + w
+        np.testing.assert_allclose(
+            np.asarray(problem.stepper(theta)(key, s, bb)), np.asarray(by_hand), rtol=1e-6
         )
+
+
+def test_a_subclass_that_overrides_step_alone_is_stepped_through_it():
+    import dataclasses
+
+    from bchg_jax.lq.cmdp import LQConfigurableMDP
+
+    @dataclasses.dataclass(frozen=True, eq=False)
+    class Still(LQConfigurableMDP):
+        def step(self, key, theta, s, b):  # the state never moves
+            return s
+
+    base = thermal()
+    problem = Still(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
+    pol = _policy(problem, jnp.float32)
+    traj = rollout(jax.random.PRNGKey(0), problem, jnp.zeros(8), pol, 3, 5)
+    np.testing.assert_array_equal(np.asarray(traj.s[:, 1:]), np.asarray(traj.s[:, :1]).repeat(5, 1))
 
 
 def test_thermal_s_matrices_are_built_outside_the_scan():
