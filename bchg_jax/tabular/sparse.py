@@ -557,6 +557,45 @@ def _gauss_seidel_sweep(order, reward, step, V):
     return V
 
 
+def _gauss_seidel_round(order, reward, step, V, sweeps):
+    """``sweeps`` sweeps of :func:`_gauss_seidel_sweep` from V, in the form that suits the
+    platform the solver is compiled for (``lax.platform_dependent``, chosen when it is lowered):
+    a ``fori_loop`` on the CPU, :func:`_unrolled_round` on any other. The same iterates up to
+    the rounding of each state's sum over its successors (summed in another order)."""
+
+    def loop(reward, step, V):
+        return jax.lax.fori_loop(
+            0, sweeps, lambda _, W: _gauss_seidel_sweep(order, reward, step, W), V
+        )
+
+    def unrolled(reward, step, V):
+        return _unrolled_round(order, reward, step, V, sweeps)
+
+    return jax.lax.platform_dependent(reward, step, V, cpu=loop, default=unrolled)
+
+
+def _unrolled_round(order, reward, step, V, sweeps):
+    """``sweeps`` sweeps of :func:`_gauss_seidel_sweep`'s update, written for few kernels on a
+    GPU: unrolled, V kept as its colour blocks, each block's new value one elementwise kernel
+    (its gathers and its sum over successors, in successor order, in one fusion) that the next
+    blocks read. The optimization barriers make XLA store each block once instead of recomputing
+    it inside every later block (a chain that grows with the sweeps), and keep ``reward`` and
+    ``step`` from being recomputed in each. Compiled for an H200, a Four-Rooms round of 16
+    sweeps with its policy's tables is 53 kernels instead of the loop's 118
+    (``benchmarks.gpu_kernels``). On the CPU it is slower than the loop (240 runs: the follower
+    solve 4.8 instead of 3.8 ms, and 4 s more compile time). [S, R] -> [S, R]."""
+    reward, step = jax.lax.optimization_barrier((reward, step))
+    blocks = [V[lo:hi] for lo, hi in order.bounds]
+    for _ in range(sweeps):
+        for k, (lo, hi) in enumerate(order.bounds):
+            W = jnp.concatenate(blocks, axis=0)
+            new = reward[lo:hi]
+            for j in range(order.index.shape[1]):
+                new = new + step[lo:hi, j] * W[order.index[lo:hi, j]]
+            blocks[k] = jax.lax.optimization_barrier(new)
+    return jnp.concatenate(blocks, axis=0)
+
+
 @full_precision  # traced by run_last's batching rule, maybe long after the caller's scope
 def _soft_impl(order, tol, max_sweeps, linear_sweeps, has_run, probs, r, beta, gc, V0):
     """Modified soft policy iteration, run-last (module docstring), on fewer lanes as they
@@ -590,9 +629,7 @@ def _soft_impl(order, tol, max_sweeps, linear_sweeps, has_run, probs, r, beta, g
         reward = jnp.sum(pol * (t["r"] - Q + V2[:, None, :]), axis=1)  # [S, R]
         step = _policy_step(pol, t["probs"], t["gc"])  # [S, J, R]
         reward, step = _diagonal_solved(reward, step, order.self_mask)
-        return jax.lax.fori_loop(
-            0, linear_sweeps, lambda _, W: _gauss_seidel_sweep(order, reward, step, W), V2
-        )
+        return _gauss_seidel_round(order, reward, step, V2, linear_sweeps)
 
     def active(c):
         going = keep_sweeping(c["res"], c["V"], tol, c["progress"], c["window"], axis=0)
