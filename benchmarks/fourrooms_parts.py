@@ -54,6 +54,7 @@ from bchg_jax import tabular
 from bchg_jax.core.health import solver_health
 from bchg_jax.core.sweep import grid_functions, seed_keys
 from bchg_jax.problems import fourrooms
+from bchg_jax.tabular import sparse
 from benchmarks._timing import time_call
 from experiments.fourrooms import PAPER_ALPHA, PAPER_LR
 
@@ -201,7 +202,8 @@ def main(argv=None):
     a = p.parse_args(argv)
     print(
         f"# Four-Rooms parts, {a.method}, solver {a.solver}, "
-        f"{'parallel' if a.parallel_steps else 'scan'} steps, beta {a.beta:g}, batch 100; "
+        f"{'parallel' if a.parallel_steps else 'scan'} steps, "
+        f"sparse rounds {sparse.round_form()}, beta {a.beta:g}, batch 100; "
         f"{platform.machine()} {jax.devices()[0].device_kind}, jax {jax.__version__}, "
         f"{datetime.date.today()}"
     )

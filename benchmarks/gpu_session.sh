@@ -22,7 +22,9 @@
 #      log depth, the SARSA pass one triangular solve: 235 -> 35 fixed steps per iteration,
 #      benchmarks.loop_trips) against the scans; `benchmarks.fourrooms_parts` with parallel
 #      steps (where such an iteration goes, and whether its batch and critic are the scans' on
-#      the device); the fused fit of the MLP critic (lq.fused_td: two Pallas kernels per Adam
+#      the device), then the same with the sparse follower's rounds of expectation sweeps as the
+#      CPU's loop (BCHG_SPARSE_ROUND=loop) instead of unrolled (67 -> 132 kernels a trip,
+#      benchmarks.gpu_kernels); the fused fit of the MLP critic (lq.fused_td: two Pallas kernels per Adam
 #      step instead of XLA's 27) checked against XLA's on the card (benchmarks.fused_td_check,
 #      exit 3 when they differ) and timed, then the faithful thermal run with each fit (the 0.1
 #      s/it target); Four-Rooms at 25 steps per scan trip
@@ -49,7 +51,7 @@
 #   e.g. `bash benchmarks/gpu_session.sh --panel-only $OUT`.
 # --check-only runs the device check (and step 3 if time is left), not the panel: with
 #   a 10-minute call, one call --check-only and one --panel-only (about 7.5 + 5-8 minutes).
-# --ab-only runs step 3 alone (7-9 minutes on an H200, estimated; a part that does not fit the
+# --ab-only runs step 3 alone (8-10 minutes on an H200, estimated; a part that does not fit the
 #   budget is "not started", the call then fails, and what ran is kept): what is left to
 #   measure once the check and the panel have been (both were, 2026-12-04).
 # --smoke tries the plumbing on a CPU in a few minutes: every device-check step shrunk,
@@ -239,6 +241,8 @@ if [ "$smoke" = 0 ] || [ "$ab_only" = 1 ]; then
     --methods bchg --seeds 1 --only-mlp "${mlp[@]}" --fail-on-cap
   ab "fourrooms_parts, parallel steps" python3 -m benchmarks.fourrooms_parts "${parts[@]}" \
     --parallel-steps  # and, on the device, the same batch and critic as the scans
+  BCHG_SPARSE_ROUND=loop ab "fourrooms_parts, parallel steps, the follower's rounds as a loop" \
+    python3 -m benchmarks.fourrooms_parts "${parts[@]}" --parallel-steps
   BCHG_SCAN_UNROLL=25 ab "Four-Rooms, 25 steps per scan trip" "${throughput[@]}" --steps scan
   BCHG_STEPS_PER_TEST=8 ab "Four-Rooms, parallel steps, 8 steps per host test" \
     "${throughput[@]}" --steps parallel

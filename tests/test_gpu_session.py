@@ -97,8 +97,8 @@ def test_the_panel_only_and_check_only_calls_exclude_each_other(tmp_path):
 def test_an_ab_only_call_times_both_forms_of_four_rooms_steps_and_nothing_else(tmp_path):
     """``--ab-only``: step 3 alone (Four-Rooms with its scans and with parallel steps, the fused
     critic fit checked against XLA's, the faithful thermal run, the parts of a parallel
-    iteration, Four-Rooms at 25 steps per scan trip and at 8 steps per host test), every
-    Four-Rooms row beside its J."""
+    iteration with the sparse follower's rounds in each form, Four-Rooms at 25 steps per scan
+    trip and at 8 steps per host test), every Four-Rooms row beside its J."""
     out = tmp_path / "out"
     proc = _session(out, tmp_path / "work", "--ab-only")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -110,12 +110,13 @@ def test_an_ab_only_call_times_both_forms_of_four_rooms_steps_and_nothing_else(t
         "Four-Rooms, 25 steps per scan trip: passed",
         "Four-Rooms, parallel steps, 8 steps per host test: passed",
         "fourrooms_parts, parallel steps: passed",
+        "fourrooms_parts, parallel steps, the follower's rounds as a loop: passed",
     ):
         assert part in result, result
     assert "device check" not in result and "panel" not in result
     assert sorted(os.listdir(out)) == ["RESULT.txt", "ab.txt", "gpu_session.tgz", "header.txt"]
     ab = (out / "ab.txt").read_text()
-    first, fused, thermal, parts, unrolled, tests = ab.split("### ")[1:]
+    first, fused, thermal, parts, loop, unrolled, tests = ab.split("### ")[1:]
     rows = [line.split(" | ") for line in first.splitlines() if line.startswith("| 0.001 |")]
     assert [r[1:3] for r in rows] == [["sparse", "scan"], ["sparse", "parallel"]]
     J = [float(r[10]) for r in rows]  # the grid's mean J: the same leader either way
@@ -124,6 +125,7 @@ def test_an_ab_only_call_times_both_forms_of_four_rooms_steps_and_nothing_else(t
     assert "(ok, limit" in fused and "| fused |" in fused and "| xla |" in fused
     assert "25 steps per trip" in unrolled and "parallel steps" in parts.splitlines()[1]
     assert "against the scans on this device: batch identical" in parts
+    assert "sparse rounds auto" in parts and "sparse rounds loop" in loop
     assert "a solver loop test every 8 steps" in tests and "| sparse | parallel |" in tests
 
 

@@ -65,6 +65,7 @@ derivatives in theta.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Callable, NamedTuple, Optional, Sequence
 
 import jax
@@ -104,6 +105,9 @@ SPARSE_MAX_FRACTION = 0.25
 # cut one Four-Rooms iteration at beta 5e-3 from 0.26 to 0.20 ms; 6 no better; 1 per trip under
 # vmap)
 ONE_RUN_SWEEPS_PER_TEST = 4
+#: the environment variable that forces a form of the soft solver's rounds (:func:`round_form`)
+ROUND_ENV_VAR = "BCHG_SPARSE_ROUND"
+ROUND_FORMS = ("auto", "loop", "unrolled")
 # the probes of the support (:func:`probe_support`): theta0, then PROBE_DRAWS random thetas
 # theta0 + scale N(0, I) at each of PROBE_SCALES
 PROBE_SCALES = (1.0, 3.0, 10.0)
@@ -557,11 +561,28 @@ def _gauss_seidel_sweep(order, reward, step, V):
     return V
 
 
+def round_form() -> str:
+    """The form of the sparse soft solver's rounds of expectation sweeps:
+    ``$BCHG_SPARSE_ROUND`` if set, else ``"auto"`` (each platform its own, chosen when the
+    solver is lowered: a loop on the CPU, unrolled elsewhere); ``"loop"`` or ``"unrolled"``
+    force one on every platform (an A/B on a GPU: ``benchmarks/gpu_session.sh``). Read when the
+    solver is traced: a function already compiled keeps its value.
+
+    Raises:
+      ValueError: ``BCHG_SPARSE_ROUND`` set to anything else.
+    """
+    form = os.environ.get(ROUND_ENV_VAR, "auto")
+    if form not in ROUND_FORMS:
+        raise ValueError(f"{ROUND_ENV_VAR} must be one of {ROUND_FORMS}, got {form!r}")
+    return form
+
+
 def _gauss_seidel_round(order, reward, step, V, sweeps):
-    """``sweeps`` sweeps of :func:`_gauss_seidel_sweep` from V, in the form that suits the
-    platform the solver is compiled for (``lax.platform_dependent``, chosen when it is lowered):
-    a ``fori_loop`` on the CPU, :func:`_unrolled_round` on any other. The same iterates up to
-    the rounding of each state's sum over its successors (summed in another order)."""
+    """``sweeps`` sweeps of :func:`_gauss_seidel_sweep` from V, in the form :func:`round_form`
+    names; by default the one that suits the platform the solver is compiled for
+    (``lax.platform_dependent``, chosen when it is lowered): a ``fori_loop`` on the CPU,
+    :func:`_unrolled_round` on any other. The same iterates up to the rounding of each state's
+    sum over its successors (summed in another order)."""
 
     def loop(reward, step, V):
         return jax.lax.fori_loop(
@@ -571,6 +592,11 @@ def _gauss_seidel_round(order, reward, step, V, sweeps):
     def unrolled(reward, step, V):
         return _unrolled_round(order, reward, step, V, sweeps)
 
+    form = round_form()
+    if form == "loop":
+        return loop(reward, step, V)
+    if form == "unrolled":
+        return unrolled(reward, step, V)
     return jax.lax.platform_dependent(reward, step, V, cpu=loop, default=unrolled)
 
 

@@ -75,16 +75,32 @@ def test_each_platform_is_lowered_with_its_form():
 
 
 def _use_unrolled_form(monkeypatch):
-    """The sparse soft solver with the GPU's form on this CPU from here on (the solver cache
-    cleared, so that it is traced again; the caller clears it at its end)."""
-    monkeypatch.setattr(
-        sparse,
-        "_gauss_seidel_round",
-        lambda order, reward, step, V, sweeps: sparse._unrolled_round(
-            order, reward, step, V, sweeps
-        ),
-    )
+    """The sparse soft solver with the GPU's form on this CPU from here on
+    (``BCHG_SPARSE_ROUND``, read when it is traced: the solver cache cleared, so that it is
+    traced again; the caller clears it at its end)."""
+    monkeypatch.setenv(sparse.ROUND_ENV_VAR, "unrolled")
     sparse._soft_solver.cache_clear()
+
+
+def test_round_form_knob(monkeypatch):
+    """``BCHG_SPARSE_ROUND``: auto by default; loop or unrolled forced on any platform (lowered
+    for CUDA with loop: no barrier); anything else refused by name when the solver is traced."""
+    assert sparse.round_form() == "auto"
+    fr = fourrooms()
+    succ = sparse.problem_successors(fr)
+    P, r = fr.transition(fr.theta0), fr.follower_reward(fr.theta0)
+    try:
+        monkeypatch.setenv(sparse.ROUND_ENV_VAR, "loop")
+        sparse._soft_solver.cache_clear()
+        solve = jax.jit(lambda r: sparse.sparse_soft_value_iteration(P, r, 1e-3, 0.99, succ).V)
+        cuda = solve.trace(r).lower(lowering_platforms=("cuda",)).as_text()
+        assert cuda.count("optimization_barrier") == 0
+        monkeypatch.setenv(sparse.ROUND_ENV_VAR, "fast")
+        sparse._soft_solver.cache_clear()
+        with pytest.raises(ValueError, match="BCHG_SPARSE_ROUND must be one of"):
+            jax.jit(lambda r: sparse.sparse_soft_value_iteration(P, r, 1e-3, 0.99, succ).V)(r)
+    finally:
+        sparse._soft_solver.cache_clear()
 
 
 def test_the_gpu_form_solves_fourrooms_as_the_loop_form_does(x64, monkeypatch):
