@@ -108,6 +108,13 @@ ONE_RUN_SWEEPS_PER_TEST = 4
 #: the environment variable that forces a form of the soft solver's rounds (:func:`round_form`)
 ROUND_ENV_VAR = "BCHG_SPARSE_ROUND"
 ROUND_FORMS = ("auto", "loop", "unrolled")
+#: the most successor terms (sweeps x colour classes x successors per state) that the unrolled
+#: form of a round puts in one loop trip, each a gather of its own: XLA's compile time grows
+#: with them (for the H200 target, jax 0.10.2: 16 sweeps of S 500, 20 successors, 15 colours
+#: compiled in 9.4 s unrolled and 1.6 s as the loop; S 2000, 40 successors, 26 colours in 135 s
+#: and 2.4 s). Four-Rooms' round (16 x 3 x 4 = 192) fits whole; a larger one unrolls fewer sweeps
+#: per trip, and one where not even two fit is the loop on every platform
+ROUND_UNROLL_TERMS = 256
 # the probes of the support (:func:`probe_support`): theta0, then PROBE_DRAWS random thetas
 # theta0 + scale N(0, I) at each of PROBE_SCALES
 PROBE_SCALES = (1.0, 3.0, 10.0)
@@ -581,8 +588,10 @@ def _gauss_seidel_round(order, reward, step, V, sweeps):
     """``sweeps`` sweeps of :func:`_gauss_seidel_sweep` from V, in the form :func:`round_form`
     names; by default the one that suits the platform the solver is compiled for
     (``lax.platform_dependent``, chosen when it is lowered): a ``fori_loop`` on the CPU,
-    :func:`_unrolled_round` on any other. The same iterates up to the rounding of each state's
-    sum over its successors (summed in another order)."""
+    :func:`_unrolled_round` on any other unless not even two sweeps fit in
+    :data:`ROUND_UNROLL_TERMS` (then the loop there too: one unrolled sweep per trip would
+    launch as many kernels and take far longer to compile). The same iterates up to the
+    rounding of each state's sum over its successors (summed in another order)."""
 
     def loop(reward, step, V):
         return jax.lax.fori_loop(
@@ -593,16 +602,18 @@ def _gauss_seidel_round(order, reward, step, V, sweeps):
         return _unrolled_round(order, reward, step, V, sweeps)
 
     form = round_form()
-    if form == "loop":
-        return loop(reward, step, V)
     if form == "unrolled":
         return unrolled(reward, step, V)
+    if form == "loop" or _round_unroll(order, sweeps) == 1:  # one sweep a trip saves nothing
+        return loop(reward, step, V)
     return jax.lax.platform_dependent(reward, step, V, cpu=loop, default=unrolled)
 
 
 def _unrolled_round(order, reward, step, V, sweeps):
     """``sweeps`` sweeps of :func:`_gauss_seidel_sweep`'s update, written for few kernels on a
-    GPU: unrolled, V kept as its colour blocks, each block's new value one elementwise kernel
+    GPU: unrolled (:func:`_round_unroll` sweeps per loop trip, all of them on small tables; the
+    kernels a loop trip adds, copies of its carry and its counter, are what unrolling saves),
+    V kept as its colour blocks, each block's new value one elementwise kernel
     (its gathers and its sum over successors, in successor order, in one fusion) that the next
     blocks read. The optimization barriers make XLA store each block once instead of recomputing
     it inside every later block (a chain that grows with the sweeps), and keep ``reward`` and
@@ -611,15 +622,29 @@ def _unrolled_round(order, reward, step, V, sweeps):
     (``benchmarks.gpu_kernels``). On the CPU it is slower than the loop (240 runs: the follower
     solve 4.8 instead of 3.8 ms, and 4 s more compile time). [S, R] -> [S, R]."""
     reward, step = jax.lax.optimization_barrier((reward, step))
-    blocks = [V[lo:hi] for lo, hi in order.bounds]
-    for _ in range(sweeps):
+
+    def sweep(_, blocks):
+        blocks = list(blocks)
         for k, (lo, hi) in enumerate(order.bounds):
             W = jnp.concatenate(blocks, axis=0)
             new = reward[lo:hi]
             for j in range(order.index.shape[1]):
                 new = new + step[lo:hi, j] * W[order.index[lo:hi, j]]
             blocks[k] = jax.lax.optimization_barrier(new)
+        return tuple(blocks)
+
+    blocks = tuple(V[lo:hi] for lo, hi in order.bounds)
+    blocks = jax.lax.fori_loop(0, sweeps, sweep, blocks, unroll=_round_unroll(order, sweeps))
     return jnp.concatenate(blocks, axis=0)
+
+
+def _round_unroll(order, sweeps: int) -> int:
+    """Sweeps per loop trip of :func:`_unrolled_round`: the most that divide ``sweeps`` and keep
+    a trip within :data:`ROUND_UNROLL_TERMS` successor terms (at least 1; all of them, so no
+    loop, for Four-Rooms: 16 x 3 x 4 = 192)."""
+    terms = max(len(order.bounds) * order.index.shape[1], 1)
+    fits = [u for u in range(1, sweeps + 1) if sweeps % u == 0 and u * terms <= ROUND_UNROLL_TERMS]
+    return max(fits, default=1)
 
 
 @full_precision  # traced by run_last's batching rule, maybe long after the caller's scope

@@ -38,13 +38,21 @@ def _loop(order, reward, step, V, sweeps):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_unrolled_round_gives_the_loops_iterates(x64, dtype):
+@pytest.mark.parametrize("terms", [None, 4])
+def test_unrolled_round_gives_the_loops_iterates(x64, monkeypatch, dtype, terms):
     """Up to the order of each state's sum over its successors: float64 to 1e-13, float32 to a
-    few ulps; and both move V (a wiring error would show as a large difference)."""
+    few ulps; and both move V (a wiring error would show as a large difference). Whole rounds
+    unrolled, and (``terms``: 4 sweeps' worth of ROUND_UNROLL_TERMS) 4 sweeps per loop trip."""
     dtype = jnp.dtype(dtype)
     order, reward, step, V0 = _round_inputs(dtype)
     assert len(order.bounds) >= 3  # several colour classes, so the blocks matter
-    for sweeps in (1, 5):
+    per_sweep = len(order.bounds) * order.index.shape[1]
+    if terms is not None:
+        monkeypatch.setattr(sparse, "ROUND_UNROLL_TERMS", terms * per_sweep)
+        assert sparse._round_unroll(order, 16) == 4 and sparse._round_unroll(order, 6) == 3
+    else:
+        assert sparse._round_unroll(order, 5) == 5
+    for sweeps in (1, 5, 16):
         want = jax.jit(lambda r, s, v, n=sweeps: _loop(order, r, s, v, n))(reward, step, V0)
         got = jax.jit(lambda r, s, v, n=sweeps: sparse._unrolled_round(order, r, s, v, n))(
             reward, step, V0
@@ -57,8 +65,8 @@ def test_unrolled_round_gives_the_loops_iterates(x64, dtype):
 
 def test_each_platform_is_lowered_with_its_form():
     """Lowered for the CPU: the loop and no optimization barrier; for CUDA: the unrolled form
-    (one barrier per colour block per sweep, and the two tables') and no loop but the solver's.
-    Lowering needs no GPU."""
+    (a barrier per colour block of a sweep, written once, and the tables') and no loop but the
+    solver's. Lowering needs no GPU."""
     fr = fourrooms()
     succ = sparse.problem_successors(fr)
     P, r = fr.transition(fr.theta0), fr.follower_reward(fr.theta0)
@@ -70,8 +78,27 @@ def test_each_platform_is_lowered_with_its_form():
     cuda = solve.trace(r).lower(lowering_platforms=("cuda",)).as_text()
     assert cpu.count("optimization_barrier") == 0
     assert cpu.count("stablehlo.while") == 2  # the solver's loop and the round's
-    assert cuda.count("optimization_barrier") == 16 * colours + 1
+    assert cuda.count("optimization_barrier") == colours + 1
     assert cuda.count("stablehlo.while") == 1
+
+
+def test_a_large_table_keeps_the_loop_on_a_gpu_too():
+    """Where not even two sweeps fit in ROUND_UNROLL_TERMS (here 2 x 26 colours x 40
+    successors), CUDA is lowered with the loop: no barrier, a compile of seconds, not minutes."""
+    S, k = 2000, 40
+    rng = np.random.default_rng(0)
+    support = np.zeros((S, S), bool)
+    for s in range(S):
+        support[s, rng.choice(S, size=k, replace=False)] = True
+    succ = sparse.successors_from_support(support)
+    order = sparse._gauss_seidel_order(np.asarray(succ.index))
+    assert 2 * len(order.bounds) * order.index.shape[1] > sparse.ROUND_UNROLL_TERMS
+    assert sparse._round_unroll(order, 16) == 1
+    P = jnp.zeros((S, 1, S), jnp.float32)
+    r = jnp.zeros((S, 1), jnp.float32)
+    solve = jax.jit(lambda P, r: sparse.sparse_soft_value_iteration(P, r, 0.1, 0.9, succ).V)
+    cuda = solve.trace(P, r).lower(lowering_platforms=("cuda",)).as_text()
+    assert cuda.count("optimization_barrier") == 0 and cuda.count("stablehlo.while") == 2
 
 
 def _use_unrolled_form(monkeypatch):
