@@ -571,7 +571,8 @@ def _gauss_seidel_sweep(order, reward, step, V):
 def round_form() -> str:
     """The form of the sparse soft solver's rounds of expectation sweeps:
     ``$BCHG_SPARSE_ROUND`` if set, else ``"auto"`` (each platform its own, chosen when the
-    solver is lowered: a loop on the CPU, unrolled elsewhere); ``"loop"`` or ``"unrolled"``
+    solver is lowered: a loop on the CPU, unrolled elsewhere where the table is small enough,
+    :data:`ROUND_UNROLL_TERMS`); ``"loop"`` or ``"unrolled"``
     force one on every platform (an A/B on a GPU: ``benchmarks/gpu_session.sh``). Read when the
     solver is traced: a function already compiled keeps its value.
 
