@@ -24,15 +24,17 @@
 #      steps (where such an iteration goes, and whether its batch and critic are the scans' on
 #      the device), then the same with the sparse follower's rounds of expectation sweeps as the
 #      CPU's loop (BCHG_SPARSE_ROUND=loop) instead of unrolled (67 -> 132 kernels a trip,
-#      benchmarks.gpu_kernels); the fused fit of the MLP critic (lq.fused_td: two Pallas kernels per Adam
-#      step instead of XLA's 27) checked against XLA's on the card (benchmarks.fused_td_check,
-#      exit 3 when they differ) and timed, then the faithful thermal run with each fit (the 0.1
-#      s/it target); Four-Rooms at 25 steps per scan trip
+#      benchmarks.gpu_kernels); the fused fit of the MLP critic (lq.fused_td: two Pallas
+#      kernels per Adam step instead of XLA's 27) checked against XLA's on the card
+#      (benchmarks.fused_td_check, exit 3 when they differ) and timed, then the faithful
+#      thermal run with each fit (the 0.1 s/it target); the kernels per iteration of
+#      Four-Rooms (scans and parallel steps) and of the faithful thermal run as XLA:GPU
+#      compiles them for the card (benchmarks.gpu_kernels --attached: the autotuned GEMMs,
+#      against the counts of its compile without a GPU); Four-Rooms at 25 steps per scan trip
 #      (BCHG_SCAN_UNROLL) instead of 4; with parallel steps, at 8 steps per solver loop test
 #      (BCHG_STEPS_PER_TEST) instead of 4 (the grid's metric solve makes most of its host
-#      tests); the kernels per iteration of Four-Rooms (scans and parallel steps) and of the
-#      faithful thermal run as XLA:GPU compiles them for the card (benchmarks.gpu_kernels
-#      --attached: the autotuned GEMMs, against the counts of its compile without a GPU).
+#      tests). In the order the parts run: parallel steps, the fused fit, the faithful run,
+#      the parts in both round forms, the card's kernel counts, then the two tunings.
 #      Into ab.txt.
 # It writes at most seven files to OUTDIR, few and shallow, so that a remote job copies little
 # back: RESULT.txt (one line per part: passed / failed / not finished), header.txt, ab.txt,
@@ -243,9 +245,6 @@ if [ "$smoke" = 0 ] || [ "$ab_only" = 1 ]; then
     --parallel-steps  # and, on the device, the same batch and critic as the scans
   BCHG_SPARSE_ROUND=loop ab "fourrooms_parts, parallel steps, the follower's rounds as a loop" \
     python3 -m benchmarks.fourrooms_parts "${parts[@]}" --parallel-steps
-  BCHG_SCAN_UNROLL=25 ab "Four-Rooms, 25 steps per scan trip" "${throughput[@]}" --steps scan
-  BCHG_STEPS_PER_TEST=8 ab "Four-Rooms, parallel steps, 8 steps per host test" \
-    "${throughput[@]}" --steps parallel
   if [ "$smoke" = 0 ]; then  # compiled for the card (its autotuned GEMMs); a CPU has none
     ab "kernels per iteration, compiled for the card" bash -c "python3 -m benchmarks.gpu_kernels \
       --attached --experiments fourrooms --runs 1 240 && python3 -m benchmarks.gpu_kernels \
@@ -253,6 +252,9 @@ if [ "$smoke" = 0 ] || [ "$ab_only" = 1 ]; then
       benchmarks.gpu_kernels --attached --experiments thermal_faithful --runs 1 \
       --mlp-kernel fused"
   fi
+  BCHG_SCAN_UNROLL=25 ab "Four-Rooms, 25 steps per scan trip" "${throughput[@]}" --steps scan
+  BCHG_STEPS_PER_TEST=8 ab "Four-Rooms, parallel steps, 8 steps per host test" \
+    "${throughput[@]}" --steps parallel
 fi
 
 [ -n "$dmon" ] && kill "$dmon" 2> /dev/null

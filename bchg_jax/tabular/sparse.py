@@ -113,7 +113,7 @@ ROUND_FORMS = ("auto", "loop", "unrolled")
 #: with them (for the H200 target, jax 0.10.2: 16 sweeps of S 500, 20 successors, 15 colours
 #: compiled in 9.4 s unrolled and 1.6 s as the loop; S 2000, 40 successors, 26 colours in 135 s
 #: and 2.4 s). Four-Rooms' round (16 x 3 x 4 = 192) fits whole; a larger one unrolls fewer sweeps
-#: per trip, and one where not even two fit is the loop on every platform
+#: per trip, and one where fewer than two fit is the loop on every platform
 ROUND_UNROLL_TERMS = 256
 # the probes of the support (:func:`probe_support`): theta0, then PROBE_DRAWS random thetas
 # theta0 + scale N(0, I) at each of PROBE_SCALES
@@ -571,7 +571,7 @@ def _gauss_seidel_sweep(order, reward, step, V):
 def round_form() -> str:
     """The form of the sparse soft solver's rounds of expectation sweeps:
     ``$BCHG_SPARSE_ROUND`` if set, else ``"auto"`` (each platform its own, chosen when the
-    solver is lowered: a loop on the CPU, unrolled elsewhere where the table is small enough,
+    solver is lowered: a loop on the CPU, unrolled elsewhere where two sweeps or more fit in
     :data:`ROUND_UNROLL_TERMS`); ``"loop"`` or ``"unrolled"``
     force one on every platform (an A/B on a GPU: ``benchmarks/gpu_session.sh``). Read when the
     solver is traced: a function already compiled keeps its value.
@@ -589,10 +589,11 @@ def _gauss_seidel_round(order, reward, step, V, sweeps):
     """``sweeps`` sweeps of :func:`_gauss_seidel_sweep` from V, in the form :func:`round_form`
     names; by default the one that suits the platform the solver is compiled for
     (``lax.platform_dependent``, chosen when it is lowered): a ``fori_loop`` on the CPU,
-    :func:`_unrolled_round` on any other unless not even two sweeps fit in
-    :data:`ROUND_UNROLL_TERMS` (then the loop there too: one unrolled sweep per trip would
-    launch as many kernels and take far longer to compile). The same iterates up to the
-    rounding of each state's sum over its successors (summed in another order)."""
+    :func:`_unrolled_round` on any other unless fewer than two sweeps fit in
+    :data:`ROUND_UNROLL_TERMS` or the round is one sweep (then the loop there too: one unrolled
+    sweep per trip would launch as many kernels and take far longer to compile). The same
+    iterates up to the rounding of each state's sum over its successors (summed in another
+    order)."""
 
     def loop(reward, step, V):
         return jax.lax.fori_loop(
@@ -605,7 +606,7 @@ def _gauss_seidel_round(order, reward, step, V, sweeps):
     form = round_form()
     if form == "unrolled":
         return unrolled(reward, step, V)
-    if form == "loop" or _round_unroll(order, sweeps) == 1:  # one sweep a trip saves nothing
+    if form == "loop" or _round_unroll(order, sweeps) < 2:  # one sweep a trip saves nothing
         return loop(reward, step, V)
     return jax.lax.platform_dependent(reward, step, V, cpu=loop, default=unrolled)
 
@@ -640,12 +641,12 @@ def _unrolled_round(order, reward, step, V, sweeps):
 
 
 def _round_unroll(order, sweeps: int) -> int:
-    """Sweeps per loop trip of :func:`_unrolled_round`: the most that divide ``sweeps`` and keep
-    a trip within :data:`ROUND_UNROLL_TERMS` successor terms (at least 1; all of them, so no
-    loop, for Four-Rooms: 16 x 3 x 4 = 192)."""
+    """Sweeps per loop trip of :func:`_unrolled_round`: as many as keep a trip within
+    :data:`ROUND_UNROLL_TERMS` successor terms, at most ``sweeps`` and at least 1 (all of them,
+    so no loop, for Four-Rooms: 16 x 3 x 4 = 192; a number that does not divide ``sweeps``
+    leaves the remainder to a trip of its own, ``lax.fori_loop``'s ``unroll``)."""
     terms = max(len(order.bounds) * order.index.shape[1], 1)
-    fits = [u for u in range(1, sweeps + 1) if sweeps % u == 0 and u * terms <= ROUND_UNROLL_TERMS]
-    return max(fits, default=1)
+    return max(1, min(int(sweeps), ROUND_UNROLL_TERMS // terms))
 
 
 @full_precision  # traced by run_last's batching rule, maybe long after the caller's scope
