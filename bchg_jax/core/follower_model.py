@@ -142,6 +142,13 @@ def lag_mix(previous: Array, best: Array, mix) -> Array:
     return (1.0 - mix) * previous + mix * best
 
 
+def mix_in_range(mix) -> Array:
+    """[] bool: ``0 < mix <= 1`` (works on traced values; the exact lag references return NaN
+    where it is False, as a traced ``mix`` escapes the concrete check)."""
+    mix = jnp.asarray(mix)
+    return (mix > 0) & (mix <= 1)
+
+
 def explore_mix(policy: Array, explore) -> Array:
     """``(1 - explore) policy + explore / B`` over the last axis (B actions)."""
     return (1.0 - explore) * policy + explore / policy.shape[-1]

@@ -457,6 +457,12 @@ def check_not_wider(where: str, label: str, value, theta_dtype) -> None:
         )
 
 
+def check_bool_mask_if_concrete(where: str, mask) -> None:
+    """:func:`check_bool_mask` unless ``mask`` is traced (or None)."""
+    if mask is not None:
+        check_if_concrete(check_bool_mask, where, mask)
+
+
 def check_bool_mask(where: str, mask) -> None:
     """A mask documented as bool must hold booleans or 0 / 1 only: the exact solvers and the
     sampler would otherwise read a 2 or a 0.5 differently (``1 - mask`` against ``mask != 0``).
@@ -648,6 +654,16 @@ def check_unit_interval(name: str, value) -> None:
     v = np.asarray(value, np.float64)
     if v.size == 0 or not np.all(np.isfinite(v)) or np.any(v <= 0) or np.any(v > 1):
         raise ValueError(f"{name} must be in (0, 1], got {_show(value)}")
+
+
+def check_closed_unit_interval(name: str, value) -> None:
+    """Raises ``ValueError`` (naming ``name``) unless every entry of ``value`` (a concrete scalar
+    or array) is in [0, 1] (a continuation factor, a probability)."""
+    v = np.asarray(value, np.float64)
+    if v.size == 0 or not np.all(np.isfinite(v)) or np.any(v < 0) or np.any(v > 1):
+        bad = v.ravel()[~((v.ravel() >= 0) & (v.ravel() <= 1))] if v.size else v.ravel()
+        shown = bad[0].item() if bad.size else _show(value)
+        raise ValueError(f"{name} must have every entry in [0, 1], got e.g. {shown!r}")
 
 
 def check_int_range(name: str, value, low: int, high) -> None:

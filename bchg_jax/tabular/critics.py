@@ -13,7 +13,7 @@ import numpy as np
 
 from bchg_jax.core.segments import discounted_suffix_sum
 from bchg_jax.core.unroll import scan_unroll
-from bchg_jax.core.validate import check_discount, check_if_concrete
+from bchg_jax.core.validate import check_discount, check_if_concrete, check_unit_interval
 from bchg_jax.tabular.rollout import Batch
 
 Array = jax.Array
@@ -72,9 +72,11 @@ def sarsa_update(
     Returns:
       [S, B] the updated critic Q_L^{i+1}.
     Raises:
-      ValueError: a concrete ``gamma_L`` outside [0, 1].
+      ValueError: a concrete ``gamma_L`` outside [0, 1], or a concrete ``alpha`` outside
+        (0, 1] (a step above 1 overshoots every target and the critic diverges).
     """
     check_if_concrete(check_discount, "gamma_L", gamma_L, True)
+    check_if_concrete(check_unit_interval, "alpha (SARSA step size)", alpha)
     E, T = batch.s.shape
     nxt_s = jnp.concatenate([batch.s[:, 1:], batch.s[:, -1:]], axis=1)
     nxt_b = jnp.concatenate([batch.b[:, 1:], batch.b[:, -1:]], axis=1)

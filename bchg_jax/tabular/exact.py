@@ -22,6 +22,7 @@ from bchg_jax.core.precision import full_precision
 from bchg_jax.core.rounding import refuse_unless_within, sweep_to_tolerance
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
+    check_closed_unit_interval,
     check_discount,
     check_if_concrete,
     check_probability_rows_if_concrete,
@@ -68,8 +69,8 @@ def policy_evaluation(P: Array, r: Array, policy: Array, gamma, cont: Array) -> 
     Returns:
       [S] V^g(s).
     Raises:
-      ValueError: a concrete ``gamma`` outside [0, 1), or ``r`` / ``policy`` / ``cont`` not
-        shaped by ``P``'s S, B.
+      ValueError: a concrete ``gamma`` outside [0, 1), ``r`` / ``policy`` / ``cont`` not
+        shaped by ``P``'s S, B, or a concrete ``cont`` entry outside [0, 1].
     """
     check_if_concrete(check_discount, "gamma (policy evaluation discount)", gamma)
     S, B = transition_sizes("P (transition)", P)
@@ -77,6 +78,7 @@ def policy_evaluation(P: Array, r: Array, policy: Array, gamma, cont: Array) -> 
     check_shape("r (reward)", r, (S, B), src)
     check_shape("policy", policy, (S, B), src)
     check_shape("cont (continuation)", cont, (S,), src)
+    check_if_concrete(check_closed_unit_interval, "cont (continuation)", cont)
     A = jnp.eye(S, dtype=r.dtype) - (gamma * cont)[:, None] * policy_matrix(P, policy)
     return jnp.linalg.solve(A, jnp.sum(policy * r, axis=-1))
 

@@ -20,6 +20,7 @@ from bchg_jax.core.precision import full_precision
 from bchg_jax.core.rounding import sweep_to_tolerance
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
+    check_bool_mask_if_concrete,
     check_discount,
     check_if_concrete,
     check_shape,
@@ -144,8 +145,9 @@ def check_follower_inputs(P, r, beta, gamma, terminal=None, V0=None, successors=
       S, the number of states.
     Raises:
       ValueError: a concrete ``beta`` not finite and > 0, a concrete ``gamma`` outside [0, 1),
-        ``r`` / ``terminal`` / ``V0`` not shaped by ``P``'s S, B, or a ``successors`` table that
-        fails :meth:`~bchg_jax.tabular.sparse.Successors.check`.
+        ``r`` / ``terminal`` / ``V0`` not shaped by ``P``'s S, B, a concrete ``terminal`` that
+        is not a bool (0 / 1) mask, or a ``successors`` table that fails
+        :meth:`~bchg_jax.tabular.sparse.Successors.check`.
     """
     check_beta_if_concrete(beta)
     check_if_concrete(check_discount, "gamma (the follower's discount)", gamma)
@@ -156,6 +158,7 @@ def check_follower_inputs(P, r, beta, gamma, terminal=None, V0=None, successors=
         successors.check(S, src)
     if terminal is not None:
         check_shape("terminal", terminal, (S,), src)
+        check_bool_mask_if_concrete("terminal", terminal)
     if V0 is not None:
         check_shape("V0", V0, (S,), src)
     return S
@@ -201,7 +204,8 @@ def soft_value_iteration(
       performed), ``residual`` [] (sup-norm change of the last sweep).
     Raises:
       ValueError: a concrete ``beta`` not finite and > 0, a concrete ``gamma`` outside [0, 1),
-        or ``r`` / ``terminal`` / ``V0`` not shaped by ``P``'s S, B.
+        ``r`` / ``terminal`` / ``V0`` not shaped by ``P``'s S, B, or a concrete ``terminal``
+        that is not a bool (0 / 1) mask.
     """
     S = check_follower_inputs(P, r, beta, gamma, terminal, V0)
     cont = continuation(terminal, S, r.dtype)

@@ -30,6 +30,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.follower_model import mix_in_range
+from bchg_jax.core.maxent_lqr import nan_unless
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.softmax import follower_softmax
 from bchg_jax.core.validate import (
@@ -175,7 +177,8 @@ def lag_hypergradient(
         a ``V_star`` that is not the solution misses it), or None: no check (the trainer
         flags its own solve).
     Returns:
-      the gradient, shaped like ``theta``; NaN under a trace where the solve missed ``tol``.
+      the gradient, shaped like ``theta``; NaN under a trace where the solve missed ``tol`` or
+      a traced ``mix`` is outside (0, 1].
     Raises:
       ValueError: both ``V0`` and ``V_star`` given, a concrete ``mix`` outside (0, 1], a
         ``previous`` not [S, B] probability rows, a concrete solve that missed ``tol``, or as
@@ -194,4 +197,5 @@ def lag_hypergradient(
         best = best_response(problem, th, beta, **solve).policy
         return policy_objective(problem, th, (1.0 - mix) * previous + mix * best)
 
-    return jax.grad(objective)(theta)
+    ok = mix_in_range(mix)  # a traced mix is not checked above: NaN, never an extrapolation
+    return jax.tree.map(lambda x: nan_unless(ok, x), jax.grad(objective)(theta))

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from bchg_jax.core.unroll import scan_unroll
 from bchg_jax.core.validate import (
+    check_bool_mask_if_concrete,
     check_count,
     check_probability_rows_if_concrete,
     check_shape,
@@ -173,7 +174,8 @@ def rollout(
       :class:`Batch`, every field [num_envs, num_steps] (time axis 1).
     Raises:
       ValueError: ``transition`` not [S, B, S]; ``policy``, ``init_dist`` or ``terminal`` not
-        shaped by its S, B (the error names the array at fault); a concrete ``policy``,
+        shaped by its S, B (the error names the array at fault); a concrete ``terminal`` that is
+        not a bool (0 / 1) mask; a concrete ``policy``,
         ``transition`` or ``init_dist`` whose rows are not distributions (a negative entry, or a
         row sum off 1 by more than ``core.validate.POLICY_ROW_TOL``: logits or unnormalised
         weights would otherwise be drawn from, normalised, without a word); a ``time_limit``
@@ -186,6 +188,7 @@ def rollout(
     check_shape("init_dist", init_dist, (S,), src)
     if terminal is not None:
         check_shape("terminal", terminal, (S,), src)
+        check_bool_mask_if_concrete("terminal", terminal)
     check_count("time_limit", time_limit, allow_none=True)
     for label, table in (("policy", policy), ("transition", transition), ("init_dist", init_dist)):
         check_probability_rows_if_concrete(label, table)  # logits or weights: no silent draw

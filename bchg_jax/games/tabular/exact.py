@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.core.follower_model import lag_mix
+from bchg_jax.core.follower_model import lag_mix, mix_in_range
 from bchg_jax.core.maxent_lqr import nan_unless
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.rounding import refuse_unless_within
@@ -622,7 +622,7 @@ def lag_hypergradient(
       backup: the follower's backup form. Q_star: optional solved [S, A, B] fixed point.
       tol: as :func:`exact_hypergradient` (the residual a given ``Q_star`` must reach).
     Returns:
-      a pytree like ``theta``.
+      a pytree like ``theta``; NaN where a traced ``mix`` is outside (0, 1].
     Raises:
       ValueError: a bad scalar setting of ``game``, a concrete ``beta`` not finite and > 0, a
         concrete ``mix`` outside (0, 1] (as ``FollowerModel``), a ``g_prev`` not [S, A, B]
@@ -641,4 +641,5 @@ def lag_hypergradient(
         best = best.policy
         return leader_objective_at(game, f, lag_mix(jnp.asarray(g_prev, best.dtype), best, mix))
 
-    return jax.grad(J)(theta)
+    ok = mix_in_range(mix)  # a traced mix is not checked above: NaN, never an extrapolation
+    return jax.tree.map(lambda x: nan_unless(ok, x), jax.grad(J)(theta))
