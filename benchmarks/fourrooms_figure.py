@@ -152,12 +152,9 @@ def write_figure(compact: str) -> None:
         "panels run side by side count once each)."
     )
     if any("**" in p for p in parts):  # final_table's own footnote, which says so, is off
-        from bchg_jax.core.health import WARN_SHARE
+        from experiments.plot import BOLD_NOTE
 
-        parts[0] += (
-            f" In bold: solver health above {100 * WARN_SHARE:g}% capped or skipped (the cell is "
-            "not the method's result)."
-        )
+        parts[0] += f" {BOLD_NOTE}."
     text = "\n".join(parts) + "\n"
     atomic_write_bytes(os.path.join(compact, "table.md"), text.encode())
     print(text)

@@ -133,10 +133,17 @@ def methods_of(spec: str):
 
 
 def validate_args(a):
+    from bchg_jax.tabular.train import SARSA_METHODS
     from experiments.cli import check_counts, follower_model
 
-    methods_of(a.method)
+    methods = methods_of(a.method)
     check_counts(a, "seeds", "iterations", "chunk")
+    if "sarsa_alpha" in a._explicit and not set(methods) & set(SARSA_METHODS):
+        # no method of the run has a SARSA critic: the flag would be recorded, never used
+        raise ValueError(
+            f"--sarsa-alpha is the step size of the SARSA critic of {', '.join(SARSA_METHODS)}, "
+            f"and this run's methods ({', '.join(methods)}) have none: drop --sarsa-alpha"
+        )
     if a.beta <= 0:
         raise ValueError(f"--beta must be > 0, got {a.beta}")
     batch_shape(a.batch)

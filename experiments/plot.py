@@ -709,15 +709,18 @@ def final_table(run_dirs, footnote: bool = True) -> str:
     )
     lines.append(
         f"\nMean +- SE over the seeds of {over}, at each method's best grid point"
-        + (
-            "; in bold: solver health above "
-            f"{100 * WARN_SHARE:g}% capped or skipped (the cell is not the method's result)"
-            if unhealthy
-            else ""
-        )
+        + ("; in b" + BOLD_NOTE[4:] if unhealthy else "")
         + "."
     )
     return "\n".join(lines)
+
+
+# what a bold cell of a table means (final_table's footnote, the figure's table)
+BOLD_NOTE = (
+    f"In bold: a solver-health flag set in more than {100 * WARN_SHARE:g}% of the "
+    "run-iterations (capped or stalled solves, skipped updates, lost successor mass, a "
+    "non-finite J or float32-rounded logits): the cell is not the method's result"
+)
 
 
 # what export_best leaves out of a method's metrics.npz: a folder whose npz holds one is a run's
@@ -769,6 +772,15 @@ def export_best(run_dir: str, dest: str, replace: bool = True) -> None:
 
     if os.path.isdir(dest) and os.path.isdir(run_dir) and os.path.samefile(dest, run_dir):
         raise ValueError(f"--export {dest} is the run folder itself; give another folder")
+    inside = os.path.relpath(os.path.realpath(dest), os.path.realpath(run_dir))
+    if inside != os.curdir and not inside.startswith(os.pardir):
+        # e.g. a method's folder: its config.json would be replaced by the run's
+        raise ValueError(
+            f"--export {dest} is inside the run folder {run_dir}, whose files it would "
+            "replace; give a folder outside it"
+        )
+    if _holds_a_run(dest):
+        raise ValueError(f"--export {dest} is a method folder of a run; give another folder")
     trained = [m for m in METHOD_ORDER if _holds_a_run(os.path.join(dest, m))]
     if trained:  # a CLI's run folder: its grids and health records would be lost
         raise ValueError(

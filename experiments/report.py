@@ -266,9 +266,10 @@ def finish_run(
     ]
     if unhealthy:
         print(
-            f"WARNING: solves hit their cap or updates were skipped in more than "
-            f"{100 * WARN_SHARE:g}% of the run-iterations of: {', '.join(unhealthy)} "
-            "(see the warnings above)",
+            f"WARNING: a solver-health flag (capped or stalled solves, skipped updates, mass "
+            f"lost by the successor table, a non-finite J, float32-rounded logits) is set in "
+            f"more than {100 * WARN_SHARE:g}% of the run-iterations of: {', '.join(unhealthy)} "
+            "(which one: the warnings above)",
             file=sys.stderr,
             flush=True,
         )

@@ -46,6 +46,8 @@ SETTING_KEYS = (
     "mlp_kernel",
 )
 SETTING_KEYS += FOLLOWER_SETTINGS
+# the flags only the MLP critic reads (refused with another --critic)
+MLP_CRITIC = tuple(k for k in SETTING_KEYS if k.startswith("mlp_")) + ("value_samples",)
 # the MLP critic's training flags that --faithful holds at their defaults (the paper's critic)
 FAITHFUL_CRITIC = (
     "mlp_steps",
@@ -233,6 +235,14 @@ def validate_args(a):
 
     methods = methods_of(a.method)
     check_counts(a, "seeds", "iterations", "chunk", "episodes")
+    unused = [k for k in MLP_CRITIC if k in a._explicit]
+    if a.critic != "mlp" and unused:  # lq.make_train reads them only for the MLP critic
+        flags = " and ".join(f"--{k.replace('_', '-')}" for k in unused)
+        raise ValueError(
+            f"{flags} {'is a setting' if len(unused) == 1 else 'are settings'} of the MLP "
+            f"critic (--critic mlp, or --faithful), and this run has --critic {a.critic}: add "
+            f"--critic mlp or drop {flags}"
+        )
     if not (math.isfinite(a.init_std) and a.init_std >= 0):  # NaN compared False
         raise ValueError(f"--init-std must be finite and >= 0, got {a.init_std}")
     train_config(a)

@@ -608,3 +608,29 @@ def test_resume_inside_a_method_folder_names_the_run_folder(tmp_path, capsys):
     with pytest.raises(SystemExit):
         resume_args(cli.parse_args(["--resume", str(tmp_path / "new")]), "fourrooms")
     assert "no config.json there (not a run folder)" in capsys.readouterr().err
+
+
+def test_a_flag_no_method_of_the_run_reads_is_refused(tmp_path, capsys):
+    """An audit found thermal's MLP-critic flags (--mlp-lr 0.5 --mlp-steps 3 --value-samples 2)
+    accepted with --critic quadratic_loo: metrics.npz was identical in every key to the run
+    without them, while config.json recorded them; Four-Rooms' --sarsa-alpha likewise with
+    only methods that have no SARSA critic. Each is refused before anything is compiled."""
+    from experiments import fourrooms, thermal
+
+    cases = [
+        (thermal, ["--mlp-lr", "0.5", "--value-samples", "2"], "--mlp-lr and --value-samples"),
+        (thermal, ["--critic", "exact", "--mlp-kernel", "fused"], "--mlp-kernel is a setting"),
+        (fourrooms, ["--method", "naive,hpgd_mc", "--sarsa-alpha", "0.3"], "--sarsa-alpha"),
+    ]
+    for mod, argv, says in cases:
+        with pytest.raises(SystemExit) as e:
+            mod.main(["--smoke", *argv, "--out", str(tmp_path / "x")])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and says in err and "drop" in err, err
+        assert not os.path.exists(tmp_path / "x")
+    # where a method reads them they pass the checks
+    thermal.validate_args(thermal.parse_args(["--critic", "mlp", "--mlp-lr", "0.5"]))
+    thermal.validate_args(thermal.parse_args(["--faithful", "--mlp-kernel", "fused"]))
+    fourrooms.validate_args(
+        fourrooms.parse_args(["--method", "naive,bchg", "--sarsa-alpha", "0.3"])
+    )

@@ -444,6 +444,18 @@ def test_export_never_overwrites_a_run_folder(tmp_path):
     os.makedirs(os.path.join(run, "naive", "checkpoint"))  # a CLI's run keeps its checkpoint
     with pytest.raises(SystemExit, match="holds a run"):
         plot.main([write_run(tmp_path / "other2"), "--export", run])
+    # a folder inside the run (a method's own: its config.json was replaced by the run's)
+    cfg = os.path.join(run, "naive", "config.json")
+    with open(cfg, "w") as f:
+        f.write('{"method": "naive"}')
+    for inside in (os.path.join(run, "naive"), os.path.join(run, "exports", "best")):
+        with pytest.raises(SystemExit, match="inside the run folder"):
+            plot.main([run, "--export", inside])
+    with open(cfg) as f:
+        assert f.read() == '{"method": "naive"}'
+    assert not os.path.exists(os.path.join(run, "exports"))
+    with pytest.raises(SystemExit, match="method folder of a run"):  # another run's method
+        plot.main([write_run(tmp_path / "other3"), "--export", os.path.join(run, "naive")])
     assert np.load(path)["J"].shape == before == (2, 3, 40)
     plot.main([run, "--export", str(tmp_path / "best")])  # a new folder: the compact copy
     assert np.load(tmp_path / "best" / "naive" / "metrics.npz")["J"].shape == (1, 3, 40)
@@ -664,4 +676,4 @@ def test_fourrooms_figure_table_explains_its_bold_cells(tmp_path):
     np.savez(path, **data, solve_capped=capped, update_skipped=np.zeros_like(capped))
     ff.write_figure(str(tmp_path))
     text = (tmp_path / "table.md").read_text()
-    assert "**capped" in text and "In bold: solver health above 1% capped or skipped" in text
+    assert "**capped" in text and "In bold: a solver-health flag set in more than 1%" in text

@@ -141,3 +141,26 @@ def test_summarize_refuses_a_window_below_one(window):
     """J[..., -0:] is the whole run: a window of 0 gave the mean since iteration 1."""
     with pytest.raises(ValueError, match="window must be an int >= 1"):
         summarize(np.ones((2, 3, 10)), window)
+
+
+def test_a_rounding_only_warning_does_not_blame_capped_solves(tmp_path, capsys):
+    """An audit ran Four-Rooms at beta 1e-5 in float32: only the logits-rounded flag was set,
+    and the run's last line said "solves hit their cap or updates were skipped" beside
+    "capped 0.00% skipped 0" (the plot table's footnote likewise)."""
+    from experiments import plot
+    from experiments.report import finish_method, finish_run
+
+    J = np.zeros((1, 2, 20))
+    zeros = np.zeros(J.shape, np.int32)
+    data = {"J": J, "solve_capped": zeros, "update_skipped": zeros, "logits_rounded": 1 + zeros}
+    os.makedirs(tmp_path / "bchg")
+    s = finish_method(str(tmp_path / "bchg"), "bchg", {"lr": np.ones(1)}, data, 10, "t", "J", 1)
+    assert "float32 rounded the follower's logits" in capsys.readouterr().err
+    finish_run(str(tmp_path), [s], 10)
+    err = capsys.readouterr().err
+    assert "of: bchg" in err
+    assert "hit their cap or updates were skipped" not in err
+    assert "float32-rounded logits" in err
+    table = plot.final_table([str(tmp_path)])
+    assert "**capped 0.00% skipped 0 float32 logits rounded 40**" in table
+    assert "float32-rounded logits" in table.splitlines()[-1]
