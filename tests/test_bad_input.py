@@ -1666,3 +1666,62 @@ def test_random_tabular_presets_name_a_size_that_is_not_a_positive_integer():
             problems.random_tabular_game(**kw)
     assert problems.random_tabular_cmdp(key, num_states=1).validate().num_states == 1
     assert problems.random_tabular_game(S=1).num_states == 1
+
+
+def test_integer_pieces_and_wrong_lq_shapes_are_named_not_failed_inside_jax():
+    """From a new user's audit: an integer follower reward passed TabularCMDP.validate() and
+    failed in soft_newton with "data type int32 not inexact"; an integer B(theta) such as
+    [[0], [1]] passed LQConfigurableMDP.validate() and failed with "jacfwd requires real-valued
+    inputs"; without validate(), an A(theta), Ms or c of the wrong shape failed inside JAX
+    (dot_general / add / grad TypeErrors) in lq.best_response / leader_objective."""
+    from bchg_jax import lq, tabular
+
+    P = jax.nn.softmax(jnp.asarray(np.random.default_rng(0).normal(size=(5, 3, 5))), -1)
+    cmdp = tabular.TabularCMDP(
+        transition=lambda th: P,
+        init_dist=lambda th: jnp.ones(5) / 5,
+        follower_reward=lambda th: jnp.ones((5, 3), jnp.int32),
+        leader_reward=lambda th: jnp.zeros((5, 3)) + th[0],
+        gamma_F=0.9,
+        gamma_L=0.9,
+        theta0=jnp.array([0.1, 0.2]),
+    )
+    for call in (cmdp.validate, lambda: tabular.exact_hypergradient(cmdp, cmdp.theta0, 0.1)):
+        with pytest.raises(ValueError, match=r"follower_reward\(theta\) has dtype int32"):
+            call()
+
+    def problem(A=None, B=None, Ms=None, c=0.0):
+        return lq.LQConfigurableMDP(
+            A_fn=lambda th: jnp.array([[1.0 + 0.1 * th[0], 0.2], [0.0, 0.95]]) if A is None else A,
+            B_fn=lambda th: jnp.array([[0.5], [0.3]]) if B is None else B,
+            U=0.3 * jnp.eye(2),
+            Qbar=jnp.eye(2),
+            Rbar=jnp.array([[0.5]]),
+            leader_quadratic=lambda th: (jnp.eye(2) if Ms is None else Ms, jnp.eye(1), c),
+            init_cov=jnp.eye(2),
+            gamma_F=0.9,
+            gamma_L=0.9,
+            theta0=jnp.array([0.3]),
+        )
+
+    cases = [  # (pieces, the error, whether best_response reads them)
+        (dict(B=jnp.array([[0], [1]])), r"B\(theta\) has dtype int", True),
+        (dict(A=jnp.eye(3)), r"A\(theta\)", True),
+        (dict(Ms=jnp.eye(3)), r"Ms must have shape \(2, 2\)", False),
+        (dict(c=jnp.zeros(2)), r"c must have shape \(\)", False),
+    ]
+    for kw, says, dynamics in cases:
+        p = problem(**kw)
+        calls = [
+            p.validate,
+            lambda p=p: lq.leader_objective(p, p.theta0, 0.1),
+            lambda p=p: lq.exact_hypergradient(p, p.theta0, 0.1),
+        ]
+        if dynamics:
+            calls.append(lambda p=p: lq.best_response(p, p.theta0, 0.1))
+        for call in calls:
+            with pytest.raises(ValueError, match=says):
+                call()
+    # float pieces still work
+    ok = problem(B=jnp.array([[0.0], [1.0]]))
+    assert np.isfinite(float(lq.leader_objective(ok.validate(), ok.theta0, 0.1)))

@@ -457,6 +457,22 @@ def check_not_wider(where: str, label: str, value, theta_dtype) -> None:
         )
 
 
+def check_floating(where: str, label: str, value) -> None:
+    """A problem function's output the solvers compute in (their loops carry its dtype, or
+    differentiate it) must be floating: an integer or bool table fails deep inside JAX
+    (``jacfwd requires real-valued inputs``, ``data type int32 not inexact``).
+
+    Raises:
+      ValueError: a non-floating ``value`` (concrete or traced), naming ``label`` and the fix.
+    """
+    dtype = jnp.asarray(value).dtype
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise ValueError(
+            f"{where}: {label} has dtype {dtype}; return a floating array (e.g. "
+            "jnp.asarray(x, theta.dtype), or write its constants as floats: 1.0, not 1)"
+        )
+
+
 def check_bool_mask_if_concrete(where: str, mask) -> None:
     """:func:`check_bool_mask` unless ``mask`` is traced (or None)."""
     if mask is not None:

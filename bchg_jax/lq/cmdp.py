@@ -30,6 +30,7 @@ from bchg_jax.core.validate import (
     check_costs,
     check_discounts,
     check_dtype_available,
+    check_floating,
     check_not_wider,
     check_shape,
     check_theta_array,
@@ -301,6 +302,8 @@ class LQConfigurableMDP:
             for k, v in zip(("Ms", "Mb"), raw_quad, strict=False)
         ):
             check_not_wider(self.name, label, x, th.dtype)
+        for label, x in (("A(theta)", raw_A), ("B(theta)", raw_B)):  # differentiated, carried
+            check_floating(self.name, label, x)
         A = np.asarray(raw_A, np.float64)
         B = np.asarray(raw_B, np.float64)
         if A.ndim != 2 or A.shape[0] != A.shape[1] or A.shape[0] < 1:

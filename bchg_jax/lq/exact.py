@@ -33,6 +33,7 @@ from bchg_jax.core.validate import (
     check_constants_once,
     check_count,
     check_problem_settings,
+    check_shape,
     check_theta,
     is_concrete,
 )
@@ -119,6 +120,21 @@ def _check_args(problem: LQConfigurableMDP, beta=None, horizon="default", theta=
         check_beta_if_concrete(beta)
     if not (horizon is None or (isinstance(horizon, str) and horizon == "default")):
         check_count('horizon ("default", None or a positive integer)', horizon)
+
+
+def leader_pieces(problem: LQConfigurableMDP, theta: Array):
+    """``problem.leader_quadratic(theta)`` = (Ms [n, n], Mb [m, m], c []), its shapes checked
+    (also under a trace) against n, m of Qbar, Rbar: a wrong one failed inside JAX.
+
+    Raises:
+      ValueError: a piece of the wrong shape, naming it.
+    """
+    Ms, Mb, c = problem.leader_quadratic(theta)
+    n, m = np.shape(problem.Qbar)[0], np.shape(problem.Rbar)[0]
+    for label, x, shape in (("Ms", Ms, (n, n)), ("Mb", Mb, (m, m)), ("c", c, ())):
+        label = f"{problem.name}: leader_quadratic(theta)'s {label}"
+        check_shape(label, x, shape, f"n={n} from Qbar, m={m} from Rbar")
+    return Ms, Mb, c
 
 
 def refuse_divergence(
@@ -235,7 +251,7 @@ def leader_objective(
         check_policy_fits(problem, br, "br")
     br = problem.best_response(theta, beta, tol=tol, max_iters=max_iters) if solved else br
     X = discounted_state_covariance(problem, theta, br, H)
-    Ms, Mb, c = problem.leader_quadratic(theta)
+    Ms, Mb, c = leader_pieces(problem, theta)
     J = quadratic_return(Ms, Mb, c, br, X, _discount_mass(problem.gamma_L, H, theta.dtype))
     if not solved:  # the policy given is evaluated as it is (the trainer flags its own solves)
         refuse_divergence(problem, theta, br, H, J, "lq.leader_objective")

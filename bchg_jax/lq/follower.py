@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bchg_jax.core.maxent_lqr import (
     GaussianBestResponse,
@@ -26,8 +27,10 @@ from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_constants_once,
+    check_floating,
     check_not_wider,
     check_problem_settings,
+    check_shape,
     check_theta,
 )
 
@@ -65,8 +68,9 @@ def best_response(
       :class:`GaussianBestResponse` (``P`` [n, n], ``K`` [m, n], ``cov`` [m, m], ``.sample``,
       ``.log_prob``, ``.mean``, ``.converged``).
     Raises:
-      ValueError: a concrete ``beta`` not finite and > 0, or a bad scalar setting of
-        ``problem`` (a discount outside [0, 1), a bad ``horizon``).
+      ValueError: a concrete ``beta`` not finite and > 0, a bad scalar setting of
+        ``problem`` (a discount outside [0, 1), a bad ``horizon``), or ``A(theta)`` /
+        ``B(theta)`` not floating [n, n] / [n, m] (n, m from Qbar, Rbar).
     """
     check_problem_settings(problem)
     check_constants_once(problem)
@@ -74,8 +78,13 @@ def best_response(
     check_theta(problem, theta)
     dt = theta.dtype
     A, B = problem.A_fn(theta), problem.B_fn(theta)
-    for label, value in (("A(theta)", A), ("B(theta)", B)):  # the Riccati loop carries dt
-        check_not_wider(getattr(problem, "name", "the problem"), label, value, dt)
+    name = getattr(problem, "name", "the problem")
+    n, m = np.shape(problem.Qbar)[0], np.shape(problem.Rbar)[0]
+    for label, value, shape in (("A(theta)", A, (n, n)), ("B(theta)", B, (n, m))):
+        # the Riccati loop carries dt (and differentiates A, B): floating, not wider
+        check_not_wider(name, label, value, dt)
+        check_floating(name, label, value)
+        check_shape(f"{name}: {label}", value, shape, f"n={n} from Qbar, m={m} from Rbar")
     return maxent_lqr(
         A,
         B,

@@ -23,6 +23,7 @@ from bchg_jax.core.precision import full_precision_fields
 from bchg_jax.core.validate import (
     check_bool_mask,
     check_dtype_available,
+    check_floating,
     check_not_wider,
     check_problem_settings,
     check_theta_array,
@@ -169,7 +170,8 @@ class TabularCMDP:
         Raises:
           ValueError: a discount outside [0, 1), a theta0 / theta that is not one finite
             floating array (a dict of arrays, an integer array), a bad ``time_limit``, a
-            failing problem function, a table of a wider dtype than theta's, wrong table shapes,
+            failing problem function, a table of a wider dtype than theta's, an integer or bool
+            ``follower_reward(theta)``, wrong table shapes,
             non-probability rows, a non-scalar Phi_L, non-finite entries, or a ``terminal``
             mask not of shape [S].
         """
@@ -198,6 +200,8 @@ class TabularCMDP:
         # dtype and fail deep inside a while_loop; narrower tables are promoted and are fine
         for label, table in raw.items():
             check_not_wider(self.name, f"{label}(theta)", table, theta.dtype)
+        # the follower's solvers carry its reward's dtype (the other tables are promoted)
+        check_floating(self.name, "follower_reward(theta)", raw["follower_reward"])
         p, rho, rf, rl, ps = (
             np.asarray(raw[k], dtype=np.float64)
             for k in (
