@@ -457,6 +457,26 @@ def check_counts(a, *flags: str) -> None:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
 
 
+def refuse_unread(a, unread) -> None:
+    """Refuses the flags given on the command line (not from ``--config``) that no method of
+    the run reads: they would be recorded in config.json as if they had been used.
+
+    Args:
+      a: the parsed arguments.
+      unread: {flag dest: why it is not read} for this run's methods and settings.
+    Raises:
+      ValueError: naming each such flag, why, and what to do.
+    """
+    given = {}
+    for dest, why in unread.items():
+        if dest in getattr(a, "_explicit", ()):
+            given.setdefault(why, []).append(f"--{dest.replace('_', '-')}")
+    if given:
+        parts = [f"{' and '.join(flags)} would be ignored ({why})" for why, flags in given.items()]
+        many = sum(map(len, given.values())) > 1
+        raise ValueError("; ".join(parts) + f": drop {'them' if many else 'it'}")
+
+
 def flag_names(message: str, a, config_flags=None) -> str:
     """An error message from a library config check, with each ``TrainConfig.<field>`` that is
     also a command-line flag named as the flag (``--tau (TrainConfig.tau)``), and each

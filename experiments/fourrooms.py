@@ -132,18 +132,26 @@ def methods_of(spec: str):
     return parse_methods(spec, ALL_METHODS, METHODS)
 
 
-def validate_args(a):
+def unread_flags(methods) -> dict:
+    """{flag dest: why} for the flags no method of ``methods`` reads
+    (:func:`experiments.cli.refuse_unread`)."""
     from bchg_jax.tabular.train import SARSA_METHODS
-    from experiments.cli import check_counts, follower_model
+
+    unread = {}
+    if not set(methods) & set(SARSA_METHODS):
+        unread["sarsa_alpha"] = (
+            f"the step size of the SARSA critic of {', '.join(SARSA_METHODS)}, and this run has "
+            "none of them"
+        )
+    return unread
+
+
+def validate_args(a):
+    from experiments.cli import check_counts, follower_model, refuse_unread
 
     methods = methods_of(a.method)
     check_counts(a, "seeds", "iterations", "chunk")
-    if "sarsa_alpha" in a._explicit and not set(methods) & set(SARSA_METHODS):
-        # no method of the run has a SARSA critic: the flag would be recorded, never used
-        raise ValueError(
-            f"--sarsa-alpha is the step size of the SARSA critic of {', '.join(SARSA_METHODS)}, "
-            f"and this run's methods ({', '.join(methods)}) have none: drop --sarsa-alpha"
-        )
+    refuse_unread(a, unread_flags(methods))
     if a.beta <= 0:
         raise ValueError(f"--beta must be > 0, got {a.beta}")
     batch_shape(a.batch)

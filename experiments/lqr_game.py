@@ -215,6 +215,16 @@ def parse_args(argv=None):
     )
     p.set_defaults(**preset_flags(preset))
     a = p.parse_args(argv)
+    if getattr(a, "config", None) and "preset" in a._explicit:
+        from experiments.cli import fail, read_run_config
+
+        saved = read_run_config(a.config, "--config")["args"].get("preset", a.preset)
+        if saved != a.preset:  # FILE's flags with the other preset's fixed settings: neither
+            fail(
+                f"--config {a.config} holds a --preset {saved} run (its flags are that "
+                f"preset's values); --preset {a.preset} would run a mix of the two presets: "
+                f"drop --preset, or start from --preset {a.preset} without --config"
+            )
     if smoke_requested(a):  # not from a --config file: its values are reduced already
         a.warmup_steps = min(a.warmup_steps, 800)
     return a
@@ -296,14 +306,36 @@ def train_config(a, name: str):
     ).validate()
 
 
+def unread_flags(a, methods) -> dict:
+    """{flag dest: why} for the flags no method of ``methods`` reads with these settings
+    (:func:`experiments.cli.refuse_unread`): the exact methods train no critic and draw no
+    minibatch or behaviour episode, the behaviour episodes' noise needs behaviour episodes,
+    and ``--clip`` a method that ``--clip-scope`` clips."""
+    from bchg_jax.games.lqr.presets import clipped
+    from bchg_jax.games.lqr.train import EXACT
+
+    algos = [VARIANTS[m][0] for m in methods]
+    unread = {}
+    if all(x in EXACT for x in algos):
+        why = "the exact methods ascend the exact return: no critic, minibatch or estimator"
+        keys = ("critic_lr", "replay", "tau", "minibatch", "estimator", "init")
+        unread.update(dict.fromkeys(keys + ("explore_episodes", "explore_std"), why))
+    elif a.explore_episodes == 0:
+        unread["explore_std"] = "the behaviour episodes' noise, and this run has none"
+    if not any(clipped(x, a.clip_scope) for x in algos):
+        unread["clip"] = f"--clip-scope {a.clip_scope} clips none of this run's methods"
+    return unread
+
+
 def validate_args(a):
     from bchg_jax.games.lqr.presets import ESTIMATORS
     from bchg_jax.games.lqr.train import GUIDED, HParams
     from bchg_jax.problems.lqr_game import lqr_game
-    from experiments.cli import check_counts
+    from experiments.cli import check_counts, refuse_unread
 
     methods = methods_of(a.method, a.preset)
     check_counts(a, "seeds", "iterations", "chunk")
+    refuse_unread(a, unread_flags(a, methods))
     if a.estimator not in ESTIMATORS:  # e.g. 'shuffled', a control that went to benchmarks/
         raise ValueError(
             f"--estimator must be one of {tuple(ESTIMATORS)}, got {a.estimator!r} (the "

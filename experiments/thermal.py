@@ -229,20 +229,36 @@ def method_grid(a):
     return {"lr": np.asarray(lrs, np.float64), "beta": np.full(len(lrs), a.beta)}
 
 
+def unread_flags(a, methods) -> dict:
+    """{flag dest: why} for the flags no method of ``methods`` reads with these settings
+    (:func:`experiments.cli.refuse_unread`): ``lq.make_train`` reads the MLP settings only for
+    ``critic="mlp"``, the FollowerQGrad form only for a guided method, the state baseline only
+    for BC-HG, and the exact method none of the estimator's settings."""
+    from bchg_jax.lq.train import METHOD_SPECS
+
+    guides = {METHOD_SPECS[m][0] for m in methods}  # None: exact
+    if guides == {None}:
+        why = "--method exact ascends the exact hypergradient: no critic, estimator or episodes"
+        keys = ("critic", "faithful", "follower_grad", "no_baseline", "no_control_variates")
+        return dict.fromkeys(keys + ("episodes",) + MLP_CRITIC, why)
+    unread = {}
+    if a.critic != "mlp":
+        why = f"settings of the MLP critic, and this run has --critic {a.critic}"
+        unread.update(dict.fromkeys(MLP_CRITIC, why))
+    if not guides & {"benefit", "hpgd"}:
+        unread["follower_grad"] = "FollowerQGrad's form, estimated by bchg and hpgd_* only"
+    if "benefit" not in guides:
+        unread["no_baseline"] = "BC-HG's state baseline, and this run has no bchg"
+    return unread
+
+
 def validate_args(a):
     from bchg_jax.lq.train import HParams
-    from experiments.cli import check_counts
+    from experiments.cli import check_counts, refuse_unread
 
     methods = methods_of(a.method)
     check_counts(a, "seeds", "iterations", "chunk", "episodes")
-    unused = [k for k in MLP_CRITIC if k in a._explicit]
-    if a.critic != "mlp" and unused:  # lq.make_train reads them only for the MLP critic
-        flags = " and ".join(f"--{k.replace('_', '-')}" for k in unused)
-        raise ValueError(
-            f"{flags} {'is a setting' if len(unused) == 1 else 'are settings'} of the MLP "
-            f"critic (--critic mlp, or --faithful), and this run has --critic {a.critic}: add "
-            f"--critic mlp or drop {flags}"
-        )
+    refuse_unread(a, unread_flags(a, methods))
     if not (math.isfinite(a.init_std) and a.init_std >= 0):  # NaN compared False
         raise ValueError(f"--init-std must be finite and >= 0, got {a.init_std}")
     train_config(a)

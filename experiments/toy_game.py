@@ -171,10 +171,12 @@ def train_config(a, buffer: str):
 def validate_args(a):
     from bchg_jax.games.tabular.train import HParams
     from bchg_jax.problems.toy_game import toy_game
-    from experiments.cli import check_counts
+    from experiments.cli import check_counts, refuse_unread
 
     methods = methods_of(a.method)
     check_counts(a, "seeds", "iterations", "chunk")
+    if all(VARIANTS[m][0] == "biac" for m in methods):  # its own Stackelberg TD target
+        refuse_unread(a, {"critic_target": "Bi-AC's critic takes max_a' Q(s', a', b*(a'))"})
     if not np.isfinite(a.R):
         raise ValueError(f"--R must be finite, got {a.R}")
     toy_game(a.R).validate()

@@ -611,26 +611,65 @@ def test_resume_inside_a_method_folder_names_the_run_folder(tmp_path, capsys):
 
 
 def test_a_flag_no_method_of_the_run_reads_is_refused(tmp_path, capsys):
-    """An audit found thermal's MLP-critic flags (--mlp-lr 0.5 --mlp-steps 3 --value-samples 2)
-    accepted with --critic quadratic_loo: metrics.npz was identical in every key to the run
-    without them, while config.json recorded them; Four-Rooms' --sarsa-alpha likewise with
-    only methods that have no SARSA critic. Each is refused before anything is compiled."""
-    from experiments import fourrooms, thermal
+    """Two audits found flags accepted that the run never read (metrics.npz identical in every
+    key to the run without them, config.json recording them as used): thermal's MLP-critic
+    flags with another --critic or --method exact alone, --follower-grad / --no-baseline
+    without a method that reads them; Four-Rooms' --sarsa-alpha with no SARSA method; the
+    LQR game's --explore-std without behaviour episodes, --clip with no clipped method, critic
+    flags with the exact methods alone; the toy game's --critic-target for Bi-AC alone. Each
+    is refused before anything is compiled."""
+    from experiments import fourrooms, lqr_game, thermal, toy_game
 
     cases = [
         (thermal, ["--mlp-lr", "0.5", "--value-samples", "2"], "--mlp-lr and --value-samples"),
-        (thermal, ["--critic", "exact", "--mlp-kernel", "fused"], "--mlp-kernel is a setting"),
+        (thermal, ["--critic", "exact", "--mlp-kernel", "fused"], "--mlp-kernel would be"),
+        (thermal, ["--method", "exact", "--episodes", "3"], "--episodes would be ignored"),
+        (thermal, ["--method", "naive", "--follower-grad", "score"], "--follower-grad would"),
+        (thermal, ["--method", "hpgd_td", "--no-baseline"], "--no-baseline would be"),
         (fourrooms, ["--method", "naive,hpgd_mc", "--sarsa-alpha", "0.3"], "--sarsa-alpha"),
+        (lqr_game, ["--preset", "reference", "--explore-std", "0.9"], "--explore-std would"),
+        (lqr_game, ["--preset", "reference", "--method", "naive_on", "--clip", "0.5"], "--clip"),
+        (
+            lqr_game,
+            ["--method", "exact", "--tau", "0.5", "--critic-lr", "0.01"],
+            "--critic-lr and --tau",
+        ),
+        (toy_game, ["--method", "biac_on", "--critic-target", "paper"], "--critic-target"),
     ]
     for mod, argv, says in cases:
         with pytest.raises(SystemExit) as e:
             mod.main(["--smoke", *argv, "--out", str(tmp_path / "x")])
         err = capsys.readouterr().err
-        assert e.value.code == 2 and says in err and "drop" in err, err
+        assert e.value.code == 2 and says in err and "drop" in err, (argv, err)
         assert not os.path.exists(tmp_path / "x")
     # where a method reads them they pass the checks
-    thermal.validate_args(thermal.parse_args(["--critic", "mlp", "--mlp-lr", "0.5"]))
-    thermal.validate_args(thermal.parse_args(["--faithful", "--mlp-kernel", "fused"]))
-    fourrooms.validate_args(
-        fourrooms.parse_args(["--method", "naive,bchg", "--sarsa-alpha", "0.3"])
-    )
+    for mod, argv in (
+        (thermal, ["--critic", "mlp", "--mlp-lr", "0.5"]),
+        (thermal, ["--faithful", "--mlp-kernel", "fused"]),
+        (thermal, ["--method", "bchg,exact", "--no-baseline", "--follower-grad", "score"]),
+        (fourrooms, ["--method", "naive,bchg", "--sarsa-alpha", "0.3"]),
+        (lqr_game, ["--preset", "reference", "--method", "bchg", "--clip", "0.5"]),
+        (lqr_game, ["--explore-std", "0.9"]),
+        (toy_game, ["--method", "bchg,biac_on", "--critic-target", "paper"]),
+    ):
+        mod.validate_args(mod.parse_args(argv))
+
+
+def test_lqr_game_config_of_one_preset_with_another_preset_is_refused(tmp_path, capsys):
+    """--config FILE --preset X ran FILE's flag values (one preset's) with X's settings that
+    have no flag (4 actor episodes instead of 2, the critic's normalisation ...): neither
+    preset, and config.json said preset X."""
+    import json
+
+    from experiments import lqr_game
+
+    cfg = tmp_path / "config.json"
+    args = vars(lqr_game.parse_args([]))
+    args = {k: v for k, v in args.items() if not k.startswith("_")}
+    cfg.write_text(json.dumps({"experiment": "lqr_game", "args": args}))
+    with pytest.raises(SystemExit) as e:
+        lqr_game.parse_args(["--config", str(cfg), "--preset", "reference"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "holds a --preset explore run" in err
+    assert lqr_game.parse_args(["--config", str(cfg), "--preset", "explore"]).preset == "explore"
+    assert lqr_game.parse_args(["--config", str(cfg)]).preset == "explore"
