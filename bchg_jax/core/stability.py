@@ -46,7 +46,7 @@ def log_spectral_radius(M: Array, squarings: int = 32) -> Array:
         B, total, done = carry
         c = jnp.sqrt(jnp.sum(B * B))
         zero = c == 0
-        term = jnp.log(jnp.where(zero, 1.0, c)) * 2.0 ** (-j.astype(M.dtype))
+        term = jnp.log(jnp.where(zero, 1.0, c)) * 2.0 ** (-jnp.asarray(j).astype(M.dtype))
         term = jnp.where(zero, -jnp.inf, term)  # M^(2^j) = 0: rho(M) = 0
         total = jnp.where(done, total, total + term)
         B = B / jnp.where(zero, 1.0, c)

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.core.eager import cached_when_eager, theta_precheck
 from bchg_jax.core.maxent_lqr import GaussianBestResponse, nan_unless, nan_unless_converged
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.stability import is_discounted_stable, log_spectral_radius  # noqa: F401
@@ -209,6 +210,7 @@ def quadratic_return(Ms, Mb, c, br: GaussianBestResponse, X: Array, mass) -> Arr
     return -jnp.trace(G @ X) + mass * (c - jnp.trace(Mb @ br.cov))
 
 
+@cached_when_eager(theta_precheck)
 @full_precision
 def leader_objective(
     problem: LQConfigurableMDP,
@@ -261,6 +263,7 @@ def leader_objective(
     return J
 
 
+@cached_when_eager(theta_precheck)
 @full_precision
 def exact_hypergradient(
     problem: LQConfigurableMDP,

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.core.eager import cached_when_eager, theta_precheck
 from bchg_jax.core.maxent_lqr import (
     GaussianBestResponse,
     check_solution,
@@ -46,6 +47,7 @@ __all__ = [
 ]
 
 
+@cached_when_eager(theta_precheck)
 @full_precision
 def best_response(
     problem, theta: Array, beta, P0=None, tol: float = 1e-6, max_iters: int = 50_000

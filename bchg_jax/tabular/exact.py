@@ -17,6 +17,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.eager import cached_when_eager
 from bchg_jax.core.maxent_lqr import nan_unless
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.rounding import refuse_unless_within, sweep_to_tolerance
@@ -149,6 +150,23 @@ def soft_newton(P: Array, r: Array, beta, gamma, cont: Array, V0: Array, iters: 
     return V
 
 
+def _precheck(problem, theta, beta, *_, **__) -> None:
+    """:func:`_check_inputs` of an eager call (``cached_when_eager``: theta is traced inside)."""
+    _check_inputs(problem, theta, beta)
+
+
+def _warn_rounded_logits(br, problem, theta, beta, *_, **__) -> None:
+    """The plain eager :func:`best_response`'s float32 logits warning, after a cached call."""
+    warn_float32_logit_rounding("tabular.best_response", br.Q, beta, stacklevel=4)
+
+
+def _warn_rounded_logits_at(_out, problem, theta, beta, **solve) -> None:
+    """The same for :func:`leader_objective` and :func:`exact_hypergradient` in float32 (their
+    best response, cached, warns)."""
+    if jnp.asarray(problem.follower_reward(theta)).dtype == jnp.float32:
+        best_response(problem, theta, beta, **solve)
+
+
 def _check_inputs(problem: TabularCMDP, theta: Array, beta) -> None:
     """The checks of :func:`best_response` and the functions built on it: the scalar settings of
     ``problem``, a concrete ``beta`` and ``theta`` (shape, finiteness when concrete) and, at a
@@ -161,6 +179,7 @@ def _check_inputs(problem: TabularCMDP, theta: Array, beta) -> None:
         validate_if_concrete(problem, theta)
 
 
+@cached_when_eager(_precheck, _warn_rounded_logits)
 @full_precision
 def best_response(
     problem: TabularCMDP,
@@ -285,6 +304,7 @@ def leader_values(problem: TabularCMDP, theta: Array, policy: Array):
     return V, soft_q(P, rL, V, problem.gamma_L, cont)
 
 
+@cached_when_eager(_precheck, _warn_rounded_logits_at)
 @full_precision
 def leader_objective(problem: TabularCMDP, theta: Array, beta, **solve) -> Array:
     """Exact J_L(theta, g^{theta dagger}) = rho_0^theta . V_L + Phi_L(theta) (Eq. (leader-utility)).
@@ -305,6 +325,7 @@ def leader_objective(problem: TabularCMDP, theta: Array, beta, **solve) -> Array
     return jnp.dot(problem.init_dist(theta), V_L) + problem.regularizer(theta)
 
 
+@cached_when_eager(_precheck, _warn_rounded_logits_at)
 @full_precision
 def exact_hypergradient(problem: TabularCMDP, theta: Array, beta, **solve) -> Array:
     """grad_theta J_L(theta, g^{theta dagger}) through the follower's fixed point.

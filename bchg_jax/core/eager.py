@@ -1,0 +1,189 @@
+"""Eager calls of the exact references through one cached compiled program.
+
+Called outside ``jit``, a function with ``lax.while_loop`` / ``lax.scan`` / ``custom_root`` inside
+traces each loop body anew on every call (the bodies are closures over the call's tables), and
+JAX compiles a new XLA program for each and keeps it: measured 2026-12-05 (jax 0.10.2, 2-core
+CPU), ``lq.exact_hypergradient`` compiled 5 programs per call (~1 s) and added ~270 memory
+mappings; a few hundred calls in a user's exact-ascent loop reached Linux's default
+``vm.max_map_count`` (65,530) and LLVM failed with "Cannot allocate memory".
+
+:func:`cached_when_eager` runs such a call as one ``jax.jit`` program, compiled once per problem
+object and argument shapes: the arrays of one axis or more (theta, a warm start, a solved
+response) are traced, everything else is a static argument (the problem, by identity: the
+problem classes hash by identity; a Python or 0-d scalar such as ``beta``, by value, so its
+checks still run on the concrete value while the program is traced). The errors of an eager
+call are kept:
+
+* the checks of static arguments run while the program is traced, as eagerly;
+* ``precheck(*args, **kwargs)`` (e.g. a tabular problem's ``validate(theta)``) runs eagerly
+  before every call: the checks of a traced argument's values are skipped inside ``jit``;
+* a result with a non-finite entry, or a solution whose ``info.converged`` is False, is
+  recomputed by the plain eager call, which raises the error it stands for (a solve that
+  missed its tolerance, a diverging closed loop) or returns the same value;
+* ``postcheck(result, *args, **kwargs)`` gives the warnings the plain call gives on concrete
+  values (a float32 soft policy's rounded logits);
+* a function that cannot be traced this way (it reads a traced value on the host) falls back
+  to the plain eager call for good.
+
+Under a trace (the trainers, a user's ``jit`` / ``vmap`` / ``grad``) the function runs as
+written; so it does under ``jax.disable_jit()``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Optional
+
+import jax
+import numpy as np
+
+from bchg_jax.core.validate import is_concrete
+
+# the errors of host code that reads a traced value (the function is then called eagerly)
+_TRACE_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerBoolConversionError,
+    jax.errors.TracerIntegerConversionError,
+)
+
+
+class _Scalar:
+    """A 0-d array or NumPy scalar as a static argument: hashed by dtype and value, passed to
+    the function as the original object (concrete, with its dtype)."""
+
+    __slots__ = ("value", "key")
+
+    def __init__(self, value):
+        self.value = value
+        v = np.asarray(value)
+        self.key = (v.dtype.str, v.tobytes())
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def __eq__(self, other):
+        return isinstance(other, _Scalar) and self.key == other.key
+
+
+def _traced(x) -> bool:
+    """Whether an argument is traced: an array of one axis or more, or a tuple / list / dict /
+    NamedTuple whose leaves are all such arrays (a solved response)."""
+    if isinstance(x, (jax.Array, np.ndarray)):
+        return np.ndim(x) >= 1
+    if isinstance(x, (tuple, list, dict)):
+        leaves = jax.tree.leaves(x)
+        return bool(leaves) and all(isinstance(v, (jax.Array, np.ndarray)) for v in leaves)
+    return False
+
+
+def _static(x):
+    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+        return _Scalar(x)
+    return x
+
+
+def _unwrap(x):
+    return x.value if isinstance(x, _Scalar) else x
+
+
+def cached_when_eager(
+    precheck: Optional[Callable] = None, postcheck: Optional[Callable] = None
+) -> Callable:
+    """Decorator: an eager call of the function runs as one cached ``jax.jit`` program (module
+    docstring); a traced call runs the function as written.
+
+    Args:
+      precheck: called eagerly with the call's arguments before the program runs (the checks
+        of traced arguments' values), or None.
+      postcheck: called eagerly as ``postcheck(result, *args, **kwargs)`` after a finite,
+        converged result (the warnings the plain call gives on concrete values), or None.
+    Returns:
+      the decorator.
+    """
+
+    def decorate(fn: Callable) -> Callable:
+        state = {"traceable": True}
+
+        @functools.partial(jax.jit, static_argnums=(0, 1))
+        def program(names, static, traced):
+            values = iter(traced)
+            flat = [next(values) if s is _TRACED else _unwrap(s) for s in static]
+            npos = len(flat) - len(names)
+            return fn(*flat[:npos], **dict(zip(names, flat[npos:], strict=True)))
+
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            if (
+                not state["traceable"]
+                or not is_concrete(args, kwargs)
+                or _jit_disabled()
+                or _inside_trace()  # concrete arguments closed over by the caller's jit
+            ):
+                return fn(*args, **kwargs)
+            flat = list(args) + list(kwargs.values())
+            static = tuple(_TRACED if _traced(x) else _static(x) for x in flat)
+            try:
+                hash(static)
+            except TypeError:  # an unhashable static argument: the plain call
+                return fn(*args, **kwargs)
+            if precheck is not None:
+                precheck(*args, **kwargs)
+            traced = [x for x in flat if _traced(x)]
+            try:
+                out = program(tuple(kwargs), static, traced)
+            except _TRACE_ERRORS:
+                state["traceable"] = False
+                return fn(*args, **kwargs)
+            if _all_finite(out) and _converged(out):
+                if postcheck is not None:
+                    postcheck(out, *args, **kwargs)
+                return out
+            # names what went wrong, or returns the same value
+            return fn(*args, **kwargs)
+
+        wrapped.cached_when_eager = True
+        return wrapped
+
+    return decorate
+
+
+class _TracedMarker:
+    """The place of a traced argument in the static signature."""
+
+    def __repr__(self):
+        return "<traced>"
+
+
+_TRACED = _TracedMarker()
+
+
+def _all_finite(out) -> bool:
+    for leaf in jax.tree.leaves(out):
+        a = np.asarray(leaf)
+        if np.issubdtype(a.dtype, np.inexact) and not np.all(np.isfinite(a)):
+            return False
+    return True
+
+
+def _converged(out) -> bool:
+    """False for a solution whose ``info.converged`` has a False entry (a best response
+    returned under a trace flags its failed solve there; the plain call raises)."""
+    flag = getattr(getattr(out, "info", None), "converged", None)
+    return flag is None or bool(np.all(np.asarray(flag)))
+
+
+def theta_precheck(problem, theta, *_, **__) -> None:
+    """The eager check of ``theta`` (shape, finite) that a traced theta skips."""
+    from bchg_jax.core.validate import check_theta
+
+    check_theta(problem, theta)
+
+
+def _inside_trace() -> bool:
+    """Whether a transformation is tracing now (an array made here would be its tracer)."""
+    return isinstance(jax.numpy.zeros(()), jax.core.Tracer)
+
+
+def _jit_disabled() -> bool:
+    return bool(jax.config.jax_disable_jit)
