@@ -23,7 +23,10 @@ call are kept:
 * ``postcheck(result, *args, **kwargs)`` gives the warnings the plain call gives on concrete
   values (a float32 soft policy's rounded logits);
 * a function that cannot be traced this way (it reads a traced value on the host) falls back
-  to the plain eager call for good.
+  to the plain eager call for good;
+* the program bakes in the problem's arrays and tables, so the cache key also holds a digest of
+  them (every array field, and each table function's output at ``theta0``): a NumPy array the
+  user changes in place between calls compiles a new program instead of reusing stale tables.
 
 Under a trace (the trainers, a user's ``jit`` / ``vmap`` / ``grad``) the function runs as
 written; so it does under ``jax.disable_jit()``.
@@ -31,7 +34,9 @@ written; so it does under ``jax.disable_jit()``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
 from typing import Callable, Optional
 
 import jax
@@ -105,8 +110,8 @@ def cached_when_eager(
     def decorate(fn: Callable) -> Callable:
         state = {"traceable": True}
 
-        @functools.partial(jax.jit, static_argnums=(0, 1))
-        def program(names, static, traced):
+        @functools.partial(jax.jit, static_argnums=(0, 1, 2))
+        def program(names, static, fingerprint, traced):
             values = iter(traced)
             flat = [next(values) if s is _TRACED else _unwrap(s) for s in static]
             npos = len(flat) - len(names)
@@ -129,9 +134,12 @@ def cached_when_eager(
                 return fn(*args, **kwargs)
             if precheck is not None:
                 precheck(*args, **kwargs)
+            fingerprint = _fingerprint(flat)
+            if fingerprint is None:  # a problem function failed: the plain call says where
+                return fn(*args, **kwargs)
             traced = [x for x in flat if _traced(x)]
             try:
-                out = program(tuple(kwargs), static, traced)
+                out = program(tuple(kwargs), static, fingerprint, traced)
             except _TRACE_ERRORS:
                 state["traceable"] = False
                 return fn(*args, **kwargs)
@@ -164,6 +172,34 @@ def _all_finite(out) -> bool:
         if np.issubdtype(a.dtype, np.inexact) and not np.all(np.isfinite(a)):
             return False
     return True
+
+
+def _fingerprint(flat) -> Optional[str]:
+    """A digest of every problem argument's arrays and of its table functions' outputs at its
+    ``theta0``: the program bakes them in when it is traced, so a NumPy array that the user
+    changed in place between two calls (a field, or one a table function closes over) must
+    compile a new program, not reuse the old tables. None when a table function fails."""
+    digest = hashlib.blake2b(digest_size=16)
+    for x in flat:
+        if not dataclasses.is_dataclass(x) or isinstance(x, type):
+            continue
+        theta0 = getattr(x, "theta0", None)
+        for field in dataclasses.fields(x):
+            value = getattr(x, field.name)
+            try:
+                if callable(value):
+                    if theta0 is None:
+                        continue
+                    value = value(jax.numpy.asarray(theta0))
+                leaves = jax.tree.leaves(value)
+                for leaf in leaves:
+                    if isinstance(leaf, (jax.Array, np.ndarray, np.generic, float, int, bool)):
+                        a = np.asarray(leaf)
+                        digest.update(f"{field.name}{a.dtype.str}{a.shape}".encode())
+                        digest.update(a.tobytes())
+            except Exception:  # noqa: BLE001 - the plain call reports it
+                return None
+    return digest.hexdigest()
 
 
 def _converged(out) -> bool:

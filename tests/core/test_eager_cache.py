@@ -129,3 +129,43 @@ def test_cached_float32_calls_still_warn_of_rounded_logits():
         for _ in range(2):  # the second call is the cached program's
             with pytest.warns(UserWarning, match="logits Q / beta are rounded"):
                 fn(problem, theta, 1e-4)
+
+
+def test_a_numpy_table_changed_in_place_is_not_served_from_the_cache():
+    """The cached program bakes in the problem's tables: a NumPy array the user changes in place
+    between two calls (closed over by a table function, or a field) must give the new answer."""
+    rng = np.random.default_rng(0)
+    P = rng.dirichlet(np.ones(4), size=(4, 2)).astype(np.float32)
+    problem = tabular.TabularCMDP(
+        transition=lambda th: jnp.asarray(P),
+        init_dist=lambda th: jnp.full(4, 0.25),
+        follower_reward=lambda th: jnp.zeros((4, 2)) + th[0],
+        leader_reward=lambda th: jnp.arange(8.0).reshape(4, 2) * th[1],
+        gamma_F=0.9,
+        gamma_L=0.9,
+        theta0=jnp.array([0.1, 1.0]),
+    )
+    before = tabular.leader_objective(problem, problem.theta0, 0.5)
+    P[:] = P[::-1]  # in place
+    after = tabular.leader_objective(problem, problem.theta0, 0.5)
+    plain = tabular.leader_objective.__wrapped__(problem, problem.theta0, 0.5)
+    assert abs(float(after) - float(before)) > 1e-3
+    np.testing.assert_allclose(after, plain, rtol=1e-5)
+    p = _lq_problem()
+    U = np.asarray(p.U).copy()
+    q = lq.LQConfigurableMDP(
+        **{
+            **{f: getattr(p, f) for f in ("A_fn", "B_fn", "Qbar")},
+            "U": U,
+            **{
+                f: getattr(p, f)
+                for f in ("Rbar", "leader_quadratic", "init_cov", "gamma_F", "gamma_L", "theta0")
+            },
+        }
+    )
+    j0 = lq.leader_objective(q, q.theta0, 0.1)
+    U *= 2.0
+    np.testing.assert_allclose(
+        lq.leader_objective(q, q.theta0, 0.1), lq.leader_objective.__wrapped__(q, q.theta0, 0.1)
+    )
+    assert abs(float(lq.leader_objective(q, q.theta0, 0.1)) - float(j0)) > 1e-6
