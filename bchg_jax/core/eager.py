@@ -22,11 +22,16 @@ call are kept:
   missed its tolerance, a diverging closed loop) or returns the same value;
 * ``postcheck(result, *args, **kwargs)`` gives the warnings the plain call gives on concrete
   values (a float32 soft policy's rounded logits);
-* a function that cannot be traced this way (it reads a traced value on the host) falls back
-  to the plain eager call for good;
 * the program bakes in the problem's arrays and tables, so the cache key also holds a digest of
-  them (every array field, and each table function's output at ``theta0``): a NumPy array the
-  user changes in place between calls compiles a new program instead of reusing stale tables.
+  them (every array field, and each table function's output at ``theta0`` and at a fixed
+  random point beside it): a NumPy array the user changes in place between calls compiles a
+  new program instead of reusing stale tables. The table functions must be functions of theta
+  alone (``jax.jit``'s own rule); state they read that shows at neither point is not seen;
+* a key is compiled on its second call: the first runs the plain call, so a problem object
+  used once (a loop over ``dataclasses.replace`` variants) costs what it did and is not kept
+  alive by the cache; problem objects called twice are (with their compiled programs);
+* a problem whose functions cannot be traced (they read a traced value on the host) is called
+  plainly from then on (other problems are not affected).
 
 Under a trace (the trainers, a user's ``jit`` / ``vmap`` / ``grad``) the function runs as
 written; so it does under ``jax.disable_jit()``.
@@ -37,6 +42,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import inspect
+import weakref
 from typing import Callable, Optional
 
 import jax
@@ -82,18 +89,45 @@ def _traced(x) -> bool:
     return False
 
 
+def _array(x) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic))
+
+
 def _static(x):
-    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+    """A static argument: arrays and NumPy scalars by dtype and value, Python numbers by type
+    and value (``True``, ``1.0`` and ``1`` are equal keys in Python, and a check may refuse
+    one and take the other), anything else as it is (the problem: by identity)."""
+    if _array(x):
         return _Scalar(x)
+    if isinstance(x, (bool, int, float, complex)):
+        return _Python(x)
     return x
 
 
+class _Python:
+    """A Python number as a static argument, keyed by its type and value."""
+
+    __slots__ = ("value", "key")
+
+    def __init__(self, value):
+        self.value = value
+        self.key = (type(value), value)
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def __eq__(self, other):
+        return isinstance(other, _Python) and self.key == other.key
+
+
 def _unwrap(x):
-    return x.value if isinstance(x, _Scalar) else x
+    return x.value if isinstance(x, (_Scalar, _Python)) else x
 
 
 def cached_when_eager(
-    precheck: Optional[Callable] = None, postcheck: Optional[Callable] = None
+    precheck: Optional[Callable] = None,
+    postcheck: Optional[Callable] = None,
+    traced_names: tuple = ("theta",),
 ) -> Callable:
     """Decorator: an eager call of the function runs as one cached ``jax.jit`` program (module
     docstring); a traced call runs the function as written.
@@ -103,12 +137,19 @@ def cached_when_eager(
         of traced arguments' values), or None.
       postcheck: called eagerly as ``postcheck(result, *args, **kwargs)`` after a finite,
         converged result (the warnings the plain call gives on concrete values), or None.
+      traced_names: the parameters traced whatever their number of axes (a 0-d theta).
     Returns:
       the decorator.
     """
 
     def decorate(fn: Callable) -> Callable:
-        state = {"traceable": True}
+        untraceable = weakref.WeakSet()  # problems whose functions read a traced value
+        seen = weakref.WeakKeyDictionary()  # problem -> the keys called once (plain)
+        positional = [
+            p.name
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
 
         @functools.partial(jax.jit, static_argnums=(0, 1, 2))
         def program(names, static, fingerprint, traced):
@@ -119,15 +160,21 @@ def cached_when_eager(
 
         @functools.wraps(fn)
         def wrapped(*args, **kwargs):
+            problem = next((x for x in args if dataclasses.is_dataclass(x)), None)
             if (
-                not state["traceable"]
+                problem is None
+                or problem in untraceable
                 or not is_concrete(args, kwargs)
                 or _jit_disabled()
                 or _inside_trace()  # concrete arguments closed over by the caller's jit
             ):
                 return fn(*args, **kwargs)
+            names = positional[: len(args)] + list(kwargs)
             flat = list(args) + list(kwargs.values())
-            static = tuple(_TRACED if _traced(x) else _static(x) for x in flat)
+            static = tuple(
+                _TRACED if _traced(x) or (name in traced_names and _array(x)) else _static(x)
+                for name, x in zip(names, flat, strict=False)
+            )
             try:
                 hash(static)
             except TypeError:  # an unhashable static argument: the plain call
@@ -137,11 +184,16 @@ def cached_when_eager(
             fingerprint = _fingerprint(flat)
             if fingerprint is None:  # a problem function failed: the plain call says where
                 return fn(*args, **kwargs)
-            traced = [x for x in flat if _traced(x)]
+            key = (tuple(kwargs), static, fingerprint)
+            keys = seen.setdefault(problem, set())
+            if key not in keys:  # a problem called once compiles nothing it keeps
+                keys.add(key)
+                return fn(*args, **kwargs)
+            traced = [x for x, s in zip(flat, static, strict=True) if s is _TRACED]
             try:
                 out = program(tuple(kwargs), static, fingerprint, traced)
             except _TRACE_ERRORS:
-                state["traceable"] = False
+                untraceable.add(problem)
                 return fn(*args, **kwargs)
             if _all_finite(out) and _converged(out):
                 if postcheck is not None:
@@ -184,13 +236,12 @@ def _fingerprint(flat) -> Optional[str]:
         if not dataclasses.is_dataclass(x) or isinstance(x, type):
             continue
         theta0 = getattr(x, "theta0", None)
+        probes = [] if theta0 is None else _probes(theta0)
         for field in dataclasses.fields(x):
             value = getattr(x, field.name)
             try:
                 if callable(value):
-                    if theta0 is None:
-                        continue
-                    value = value(jax.numpy.asarray(theta0))
+                    value = [value(theta) for theta in probes]
                 leaves = jax.tree.leaves(value)
                 for leaf in leaves:
                     if isinstance(leaf, (jax.Array, np.ndarray, np.generic, float, int, bool)):
@@ -200,6 +251,14 @@ def _fingerprint(flat) -> Optional[str]:
             except Exception:  # noqa: BLE001 - the plain call reports it
                 return None
     return digest.hexdigest()
+
+
+def _probes(theta0):
+    """The points the digest evaluates the table functions at: ``theta0`` and a fixed random
+    point beside it (a table ``A0 + theta[0] D`` does not show ``D`` at ``theta0 = 0``)."""
+    t0 = jax.numpy.asarray(theta0)
+    noise = np.random.default_rng(20261205).standard_normal(t0.shape)
+    return [t0, t0 + jax.numpy.asarray(noise, t0.dtype)]
 
 
 def _converged(out) -> bool:

@@ -161,10 +161,19 @@ def _warn_rounded_logits(br, problem, theta, beta, *_, **__) -> None:
 
 
 def _warn_rounded_logits_at(_out, problem, theta, beta, **solve) -> None:
-    """The same for :func:`leader_objective` and :func:`exact_hypergradient` in float32 (their
-    best response, cached, warns)."""
+    """The same for :func:`leader_objective` in float32 (its best response, cached, warns)."""
     if jnp.asarray(problem.follower_reward(theta)).dtype == jnp.float32:
         best_response(problem, theta, beta, **solve)
+
+
+def _warn_as_the_hypergradient(out, problem, theta, beta, **solve) -> None:
+    """:func:`exact_hypergradient`'s warnings after a cached call: the float32 long-horizon
+    warning (given while the plain call is traced) and the rounded logits."""
+    dtype = jnp.result_type(*jax.tree_util.tree_leaves(theta))
+    warn_float32_long_horizon(
+        "tabular.exact_hypergradient", dtype, problem.gamma_F, problem.gamma_L
+    )
+    _warn_rounded_logits_at(out, problem, theta, beta, **solve)
 
 
 def _check_inputs(problem: TabularCMDP, theta: Array, beta) -> None:
@@ -325,7 +334,7 @@ def leader_objective(problem: TabularCMDP, theta: Array, beta, **solve) -> Array
     return jnp.dot(problem.init_dist(theta), V_L) + problem.regularizer(theta)
 
 
-@cached_when_eager(_precheck, _warn_rounded_logits_at)
+@cached_when_eager(_precheck, _warn_as_the_hypergradient)
 @full_precision
 def exact_hypergradient(problem: TabularCMDP, theta: Array, beta, **solve) -> Array:
     """grad_theta J_L(theta, g^{theta dagger}) through the follower's fixed point.

@@ -3,6 +3,7 @@ Python loop of exact gradients compiled 5 programs per call (~1 s each) and ran 
 mappings after a few hundred calls; now it compiles once, gives the plain call's numbers and
 keeps every error the plain call raises."""
 
+import dataclasses
 import logging
 
 import jax
@@ -11,7 +12,6 @@ import numpy as np
 import pytest
 
 from bchg_jax import lq, tabular
-from bchg_jax.core.eager import cached_when_eager
 from bchg_jax.problems import random_tabular_cmdp
 
 
@@ -51,7 +51,7 @@ def _compiles(call) -> int:
     return handler.count
 
 
-@pytest.mark.parametrize("family", ["lq", "tabular"])
+@pytest.mark.parametrize("family", ["lq", pytest.param("tabular", marks=pytest.mark.slow)])
 def test_a_loop_of_eager_exact_calls_compiles_once_and_matches_the_plain_call(family):
     if family == "lq":
         p = _lq_problem()
@@ -62,7 +62,8 @@ def test_a_loop_of_eager_exact_calls_compiles_once_and_matches_the_plain_call(fa
     thetas = [p.theta0 + 0.01 * i for i in range(1, 4)]
     for fn in fns:
         assert fn.cached_when_eager
-        fn(p, p.theta0, 0.1)  # the first call compiles
+        for _ in range(3):  # the first is the plain call, the second compiles the program
+            fn(p, p.theta0, 0.1)  # (and the third its float32 warning's best response)
         later = _compiles(lambda fn=fn: [fn(p, theta, 0.1) for theta in thetas])
         assert later == 0, (fn.__name__, later)  # the plain calls compiled 2-5 programs each
         theta = p.theta0 + 0.02
@@ -105,17 +106,53 @@ def test_traced_calls_run_as_written_and_differentiate():
     assert np.isfinite(float(jax.jit(lambda: lq.leader_objective(p, p.theta0, 0.1))()))
 
 
-def test_a_function_that_reads_a_traced_value_falls_back_to_the_plain_call():
-    calls = []
+def test_a_problem_whose_functions_read_a_traced_value_falls_back_alone():
+    """A table function that reads theta on the host cannot be traced: that problem is called
+    plainly from then on, and another problem is still served by the cached program."""
+    reads = []
 
-    @cached_when_eager()
-    def host_reader(x, scale):
-        calls.append(1)
-        return np.asarray(x) * float(scale)  # a host read: not traceable
+    def host_reward(th):
+        reads.append(1)
+        return jnp.zeros((5, 3)) + float(th[0])  # a host read
 
-    np.testing.assert_allclose(host_reader(jnp.ones(3), 2.0), 2.0)
-    np.testing.assert_allclose(host_reader(jnp.ones(3), 3.0), 3.0)
-    assert len(calls) == 3  # one failed trace, then the plain calls
+    q = random_tabular_cmdp(jax.random.key(0), num_states=5, num_actions=3)
+    host = dataclasses.replace(q, follower_reward=host_reward)
+    for _ in range(3):
+        tabular.leader_objective(host, host.theta0, 0.1)
+    np.testing.assert_allclose(
+        tabular.leader_objective(host, host.theta0, 0.1),
+        tabular.leader_objective.__wrapped__(host, host.theta0, 0.1),
+        rtol=1e-6,
+    )
+    tabular.leader_objective(q, q.theta0, 0.1)
+    tabular.leader_objective(q, q.theta0, 0.1)
+    assert _compiles(lambda: tabular.leader_objective(q, q.theta0 + 0.01, 0.1)) == 0
+
+
+def test_a_0d_theta_is_traced_and_python_numbers_keep_their_type():
+    """A 0-d theta was a static argument (a compile per value: a gradient loop compiled every
+    step); horizon=True shared the key of horizon=1 and skipped the plain call's error."""
+    R = jnp.arange(15.0).reshape(5, 3) / 15
+    P = jax.nn.softmax(jnp.asarray(np.random.default_rng(0).normal(size=(5, 3, 5))), -1)
+    q0 = tabular.TabularCMDP(
+        transition=lambda th: P,
+        init_dist=lambda th: jnp.full(5, 0.2),
+        follower_reward=lambda th: R * th,
+        leader_reward=lambda th: R + th,
+        gamma_F=0.9,
+        gamma_L=0.9,
+        theta0=jnp.asarray(0.5),
+    )
+    for _ in range(3):
+        tabular.exact_hypergradient(q0, q0.theta0, 0.1)
+    steps = [q0.theta0 + 0.01 * i for i in range(1, 4)]
+    assert _compiles(lambda: [tabular.exact_hypergradient(q0, t, 0.1) for t in steps]) == 0
+    p = _lq_problem()
+    for _ in range(2):
+        lq.leader_objective(p, p.theta0, 0.1, 1)
+    for bad in (True, 1.0):
+        with pytest.raises(ValueError, match="horizon"):
+            lq.leader_objective(p, p.theta0, 0.1, bad)
 
 
 def test_cached_float32_calls_still_warn_of_rounded_logits():
@@ -131,6 +168,7 @@ def test_cached_float32_calls_still_warn_of_rounded_logits():
                 fn(problem, theta, 1e-4)
 
 
+@pytest.mark.slow
 def test_a_numpy_table_changed_in_place_is_not_served_from_the_cache():
     """The cached program bakes in the problem's tables: a NumPy array the user changes in place
     between two calls (closed over by a table function, or a field) must give the new answer."""
@@ -146,6 +184,7 @@ def test_a_numpy_table_changed_in_place_is_not_served_from_the_cache():
         theta0=jnp.array([0.1, 1.0]),
     )
     before = tabular.leader_objective(problem, problem.theta0, 0.5)
+    tabular.leader_objective(problem, problem.theta0, 0.5)  # compiled now
     P[:] = P[::-1]  # in place
     after = tabular.leader_objective(problem, problem.theta0, 0.5)
     plain = tabular.leader_objective.__wrapped__(problem, problem.theta0, 0.5)
@@ -164,8 +203,39 @@ def test_a_numpy_table_changed_in_place_is_not_served_from_the_cache():
         }
     )
     j0 = lq.leader_objective(q, q.theta0, 0.1)
+    lq.leader_objective(q, q.theta0, 0.1)
     U *= 2.0
     np.testing.assert_allclose(
         lq.leader_objective(q, q.theta0, 0.1), lq.leader_objective.__wrapped__(q, q.theta0, 0.1)
     )
     assert abs(float(lq.leader_objective(q, q.theta0, 0.1)) - float(j0)) > 1e-6
+
+
+def test_a_table_that_hides_its_array_at_theta0_is_still_seen():
+    """The digest evaluated the tables at theta0 only: with theta0 = 0, A0 + theta[0] D does not
+    show D, and an in-place change of D served the stale program."""
+    D = np.array([[0.1, 0.0], [0.0, 0.0]], np.float32)
+    base = _lq_problem()
+    p = dataclasses.replace(
+        base,
+        theta0=jnp.zeros(1),
+        A_fn=lambda th: jnp.array([[1.0, 0.2], [0.0, 0.95]]) + th[0] * jnp.asarray(D),
+    )
+    th = jnp.array([0.3])
+    lq.leader_objective(p, th, 0.1)
+    lq.leader_objective(p, th, 0.1)
+    D[0, 0] = 0.2
+    np.testing.assert_allclose(
+        lq.leader_objective(p, th, 0.1), lq.leader_objective.__wrapped__(p, th, 0.1), rtol=1e-6
+    )
+
+
+def test_cached_calls_repeat_the_long_horizon_warning():
+    q = dataclasses.replace(
+        random_tabular_cmdp(jax.random.key(0), num_states=5, num_actions=3),
+        gamma_F=0.995,
+        gamma_L=0.995,
+    )
+    for _ in range(3):
+        with pytest.warns(UserWarning, match="discount"):
+            tabular.exact_hypergradient(q, q.theta0, 0.1)
