@@ -124,9 +124,10 @@ def test_a_problem_whose_functions_read_a_traced_value_falls_back_alone():
         tabular.leader_objective.__wrapped__(host, host.theta0, 0.1),
         rtol=1e-6,
     )
-    tabular.leader_objective(q, q.theta0, 0.1)
-    tabular.leader_objective(q, q.theta0, 0.1)
-    assert _compiles(lambda: tabular.leader_objective(q, q.theta0 + 0.01, 0.1)) == 0
+    for _ in range(3):
+        tabular.leader_objective(q, q.theta0, 0.1)
+    theta = q.theta0 + 0.01
+    assert _compiles(lambda: tabular.leader_objective(q, theta, 0.1)) == 0
 
 
 def test_a_0d_theta_is_traced_and_python_numbers_keep_their_type():
