@@ -60,22 +60,20 @@ _TRACE_ERRORS = (
 )
 
 
-class _Scalar:
-    """A 0-d array or NumPy scalar as a static argument: hashed by dtype and value, passed to
-    the function as the original object (concrete, with its dtype)."""
+class _ByValue:
+    """A static argument hashed by a key of its value (a 0-d array or NumPy scalar: dtype and
+    bytes; a Python number: type and value), passed to the function as the original object."""
 
     __slots__ = ("value", "key")
 
-    def __init__(self, value):
-        self.value = value
-        v = np.asarray(value)
-        self.key = (v.dtype.str, v.tobytes())
+    def __init__(self, value, key):
+        self.value, self.key = value, key
 
     def __hash__(self):
         return hash(self.key)
 
     def __eq__(self, other):
-        return isinstance(other, _Scalar) and self.key == other.key
+        return isinstance(other, _ByValue) and self.key == other.key
 
 
 def _traced(x) -> bool:
@@ -98,30 +96,15 @@ def _static(x):
     and value (``True``, ``1.0`` and ``1`` are equal keys in Python, and a check may refuse
     one and take the other), anything else as it is (the problem: by identity)."""
     if _array(x):
-        return _Scalar(x)
+        v = np.asarray(x)
+        return _ByValue(x, (v.dtype.str, v.tobytes()))
     if isinstance(x, (bool, int, float, complex)):
-        return _Python(x)
+        return _ByValue(x, (type(x), x))
     return x
 
 
-class _Python:
-    """A Python number as a static argument, keyed by its type and value."""
-
-    __slots__ = ("value", "key")
-
-    def __init__(self, value):
-        self.value = value
-        self.key = (type(value), value)
-
-    def __hash__(self):
-        return hash(self.key)
-
-    def __eq__(self, other):
-        return isinstance(other, _Python) and self.key == other.key
-
-
 def _unwrap(x):
-    return x.value if isinstance(x, (_Scalar, _Python)) else x
+    return x.value if isinstance(x, _ByValue) else x
 
 
 def cached_when_eager(
