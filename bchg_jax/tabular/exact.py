@@ -166,16 +166,6 @@ def _warn_rounded_logits_at(_out, problem, theta, beta, **solve) -> None:
         best_response(problem, theta, beta, **solve)
 
 
-def _warn_as_the_hypergradient(out, problem, theta, beta, **solve) -> None:
-    """:func:`exact_hypergradient`'s warnings after a cached call: the float32 long-horizon
-    warning (given while the plain call is traced) and the rounded logits."""
-    dtype = jnp.result_type(*jax.tree_util.tree_leaves(theta))
-    warn_float32_long_horizon(
-        "tabular.exact_hypergradient", dtype, problem.gamma_F, problem.gamma_L
-    )
-    _warn_rounded_logits_at(out, problem, theta, beta, **solve)
-
-
 def _check_inputs(problem: TabularCMDP, theta: Array, beta) -> None:
     """The checks of :func:`best_response` and the functions built on it: the scalar settings of
     ``problem``, a concrete ``beta`` and ``theta`` (shape, finiteness when concrete) and, at a
@@ -334,7 +324,7 @@ def leader_objective(problem: TabularCMDP, theta: Array, beta, **solve) -> Array
     return jnp.dot(problem.init_dist(theta), V_L) + problem.regularizer(theta)
 
 
-@cached_when_eager(_precheck, _warn_as_the_hypergradient)
+@cached_when_eager(_precheck, _warn_rounded_logits_at)
 @full_precision
 def exact_hypergradient(problem: TabularCMDP, theta: Array, beta, **solve) -> Array:
     """grad_theta J_L(theta, g^{theta dagger}) through the follower's fixed point.

@@ -4,12 +4,14 @@ mappings after a few hundred calls; now it compiles once, gives the plain call's
 keeps every error the plain call raises."""
 
 import dataclasses
-import logging
+import gc
+import weakref
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compile_count import compiles as _compiles
 
 from bchg_jax import lq, tabular
 from bchg_jax.problems import random_tabular_cmdp
@@ -28,27 +30,6 @@ def _lq_problem():
         gamma_L=0.9,
         theta0=jnp.array([0.3]),
     )
-
-
-class _Compiles(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def emit(self, record):
-        self.count += "Finished XLA compilation" in record.getMessage()
-
-
-def _compiles(call) -> int:
-    handler = _Compiles()
-    logger = logging.getLogger("jax")
-    logger.addHandler(handler)
-    try:
-        with jax.log_compiles(True):
-            call()
-    finally:
-        logger.removeHandler(handler)
-    return handler.count
 
 
 @pytest.mark.parametrize("family", ["lq", pytest.param("tabular", marks=pytest.mark.slow)])
@@ -240,3 +221,23 @@ def test_cached_calls_repeat_the_long_horizon_warning():
     for _ in range(3):
         with pytest.warns(UserWarning, match="discount"):
             tabular.exact_hypergradient(q, q.theta0, 0.1)
+
+
+def test_problems_called_repeatedly_are_freed_with_their_programs():
+    """The shared program's jit cache held every problem object called twice (a static
+    argument), and the keys of the problems called once held them too (the values of a weak
+    dictionary): a loop over many problems kept them all, with their compiled programs. Each
+    problem now has its own program, which holds it weakly."""
+
+    def use(seed):
+        q = random_tabular_cmdp(jax.random.key(seed), num_states=4, num_actions=2)
+        for i in range(3):
+            tabular.exact_hypergradient(q, q.theta0 + 0.01 * i, 0.1)
+        p = dataclasses.replace(_lq_problem(), gamma_F=0.8 + 0.01 * seed)
+        for _ in range(3):
+            lq.leader_objective(p, p.theta0, 0.1)
+        return weakref.ref(q), weakref.ref(p)
+
+    refs = [r for seed in range(3) for r in use(seed)]
+    gc.collect()
+    assert [r() is None for r in refs] == [True] * len(refs)

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.core.eager import cached_when_eager
 from bchg_jax.core.maxent_lqr import nan_unless_converged
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import (
@@ -358,6 +359,14 @@ def _bump_terms(game: LQRGame, theta: Array, resp: GameResponse, stochastic: boo
     return expected_bump(game, mu, factor=L), F, G
 
 
+def _check_leader_returns(game, theta, beta, gammas, *, horizon=None, s0=None, **_) -> None:
+    """:func:`leader_returns`'s checks, eagerly before a cached call (theta, the gammas and s0
+    are traced in it)."""
+    if isinstance(gammas, (tuple, list)) and gammas:
+        _check_returns_args(game, theta, beta, tuple(gammas), "leader_returns", horizon, s0)
+
+
+@cached_when_eager(_check_leader_returns)
 @full_precision
 def leader_returns(
     game: LQRGame,
@@ -401,11 +410,9 @@ def leader_returns(
     return _returns(game, theta, beta, tuple(gammas), "leader_returns", max_iters=max_iters, **kw)
 
 
-def _returns(
-    game, theta, beta, gammas, caller: str, *, horizon, stochastic, resp, s0, tol, max_iters
-):
-    """:func:`leader_returns` for a tuple ``gammas``, its checks in the order theta, beta,
-    horizon, each gamma, s0 (``caller`` names the public function in its messages)."""
+def _check_returns_args(game, theta, beta, gammas, caller: str, horizon, s0):
+    """The checks of :func:`_returns`, in the order theta, beta, horizon, each gamma, s0;
+    returns the horizon as a Python int (None stays None)."""
     horizon = _check_args(game, beta, horizon, theta=theta)
     for g in gammas:
         if g is None or np.ndim(g) != 0:
@@ -418,6 +425,15 @@ def _returns(
         check_shape("s0", s0, (game.state_dim,), f"n={game.state_dim} from {game.name}")
         if is_concrete(s0) and not np.all(np.isfinite(np.asarray(s0))):
             raise ValueError(f"{game.name}: s0 must be finite, got {np.asarray(s0)}")
+    return horizon
+
+
+def _returns(
+    game, theta, beta, gammas, caller: str, *, horizon, stochastic, resp, s0, tol, max_iters
+):
+    """:func:`leader_returns` for a tuple ``gammas``, its checks in the order theta, beta,
+    horizon, each gamma, s0 (``caller`` names the public function in its messages)."""
+    horizon = _check_returns_args(game, theta, beta, gammas, caller, horizon, s0)
     T = int(game.horizon if horizon is None else horizon)
     solved = resp is None
     if solved:
@@ -433,6 +449,12 @@ def _returns(
     return J
 
 
+def _check_leader_objective(game, theta, beta, *, horizon=None, gamma=1.0, s0=None, **_):
+    """:func:`leader_objective`'s checks, eagerly before a cached call."""
+    _check_returns_args(game, theta, beta, (gamma,), "leader_objective", horizon, s0)
+
+
+@cached_when_eager(_check_leader_objective)
 @full_precision
 def leader_objective(
     game: LQRGame,
@@ -531,6 +553,38 @@ def refuse_overflow(value, F, G, s0, horizon: int, caller: str) -> None:
     )
 
 
+def _check_hypergradient_args(game, theta, beta, *, horizon=None, gamma=None, **_) -> None:
+    """The checks of :func:`exact_hypergradient` and :func:`hypergradient_split`, eagerly
+    before a cached call (theta finite)."""
+    _check_args(game, beta, horizon, gamma, theta=theta)
+
+
+@cached_when_eager()
+@full_precision
+def _direct_part(game: LQRGame, theta: Array, beta, resp: GameResponse, horizon, gamma, stochastic):
+    """The exact hypergradient's direct part: the follower's response ``resp`` held fixed."""
+    kw = dict(horizon=horizon, gamma=gamma, stochastic=stochastic, resp=resp)
+    return jax.grad(lambda th: leader_objective(game, th, beta, **kw))(theta)
+
+
+def _warn_cancellation_after(
+    out, game, theta, beta, *, horizon=None, gamma=None, stochastic=True, tol=1e-6, max_iters=50_000
+) -> None:
+    """The float32 cancellation warning of the plain :func:`exact_hypergradient` (not float64)
+    and :func:`hypergradient_split` (any dtype), after a cached call: the response and the
+    direct part from cached programs."""
+    split = isinstance(out, tuple)
+    full = out[0] if split else out
+    if not split and jnp.result_type(full) == jnp.float64:  # float64 never nears it
+        return
+    resp = best_response(game, theta, beta, stochastic=stochastic, tol=tol, max_iters=max_iters)
+    g = game.gamma_L if gamma is None else gamma
+    direct = out[1] if split else _direct_part(game, theta, beta, resp, horizon, g, stochastic)
+    caller = "hypergradient_split" if split else "exact_hypergradient"
+    _warn_cancellation(game, theta, resp, stochastic, full, direct, caller)
+
+
+@cached_when_eager(_check_hypergradient_args, _warn_cancellation_after)
 @full_precision
 def exact_hypergradient(
     game: LQRGame,
@@ -878,6 +932,7 @@ def exact_critic_estimate(
     )
 
 
+@cached_when_eager(_check_hypergradient_args, _warn_cancellation_after)
 @full_precision
 def hypergradient_split(
     game: LQRGame,

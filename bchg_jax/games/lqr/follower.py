@@ -18,6 +18,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.eager import cached_when_eager
 from bchg_jax.core.maxent_lqr import (
     GaussianBestResponse,
     RiccatiInfo,
@@ -91,6 +92,16 @@ class GameResponse(NamedTuple):
         return gaussian_log_density(self.chol, b - self.mean(s, a))
 
 
+def _check_response_args(game: LQRGame, theta, beta, *_, **__) -> None:
+    """The checks of :func:`best_response` (eagerly before a cached call: theta finite)."""
+    check_problem_settings(game)
+    check_constants_once(game)
+    check_beta_if_concrete(beta)
+    check_game_theta(game, theta)
+
+
+# an unconverged solve is returned flagged, as by the plain call: no recomputation
+@cached_when_eager(_check_response_args, recheck=False)
 @full_precision
 def best_response(
     game: LQRGame,
@@ -125,10 +136,7 @@ def best_response(
         discount outside [0, 1), a bad ``horizon``), or ``theta`` not one floating array
         [k * n] (a Python list is refused by name).
     """
-    check_problem_settings(game)
-    check_constants_once(game)
-    check_beta_if_concrete(beta)
-    check_game_theta(game, theta)
+    _check_response_args(game, theta, beta)
     dt = theta.dtype
     A, B, C, Q, R = game.arrays(dt)
     K = leader_gain(game, theta)

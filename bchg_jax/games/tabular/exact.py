@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.core.eager import cached_when_eager
 from bchg_jax.core.follower_model import lag_mix, mix_in_range
 from bchg_jax.core.maxent_lqr import nan_unless
 from bchg_jax.core.precision import full_precision
@@ -64,6 +65,28 @@ Array = jax.Array
 RESPONSE_TOL = 1e-6
 
 
+def _check_response_args(game, f, beta, *_, newton_iters: int = 3, **__) -> None:
+    """The checks of :func:`best_response` (and the eager check of a cached call's ``f``, whose
+    probability rows are checked only when it is concrete)."""
+    check_game(game)
+    check_beta_if_concrete(beta)
+    check_policy_shapes(game, f)
+    if isinstance(newton_iters, bool) or not isinstance(newton_iters, int) or newton_iters < 0:
+        raise ValueError(f"newton_iters must be a non-negative integer, got {newton_iters!r}")
+
+
+def _warn_rounded_logits(br, game, f, beta, *_, **__) -> None:
+    """The plain eager :func:`best_response`'s float32 logits warning, after a cached call."""
+    warn_float32_logit_rounding("games.tabular.best_response", br.Q, beta, stacklevel=4)
+
+
+def _warn_rounded_logits_at(_out, game, f, beta, backup: str = "reference") -> None:
+    """The same for :func:`leader_objective` in float32 (its best response, cached, warns)."""
+    if compute_dtype(game, f, beta) == jnp.float32:
+        best_response(game, f, beta, backup)
+
+
+@cached_when_eager(_check_response_args, _warn_rounded_logits)
 @full_precision
 def best_response(
     game,
@@ -111,11 +134,7 @@ def best_response(
         ``newton_iters`` not a non-negative integer, or a concrete solve whose residual missed
         the tolerance (``max_sweeps`` and ``newton_iters`` set too low).
     """
-    check_game(game)
-    check_beta_if_concrete(beta)
-    check_policy_shapes(game, f)
-    if isinstance(newton_iters, bool) or not isinstance(newton_iters, int) or newton_iters < 0:
-        raise ValueError(f"newton_iters must be a non-negative integer, got {newton_iters!r}")
+    _check_response_args(game, f, beta, newton_iters=newton_iters)
     sg = jax.lax.stop_gradient
     Q_star = soft_q_iteration(game, sg(f), sg(beta), backup, tol=tol, max_sweeps=max_sweeps).Q
     Q_star = newton_polish(game, sg(f), sg(beta), Q_star, backup, newton_iters)
@@ -207,6 +226,34 @@ def joint_chain(game, f: Array, g: Array):
     return jnp.einsum("sab,sabt->st", pi, P), jnp.sum(pi * rL, axis=(1, 2))
 
 
+def _check_returns_args(game, f, g, gammas, horizon, caller: str) -> int:
+    """The checks of :func:`_returns` (game, horizon, each gamma, policy shapes and, concrete,
+    rows); returns the horizon."""
+    check_game(game)
+    H = game.time_limit if horizon is None else horizon
+    check_count("horizon (or game.time_limit when horizon is None)", H)
+    for gamma in gammas:
+        if gamma is None or np.ndim(gamma) != 0:
+            raise ValueError(
+                f"games.tabular.{caller}: gamma must be a scalar discount, got {gamma!r}"
+            )
+        check_if_concrete(check_discount, "gamma", gamma, True)
+    check_policy_shapes(game, f, g)
+    return H
+
+
+def _check_return(game, f, g, horizon=None, gamma=1.0) -> None:
+    """:func:`leader_return`'s checks, eagerly before a cached call."""
+    _check_returns_args(game, f, g, (gamma,), horizon, "leader_return")
+
+
+def _check_returns(game, f, g, gammas, horizon=None) -> None:
+    """:func:`leader_returns`'s checks, eagerly before a cached call."""
+    if isinstance(gammas, (tuple, list)) and gammas:
+        _check_returns_args(game, f, g, tuple(gammas), horizon, "leader_returns")
+
+
+@cached_when_eager(_check_returns)
 @full_precision
 def leader_returns(game, f: Array, g: Array, gammas, horizon: Optional[int] = None) -> Array:
     """[G] exact returns ``sum_{t < horizon} gamma^t E[r_L(s_t, a_t, b_t)]`` from ``init_dist``,
@@ -234,16 +281,7 @@ def leader_returns(game, f: Array, g: Array, gammas, horizon: Optional[int] = No
 def _returns(game, f, g, gammas, horizon, caller: str):
     """:func:`leader_returns` for a tuple ``gammas``; checks in the order game, horizon, each
     gamma, policy shapes (``caller`` names the public function)."""
-    check_game(game)
-    H = game.time_limit if horizon is None else horizon
-    check_count("horizon (or game.time_limit when horizon is None)", H)
-    for gamma in gammas:
-        if gamma is None or np.ndim(gamma) != 0:
-            raise ValueError(
-                f"games.tabular.{caller}: gamma must be a scalar discount, got {gamma!r}"
-            )
-        check_if_concrete(check_discount, "gamma", gamma, True)
-    check_policy_shapes(game, f, g)
+    H = _check_returns_args(game, f, g, gammas, horizon, caller)
     P_pi, r_pi = joint_chain(game, f, g)
     dtype = P_pi.dtype  # compute_dtype(game, f, g): the scan's carry
     gamma = jnp.stack([jnp.asarray(x, dtype) for x in gammas])
@@ -257,6 +295,7 @@ def _returns(game, f, g, gammas, horizon, caller: str):
     return total
 
 
+@cached_when_eager(_check_return)
 @full_precision
 def leader_return(
     game, f: Array, g: Array, horizon: Optional[int] = None, gamma: float = 1.0
@@ -306,6 +345,7 @@ def leader_values(game, f: Array, g: Array):
     return V, Q
 
 
+@cached_when_eager(_check_response_args, _warn_rounded_logits_at)
 @full_precision
 def leader_objective(game, f: Array, beta, backup: str = "reference") -> Array:
     """J_L(f) = sum_s rho_0(s) V_L(s) under (f, g*(f)), the follower's exact best response:
@@ -338,6 +378,16 @@ def leader_objective_at(game, f: Array, g: Array) -> Array:
     return jnp.dot(jnp.asarray(game.init_dist, V.dtype), V)
 
 
+def _check_hypergradient_args(policy_fn, theta, game, beta, *_, **__) -> None:
+    """The checks of :func:`exact_hypergradient` (a concrete theta's ``policy_fn(theta)`` on the
+    simplex: eagerly before a cached call, where theta is traced)."""
+    check_game(game)
+    check_beta_if_concrete(beta)
+    # first: it refuses a non-floating theta before policy_fn is traced with it
+    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.exact_hypergradient", game)
+
+
+@cached_when_eager(_check_hypergradient_args)
 @full_precision
 def exact_hypergradient(
     policy_fn,
@@ -382,10 +432,7 @@ def exact_hypergradient(
     Warns:
       float32 with a discount above :data:`~bchg_jax.core.validate.FLOAT32_GAMMA_WARN`.
     """
-    check_game(game)
-    check_beta_if_concrete(beta)
-    # first: it refuses a non-floating theta before policy_fn is traced with it
-    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.exact_hypergradient", game)
+    _check_hypergradient_args(policy_fn, theta, game, beta)
     # the computation's dtype: policy_fn's output promoted with beta and the game's tables
     dtype = compute_dtype(game, jax.eval_shape(policy_fn, theta), beta)
     warn_float32_long_horizon(
@@ -556,6 +603,19 @@ def as_if_optimal_hypergradient(
     return jax.grad(J)(theta)
 
 
+def _check_k_step_args(policy_fn, theta, game, Q_prev, beta, K, *_, **__) -> None:
+    """The checks of :func:`k_step_hypergradient` (eagerly before a cached call: ``Q_prev``
+    finite, ``policy_fn`` on the simplex at a concrete theta)."""
+    check_game(game)
+    check_beta_if_concrete(beta)
+    check_count("K", K)
+    S, A, B = np.shape(game.transition)[:3]
+    check_shape("Q_prev", Q_prev, (S, A, B), f"S={S}, A={A}, B={B} from {game.name}")
+    check_finite_if_concrete("Q_prev", Q_prev)
+    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.k_step_hypergradient", game)
+
+
+@cached_when_eager(_check_k_step_args)
 @full_precision
 def k_step_hypergradient(policy_fn, theta, game, Q_prev: Array, beta, K: int, backup="reference"):
     """The total derivative of ``J_L(f_theta, softmax(T_theta^K Q_prev / beta))`` with
@@ -576,14 +636,8 @@ def k_step_hypergradient(policy_fn, theta, game, Q_prev: Array, beta, K: int, ba
       ValueError: a bad scalar setting of ``game``, a concrete ``beta`` not finite and > 0,
         ``K`` not an integer >= 1, or ``Q_prev`` not [S, A, B] or (concrete) not finite.
     """
-    check_game(game)
-    check_beta_if_concrete(beta)
-    check_count("K", K)
-    S, A, B = np.shape(game.transition)[:3]
-    check_shape("Q_prev", Q_prev, (S, A, B), f"S={S}, A={A}, B={B} from {game.name}")
-    check_finite_if_concrete("Q_prev", Q_prev)
+    _check_k_step_args(policy_fn, theta, game, Q_prev, beta, K)
     Q_prev = jax.lax.stop_gradient(Q_prev)
-    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.k_step_hypergradient", game)
 
     def J(th):
         f = policy_fn(th)
@@ -598,6 +652,17 @@ def k_step_hypergradient(policy_fn, theta, game, Q_prev: Array, beta, K: int, ba
     return jax.grad(J)(theta)
 
 
+def _check_lag_args(policy_fn, theta, game, g_prev, beta, mix, *_, **__) -> None:
+    """The checks of :func:`lag_hypergradient` (eagerly before a cached call: ``g_prev``'s
+    rows, a concrete ``mix``, ``policy_fn`` on the simplex at a concrete theta)."""
+    check_game(game)
+    check_beta_if_concrete(beta)
+    check_if_concrete(check_unit_interval, "mix", mix)
+    check_policy_shapes(game, g=g_prev, g_label="g_prev (the follower's previous policy)")
+    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.lag_hypergradient", game)
+
+
+@cached_when_eager(_check_lag_args)
 @full_precision
 def lag_hypergradient(
     policy_fn,
@@ -628,12 +693,8 @@ def lag_hypergradient(
         concrete ``mix`` outside (0, 1] (as ``FollowerModel``), a ``g_prev`` not [S, A, B]
         probability rows, or a concrete ``Q_star`` that misses ``tol``.
     """
-    check_game(game)
-    check_beta_if_concrete(beta)
-    check_if_concrete(check_unit_interval, "mix", mix)
-    check_policy_shapes(game, g=g_prev, g_label="g_prev (the follower's previous policy)")
+    _check_lag_args(policy_fn, theta, game, g_prev, beta, mix)
     g_prev = jax.lax.stop_gradient(g_prev)
-    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.lag_hypergradient", game)
 
     def J(th):
         f = policy_fn(th)
