@@ -110,6 +110,22 @@ def apply_config_file(parser: argparse.ArgumentParser, a) -> None:
             setattr(a, k, v(cfg["args"]) if callable(v) else v)
     if "method" in cfg and "method" not in a._explicit:  # a method folder's config.json
         a.method = cfg["method"]
+    _reset_other_followers_settings(parser, a, cfg["args"].get("follower"))
+
+
+def _reset_other_followers_settings(parser, a, saved_kind) -> None:
+    """``--config FILE --follower X`` with FILE of another follower model: FILE's settings of
+    its model (``follower_steps`` of a ``k_step`` run, ...) are not X's, and would be refused
+    as another model's setting off its default; they go back to their defaults unless given
+    on the command line."""
+    from bchg_jax.core.follower_model import SETTING_OF
+
+    if "follower" not in a._explicit or saved_kind in (None, a.follower):
+        return
+    for k, kind in SETTING_OF.items():
+        dest = f"follower_{k}"
+        if kind != a.follower and hasattr(a, dest) and dest not in a._explicit:
+            setattr(a, dest, parser.get_default(dest))
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

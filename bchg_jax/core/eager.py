@@ -27,7 +27,8 @@ call are kept:
   ``info``'s) is False, is recomputed by the plain eager call, which raises the error it stands
   for (a solve that missed its tolerance, a diverging closed loop) or returns the same value;
 * the warnings given while the program was traced (those that depend on dtypes and static
-  values alone, such as float32 with a long horizon) are given again on every call with its key;
+  values alone, such as float32 with a long horizon) are given again on every call with its key
+  and the same dtypes, shapes and weak types of the traced arguments;
   ``postcheck(result, *args, **kwargs)`` gives those the plain call gives on concrete values (a
   float32 soft policy's rounded logits);
 * the program bakes in the problem's arrays and tables, so the cache key also holds a digest of
@@ -35,7 +36,14 @@ call are kept:
   random point beside it): a NumPy array the user changes in place between calls compiles a
   new program instead of reusing stale tables. The table functions must be functions of theta
   alone (``jax.jit``'s own rule); state they read that shows at neither point is not seen.
-  Other callable arguments (a game's ``policy_fn``) are static, by identity, as under ``jit``;
+  Other callable arguments (a game's ``policy_fn``) are static, by identity, as under ``jit``,
+  and held weakly (one that closes over the game would keep it alive): pass the same function
+  object to reuse the program; a new function per call compiles per call, as the plain call
+  does, and the game's program is rebuilt once :data:`DEAD_CALLABLES` of them have died;
+* static values are keyed by type and value (a 0-d array also by dtype and weak type: a weak
+  0-d beta leaves a float32 computation in float32, a strong ``np.float64`` one widens it), a
+  Python float theta is traced as a 0-d array is, and a call that does not fit the function's
+  signature is the plain call (its ``TypeError``);
 * a problem whose functions cannot be traced (they read a traced value on the host) is called
   plainly from then on (other problems are not affected).
 
@@ -83,14 +91,48 @@ class _ByValue:
         return isinstance(other, _ByValue) and self.key == other.key
 
 
-def _traced(x) -> bool:
+class _ByIdentity:
+    """A callable static argument (a game's ``policy_fn``), held weakly: it may close over the
+    problem, whose program (a weak dictionary's value) would then keep the problem alive. Equal
+    to another only while both refer to the same live callable (a dead one equals nothing, so a
+    new function at a reused address never gets its program)."""
+
+    __slots__ = ("ref", "ident")
+
+    def __init__(self, fn):
+        if inspect.ismethod(fn):  # a bound method is made anew at each attribute access
+            self.ref, self.ident = weakref.WeakMethod(fn), (id(fn.__self__), id(fn.__func__))
+        else:
+            self.ref, self.ident = weakref.ref(fn), id(fn)
+
+    def __hash__(self):
+        return hash(self.ident)
+
+    def __eq__(self, other):
+        if not isinstance(other, _ByIdentity):
+            return False
+        a, b = self.ref(), other.ref()
+        return a is not None and (a is b or (inspect.ismethod(a) and a == b))
+
+    def alive(self) -> bool:
+        return self.ref() is not None
+
+
+def _traced(x, theta: bool = False) -> bool:
     """Whether an argument is traced: an array of one axis or more, or a tuple / list / dict /
-    NamedTuple whose leaves are all such arrays (a solved response)."""
+    NamedTuple whose leaves are all such arrays (a solved response); for a parameter named in
+    ``traced_names`` (``theta``), also a 0-d array, a Python float or a pytree of them (each
+    value would be a new static key: a compile per gradient step)."""
+    if theta and (_array(x) or isinstance(x, float)):
+        return True
     if isinstance(x, (jax.Array, np.ndarray)):
         return np.ndim(x) >= 1
     if isinstance(x, (tuple, list, dict)):
         leaves = jax.tree.leaves(x)
-        return bool(leaves) and all(isinstance(v, (jax.Array, np.ndarray)) for v in leaves)
+        kinds = (jax.Array, np.ndarray, np.generic, float) if theta else (jax.Array, np.ndarray)
+        return bool(leaves) and all(
+            isinstance(v, kinds) and not isinstance(v, bool) for v in leaves
+        )
     return False
 
 
@@ -105,11 +147,19 @@ def _static(x):
     not hashable), anything else as it is (a callable: by identity)."""
     if _array(x):
         v = np.asarray(x)
-        return _ByValue(x, (v.dtype.str, v.tobytes()))
+        # the type and weak type too: a weak 0-d beta does not widen the compute dtype, a
+        # strong np.float64 one does
+        weak = bool(getattr(x, "weak_type", False))
+        return _ByValue(x, (type(x), weak, v.dtype.str, v.tobytes()))
     if isinstance(x, (bool, int, float, complex)):
         return _ByValue(x, (type(x), x))
     if isinstance(x, (tuple, list)) and all(_scalar(v) for v in x):  # ``gammas=[1.0, 0.99]``
         return _ByValue(x, (type(x), tuple(_static(v).key for v in x)))
+    if callable(x) and not isinstance(x, type):
+        try:
+            return _ByIdentity(x)
+        except TypeError:  # not weakly referenceable: held as it is
+            return x
     return x
 
 
@@ -117,7 +167,19 @@ def _scalar(x) -> bool:
     return isinstance(x, (bool, int, float, complex)) or (_array(x) and np.ndim(x) == 0)
 
 
+def _as_jax(x):
+    """A traced argument's NumPy arrays as JAX arrays of their own dtype: with float64 off, a
+    float64 array gives JAX's warning that it is truncated, as the plain call's operations
+    give it (``jit`` truncates its arguments silently)."""
+    return jax.tree.map(
+        lambda v: jax.numpy.asarray(v, v.dtype) if isinstance(v, (np.ndarray, np.generic)) else v,
+        x,
+    )
+
+
 def _unwrap(x):
+    if isinstance(x, _ByIdentity):
+        return x.ref()  # alive: the call that traces the program holds it
     return x.value if isinstance(x, _ByValue) else x
 
 
@@ -147,6 +209,8 @@ def cached_when_eager(
         untraceable = weakref.WeakSet()  # problems whose functions read a traced value
         programs = weakref.WeakKeyDictionary()  # problem -> its compiled program
         replay = weakref.WeakKeyDictionary()  # problem -> {key: the warnings of its trace}
+        callables = weakref.WeakKeyDictionary()  # problem -> the callables of its keys
+        signature = inspect.signature(fn)
         positional = [
             p.name
             for p in inspect.signature(fn).parameters.values()
@@ -185,15 +249,19 @@ def cached_when_eager(
                 or _inside_trace()  # concrete arguments closed over by the caller's jit
             ):
                 return fn(*args, **kwargs)
+            try:
+                signature.bind(*args, **kwargs)
+            except TypeError:  # a call that does not fit the signature: the plain call says so
+                return fn(*args, **kwargs)
             names = positional[: len(args)] + list(kwargs)
             flat = list(args) + list(kwargs.values())
             static = tuple(
                 _SELF
                 if x is problem
                 else _TRACED
-                if _traced(x) or (name in traced_names and _array(x))
+                if _traced(x, name in traced_names)
                 else _static(x)
-                for name, x in zip(names, flat, strict=False)
+                for name, x in zip(names, flat, strict=True)
             )
             try:
                 hash(static)
@@ -205,7 +273,8 @@ def cached_when_eager(
             if fingerprint is None:  # a problem function failed: the plain call says where
                 return fn(*args, **kwargs)
             key = (tuple(kwargs), static, fingerprint)
-            traced = [x for x, s in zip(flat, static, strict=True) if s is _TRACED]
+            _forget_dead_callables(problem, static, callables, programs, replay)
+            traced = [_as_jax(x) for x, s in zip(flat, static, strict=True) if s is _TRACED]
             try:
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
@@ -213,11 +282,18 @@ def cached_when_eager(
             except _TRACE_ERRORS:
                 untraceable.add(problem)
                 return fn(*args, **kwargs)
+            # the program is traced anew for new dtypes, shapes or weak types of the traced
+            # arguments (a float32 theta after a float64 one): their warnings are its own
+            traced_key = (
+                key,
+                jax.tree.structure(traced),
+                tuple(map(jax.typeof, jax.tree.leaves(traced))),
+            )
             given = replay.setdefault(problem, {})
             if caught:  # the program was traced now: its warnings depend on the key alone
-                given[key] = [(w.message, w.category) for w in caught]
+                given[traced_key] = [(w.message, w.category) for w in caught]
             if not recheck or (_all_finite(out) and _converged(out)):
-                for message, category in given.get(key, ()):
+                for message, category in given.get(traced_key, ()):
                     warnings.warn(message, category, stacklevel=2)
                 if postcheck is not None:
                     postcheck(out, *args, **kwargs)
@@ -229,6 +305,23 @@ def cached_when_eager(
         return wrapped
 
     return decorate
+
+
+# a problem's program is rebuilt once this many of the callables it was compiled for have died
+# (a loop that makes a new ``policy_fn`` per call compiles per call, as the plain call does,
+# but keeps only this many of those programs)
+DEAD_CALLABLES = 8
+
+
+def _forget_dead_callables(problem, static, callables, programs, replay) -> None:
+    """Records the callables of a call's key; drops the problem's program (and the executables
+    JAX keeps for it) when more than :data:`DEAD_CALLABLES` of them have died."""
+    held = callables.setdefault(problem, [])
+    held.extend(s for s in static if isinstance(s, _ByIdentity) and s not in held)
+    if sum(not s.alive() for s in held) > DEAD_CALLABLES:
+        programs.pop(problem, None)
+        replay.pop(problem, None)
+        held[:] = [s for s in held if s.alive()]
 
 
 class _TracedMarker:

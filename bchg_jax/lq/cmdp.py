@@ -34,6 +34,7 @@ from bchg_jax.core.validate import (
     check_not_wider,
     check_shape,
     check_theta_array,
+    is_concrete,
     shape_property,
 )
 
@@ -431,10 +432,29 @@ def check_policy_fits(problem: LQConfigurableMDP, policy, what: str = "policy") 
     [m, m]) fits ``problem``'s sizes: a response of another problem is named, not a matmul
     error deep inside.
 
+    When concrete, the gain must be finite and the covariance a covariance: finite, symmetric
+    and positive definite (``-cov`` gave a finite gradient of no policy, and ``0`` an error
+    that blamed a stable closed loop's overflow).
+
     Raises:
-      ValueError: ``K`` or ``cov`` of another shape.
+      ValueError: ``K`` or ``cov`` of another shape; concrete: a non-finite ``K``, or a ``cov``
+        that is not finite, symmetric and positive definite.
     """
     n, m = problem.state_dim, problem.action_dim
     src = f"n={n}, m={m} from {problem.name}"
     check_shape(f"{what}.K (the follower's gain)", policy.K, (m, n), src)
     check_shape(f"{what}.cov", policy.cov, (m, m), src)
+    if not is_concrete(policy.K, policy.cov):
+        return
+    K, C = np.asarray(policy.K, np.float64), np.asarray(policy.cov, np.float64)
+    if not np.all(np.isfinite(K)):
+        raise ValueError(f"{problem.name}: {what}.K (the follower's gain) must be finite, got {K}")
+    scale = float(np.max(np.abs(C))) if np.all(np.isfinite(C)) else np.nan
+    if not np.max(np.abs(C - C.T)) <= 1e-5 * scale:  # NaN (a non-finite entry) fails too
+        raise ValueError(f"{problem.name}: {what}.cov must be a finite symmetric matrix, got {C}")
+    low = float(np.linalg.eigvalsh(C)[0])
+    if not low > 0:
+        raise ValueError(
+            f"{problem.name}: {what}.cov must be positive definite (the covariance of the "
+            f"follower's Gaussian policy), got smallest eigenvalue {low:.3g}"
+        )

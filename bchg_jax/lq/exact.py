@@ -19,6 +19,7 @@ solution (implicit differentiation) - the references every estimator is tested a
 
 from __future__ import annotations
 
+import inspect
 from typing import Dict, NamedTuple, Optional
 
 import jax
@@ -210,7 +211,16 @@ def quadratic_return(Ms, Mb, c, br: GaussianBestResponse, X: Array, mass) -> Arr
     return -jnp.trace(G @ X) + mass * (c - jnp.trace(Mb @ br.cov))
 
 
-@cached_when_eager(theta_precheck)
+def _objective_precheck(*args, **kwargs) -> None:
+    """:func:`leader_objective`'s eager checks before a cached call: theta, and a ``br`` given
+    (traced in the program, so its values are checked here)."""
+    bound = inspect.signature(leader_objective.__wrapped__).bind(*args, **kwargs).arguments
+    theta_precheck(bound["problem"], bound["theta"])
+    if bound.get("br") is not None:
+        check_policy_fits(bound["problem"], bound["br"], "br")
+
+
+@cached_when_eager(_objective_precheck)
 @full_precision
 def leader_objective(
     problem: LQConfigurableMDP,

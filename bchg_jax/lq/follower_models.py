@@ -28,7 +28,7 @@ from bchg_jax.core.validate import (
     check_shape,
     is_concrete,
 )
-from bchg_jax.lq.cmdp import LQConfigurableMDP
+from bchg_jax.lq.cmdp import LQConfigurableMDP, check_policy_fits
 from bchg_jax.lq.exact import discounted_lyapunov
 
 Array = jax.Array
@@ -96,7 +96,13 @@ def policy_value(problem: LQConfigurableMDP, theta: Array, policy: GaussianBestR
     (H: the Gaussian entropy); at the best response they are Proposition 1's ``P`` and ``v``.
     NaN when the policy's closed loop diverges under gamma_F
     (:func:`~bchg_jax.lq.exact.discounted_lyapunov`): the trainer flags and skips that iteration.
+
+    Raises:
+      ValueError: a ``policy`` that does not fit the problem, or (concrete) whose gain is not
+        finite or whose covariance is not finite, symmetric and positive definite
+        (:func:`~bchg_jax.lq.cmdp.check_policy_fits`).
     """
+    check_policy_fits(problem, policy)  # a concrete covariance that is none: named
     A, B, Qbar, Rbar, U = _model(problem, theta)
     g, m = problem.gamma_F, policy.K.shape[0]
     F = A - B @ policy.K

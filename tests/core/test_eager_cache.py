@@ -241,3 +241,15 @@ def test_problems_called_repeatedly_are_freed_with_their_programs():
     refs = [r for seed in range(3) for r in use(seed)]
     gc.collect()
     assert [r() is None for r in refs] == [True] * len(refs)
+
+
+@pytest.mark.skipif(jax.config.jax_enable_x64, reason="float64 is available")
+def test_a_float64_numpy_theta_is_still_said_to_be_truncated():
+    """With float64 off the plain call's operations warn that a NumPy float64 theta is
+    truncated to float32; ``jit`` truncates its arguments silently, so the cached call said
+    nothing."""
+    p = _lq_problem()
+    theta = np.array([0.3])
+    for _ in range(2):
+        with pytest.warns(UserWarning, match="float64 requested in asarray is not available"):
+            lq.leader_objective(p, theta, 0.1)

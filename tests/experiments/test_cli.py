@@ -673,3 +673,38 @@ def test_lqr_game_config_of_one_preset_with_another_preset_is_refused(tmp_path, 
     assert e.value.code == 2 and "holds a --preset explore run" in err
     assert lqr_game.parse_args(["--config", str(cfg), "--preset", "explore"]).preset == "explore"
     assert lqr_game.parse_args(["--config", str(cfg)]).preset == "explore"
+
+
+def test_config_of_one_follower_model_with_another_follower_flag(tmp_path):
+    """--config FILE --follower X, FILE from a run of another follower model: FILE's setting
+    of its model (follower_steps = 3 of a k_step run) was copied and refused as a setting of
+    another kind, and no flag could reset it (the error named a flag never given)."""
+    from experiments import cli as common
+    from experiments import toy_game
+
+    for mod, saved, argv, want in (
+        (cli, ["--follower", "k_step", "--follower-steps", "3"], ["--follower", "lag"], "lag"),
+        (cli, ["--follower", "k_step", "--follower-steps", "3"], [], "k_step"),
+        (
+            toy_game,
+            ["--follower", "lag", "--follower-mix", "0.3"],
+            ["--follower", "k_step"],
+            "k_step",
+        ),
+        (
+            toy_game,
+            ["--follower", "lag", "--follower-mix", "0.3"],
+            ["--follower", "best_response"],
+            "best_response",
+        ),
+    ):
+        args = {k: v for k, v in vars(mod.parse_args(saved)).items() if not k.startswith("_")}
+        cfg = tmp_path / f"{mod.__name__}.json"
+        cfg.write_text(json.dumps({"experiment": mod.__name__.rsplit(".", 1)[-1], "args": args}))
+        a = mod.parse_args(["--config", str(cfg), *argv])
+        model = common.follower_model(a)
+        assert model.kind == want
+        if want == "k_step":
+            assert model.steps == (3 if not argv else 1)
+        if want == "lag":
+            assert model.mix == 0.1 and model.steps == 1

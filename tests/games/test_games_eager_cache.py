@@ -4,6 +4,8 @@ user's Python loop of exact gradients ran out of memory mappings as the single-a
 references did. The plain calls' errors and warnings are kept on the cached path."""
 
 import gc
+import inspect
+import warnings
 import weakref
 
 import jax
@@ -152,3 +154,107 @@ def test_cached_game_calls_keep_the_plain_calls_errors():
             lqr_exact.leader_objective(lgame, theta, 0.1, max_iters=2)
     unconverged = lqr_follower.best_response(lgame, theta, 0.1, max_iters=2)
     assert not bool(unconverged.converged)  # returned flagged, as by the plain call
+
+
+def test_a_warning_is_replayed_only_for_the_dtypes_it_was_given_for(x64):
+    """The replayed trace-time warnings were keyed without the traced arguments' dtypes: a
+    float64 call after a float32 one repeated the float32 long-horizon warning."""
+    game = toy_game(gamma_F=0.995, gamma_L=0.995)
+
+    def pf(t):
+        return jax.nn.softmax(t, -1)
+
+    for _ in range(2):
+        with pytest.warns(UserWarning, match="float32 with a discount"):
+            tab_exact.exact_hypergradient(pf, jnp.zeros((3, 2), jnp.float32), game, 0.5)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            tab_exact.exact_hypergradient(pf, jnp.zeros((3, 2), jnp.float64), game, 0.5)
+
+
+def test_a_weak_and_a_strong_beta_of_equal_value_get_their_own_programs(x64):
+    """A weak-typed 0-d beta does not widen a float32 policy's compute dtype, a strong
+    np.float64 one does: keyed by dtype and bytes alone, the second call got the first's
+    float32 program."""
+    game = toy_game(gamma_F=0.9, gamma_L=0.9)
+    f = jnp.full((3, 2), 0.5, jnp.float32)
+    assert tab_exact.best_response(game, f, jnp.asarray(0.5)).Q.dtype == jnp.float32
+    assert tab_exact.best_response(game, f, np.float64(0.5)).Q.dtype == jnp.float64
+
+
+def test_a_policy_fn_that_reads_the_game_does_not_keep_it_alive():
+    """The program held its static policy_fn strongly; a policy_fn closing over the game kept
+    the game (the program's weak key) alive for good."""
+
+    def use():
+        game = toy_game(R=3.0)
+
+        def pf(t):
+            return jax.nn.softmax(t.reshape(game.num_states, -1), -1)
+
+        for _ in range(2):
+            tab_exact.exact_hypergradient(pf, jnp.zeros(6), game, 0.5)
+        return weakref.ref(game)
+
+    ref = use()
+    gc.collect()
+    assert ref() is None
+
+
+def test_a_new_policy_fn_per_call_keeps_a_bounded_number_of_programs():
+    """A loop that makes a new lambda per call compiles per call (as the plain call does); the
+    game's program is rebuilt once more than DEAD_CALLABLES of its callables have died."""
+    from bchg_jax.core import eager
+
+    game = toy_game()
+    programs = []
+    for i in range(eager.DEAD_CALLABLES + 3):
+        tab_exact.exact_hypergradient(lambda t: _policy_fn(t), jnp.array([0.1 * i]), game, 0.05)
+        closure = inspect.getclosurevars(tab_exact.exact_hypergradient).nonlocals
+        programs.append(closure["programs"].get(game))
+    assert len({id(p) for p in programs}) == 2  # rebuilt once
+
+
+def test_the_float32_logits_warning_of_the_solve_inside_a_hypergradient_is_kept():
+    """The plain call differentiates eagerly, so its best response sees a concrete Q and warns
+    when float32 rounds its logits; the cached program's solve is traced and said nothing."""
+    game = toy_game()
+    theta = jnp.zeros((3, 2), jnp.float32)
+
+    def pf(t):
+        return jax.nn.softmax(t, -1)
+
+    f = pf(theta)
+    g_prev = tab_exact.best_response.__wrapped__(game, f, 0.05).policy
+    for _ in range(2):
+        with pytest.warns(UserWarning, match="logits"):
+            tab_exact.exact_hypergradient(pf, theta, game, 1e-4)
+        with pytest.warns(UserWarning, match="logits"):
+            tab_exact.lag_hypergradient(pf, theta, game, g_prev, 1e-4, 0.5)
+
+
+def test_calls_that_do_not_fit_the_signature_get_the_plain_calls_type_error():
+    lgame, theta = lqr_game(), jnp.array([-1.0, 0.5])
+    with pytest.raises(TypeError, match="leader_objective.. takes 3 positional"):
+        lqr_exact.leader_objective(lgame, theta, 0.1, 20)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'horizn'"):
+        lqr_exact.exact_hypergradient(lgame, theta, 0.1, horizn=20)
+    with pytest.raises(ValueError, match="gammas must be a non-empty tuple or list"):
+        lqr_exact.leader_returns(lgame, theta, 0.1, np.array([0.9, 1.0]))
+
+
+def test_a_python_float_theta_is_traced():
+    """A Python float theta was a static argument: a gradient loop compiled every step."""
+    game = toy_game()
+
+    def pf(t):
+        return leader_policy_from_p(jax.nn.sigmoid(t))
+
+    tab_exact.exact_hypergradient(pf, 0.3, game, 0.05)
+    steps = [0.31, 0.32, 0.33]
+    assert _compiles(lambda: [tab_exact.exact_hypergradient(pf, t, game, 0.05) for t in steps]) == 0
+    np.testing.assert_allclose(
+        tab_exact.exact_hypergradient(pf, 0.31, game, 0.05),
+        tab_exact.exact_hypergradient.__wrapped__(pf, 0.31, game, 0.05),
+        rtol=2e-4,
+    )

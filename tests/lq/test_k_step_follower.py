@@ -140,3 +140,26 @@ def test_followers_doc_quotes_the_lq_through_reference_the_trainer_takes(x64, ra
     quoted = re.search(r"SE from the one through the update \(cosine (-?[0-9.]+)", doc.read_text())
     assert quoted, "docs/followers.md no longer quotes the LQ cosine"
     assert abs(float(quoted.group(1)) - cos) < 0.01, (quoted.group(1), cos)
+
+
+def test_a_covariance_that_is_no_covariance_is_refused(x64, random_lq):
+    """The as-if-optimal reference checked the played policy's shapes only: ``-cov`` gave a
+    finite gradient of no policy, and ``0`` an error that blamed a stable closed loop."""
+    p, theta = random_lq(), jnp.array([0.3, -0.2])
+    br = p.best_response(theta, 0.3)
+    for bad, says in (
+        (br._replace(cov=-br.cov), "positive definite"),
+        (br._replace(cov=0.0 * br.cov), "positive definite"),
+        (br._replace(cov=br.cov.at[0, 1].add(0.5)), "symmetric"),
+        (br._replace(K=br.K * jnp.nan), "gain"),
+    ):
+        with pytest.raises(ValueError, match=says):
+            as_if_optimal_hypergradient(p, theta, bad, 0.3)
+        with pytest.raises(ValueError, match=says):
+            policy_value(p, theta, bad, 0.3)
+        for _ in range(2):  # eager, then the cached program's call: br is traced in it
+            with pytest.raises(ValueError, match=says):
+                lq.leader_objective(p, theta, 0.3, br=bad)
+    np.testing.assert_allclose(
+        lq.leader_objective(p, theta, 0.3, br=br), lq.leader_objective(p, theta, 0.3), rtol=1e-10
+    )

@@ -362,8 +362,18 @@ def _bump_terms(game: LQRGame, theta: Array, resp: GameResponse, stochastic: boo
 def _check_leader_returns(game, theta, beta, gammas, *, horizon=None, s0=None, **_) -> None:
     """:func:`leader_returns`'s checks, eagerly before a cached call (theta, the gammas and s0
     are traced in it)."""
-    if isinstance(gammas, (tuple, list)) and gammas:
-        _check_returns_args(game, theta, beta, tuple(gammas), "leader_returns", horizon, s0)
+    gammas = _gammas_tuple(gammas)
+    _check_returns_args(game, theta, beta, gammas, "leader_returns", horizon, s0)
+
+
+def _gammas_tuple(gammas) -> tuple:
+    """``gammas`` as a tuple: a non-empty tuple or list (of scalars, checked later)."""
+    if not isinstance(gammas, (tuple, list)) or not gammas:
+        raise ValueError(
+            "games.lqr.leader_returns: gammas must be a non-empty tuple or list of scalar "
+            f"discounts, got {gammas!r}"
+        )
+    return tuple(gammas)
 
 
 @cached_when_eager(_check_leader_returns)
@@ -401,13 +411,9 @@ def leader_returns(
       ValueError: as :func:`leader_objective`, and ``gammas`` that is not a non-empty tuple or
         list of scalars.
     """
-    if not isinstance(gammas, (tuple, list)) or not gammas:
-        raise ValueError(
-            "games.lqr.leader_returns: gammas must be a non-empty tuple or list of scalar "
-            f"discounts, got {gammas!r}"
-        )
+    gammas = _gammas_tuple(gammas)
     kw = dict(horizon=horizon, stochastic=stochastic, resp=resp, s0=s0, tol=tol)
-    return _returns(game, theta, beta, tuple(gammas), "leader_returns", max_iters=max_iters, **kw)
+    return _returns(game, theta, beta, gammas, "leader_returns", max_iters=max_iters, **kw)
 
 
 def _check_returns_args(game, theta, beta, gammas, caller: str, horizon, s0):

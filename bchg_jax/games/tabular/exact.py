@@ -247,10 +247,20 @@ def _check_return(game, f, g, horizon=None, gamma=1.0) -> None:
     _check_returns_args(game, f, g, (gamma,), horizon, "leader_return")
 
 
+def _gammas_tuple(gammas, caller: str) -> tuple:
+    """``gammas`` as a tuple: a non-empty tuple or list (of scalars, checked later)."""
+    if not isinstance(gammas, (tuple, list)) or not gammas:
+        raise ValueError(
+            f"{caller}: gammas must be a non-empty tuple or list of scalar discounts, got "
+            f"{gammas!r}"
+        )
+    return tuple(gammas)
+
+
 def _check_returns(game, f, g, gammas, horizon=None) -> None:
     """:func:`leader_returns`'s checks, eagerly before a cached call."""
-    if isinstance(gammas, (tuple, list)) and gammas:
-        _check_returns_args(game, f, g, tuple(gammas), horizon, "leader_returns")
+    gammas = _gammas_tuple(gammas, "games.tabular.leader_returns")
+    _check_returns_args(game, f, g, gammas, horizon, "leader_returns")
 
 
 @cached_when_eager(_check_returns)
@@ -270,12 +280,8 @@ def leader_returns(game, f: Array, g: Array, gammas, horizon: Optional[int] = No
       ValueError: as :func:`leader_return`, and ``gammas`` that is not a non-empty tuple or list
         of scalars.
     """
-    if not isinstance(gammas, (tuple, list)) or not gammas:
-        raise ValueError(
-            "games.tabular.leader_returns: gammas must be a non-empty tuple or list of scalar "
-            f"discounts, got {gammas!r}"
-        )
-    return _returns(game, f, g, tuple(gammas), horizon, "leader_returns")
+    gammas = _gammas_tuple(gammas, "games.tabular.leader_returns")
+    return _returns(game, f, g, gammas, horizon, "leader_returns")
 
 
 def _returns(game, f, g, gammas, horizon, caller: str):
@@ -387,7 +393,24 @@ def _check_hypergradient_args(policy_fn, theta, game, beta, *_, **__) -> None:
     check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.exact_hypergradient", game)
 
 
-@cached_when_eager(_check_hypergradient_args)
+def _warn_rounded_logits_inside(policy_fn, theta, game, beta, backup, Q_star) -> None:
+    """The float32 logits warning of the best response a hypergradient solves (the plain call
+    differentiates eagerly, so its solve sees a concrete Q and warns; the cached program's
+    does not): from the cached :func:`best_response` at ``policy_fn(theta)``."""
+    if Q_star is None:
+        f = policy_fn(theta)
+        if compute_dtype(game, f, beta) == jnp.float32:
+            best_response(game, f, beta, backup)
+
+
+def _warn_after_hypergradient(
+    _out, policy_fn, theta, game, beta, backup="reference", Q_star=None, tol=None
+) -> None:
+    """:func:`exact_hypergradient`'s value-dependent warning after a cached call."""
+    _warn_rounded_logits_inside(policy_fn, theta, game, beta, backup, Q_star)
+
+
+@cached_when_eager(_check_hypergradient_args, _warn_after_hypergradient)
 @full_precision
 def exact_hypergradient(
     policy_fn,
@@ -662,7 +685,14 @@ def _check_lag_args(policy_fn, theta, game, g_prev, beta, mix, *_, **__) -> None
     check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.lag_hypergradient", game)
 
 
-@cached_when_eager(_check_lag_args)
+def _warn_after_lag(
+    _out, policy_fn, theta, game, g_prev, beta, mix, backup="reference", Q_star=None, tol=None
+) -> None:
+    """:func:`lag_hypergradient`'s value-dependent warning after a cached call."""
+    _warn_rounded_logits_inside(policy_fn, theta, game, beta, backup, Q_star)
+
+
+@cached_when_eager(_check_lag_args, _warn_after_lag)
 @full_precision
 def lag_hypergradient(
     policy_fn,
