@@ -136,6 +136,12 @@ def _traced(x, theta: bool = False) -> bool:
     return False
 
 
+def _is_problem(x) -> bool:
+    """The problem (or game) argument: a dataclass instance that is not callable (a user's
+    dataclass ``policy_fn`` or a flax module is a static callable, not the problem)."""
+    return dataclasses.is_dataclass(x) and not isinstance(x, type) and not callable(x)
+
+
 def _array(x) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic))
 
@@ -240,7 +246,7 @@ def cached_when_eager(
 
         @functools.wraps(fn)
         def wrapped(*args, **kwargs):
-            problem = next((x for x in args if dataclasses.is_dataclass(x)), None)
+            problem = next((x for x in [*args, *kwargs.values()] if _is_problem(x)), None)
             if (
                 problem is None
                 or problem in untraceable

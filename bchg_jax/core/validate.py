@@ -555,6 +555,15 @@ def check_theta(problem, theta, name: str = "theta", last_axis: Optional[int] = 
         a NaN / inf entry.
     """
     pname = getattr(problem, "name", type(problem).__name__)
+    ndim = getattr(problem, "theta_ndim", None)  # a family whose theta is one array of ndim axes
+    if ndim is not None and (
+        not isinstance(theta, (jax.Array, np.ndarray)) or np.ndim(theta) != ndim
+    ):
+        raise ValueError(
+            f"{pname}: {name} must be one array of {ndim} axis (the vector [d]), got a "
+            f"{type(theta).__name__} of shape {np.shape(theta)}: pass jnp.asarray({name}, "
+            "theta0.dtype)"
+        )
     if last_axis is not None:
         got = tuple(np.shape(theta))
         if got != (last_axis,):

@@ -17,7 +17,7 @@ The generic continuous configurable-MDP interface the estimators use is pure fun
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Tuple
+from typing import Callable, ClassVar, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -117,6 +117,8 @@ class LQConfigurableMDP:
     name: str = "lq_cmdp"
     # optional: theta -> {name: (Ms, Mb, c)}, reward terms reported per iteration as metrics
     components: Optional[Callable[[Array], dict]] = None
+    # theta is one vector [d] (validate(); core.validate.check_theta refuses a scalar by name)
+    theta_ndim: ClassVar[int] = 1
 
     def __post_init__(self):
         for label in ("Qbar", "Rbar", "U", "init_cov"):

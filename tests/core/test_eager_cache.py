@@ -253,3 +253,14 @@ def test_a_float64_numpy_theta_is_still_said_to_be_truncated():
     for _ in range(2):
         with pytest.warns(UserWarning, match="float64 requested in asarray is not available"):
             lq.leader_objective(p, theta, 0.1)
+
+
+def test_a_scalar_theta_of_an_lq_problem_is_refused_by_name():
+    """An LQ theta is one vector [d]: a Python float (with a 0-d theta0, which validate()
+    refuses) failed in the plain call with "'float' object has no attribute 'dtype'" and
+    passed in the cached program, where it is traced."""
+    p = dataclasses.replace(_lq_problem(), theta0=jnp.asarray(0.3))
+    for fn in (lq.leader_objective, lq.best_response, lq.leader_objective.__wrapped__):
+        for theta in (0.3, jnp.asarray(0.3)):
+            with pytest.raises(ValueError, match="theta must be one array of 1 axis"):
+                fn(p, theta, 0.5)

@@ -258,3 +258,39 @@ def test_a_python_float_theta_is_traced():
         tab_exact.exact_hypergradient.__wrapped__(pf, 0.31, game, 0.05),
         rtol=2e-4,
     )
+
+
+def test_a_dataclass_policy_fn_is_not_taken_for_the_game():
+    """The cache took the first dataclass argument for the problem: a user's dataclass
+    ``policy_fn`` (a flax module, say) came first, so a mutable one was unhashable and failed,
+    and a frozen one held the game strongly in its program (kept alive)."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Soft:
+        scale: float = 1.0
+
+        def __call__(self, t):
+            return jax.nn.softmax(self.scale * t, -1)
+
+    @dataclasses.dataclass(frozen=True)
+    class FrozenSoft:
+        scale: float = 1.0
+
+        def __call__(self, t):
+            return jax.nn.softmax(self.scale * t, -1)
+
+    theta = jnp.zeros((3, 2))
+    for policy in (Soft(), FrozenSoft()):
+        game = toy_game(R=2.5)
+        got = tab_exact.exact_hypergradient(policy, theta, game, 0.5)
+        np.testing.assert_allclose(
+            got,
+            tab_exact.exact_hypergradient.__wrapped__(policy, theta, game, 0.5),
+            rtol=2e-4,  # float32
+            atol=1e-6,
+        )
+        ref = weakref.ref(game)
+        del game
+        gc.collect()
+        assert ref() is None
