@@ -47,6 +47,10 @@ call are kept:
 * a problem whose functions cannot be traced (they read a traced value on the host) is called
   plainly from then on (other problems are not affected).
 
+A function of arrays alone (``problem_free=True``: ``riccati``, ``soft_value_iteration``, the
+tabular ``k_step_response``) has no problem to hold: its calls share one program, traced once for
+each shape, dtype and static value of the arguments.
+
 Under a trace (the trainers, a user's ``jit`` / ``vmap`` / ``grad``) the function runs as
 written; so it does under ``jax.disable_jit()``.
 """
@@ -194,6 +198,7 @@ def cached_when_eager(
     postcheck: Optional[Callable] = None,
     traced_names: tuple = ("theta",),
     recheck: bool = True,
+    problem_free: bool = False,
 ) -> Callable:
     """Decorator: an eager call of the function runs as one cached ``jax.jit`` program (module
     docstring); a traced call runs the function as written.
@@ -207,6 +212,8 @@ def cached_when_eager(
       recheck: recompute a non-finite or unconverged result by the plain call (which raises
         for it); False where the plain call returns such a result flagged (a best response
         whose ``converged`` the caller checks), to return the program's.
+      problem_free: a function of arrays alone (a solver given the tables, ``riccati``): its
+        calls share one program (no problem to hold, nothing to digest).
     Returns:
       the decorator.
     """
@@ -216,10 +223,11 @@ def cached_when_eager(
         programs = weakref.WeakKeyDictionary()  # problem -> its compiled program
         replay = weakref.WeakKeyDictionary()  # problem -> {key: the warnings of its trace}
         callables = weakref.WeakKeyDictionary()  # problem -> the callables of its keys
+        anchor = _Anchor()  # the program key of a problem-free function (held by it)
         signature = inspect.signature(fn)
         positional = [
             p.name
-            for p in inspect.signature(fn).parameters.values()
+            for p in signature.parameters.values()
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]
 
@@ -247,6 +255,8 @@ def cached_when_eager(
         @functools.wraps(fn)
         def wrapped(*args, **kwargs):
             problem = next((x for x in [*args, *kwargs.values()] if _is_problem(x)), None)
+            if problem is None and problem_free:
+                problem = anchor
             if (
                 problem is None
                 or problem in untraceable
@@ -286,7 +296,8 @@ def cached_when_eager(
                     warnings.simplefilter("always")
                     out = program_of(problem)(*key, traced)
             except _TRACE_ERRORS:
-                untraceable.add(problem)
+                if problem is not anchor:  # a problem-free call's arrays are traced anyway
+                    untraceable.add(problem)
                 return fn(*args, **kwargs)
             # the program is traced anew for new dtypes, shapes or weak types of the traced
             # arguments (a float32 theta after a float64 one): their warnings are its own
@@ -328,6 +339,10 @@ def _forget_dead_callables(problem, static, callables, programs, replay) -> None
         programs.pop(problem, None)
         replay.pop(problem, None)
         held[:] = [s for s in held if s.alive()]
+
+
+class _Anchor:
+    """The key of a problem-free function's one program (weakly referenceable)."""
 
 
 class _TracedMarker:
@@ -400,6 +415,13 @@ def theta_precheck(problem, theta, *_, **__) -> None:
     from bchg_jax.core.validate import check_theta
 
     check_theta(problem, theta)
+
+
+def running_eagerly(*args) -> bool:
+    """Whether a call with these arguments runs eagerly: all concrete, no transformation tracing
+    and ``jit`` not disabled (where a function may run a cached ``jax.jit`` program instead of
+    tracing its loops anew)."""
+    return is_concrete(args) and not _jit_disabled() and not _inside_trace()
 
 
 def _inside_trace() -> bool:

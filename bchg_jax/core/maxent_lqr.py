@@ -82,6 +82,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.core.eager import cached_when_eager
 from bchg_jax.core.host_tests import chunked_while_loop
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.stability import is_discounted_stable
@@ -275,6 +276,13 @@ def _frobenius(x: Array) -> Array:
     return m * jnp.sqrt(jnp.sum((x / safe) ** 2))
 
 
+def _riccati_checks(A, B, Qbar, Rbar, gamma, *_, **__) -> None:
+    """:func:`riccati`'s check of a concrete ``gamma`` (an eager call's precheck)."""
+    check_if_concrete(check_discount, "gamma (the Riccati discount)", gamma)
+
+
+# a flagged P is returned as is (info.converged): the program's, without a plain recomputation
+@cached_when_eager(_riccati_checks, recheck=False, problem_free=True)
 @full_precision
 def riccati(
     A: Array,
@@ -319,7 +327,7 @@ def riccati(
     Raises:
       ValueError: a concrete ``gamma`` outside [0, 1) (1.5 "converged" to a meaningless P).
     """
-    check_if_concrete(check_discount, "gamma (the Riccati discount)", gamma)
+    _riccati_checks(A, B, Qbar, Rbar, gamma)
     A, B, Qbar, Rbar = (jnp.asarray(x) for x in (A, B, Qbar, Rbar))
     P0 = Qbar if P0 is None else jnp.asarray(P0, Qbar.dtype)
     n = A.shape[0]

@@ -40,11 +40,28 @@ Array = jax.Array
 __all__ = [
     "GaussianBestResponse",
     "best_response",
+    "check_dynamics",
     "check_solution",
     "riccati",
     "soft_q",
     "soft_value",
 ]
+
+
+def check_dynamics(problem, theta: Array, A, B) -> None:
+    """``A(theta)`` / ``B(theta)`` of ``problem`` (an LQ configurable MDP): floating, not wider
+    than theta's dtype (the Riccati loop carries it and differentiates them), [n, n] / [n, m]
+    (n, m from Qbar, Rbar).
+
+    Raises:
+      ValueError: naming the piece and the problem.
+    """
+    name = getattr(problem, "name", "the problem")
+    n, m = np.shape(problem.Qbar)[0], np.shape(problem.Rbar)[0]
+    for label, value, shape in (("A(theta)", A, (n, n)), ("B(theta)", B, (n, m))):
+        check_not_wider(name, label, value, theta.dtype)
+        check_floating(name, label, value)
+        check_shape(f"{name}: {label}", value, shape, f"n={n} from Qbar, m={m} from Rbar")
 
 
 @cached_when_eager(theta_precheck)
@@ -80,13 +97,7 @@ def best_response(
     check_theta(problem, theta)
     dt = theta.dtype
     A, B = problem.A_fn(theta), problem.B_fn(theta)
-    name = getattr(problem, "name", "the problem")
-    n, m = np.shape(problem.Qbar)[0], np.shape(problem.Rbar)[0]
-    for label, value, shape in (("A(theta)", A, (n, n)), ("B(theta)", B, (n, m))):
-        # the Riccati loop carries dt (and differentiates A, B): floating, not wider
-        check_not_wider(name, label, value, dt)
-        check_floating(name, label, value)
-        check_shape(f"{name}: {label}", value, shape, f"n={n} from Qbar, m={m} from Rbar")
+    check_dynamics(problem, theta, A, B)
     return maxent_lqr(
         A,
         B,

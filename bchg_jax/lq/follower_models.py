@@ -19,17 +19,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.core.eager import cached_when_eager
 from bchg_jax.core.maxent_lqr import GaussianBestResponse, response_from_value, riccati_map
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_constants_once,
     check_count,
+    check_finite_if_concrete,
     check_shape,
+    check_theta,
     is_concrete,
 )
 from bchg_jax.lq.cmdp import LQConfigurableMDP, check_policy_fits
 from bchg_jax.lq.exact import discounted_lyapunov
+from bchg_jax.lq.follower import check_dynamics
 
 Array = jax.Array
 
@@ -38,8 +42,26 @@ def _model(problem: LQConfigurableMDP, theta: Array):
     check_constants_once(problem)  # the costs and U: named here, not a finite wrong value
     dt = theta.dtype
     A, B = problem.A_fn(theta), problem.B_fn(theta)
+    check_dynamics(problem, theta, A, B)  # a matmul error deep inside before, or int B taken
     Qbar, Rbar, U = (jnp.asarray(x, dt) for x in (problem.Qbar, problem.Rbar, problem.U))
     return A, B, Qbar, Rbar, U
+
+
+def check_model_at(problem: LQConfigurableMDP, theta: Array) -> None:
+    """The eager checks of the follower's model at a concrete ``theta``: ``A(theta)``,
+    ``B(theta)`` as :func:`~bchg_jax.lq.follower.check_dynamics` and finite (a NaN ``A`` gave
+    the K-step reference a NaN gradient and no error).
+
+    Raises:
+      ValueError: naming the piece and the problem.
+    """
+    check_theta(problem, theta)
+    if not is_concrete(theta):
+        return
+    A, B = problem.A_fn(theta), problem.B_fn(theta)
+    check_dynamics(problem, theta, A, B)
+    for label, value in (("A(theta)", A), ("B(theta)", B)):
+        check_finite_if_concrete(f"{problem.name}: {label}", value)
 
 
 @full_precision
@@ -68,6 +90,16 @@ def check_value_matrix(problem: LQConfigurableMDP, P_prev) -> None:
         )
 
 
+def _k_step_checks(problem, theta, beta, P_prev, K) -> None:
+    """:func:`k_step_response`'s checks (an eager call's precheck: inside its cached program
+    theta and ``P_prev`` are traced)."""
+    check_count("K (Riccati steps)", K)
+    check_beta_if_concrete(beta)
+    check_value_matrix(problem, P_prev)
+    check_model_at(problem, theta)
+
+
+@cached_when_eager(_k_step_checks)
 def k_step_response(problem: LQConfigurableMDP, theta: Array, beta, P_prev: Array, K: int):
     """(the policy played, the learner's next value matrix) after K Riccati steps from ``P_prev``.
 
@@ -75,18 +107,27 @@ def k_step_response(problem: LQConfigurableMDP, theta: Array, beta, P_prev: Arra
       (:class:`~bchg_jax.core.maxent_lqr.GaussianBestResponse` of ``P_{K-1}``, ``P_K`` [n, n]).
     Raises:
       ValueError: ``K`` not an integer >= 1 (0 would silently take one step), a concrete
-        ``beta`` not finite and > 0, or a bad ``P_prev`` (:func:`check_value_matrix`).
+        ``beta`` not finite and > 0, a bad ``P_prev`` (:func:`check_value_matrix`; a wider
+        dtype than theta's is taken in theta's), or a bad ``A(theta)`` / ``B(theta)``
+        (:func:`check_model_at`).
     """
-    check_count("K (Riccati steps)", K)
-    check_beta_if_concrete(beta)
-    check_value_matrix(problem, P_prev)
+    _k_step_checks(problem, theta, beta, P_prev, K)
     A, B, Qbar, Rbar, U = _model(problem, theta)
     step = lambda _, P: riccati_map(P, A, B, Qbar, Rbar, problem.gamma_F)  # noqa: E731
-    P = jax.lax.fori_loop(0, K - 1, step, P_prev)
+    # in theta's dtype, as the tabular learner's V_prev: a float64 P_prev (jnp.eye under x64)
+    # of a float32 problem broke the reference's scan with a carry-type TypeError
+    P = jax.lax.fori_loop(0, K - 1, step, jnp.asarray(P_prev, theta.dtype))
     played = response_from_value(P, A, B, Rbar, U, problem.gamma_F, beta)
     return played, riccati_map(P, A, B, Qbar, Rbar, problem.gamma_F)
 
 
+def _policy_value_checks(problem, theta, policy, beta) -> None:
+    """:func:`policy_value`'s checks (an eager call's precheck)."""
+    check_model_at(problem, theta)
+    check_policy_fits(problem, policy)
+
+
+@cached_when_eager(_policy_value_checks)
 @full_precision
 def policy_value(problem: LQConfigurableMDP, theta: Array, policy: GaussianBestResponse, beta):
     """(P_g, c_g): ``V^g(s) = -(s^T P_g s + c_g)`` of the fixed policy ``N(-K s, cov)``.
@@ -100,7 +141,8 @@ def policy_value(problem: LQConfigurableMDP, theta: Array, policy: GaussianBestR
     Raises:
       ValueError: a ``policy`` that does not fit the problem, or (concrete) whose gain is not
         finite or whose covariance is not finite, symmetric and positive definite
-        (:func:`~bchg_jax.lq.cmdp.check_policy_fits`).
+        (:func:`~bchg_jax.lq.cmdp.check_policy_fits`), or a bad ``A(theta)`` / ``B(theta)``
+        (:func:`check_model_at`).
     """
     check_policy_fits(problem, policy)  # a concrete covariance that is none: named
     A, B, Qbar, Rbar, U = _model(problem, theta)

@@ -19,12 +19,18 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.eager import cached_when_eager
 from bchg_jax.core.maxent_lqr import GaussianBestResponse
 from bchg_jax.core.precision import full_precision
-from bchg_jax.core.validate import check_beta_if_concrete, check_count, check_theta
+from bchg_jax.core.validate import check_beta_if_concrete, check_count
 from bchg_jax.lq.cmdp import LQConfigurableMDP, check_policy_fits
 from bchg_jax.lq.exact import leader_objective, refuse_divergence
-from bchg_jax.lq.follower_models import check_value_matrix, k_step_response, policy_value
+from bchg_jax.lq.follower_models import (
+    check_model_at,
+    check_value_matrix,
+    k_step_response,
+    policy_value,
+)
 
 Array = jax.Array
 
@@ -38,6 +44,15 @@ def _q_matrices(problem: LQConfigurableMDP, theta: Array, P: Array):
     return Rbar + g * B.T @ P @ B, g * B.T @ P @ A
 
 
+def _as_if_optimal_checks(problem, theta, policy, beta, horizon="default") -> None:
+    """:func:`as_if_optimal_hypergradient`'s checks (an eager call's precheck: inside its cached
+    program theta and the policy are traced)."""
+    check_model_at(problem, theta)
+    check_beta_if_concrete(beta)
+    check_policy_fits(problem, policy)
+
+
+@cached_when_eager(_as_if_optimal_checks)
 @full_precision
 def as_if_optimal_hypergradient(
     problem: LQConfigurableMDP, theta: Array, policy: GaussianBestResponse, beta, horizon="default"
@@ -46,14 +61,13 @@ def as_if_optimal_hypergradient(
     it were optimal (module docstring); ``horizon`` as :func:`~bchg_jax.lq.exact.leader_objective`.
 
     Raises:
-      ValueError: ``theta`` not shaped like ``theta0`` or not finite, a concrete ``beta`` not
-        finite and > 0, a ``policy`` whose gain or covariance does not fit the problem, or a
+      ValueError: ``theta`` not shaped like ``theta0`` or not finite, a bad ``A(theta)`` /
+        ``B(theta)`` (:func:`~bchg_jax.lq.follower_models.check_model_at`), a concrete ``beta``
+        not finite and > 0, a ``policy`` whose gain or covariance does not fit the problem, or a
         concrete result that is not finite because the policy's closed loop diverges
         (:func:`~bchg_jax.lq.exact.refuse_divergence`).
     """
-    check_theta(problem, theta)
-    check_beta_if_concrete(beta)
-    check_policy_fits(problem, policy)
+    _as_if_optimal_checks(problem, theta, policy, beta)
     g = jax.lax.stop_gradient(policy)
     prec = jnp.linalg.inv(g.cov)
 
@@ -72,6 +86,15 @@ def as_if_optimal_hypergradient(
     return grad
 
 
+def _k_step_checks(problem, theta, P_prev, beta, K, horizon="default") -> None:
+    """:func:`k_step_hypergradient`'s checks (an eager call's precheck, as above)."""
+    check_model_at(problem, theta)
+    check_beta_if_concrete(beta)
+    check_count("K (Riccati steps)", K)
+    check_value_matrix(problem, P_prev)
+
+
+@cached_when_eager(_k_step_checks)
 @full_precision
 def k_step_hypergradient(
     problem: LQConfigurableMDP, theta: Array, P_prev: Array, beta, K: int, horizon="default"
@@ -83,10 +106,7 @@ def k_step_hypergradient(
         (:func:`~bchg_jax.lq.follower_models.check_value_matrix`), ``K`` not an integer >= 1,
         or a concrete result that is not finite because the learner's closed loop diverges.
     """
-    check_theta(problem, theta)
-    check_beta_if_concrete(beta)
-    check_count("K (Riccati steps)", K)
-    check_value_matrix(problem, P_prev)
+    _k_step_checks(problem, theta, P_prev, beta, K)
 
     def objective(th):
         played, _ = k_step_response(problem, th, beta, P_prev, K)

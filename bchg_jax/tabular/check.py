@@ -28,18 +28,25 @@ follower's fixed point). Per theta it reports
   table at theta, so the batches were drawn from the whole table (as a training run does);
 * ``rare_share``, ``resolved_target``, ``resolved_bias_se``, ``resolved_p_value`` (computed when
   the comparison reads as biased, NaN otherwise): an unbiased estimator whose mean depends on a
-  state-action pair the batches almost never sample reads as biased, since its estimates only
-  see theta's effect there (through ``r_F``, ``r_L``, ``p`` or ``rho_0``) when they visit it: a
-  heavy tail the standard error cannot show (the README's problem at beta 0.08, where the
-  incentivised action has probability 4e-6: 1743 SE, p = 0, for BC-HG's estimator). The
-  hypergradient is linear in those effects, so the exact one splits into the part carried at
-  the pairs (and start states) sampled fewer than ``RARE_VISITS`` times in all batches and the
-  rest, ``resolved_target``: the exact hypergradient of the same problem with theta's effect
-  stopped there (:func:`resolved_problem`, same values). ``rare_share`` is the first part's
-  share of the exact gradient's norm; ``resolved_bias_se`` / ``resolved_p_value`` judge the
-  mean against the rest. Biased against the exact value but not against the rest: the check
-  could not resolve the rare pairs (a warning says so; sample more, or at a larger beta), which
-  is not evidence of bias;
+  state-action pair the batches almost never sample reads as biased, since its estimates carry
+  the terms of that pair (theta's effect on ``r_F``, ``r_L``, ``p`` there, and the guiding
+  segments that start there) only when they visit it: a heavy tail the standard error cannot
+  show (the README's problem at beta 0.08, where the incentivised action has probability 4e-6:
+  1743 SE, p = 0, for BC-HG's estimator). The pairs (and start states) sampled fewer than
+  ``RARE_VISITS`` times in all batches carry a part of the expectation: that of the first
+  episodes that visit one of them (or start in one), computed as :func:`truncated_hypergradient`
+  with those episodes' mass dropped; ``resolved_target`` is the exact hypergradient less that
+  part, ``rare_share`` the part's share of the exact gradient's norm, and ``resolved_bias_se`` /
+  ``resolved_p_value`` judge the mean against the rest. Biased against the exact value but not
+  against the rest: the check could not resolve the rare pairs (a warning says so; sample
+  more, or at a larger beta), which is not evidence of bias. The guiding segments matter even
+  where theta never acts at the rare pair: at a small beta the follower's response at a state
+  splits into a frequent action's Benefit x dQF and a rare one's of about the same size and
+  opposite sign (a 3-state problem at beta 0.05 where theta pays the follower's action 0 and
+  action 1 has probability 1.2e-5 at state 1: the segments starting at (1, 0) carry +1.0e-4,
+  those at (1, 1) -7.1e-5, the exact hypergradient is 2.8e-5; the estimates' mean 1.006e-4 is
+  39 SE from it, 0.5 SE from the rest; stopping theta's effect on the tables there, as this
+  check did before, left the exact value whole and read as biased);
 * ``model_gap``: max |sample_transition(theta) - transition(theta)|. A problem with its own
   sampler (Four-Rooms' ``reference`` slip model: 2/3 sampled, 0.56 in the model) is sampled
   from another MDP than the one the follower's best response and the exact hypergradient are
@@ -100,7 +107,6 @@ reads an exact mismatch against the exact hypergradient.
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from typing import List, Optional, Sequence
 
@@ -123,12 +129,18 @@ from bchg_jax.core.bias_check import (
     resolved_entries,
     warn_if_unresolved,
 )
+from bchg_jax.core.eager import cached_when_eager
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import FLOAT32_LOGIT_WARN, warn_float32_logit_rounding
 from bchg_jax.tabular import critics
 from bchg_jax.tabular.cmdp import TabularCMDP
 from bchg_jax.tabular.estimators import Cotangents, apply_cotangents, first_episode_mask
-from bchg_jax.tabular.exact import best_response, exact_hypergradient, leader_values
+from bchg_jax.tabular.exact import (
+    best_response,
+    check_inputs,
+    exact_hypergradient,
+    leader_values,
+)
 from bchg_jax.tabular.follower import BestResponse, continuation
 from bchg_jax.tabular.train import METHOD_SPECS, TrainConfig, make_train
 
@@ -138,36 +150,13 @@ CRITICS = ("exact", "monte_carlo")
 MODEL_GAP_WARN = 1e-6
 
 
-def resolved_problem(problem: TabularCMDP, rare: Array, rare_start: Array) -> TabularCMDP:
-    """``problem`` with theta's effect stopped (``lax.stop_gradient``) at the state-action pairs
-    ``rare`` [S, B] (their rows of ``transition``, ``follower_reward`` and ``leader_reward``) and
-    at the start states ``rare_start`` [S] (``init_dist``); every value is unchanged.
-
-    The hypergradient is linear in theta's effects on the tables, so ``exact_hypergradient`` of
-    this problem is the part of the exact hypergradient carried by the other pairs and states:
-    what batches that never sample the ``rare`` ones can resolve (module docstring).
-    """
-    rare, rare_start = jnp.asarray(rare, bool), jnp.asarray(rare_start, bool)
-
-    def stopped(table_fn, mask):
-        def fn(theta):
-            table = table_fn(theta)
-            return jnp.where(mask, jax.lax.stop_gradient(table), table)
-
-        return fn
-
-    return dataclasses.replace(
-        problem,
-        transition=stopped(problem.transition, rare[:, :, None]),
-        follower_reward=stopped(problem.follower_reward, rare),
-        leader_reward=stopped(problem.leader_reward, rare),
-        init_dist=stopped(problem.init_dist, rare_start),
-    )
-
-
 @full_precision
-def _truncated(problem, theta, beta, horizon: int, br: BestResponse, V_L, Q_L) -> Array:
-    """:func:`truncated_hypergradient` given the best response and the leader's exact values."""
+def _truncated(
+    problem, theta, beta, horizon: int, br: BestResponse, V_L, Q_L, keep=None, keep_start=None
+) -> Array:
+    """:func:`truncated_hypergradient` given the best response and the leader's exact values;
+    ``keep`` [S, B] / ``keep_start`` [S] bool: only the first episodes that visit no other
+    pair and start in no other state (module docstring, ``rare_share``)."""
     g = br.policy
     P = problem.transition(theta)
     rho = problem.init_dist(theta)
@@ -178,6 +167,8 @@ def _truncated(problem, theta, beta, horizon: int, br: BestResponse, V_L, Q_L) -
     gamma_F = jnp.asarray(problem.gamma_F, dtype)
     benefit = (Q_L - V_L[:, None]) / beta
     moves = cont[:, None, None] * P  # [S, B, S]: no transition out of a terminal state
+    kept = jnp.ones((S, B), dtype) if keep is None else jnp.asarray(keep, dtype)
+    kept_start = jnp.ones((S,), dtype) if keep_start is None else jnp.asarray(keep_start, dtype)
 
     def forward(m):
         """Mass on (s_t, b_t) [S, B] -> on (s_{t+1}, b_{t+1}) within the episode."""
@@ -187,20 +178,38 @@ def _truncated(problem, theta, beta, horizon: int, br: BestResponse, V_L, Q_L) -
         # occ = P(s_t, b_t, first episode still running); omega = E[Omega_t; s_t, b_t], the
         # forward discounted sum of the guiding term's weights (estimators module docstring);
         # the sums are the expected cotangents of r_L (partial term) and r_F (guiding term)
+        # (``kept``: the mass of the episodes that visit no other pair, and their terms)
         occ, omega_prev, c_rL, c_rF = carry
-        omega = omega_prev + gamma_L**t * occ * benefit
+        occ = occ * kept
+        omega = (omega_prev + gamma_L**t * occ * benefit) * kept
         return (forward(occ), gamma_F * forward(omega), c_rL + gamma_L**t * occ, c_rF + omega), None
 
-    occ0 = rho[:, None] * g
+    occ0 = (rho * kept_start)[:, None] * g
     zero = jnp.zeros_like(occ0)
     (_, _, c_rL, c_rF), _ = jax.lax.scan(
         step, (occ0, zero, zero, zero), jnp.arange(horizon, dtype=dtype)
     )
     c_logp = (gamma_L * c_rL[..., None] * V_L + gamma_F * c_rF[..., None] * br.V) * moves
-    cot = Cotangents(c_rF, c_rL, c_logp, rho * V_L, jnp.zeros_like(rho))
+    cot = Cotangents(c_rF, c_rL, c_logp, rho * kept_start * V_L, jnp.zeros_like(rho))
     return apply_cotangents(problem, theta, cot)
 
 
+def _truncated_checks(problem: TabularCMDP, theta: Array, beta, horizon: int) -> None:
+    """:func:`truncated_hypergradient`'s checks (an eager call's precheck: inside its cached
+    program theta is traced)."""
+    if int(horizon) < 1:
+        raise ValueError(f"horizon must be >= 1, got {horizon}")
+    check_inputs(problem, theta, beta)
+
+
+def _warn_truncated(_out, problem: TabularCMDP, theta: Array, beta, horizon: int) -> None:
+    """The plain call's float32 logits warning after a cached call: its best response's (a
+    cached call too, which gives it)."""
+    if jnp.asarray(problem.follower_reward(theta)).dtype == jnp.float32:
+        best_response(problem, theta, beta)
+
+
+@cached_when_eager(_truncated_checks, _warn_truncated)
 @full_precision
 def truncated_hypergradient(problem: TabularCMDP, theta: Array, beta, horizon: int) -> Array:
     """Theorem 1's hypergradient with every episode cut at ``horizon``: the mean of the
@@ -226,8 +235,7 @@ def truncated_hypergradient(problem: TabularCMDP, theta: Array, beta, horizon: i
     Raises:
       ValueError: ``horizon`` < 1, or as :func:`~bchg_jax.tabular.exact.best_response`.
     """
-    if int(horizon) < 1:
-        raise ValueError(f"horizon must be >= 1, got {horizon}")
+    _truncated_checks(problem, theta, beta, horizon)
     br = best_response(problem, theta, beta)
     V_L, Q_L = leader_values(problem, theta, br.policy)
     return _truncated(problem, theta, beta, int(horizon), br, V_L, Q_L)
@@ -375,7 +383,7 @@ def check_problem(
             np.nan if row["zero_exact"] else float(np.linalg.norm(target - row["exact"]) / norm_g)
         )
         to_target = compare(target, est)
-        row.update(_resolved(problem, theta, beta, row, est, visits, starts))
+        row.update(_resolved(problem, theta, beta, horizon, row, target, est, visits, starts))
         row.update(
             truncated=truncated,
             truncated_target=target,
@@ -451,15 +459,21 @@ def check_problem(
     return out
 
 
-def _resolved(problem, theta, beta, row: dict, est, visits, starts) -> dict:
+def _resolved(problem, theta, beta, horizon, row: dict, target, est, visits, starts) -> dict:
     """The ``rare_share`` / ``resolved_*`` entries of a check's row (module docstring): computed
     when ``row`` reads as biased and some pair or start state was sampled fewer than
-    ``RARE_VISITS`` times, else NaN (``rare_share`` 0 when none is that rare)."""
+    ``RARE_VISITS`` times, else NaN (``rare_share`` 0 when none is that rare). The rest is the
+    exact hypergradient less the part of the expectation ``target`` (the first episodes cut at
+    ``horizon``) that comes from the episodes visiting a rare pair or starting in a rare
+    state."""
     if not reads_biased(row):
         return resolved_entries(row)
     rare = np.asarray(visits) < RARE_VISITS
     rare_start = np.asarray(starts) < RARE_VISITS
     if not (rare.any() or rare_start.any()):
         return {**resolved_entries(row), "rare_share": 0.0}
-    rest = exact_hypergradient(resolved_problem(problem, rare, rare_start), theta, beta)
-    return resolved_entries(row, rest, est)
+    br = best_response(problem, theta, beta)
+    V_L, Q_L = leader_values(problem, theta, br.policy)
+    seen = _truncated(problem, theta, beta, horizon, br, V_L, Q_L, ~rare, ~rare_start)
+    part = np.asarray(target, np.float64) - np.ravel(np.asarray(seen, np.float64))
+    return resolved_entries(row, row["exact"] - part, est)

@@ -151,8 +151,8 @@ def soft_newton(P: Array, r: Array, beta, gamma, cont: Array, V0: Array, iters: 
 
 
 def _precheck(problem, theta, beta, *_, **__) -> None:
-    """:func:`_check_inputs` of an eager call (``cached_when_eager``: theta is traced inside)."""
-    _check_inputs(problem, theta, beta)
+    """:func:`check_inputs` of an eager call (``cached_when_eager``: theta is traced inside)."""
+    check_inputs(problem, theta, beta)
 
 
 def _warn_rounded_logits(br, problem, theta, beta, *_, **__) -> None:
@@ -166,7 +166,7 @@ def _warn_rounded_logits_at(_out, problem, theta, beta, **solve) -> None:
         best_response(problem, theta, beta, **solve)
 
 
-def _check_inputs(problem: TabularCMDP, theta: Array, beta) -> None:
+def check_inputs(problem: TabularCMDP, theta: Array, beta) -> None:
     """The checks of :func:`best_response` and the functions built on it: the scalar settings of
     ``problem``, a concrete ``beta`` and ``theta`` (shape, finiteness when concrete) and, at a
     concrete theta, ``problem.validate(theta)`` (the tables there: an unvalidated problem whose
@@ -217,7 +217,7 @@ def best_response(
         like ``problem.theta0`` or not finite, or a concrete solve that missed ``tol`` (too
         few ``newton_iters`` / ``polish_sweeps``, or a ``V0`` far from the fixed point).
     """
-    _check_inputs(problem, theta, beta)
+    check_inputs(problem, theta, beta)
     P = problem.transition(theta)
     r = problem.follower_reward(theta)
     cont = continuation(problem.terminal, r.shape[0], r.dtype)
@@ -287,12 +287,15 @@ def leader_values(problem: TabularCMDP, theta: Array, policy: Array):
     Returns:
       (V_L, Q_L): [S] and [S, B].
     Raises:
-      ValueError: a bad scalar setting of ``problem`` (a discount outside [0, 1), ...), a
-        ``policy`` not of shape [S, B] (S, B from ``problem.transition``), or a concrete
-        ``policy`` whose rows are not distributions.
+      ValueError: a bad scalar setting of ``problem`` (a discount outside [0, 1), ...), at a
+        concrete theta a problem that fails ``validate(theta)``, a ``policy`` not of shape
+        [S, B] (S, B from ``problem.transition``), or a concrete ``policy`` whose rows are not
+        distributions.
     """
     check_problem_settings(problem)
     check_theta(problem, theta)
+    if is_concrete(theta):  # rows summing to 0.9 gave the values of no problem
+        validate_if_concrete(problem, theta)
     P = problem.transition(theta)
     S, B = transition_sizes("problem.transition(theta)", P)
     check_shape("policy", policy, (S, B), f"S={S}, B={B} from problem.transition(theta)")
@@ -343,7 +346,7 @@ def exact_hypergradient(problem: TabularCMDP, theta: Array, beta, **solve) -> Ar
       float32 with a discount above :data:`~bchg_jax.core.validate.FLOAT32_GAMMA_WARN`.
     """
     # checked here, where theta is concrete (under grad it is a tracer: no finiteness check)
-    _check_inputs(problem, theta, beta)
+    check_inputs(problem, theta, beta)
     dtype = jnp.result_type(*jax.tree_util.tree_leaves(theta))
     warn_float32_long_horizon(
         "tabular.exact_hypergradient", dtype, problem.gamma_F, problem.gamma_L

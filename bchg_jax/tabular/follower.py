@@ -16,6 +16,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.eager import cached_when_eager
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.rounding import sweep_to_tolerance
 from bchg_jax.core.validate import (
@@ -164,6 +165,13 @@ def check_follower_inputs(P, r, beta, gamma, terminal=None, V0=None, successors=
     return S
 
 
+def _check_solver_args(P, r, beta, gamma, terminal=None, V0=None, *_, **__) -> None:
+    """:func:`check_follower_inputs` of an eager call (its cached program traces the arrays)."""
+    check_follower_inputs(P, r, beta, gamma, terminal, V0)
+
+
+# the sweeps and residual are returned as they are (the caller judges them)
+@cached_when_eager(_check_solver_args, recheck=False, problem_free=True)
 @full_precision
 def soft_value_iteration(
     P: Array,

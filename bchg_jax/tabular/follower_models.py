@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import xlogy
 
+from bchg_jax.core.eager import cached_when_eager
 from bchg_jax.core.follower_model import explore_mix, soft_q_learning
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import (
@@ -41,7 +42,13 @@ from bchg_jax.core.validate import (
     is_concrete,
 )
 from bchg_jax.tabular.exact import policy_matrix
-from bchg_jax.tabular.follower import BestResponse, soft_q, soft_v, soft_value_iteration
+from bchg_jax.tabular.follower import (
+    BestResponse,
+    check_follower_inputs,
+    soft_q,
+    soft_v,
+    soft_value_iteration,
+)
 from bchg_jax.tabular.rollout import Batch
 
 Array = jax.Array
@@ -83,6 +90,13 @@ def observed_follower(P: Array, r: Array, policy: Array, beta, gamma, cont: Arra
     return BestResponse(policy, V, Q, jnp.asarray(sweeps), jnp.zeros((), r.dtype))
 
 
+def _k_step_checks(P, r, beta, gamma, terminal, V_prev, K) -> None:
+    """:func:`k_step_response`'s checks (an eager call's precheck)."""
+    check_count("K (soft Bellman backups)", K)
+    check_follower_inputs(P, r, beta, gamma, terminal, V_prev)
+
+
+@cached_when_eager(_k_step_checks, recheck=False, problem_free=True)
 @full_precision
 def k_step_response(P: Array, r: Array, beta, gamma, terminal, V_prev: Array, K: int):
     """The K-step learner's new Q and policy: K soft Bellman backups from ``V_prev``.

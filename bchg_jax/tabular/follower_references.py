@@ -30,23 +30,21 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.core.eager import cached_when_eager
 from bchg_jax.core.follower_model import mix_in_range
 from bchg_jax.core.maxent_lqr import nan_unless
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.softmax import follower_softmax
 from bchg_jax.core.validate import (
-    check_beta_if_concrete,
     check_count,
     check_finite_if_concrete,
     check_if_concrete,
     check_probability_rows_if_concrete,
-    check_problem_settings,
     check_shape,
-    check_theta,
     check_unit_interval,
 )
 from bchg_jax.tabular.cmdp import TabularCMDP
-from bchg_jax.tabular.exact import best_response, leader_values
+from bchg_jax.tabular.exact import best_response, check_inputs, leader_values
 from bchg_jax.tabular.follower import continuation, soft_q, soft_value_iteration
 from bchg_jax.tabular.follower_models import soft_policy_value
 
@@ -66,10 +64,10 @@ def policy_objective(problem: TabularCMDP, theta: Array, policy: Array) -> Array
 
 def _check(problem: TabularCMDP, theta: Array, beta, K=None) -> None:
     """The references' host-side checks: the problem's scalar settings, ``theta`` shaped like
-    ``theta0`` (finite when concrete), ``beta`` finite and > 0 when concrete, ``K`` >= 1."""
-    check_problem_settings(problem)
-    check_theta(problem, theta)
-    check_beta_if_concrete(beta)
+    ``theta0`` (finite when concrete), ``beta`` finite and > 0 when concrete, at a concrete
+    theta ``problem.validate(theta)`` (rows summing to 0.9 gave each reference a finite
+    gradient of no problem, a NaN reward a NaN one), ``K`` >= 1."""
+    check_inputs(problem, theta, beta)
     if K is not None:
         check_count("K (soft Bellman backups)", K)
 
@@ -120,6 +118,16 @@ def as_if_optimal_hypergradient(problem: TabularCMDP, theta: Array, policy: Arra
     return jax.grad(objective)(theta)
 
 
+def _k_step_checks(problem: TabularCMDP, theta: Array, V_prev: Array, beta, K: int) -> None:
+    """:func:`k_step_hypergradient`'s checks (an eager call's precheck: inside its cached
+    program theta and ``V_prev`` are traced)."""
+    _check(problem, theta, beta, K)
+    S = jax.eval_shape(problem.follower_reward, theta).shape[0]
+    check_shape("V_prev", V_prev, (S,), f"S={S} from {problem.name}'s follower_reward")
+    check_finite_if_concrete("V_prev", V_prev)
+
+
+@cached_when_eager(_k_step_checks)
 @full_precision
 def k_step_hypergradient(problem: TabularCMDP, theta: Array, V_prev: Array, beta, K: int) -> Array:
     """d/dtheta J_L(theta, g_K(theta)) through K soft Bellman backups from ``V_prev`` (held fixed).
@@ -132,10 +140,7 @@ def k_step_hypergradient(problem: TabularCMDP, theta: Array, V_prev: Array, beta
       ValueError: as :func:`as_if_optimal_hypergradient`, ``K`` not an integer >= 1, or
         ``V_prev`` not [S] or (concrete) not finite.
     """
-    _check(problem, theta, beta, K)
-    S = jax.eval_shape(problem.follower_reward, theta).shape[0]
-    check_shape("V_prev", V_prev, (S,), f"S={S} from {problem.name}'s follower_reward")
-    check_finite_if_concrete("V_prev", V_prev)
+    _k_step_checks(problem, theta, V_prev, beta, K)
 
     def objective(th):
         P, r, _ = _follower_tables(problem, th)
@@ -147,6 +152,18 @@ def k_step_hypergradient(problem: TabularCMDP, theta: Array, V_prev: Array, beta
     return jax.grad(objective)(theta)
 
 
+def _lag_checks(
+    problem: TabularCMDP, theta: Array, previous: Array, beta, mix, V0=None, V_star=None, tol=1e-6
+) -> None:
+    """:func:`lag_hypergradient`'s checks (an eager call's precheck, as :func:`_k_step_checks`)."""
+    _check(problem, theta, beta)
+    _check_policy(problem, theta, "previous", previous)
+    check_if_concrete(check_unit_interval, "mix", mix)  # as FollowerModel
+    if V0 is not None and V_star is not None:
+        raise ValueError("pass V0 (a warm start) or V_star (the solved fixed point), not both")
+
+
+@cached_when_eager(_lag_checks)
 @full_precision
 def lag_hypergradient(
     problem: TabularCMDP,
@@ -184,11 +201,7 @@ def lag_hypergradient(
         ``previous`` not [S, B] probability rows, a concrete solve that missed ``tol``, or as
         :func:`as_if_optimal_hypergradient`.
     """
-    _check(problem, theta, beta)
-    _check_policy(problem, theta, "previous", previous)
-    check_if_concrete(check_unit_interval, "mix", mix)  # as FollowerModel
-    if V0 is not None and V_star is not None:
-        raise ValueError("pass V0 (a warm start) or V_star (the solved fixed point), not both")
+    _lag_checks(problem, theta, previous, beta, mix, V0, V_star, tol)
     solve = {"V0": V0, "tol": tol}
     if V_star is not None:
         solve = {"V0": V_star, "newton_iters": 0, "polish_sweeps": POLISHED_SWEEPS, "tol": tol}

@@ -32,9 +32,10 @@ from bchg_jax.core.validate import (
     check_count,
     check_probability_rows_if_concrete,
     check_shape,
+    is_concrete,
     transition_sizes,
 )
-from bchg_jax.tabular.sparse import successor_probs
+from bchg_jax.tabular.sparse import lost_mass, lost_mass_tolerance, successor_probs
 
 Array = jax.Array
 
@@ -180,7 +181,8 @@ def rollout(
         row sum off 1 by more than ``core.validate.POLICY_ROW_TOL``: logits or unnormalised
         weights would otherwise be drawn from, normalised, without a word); a ``time_limit``
         that is not a positive integer or None; ``num_envs`` or ``num_steps`` < 1;
-        ``parallel`` with a ``time_limit`` below ``num_steps``.
+        ``parallel`` with a ``time_limit`` below ``num_steps``; a concrete ``transition``
+        with mass outside ``successors`` (beyond rounding).
     """
     S, B = transition_sizes("transition", transition)
     src = f"S={S}, B={B} from transition [S, B, S]"
@@ -202,7 +204,18 @@ def rollout(
         p_cdf, nxt = jnp.cumsum(transition, axis=-1), None
     else:
         successors.check(S, src)
-        p_cdf = jnp.cumsum(successor_probs(transition, successors), axis=-1)  # [S, B, J]
+        probs = successor_probs(transition, successors)
+        if is_concrete(transition):  # a truncated row was drawn from renormalised, unsaid
+            with jax.ensure_compile_time_eval():  # a constant table inside a caller's jit
+                lost = float(lost_mass(transition, successors))
+            if lost > lost_mass_tolerance(transition.dtype, successors):
+                raise ValueError(
+                    f"transition puts mass {lost:.3g} outside the successor table (a state "
+                    "the table does not list would never be drawn): pass the successors of "
+                    "this transition's support "
+                    "(bchg_jax.tabular.sparse.successors_from_transition), or none"
+                )
+        p_cdf = jnp.cumsum(probs, axis=-1)  # [S, B, J]
         nxt = jnp.asarray(successors.index)
     rho_cdf = jnp.cumsum(init_dist)
     k0, k1 = jax.random.split(key)

@@ -74,6 +74,7 @@ import numpy as np
 from jax.custom_batching import custom_vmap
 from jax.extend import core as jax_core
 
+from bchg_jax.core.eager import running_eagerly
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.rounding import (
     keep_sweeping,
@@ -814,6 +815,19 @@ def _evaluation_solver(index_bytes, shape, tol, max_sweeps):
     return run_last(functools.partial(_evaluation_impl, order, tol, max_sweeps))
 
 
+@functools.lru_cache(maxsize=64)
+def _jitted(solve):
+    """A solver as one ``jax.jit`` program, kept with it: called eagerly, its loops were traced
+    anew and compiled on every call (a program per call, kept by JAX)."""
+    return jax.jit(solve)
+
+
+def _for_call(solve, *args):
+    """``solve``, or its cached program when the call runs eagerly (under a trace the caller's
+    program holds the loops)."""
+    return _jitted(solve) if running_eagerly(*args) else solve
+
+
 def _key(successors: Successors):
     index = np.ascontiguousarray(successors.index, np.int32)
     return index.tobytes(), index.shape
@@ -869,6 +883,7 @@ def sparse_soft_value_iteration(
     V0 = jnp.zeros((S,), dtype) if V0 is None else jnp.asarray(V0, dtype)
     solve = _soft_solver(*_key(successors), float(tol), int(max_sweeps), int(linear_sweeps))
     probs = successor_probs(P, successors)
+    solve = _for_call(solve, probs, r, beta, gc, V0)
     V, Q, policy, n, res = solve(probs.astype(dtype), r, jnp.asarray(beta, dtype), gc, V0)
     br = BestResponse(policy=policy, V=V, Q=Q, sweeps=n, residual=res)
     return (br, lost_mass(P, successors, probs)) if return_lost_mass else br
@@ -918,6 +933,7 @@ def sparse_policy_evaluation(
     dtype = r.dtype
     solve = _evaluation_solver(*_key(successors), float(tol), int(max_sweeps))
     probs = successor_probs(P, successors)
+    solve = _for_call(solve, probs, r, policy, gamma, cont, V0)
     V, _, res = solve(
         probs.astype(dtype),
         r,

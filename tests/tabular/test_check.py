@@ -305,34 +305,51 @@ def test_check_problem_judges_the_cut_by_its_exact_bias(x64, capsys):
         )
 
 
-def test_resolved_problem_splits_the_exact_hypergradient_by_pairs(x64):
-    # the hypergradient is linear in theta's effects on the tables: stopping them on a set of
-    # pairs / start states and on its complement splits it (Phi_L counted in both halves)
-    from bchg_jax.tabular.check import resolved_problem
+def _rare_guide_problem():
+    """3 states (state 2 terminal), 2 actions: theta pays the follower's action 0, which it plays
+    with probability 1 - 7e-6 at state 1 (beta 0.05), so theta never acts at the rare action 1,
+    yet the follower's response there carries a guiding term as large as the exact gradient."""
+    S, B = 3, 2
+    rng = np.random.default_rng(4)
+    logits, rF0, rL0 = rng.normal(size=(S, B, S)), rng.normal(size=(S, B)), rng.normal(size=(S, B))
+    return tabular.TabularCMDP(
+        transition=lambda th: jax.nn.softmax(jnp.asarray(logits), -1),
+        init_dist=lambda th: jnp.ones(S) / S,
+        follower_reward=lambda th: jnp.asarray(rF0).at[:, 0].add(th[0] + 0.5),
+        leader_reward=lambda th: jnp.asarray(rL0),
+        gamma_F=0.95,
+        gamma_L=0.6,
+        theta0=jnp.array([0.1]),
+        terminal=np.array([False, False, True]),
+    ).validate()
 
-    prob = random_tabular_cmdp(jax.random.key(5), num_states=6, num_actions=3, dtype=jnp.float64)
-    theta, beta = prob.theta0 + 0.2, 0.3
-    S, B = 6, 3
-    pairs = np.asarray(jax.random.bernoulli(jax.random.key(1), 0.4, (S, B)))
-    starts = np.asarray(jax.random.bernoulli(jax.random.key(2), 0.5, (S,)))
 
-    # one compilation for every split (the masks are traced; eager calls compile op by op)
-    g = jax.jit(
-        lambda rare, rare_start: tabular.exact_hypergradient(
-            resolved_problem(prob, rare, rare_start), theta, beta
-        )
-    )
-    full = np.asarray(jax.jit(lambda: tabular.exact_hypergradient(prob, theta, beta))())
-    none = np.asarray(g(np.zeros((S, B), bool), np.zeros(S, bool)))
-    every = np.asarray(g(np.ones((S, B), bool), np.ones(S, bool)))
-    part, rest = np.asarray(g(pairs, starts)), np.asarray(g(~pairs, ~starts))
-    np.testing.assert_allclose(none, full, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(part + rest - every, full, rtol=1e-8, atol=1e-10)
-    assert np.linalg.norm(part - full) > 1e-3 * np.linalg.norm(full)  # the split is not trivial
-    # the values stay those of the problem
-    np.testing.assert_array_equal(
-        resolved_problem(prob, pairs, starts).transition(theta), prob.transition(theta)
-    )
+def test_the_rare_part_is_theorem_1s_term_of_the_rare_pairs(x64):
+    # the part of the expectation from the episodes that visit a rare pair is that pair's term of
+    # Theorem 1, d_L(s) g(b|s) Ben(s, b) dQF(s, b) / beta (paths through it weigh ~g more
+    # again); stopping theta's effect on the tables there (the check before) left it whole
+    from bchg_jax.tabular.check import _truncated
+
+    prob, beta = _rare_guide_problem(), 0.05
+    theta = prob.theta0
+    br = tabular.best_response(prob, theta, beta)
+    V_L, Q_L = tabular.leader_values(prob, theta, br.policy)
+    rare = np.asarray(br.policy) < 1e-3
+    assert rare.sum() == 3 and br.policy[1, 1] > 1e-6
+    whole = _truncated(prob, theta, beta, 300, br, V_L, Q_L)
+    np.testing.assert_allclose(whole, tabular.exact_hypergradient(prob, theta, beta), rtol=1e-9)
+    every = np.ones(3, bool)
+    kept_all = _truncated(prob, theta, beta, 300, br, V_L, Q_L, np.ones((3, 2), bool), every)
+    np.testing.assert_array_equal(kept_all, whole)
+    part = whole - _truncated(prob, theta, beta, 300, br, V_L, Q_L, ~rare, every)
+    # Theorem 1's term of each pair: first-episode occupancy (state 2 ends it) x guiding weight
+    dQF = jax.jacobian(lambda t: tabular.best_response(prob, t, beta).Q)(theta)[..., 0]
+    P = prob.transition(theta) * np.array([1.0, 1.0, 0.0])[:, None, None]
+    P_g = jnp.einsum("sb,sbt->st", br.policy, P)
+    d = jnp.linalg.solve(jnp.eye(3) - prob.gamma_L * P_g.T, prob.init_dist(theta))
+    term = d[:, None] * br.policy * (Q_L - V_L[:, None]) * dQF / beta
+    np.testing.assert_allclose(part, jnp.sum(jnp.where(rare, term, 0.0)), rtol=1e-3)
+    assert abs(float(part[0])) > 0.5 * abs(float(whole[0]))  # as large as the gradient
 
 
 def _readme_problem():
@@ -350,6 +367,24 @@ def _readme_problem():
         theta0=jnp.zeros(2),
         time_limit=100,
     ).validate()
+
+
+@pytest.mark.slow
+def test_check_problem_does_not_call_a_rare_actions_response_bias():
+    # BC-HG's first-episode form is unbiased here, but the rare action's guiding segments are
+    # never sampled: the mean is ~40 SE off the exact value and within 2 SE of the rest (the
+    # check compared with the exact value less theta's effect on the tables, that is with the
+    # exact value itself, and read bias with p = 1e-16 and no warning)
+    prob = _rare_guide_problem()
+    config = TrainConfig(
+        num_envs=16, num_steps=300, grouping="first_episode", partial="first_episode"
+    )
+    with pytest.warns(UserWarning, match="not resolved rather than biased"):
+        (row,) = tabular.check_problem(
+            prob, [prob.theta0], 0.05, config=config, batches=400, verbose=False
+        )
+    assert row["p_value"] < 1e-6 and row["truncated"] == 0
+    assert row["rare_share"] > 0.5 and row["resolved_p_value"] > 0.01
 
 
 @pytest.mark.slow

@@ -63,3 +63,21 @@ def test_streams_start_from_init_dist():
     np.testing.assert_allclose(
         np.bincount(np.asarray(b.s).ravel(), minlength=4) / 4000, rho, atol=0.03
     )
+
+
+def test_a_successor_table_that_misses_the_support_is_refused():
+    # from state 0, half the mass goes to state 2, which the table does not list: the draw was
+    # made from the truncated row renormalised (state 2 never visited) without a word
+    from bchg_jax.tabular.sparse import successors_from_support, successors_from_transition
+
+    P = np.zeros((3, 1, 3), np.float32)
+    P[0, 0] = [0.5, 0.0, 0.5]
+    P[1, 0] = [0.0, 1.0, 0.0]
+    P[2, 0] = [1.0, 0.0, 0.0]
+    support = np.any(P > 0, axis=1)  # [S, S']
+    support[0, 2], support[0, 1] = False, True
+    args = (jax.random.key(0), jnp.ones((3, 1)), jnp.asarray(P), jnp.ones(3) / 3, None, None, 4, 20)
+    with pytest.raises(ValueError, match="outside the successor table"):
+        rollout(*args, successors=successors_from_support(support))
+    batch = rollout(*args, successors=successors_from_transition(P))  # the right table is taken
+    assert np.any(np.asarray(batch.s) == 2)

@@ -593,11 +593,17 @@ def test_a_hand_built_successor_table_is_checked_before_use():
             sparse.colour_classes(table)
     for call in calls:
         call(good)
-    # padding may repeat a valid state (the builders pad a short row with its first successor)
-    support = np.eye(S, dtype=bool) | np.roll(np.eye(S, dtype=bool), 1, axis=1)
-    support[0] = P.sum(1)[0] > 0
-    padded = sparse.successors_from_support(support)
+    # padding may repeat a valid state (the builders pad a short row with its first successor):
+    # a transition whose rows 1.. move only to s and s + 1 (the rollout refuses a table that
+    # misses the support, as the one of P's rows 1.. would)
+    P2 = np.array(P)
+    for s in range(1, S):
+        P2[s, :, s] += P2[s, :, s - 1]
+        P2[s, :, s - 1] = 0.0
+    P2 = jnp.asarray(P2)
+    padded = sparse.successors_from_support(np.asarray(P2.sum(1) > 0))
     assert padded.width == 3 and np.any(~padded.valid)
     assert np.all(padded.index[1:, 2] == padded.index[1:, 0])
-    for call in calls:
-        call(padded)
+    sparse.sparse_soft_value_iteration(P2, r, 0.5, 0.9, padded)
+    sparse.sparse_policy_evaluation(P2, r, pol, 0.9, cont, jnp.zeros(S), padded, 1e-6)
+    rollout(jax.random.key(0), pol, P2, jnp.full(S, 1.0 / S), None, None, 2, 3, padded)

@@ -38,19 +38,25 @@ What it shows, and what to do about it:
   :mod:`bchg_jax.tabular.check`): the bias's size when the per-step terms are of even size, more
   where the gradient comes late in the episode. A warning says so when either exceeds
   :data:`CUT_WEIGHT_WARN`. Every episode is cut (the game has no terminal states);
-* a sharp leader: theta acts only through the leader's policy, and the estimates see its effect
-  on an action only when they sample it, so a mean that depends on an action of probability
-  ~1e-5 reads as biased although the estimator is not (a random 3-state game at beta 0.3 with
-  its logits scaled 12x: 80 SE, p = 0, with the paper backup). When the comparison reads as
-  biased and some leader (s, a) was sampled fewer than ``RARE_VISITS`` times in all batches,
-  the row also judges the mean against the exact hypergradient less those pairs' part
-  (``resolved_target``; their part: the expected ``grad log f(a|s)`` terms of their visits,
-  Theorem 2's score form uncut, :func:`_truncated` with ``keep``; for an action of probability
-  exactly 0, never visited, the limit f -> 0 of that expectation: its share of the exact
-  gradient), with ``rare_share`` (that
-  part's share of the norm), ``resolved_bias_se`` and ``resolved_p_value``, and warns "not
-  resolved rather than biased" when only the full comparison fails
-  (:mod:`bchg_jax.tabular.check` does the same for a CMDP).
+* a sharp leader or follower: theta acts only through the leader's policy, and the estimates
+  see its effect on an action only when they sample it, so a mean that depends on an action of
+  probability ~1e-5 reads as biased although the estimator is not (a random 3-state game at
+  beta 0.3 with its logits scaled 12x: 80 SE, p = 0, with the paper backup). The same holds for
+  a follower action the batches never sample at a leader pair they sample often: at a small
+  beta its Benefit-weighted influence terms and those of the frequent action cancel in the
+  exact value, and the estimates carry only the frequent half (a 2-state game at beta 0.05
+  whose follower plays its second action with probability 1.5e-8: 312 SE, p = 0, where the mean
+  is within 1 SE of the exact value less that action's part, which is 4 times the exact
+  gradient's norm). When the comparison reads as biased and some (s, a, b) was sampled fewer
+  than ``RARE_VISITS`` times in all batches, the row also judges the mean against the exact
+  hypergradient less what the batches cannot see (``resolved_target``): the expected
+  ``grad log f(a|s)`` terms of the visits of the leader pairs sampled that rarely (for an action
+  of probability exactly 0, never visited, the limit f -> 0 of that expectation: its share of
+  the exact gradient) and of the episodes that visit a rare (s, a, b) (Theorem 2's score form
+  uncut, :func:`_truncated` with ``keep`` and ``drop``), with ``rare_share`` (that part's share
+  of the norm), ``resolved_bias_se`` and ``resolved_p_value``, and warns "not resolved rather
+  than biased" when only the full comparison fails (:mod:`bchg_jax.tabular.check` does the
+  same for a CMDP).
 
 The truncated target (Theorem 2, Eq. (hg_MG) with the influence sums of Eq. (nablaQF_MG), cut
 at H): :func:`~bchg_jax.games.estimators.hypergradient` weights ``grad log f(a_k|s_k)`` for
@@ -93,6 +99,7 @@ from bchg_jax.core.bias_check import (
     resolved_entries,
     warn_if_unresolved,
 )
+from bchg_jax.core.eager import cached_when_eager
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import (
     check_beta,
@@ -101,7 +108,11 @@ from bchg_jax.core.validate import (
     warn_float32_logit_rounding,
 )
 from bchg_jax.games.estimators import hypergradient
-from bchg_jax.games.tabular.exact import best_response, exact_hypergradient, leader_values
+from bchg_jax.games.tabular.exact import (
+    best_response,
+    exact_hypergradient,
+    leader_values,
+)
 from bchg_jax.games.tabular.follower import BACKUPS, GameBestResponse
 from bchg_jax.games.tabular.game import TabularGame, check_policy_fn_on_simplex, compute_dtype
 from bchg_jax.games.tabular.rollout import rollout
@@ -140,16 +151,21 @@ def _truncated(
     guide: str = "benefit",
     baseline: str = "state",
     keep: Optional[Array] = None,
+    drop: Optional[Array] = None,
 ):
     """:func:`truncated_hypergradient` given the best response and the leader's exact values;
     ``horizon=None``: the estimator's expectation without a cut (discounted occupancies by
     linear solves instead of the scan over t < H); ``keep`` [S, A] bool: only the terms of the
     visits of those (s, a) (the rest of the expectation of the sampled ``grad log f(a|s)``
-    terms is dropped; module docstring, ``rare_share``)."""
+    terms is dropped); ``drop`` [S, A, B] bool: the episodes that visit one of those
+    (s, a, b) are left out, their terms there and after (module docstring, ``rare_share``)."""
     f_out = jax.lax.stop_gradient(policy_fn(theta))
     # the promoted dtype of the policies and the game (games.tabular.game.compute_dtype)
     dtype = compute_dtype(game, f_out, br.policy, V_L, Q_L, beta)
-    f, g = jnp.asarray(f_out, dtype), jnp.asarray(br.policy, dtype)
+    f, g_full = jnp.asarray(f_out, dtype), jnp.asarray(br.policy, dtype)
+    # the mass of the dropped triples' episodes is left out; the Benefit stays that of the
+    # whole response (a sampled step reads it whole)
+    g = g_full if drop is None else jnp.where(drop, 0.0, g_full)
     V_L, Q_L = jnp.asarray(V_L, dtype), jnp.asarray(Q_L, dtype)
     P = jnp.asarray(game.transition, dtype)
     rho = jnp.asarray(game.init_dist, dtype)
@@ -158,7 +174,7 @@ def _truncated(
     joint = f[:, :, None] * g  # [S, A, B]: P(a, b | s)
     base = V_L if baseline == "state" else jnp.zeros_like(V_L)
     adv_L = Q_L - base[:, None, None]  # the direct term's weight of grad log f(a|s)
-    ben = Q_L - jnp.sum(g * Q_L, -1, keepdims=True)  # the Benefit
+    ben = Q_L - jnp.sum(g_full * Q_L, -1, keepdims=True)  # the Benefit
     benefit = guide == "benefit"
 
     def push(mass, w=None):
@@ -217,6 +233,27 @@ def _truncated(
     return vjp(ct.astype(f_out.dtype))[0]  # the cotangent of policy_fn's output dtype
 
 
+def _truncated_checks(
+    game, policy_fn, theta, beta, horizon, *, backup="reference", guide="benefit", baseline="state"
+) -> None:
+    """:func:`truncated_hypergradient`'s checks (an eager call's precheck: inside its cached
+    program theta is traced)."""
+    game.validate()
+    check_beta_if_concrete(beta)
+    check_count("horizon", horizon)
+    _check_options(backup, guide, baseline)
+    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.truncated_hypergradient", game)
+
+
+def _warn_truncated(_out, game, policy_fn, theta, beta, horizon, *, backup="reference", **_):
+    """The plain call's float32 logits warning after a cached call: its best response's (a
+    cached call too, which gives it)."""
+    f = policy_fn(theta)
+    if compute_dtype(game, f, beta) == jnp.float32:
+        best_response(game, f, beta, backup)
+
+
+@cached_when_eager(_truncated_checks, _warn_truncated)
 @full_precision
 def truncated_hypergradient(
     game: TabularGame,
@@ -262,11 +299,9 @@ def truncated_hypergradient(
         integer >= 1, an unknown ``backup``, ``guide`` or ``baseline``, or as
         :func:`~bchg_jax.games.tabular.exact.best_response`.
     """
-    game.validate()
-    check_beta_if_concrete(beta)
-    check_count("horizon", horizon)
-    _check_options(backup, guide, baseline)
-    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.truncated_hypergradient", game)
+    _truncated_checks(
+        game, policy_fn, theta, beta, horizon, backup=backup, guide=guide, baseline=baseline
+    )
     f = policy_fn(theta)
     br = best_response(game, f, beta, backup)
     V_L, Q_L = leader_values(game, f, br.policy)
@@ -362,8 +397,9 @@ def check_problem(
                 guide,
                 V_L=base,
             )
-            # the visits of each leader (s, a): the pairs through which theta acts
-            return estimate, jnp.zeros(f.shape, jnp.int32).at[ep.s, ep.a].add(1)
+            # the visits of each (s, a, b): the leader pairs through which theta acts, and the
+            # follower actions whose guiding terms the estimates carry
+            return estimate, jnp.zeros(br.policy.shape, jnp.int32).at[ep.s, ep.a, ep.b].add(1)
 
         est, visits = jax.lax.map(one, keys, batch_size=min(int(chunk), batches))
         targets = [
@@ -409,7 +445,7 @@ def check_problem(
                 + not_resolved_message(
                     i,
                     row,
-                    "leader state-action pairs",
+                    "leader state-action pairs or follower actions",
                     batches,
                     "Sample more (batches, episodes), or check where the leader's policy is "
                     "less sharp",
@@ -429,7 +465,7 @@ def check_problem(
                 stacklevel=2,
             )
         if verbose:
-            rare_clause = resolved_clause(row, "leader pairs")
+            rare_clause = resolved_clause(row, "leader pairs or follower actions")
             print(
                 f"theta {i}: {describe(row)}; vs the truncated target: bias "
                 f"{row['truncated_bias_se']:.1f} SE (p = {row['truncated_p_value']:.2g}), "
@@ -441,20 +477,24 @@ def check_problem(
 
 def _resolved(game, policy_fn, theta, beta, backup, baseline, row: dict, est, visits) -> dict:
     """The ``rare_share`` / ``resolved_*`` entries of a check's row (module docstring): when
-    ``row`` reads as biased and some leader (s, a) was sampled fewer than ``RARE_VISITS``
-    times, the exact hypergradient less the expected terms of those pairs' visits (Theorem 2's
-    score form with the Benefit guide and the check's ``baseline``, uncut, under ``backup``'s
-    best response: the exact hypergradient's split by pair for ``backup="paper"``), else NaN
-    (``rare_share`` 0 when no pair is that rare)."""
+    ``row`` reads as biased and some (s, a, b) was sampled fewer than ``RARE_VISITS`` times,
+    the exact hypergradient less what the batches cannot see: the expected terms of the visits
+    of the leader pairs (s, a) sampled that rarely, and of the episodes that visit a rare
+    (s, a, b) (Theorem 2's score form with the Benefit guide and the check's ``baseline``,
+    uncut, under ``backup``'s best response), else NaN (``rare_share`` 0 when none is that
+    rare)."""
     if not reads_biased(row):
         return resolved_entries(row)
-    rare = np.asarray(visits) < RARE_VISITS
-    if not rare.any():
+    rare_triple = np.asarray(visits) < RARE_VISITS
+    rare_pair = np.asarray(visits).sum(-1) < RARE_VISITS
+    if not rare_triple.any():
         return {**resolved_entries(row), "rare_share": 0.0}
     f = policy_fn(theta)
     br = best_response(game, f, beta, backup)
     V_L, Q_L = leader_values(game, f, br.policy)
-    part = _truncated(
-        game, policy_fn, theta, beta, None, br, V_L, Q_L, "benefit", baseline, jnp.asarray(rare)
-    )
+    args = (game, policy_fn, theta, beta, None, br, V_L, Q_L, "benefit", baseline)
+    # every pair kept: a leader action of probability 0 counts with its limit share
+    whole = _truncated(*args, jnp.ones(rare_pair.shape, bool))
+    seen = _truncated(*args, jnp.asarray(~rare_pair), jnp.asarray(rare_triple))
+    part = jax.tree.map(lambda a, b: a - b, whole, seen)
     return resolved_entries(row, row["exact"] - np.asarray(_flat(part), np.float64), est)

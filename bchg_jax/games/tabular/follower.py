@@ -22,12 +22,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.core.eager import cached_when_eager
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.rounding import sweep_to_tolerance
 from bchg_jax.core.softmax import follower_softmax
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_count,
+    check_finite_if_concrete,
     check_if_concrete,
     check_positive,
     check_problem_settings,
@@ -144,6 +146,24 @@ def response_from_q(Q: Array, beta, sweeps, residual) -> GameBestResponse:
     return GameBestResponse(follower_softmax(Q / beta), Q, V, sweeps, residual)
 
 
+def _soft_q_iteration_checks(
+    game, f, beta, backup="reference", Q0=None, tol=1e-6, max_sweeps=1000
+) -> None:
+    """:func:`soft_q_iteration`'s checks (an eager call's precheck: inside its cached program
+    ``f`` and ``Q0`` are traced, and a concrete ``f``'s rows are checked here)."""
+    if backup not in BACKUPS:
+        raise ValueError(f"backup must be one of {BACKUPS}, got {backup!r}")
+    check_game(game)
+    check_beta_if_concrete(beta)
+    check_policy_shapes(game, f)
+    check_if_concrete(check_positive, "tol", tol)
+    check_count("max_sweeps", max_sweeps)
+    if Q0 is not None:
+        check_shape("Q0", Q0, np.shape(game.transition)[:3], "[S, A, B] from game.transition")
+        check_finite_if_concrete("Q0", Q0)  # a NaN start gave an all-NaN response
+
+
+@cached_when_eager(_soft_q_iteration_checks, traced_names=())
 @full_precision
 def soft_q_iteration(
     game,
@@ -177,18 +197,11 @@ def soft_q_iteration(
     Raises:
       ValueError: an unknown ``backup``, a concrete ``beta`` not finite and > 0, a bad scalar
         setting of ``game`` (a discount outside [0, 1), ...), ``f`` / ``Q0`` not shaped by
-        ``game.transition`` (or a concrete ``f`` whose rows are not distributions), a concrete
+        ``game.transition`` (or a concrete ``f`` whose rows are not distributions, or a concrete
+        ``Q0`` that is not finite), a concrete
         ``tol`` not finite and > 0, or ``max_sweeps`` not a positive integer.
     """
-    if backup not in BACKUPS:
-        raise ValueError(f"backup must be one of {BACKUPS}, got {backup!r}")
-    check_game(game)
-    check_beta_if_concrete(beta)
-    check_policy_shapes(game, f)
-    check_if_concrete(check_positive, "tol", tol)
-    check_count("max_sweeps", max_sweeps)
-    if Q0 is not None:
-        check_shape("Q0", Q0, np.shape(game.transition)[:3], "[S, A, B] from game.transition")
+    _soft_q_iteration_checks(game, f, beta, backup, Q0, tol, max_sweeps)
     # the game's tables and f promoted (games.tabular.game.compute_dtype); the loop carries it
     dtype = compute_dtype(game, f, beta)
     f, beta, gamma_F = (jnp.asarray(x, dtype) for x in (f, beta, game.gamma_F))

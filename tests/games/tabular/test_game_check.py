@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bchg_jax.core.bias_check import discount_weight_beyond
-from bchg_jax.games.tabular import check_problem
+from bchg_jax.games.tabular import TabularGame, check_problem
 from bchg_jax.games.tabular.check import _truncated, truncated_hypergradient
 from bchg_jax.games.tabular.exact import (
     as_if_optimal_hypergradient,
@@ -318,8 +318,11 @@ def test_game_check_tells_leader_actions_it_never_sampled_from_bias(x64, capsys)
     with pytest.warns(UserWarning, match="not resolved rather than biased"):
         (row,) = check_problem(game, policy_fn, theta, 0.1, **kw)
     assert row["p_value"] < 1e-6 and row["resolved_p_value"] > 0.01
-    assert 0 < row["rare_share"] < 0.01 and row["rare_component_share"] > 0.5
-    assert "of the exact value carried by leader pairs sampled < 30" in capsys.readouterr().out
+    # (2% of it: the leader pairs' 0.05% and a follower action never sampled at a frequent
+    # leader pair, which the check missed before)
+    assert 0 < row["rare_share"] < 0.05 and row["rare_component_share"] > 0.5
+    out = capsys.readouterr().out
+    assert "of the exact value carried by leader pairs or follower actions sampled < 30" in out
     # Naive-PGD, 26% off at 5.6% resolution on another game, stays biased on the rest
     game = random_tabular_game(4, S=3, A=2, B=2, gamma=0.8, time_limit=40)
     with warnings.catch_warnings(record=True) as caught:
@@ -327,3 +330,48 @@ def test_game_check_tells_leader_actions_it_never_sampled_from_bias(x64, capsys)
         (row,) = check_problem(game, policy_fn, theta, 0.1, guide="none", verbose=False, **kw)
     assert row["p_value"] < 1e-6 and row["resolved_p_value"] < 1e-3
     assert not any("not resolved" in str(w.message) for w in caught)
+
+
+def _rare_follower_game():
+    """2 states, 2 x 2 actions: the follower's second action costs it 0.9 and moves to state 1,
+    the only one that pays the leader; at beta 0.05 it is played with probability ~1.5e-8 at
+    every (s, a), while every leader pair is sampled often."""
+    P = np.zeros((2, 2, 2, 2))
+    P[:, :, 0, :] = 0.5
+    P[:, :, 1, 1] = 1.0
+    x = np.eye(2)  # the follower's reward depends on the leader's action
+    rF = np.stack([x, x - 0.9], -1)
+    rL = np.zeros((2, 2, 2))
+    rL[:, :, 1] = 1.0
+    return TabularGame(
+        jnp.asarray(P), jnp.asarray([0.5, 0.5]), jnp.asarray(rF), jnp.asarray(rL), 0.5, 0.5, 40
+    )
+
+
+def test_game_check_tells_a_follower_action_it_never_sampled_from_bias(x64):
+    # BC-HG (paper backup) is unbiased, but the never-sampled follower action's influence terms
+    # are 4x the exact gradient (its Benefit and the frequent action's cancel there): the check
+    # read 312 SE, p = 0, rare_share 0 and no warning, every leader pair being frequent
+    game, theta = _rare_follower_game(), jnp.asarray([[0.3, -0.2], [-0.4, 0.1]])
+    f = policy_fn(theta)
+    br = best_response(game, f, 0.05, "paper")
+    assert np.all(br.policy[..., 1] < 1e-7)
+    V_L, Q_L = leader_values(game, f, br.policy)
+    args = (game, policy_fn, theta, 0.05, None, br, V_L, Q_L, "benefit", "state")
+    np.testing.assert_array_equal(
+        _truncated(*args, None, jnp.zeros((2, 2, 2), bool)), _truncated(*args)
+    )
+    with pytest.warns(UserWarning, match="not resolved rather than biased"):
+        (row,) = check_problem(
+            game,
+            policy_fn,
+            [theta],
+            0.05,
+            backup="paper",
+            episodes=16,
+            horizon=40,
+            batches=1000,
+            verbose=False,
+        )
+    assert row["p_value"] < 1e-6 and row["cut_bias"] < 1e-9
+    assert row["rare_share"] > 1.0 and row["resolved_p_value"] > 0.01
