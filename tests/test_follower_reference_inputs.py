@@ -57,9 +57,7 @@ def test_tabular_follower_references_refuse_a_problem_that_fails_validate():
     nan_reward = _tabular(
         reward=lambda th: jnp.stack([jnp.full(S, jnp.sqrt(th[1] - 1.0)), jnp.ones(S)], -1)
     )
-    for name, call in _tabular_calls(nan_reward, theta).items():
-        if name in ("policy_objective", "leader_values"):
-            continue  # they read no follower reward
+    for call in _tabular_calls(nan_reward, theta).values():  # validate() reads every table
         with pytest.raises(ValueError, match="follower_reward"):
             call()
 
@@ -101,6 +99,8 @@ def test_lq_follower_references_check_the_dynamics_they_read():
         for call in _lq_calls(q, theta, br).values():
             with pytest.raises(ValueError, match=match):
                 call()
+        with jax.disable_jit(), pytest.raises(ValueError, match=match):  # the plain call too
+            lq.policy_value(q, theta, br, 0.5)
     for name, call in _lq_calls(p, theta, br).items():
         assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(call())), name
 

@@ -290,7 +290,10 @@ def cached_when_eager(
                 return fn(*args, **kwargs)
             key = (tuple(kwargs), static, fingerprint)
             _forget_dead_callables(problem, static, callables, programs, replay)
-            traced = [_as_jax(x) for x, s in zip(flat, static, strict=True) if s is _TRACED]
+            # a problem-free function's arrays as they are: its plain call converts them without
+            # asking for their dtype (no truncation warning), as jit does
+            convert = (lambda x: x) if problem is anchor else _as_jax
+            traced = [convert(x) for x, s in zip(flat, static, strict=True) if s is _TRACED]
             try:
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")

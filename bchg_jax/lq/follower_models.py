@@ -144,7 +144,7 @@ def policy_value(problem: LQConfigurableMDP, theta: Array, policy: GaussianBestR
         (:func:`~bchg_jax.lq.cmdp.check_policy_fits`), or a bad ``A(theta)`` / ``B(theta)``
         (:func:`check_model_at`).
     """
-    check_policy_fits(problem, policy)  # a concrete covariance that is none: named
+    _policy_value_checks(problem, theta, policy, beta)  # a covariance that is none: named
     A, B, Qbar, Rbar, U = _model(problem, theta)
     g, m = problem.gamma_F, policy.K.shape[0]
     F = A - B @ policy.K

@@ -34,9 +34,11 @@ follower's fixed point). Per theta it reports
   show (the README's problem at beta 0.08, where the incentivised action has probability 4e-6:
   1743 SE, p = 0, for BC-HG's estimator). The pairs (and start states) sampled fewer than
   ``RARE_VISITS`` times in all batches carry a part of the expectation: that of the first
-  episodes that visit one of them (or start in one), computed as :func:`truncated_hypergradient`
-  with those episodes' mass dropped; ``resolved_target`` is the exact hypergradient less that
-  part, ``rare_share`` the part's share of the exact gradient's norm, and ``resolved_bias_se`` /
+  episodes that visit one of them (or start in one), their terms at and after that visit,
+  computed as :func:`truncated_hypergradient` (BC-HG's first-episode form: for another
+  estimator, an approximation of what it cannot see) with that mass dropped; ``resolved_target`` is
+  the exact hypergradient less that part, ``rare_share`` the part's share of the exact
+  gradient's norm, and ``resolved_bias_se`` /
   ``resolved_p_value`` judge the mean against the rest. Biased against the exact value but not
   against the rest: the check could not resolve the rare pairs (a warning says so; sample
   more, or at a larger beta), which is not evidence of bias. The guiding segments matter even
@@ -155,8 +157,9 @@ def _truncated(
     problem, theta, beta, horizon: int, br: BestResponse, V_L, Q_L, keep=None, keep_start=None
 ) -> Array:
     """:func:`truncated_hypergradient` given the best response and the leader's exact values;
-    ``keep`` [S, B] / ``keep_start`` [S] bool: only the first episodes that visit no other
-    pair and start in no other state (module docstring, ``rare_share``)."""
+    ``keep`` [S, B] / ``keep_start`` [S] bool: without the first episodes that start in another
+    state, and without the terms of the others at and after their first visit to another pair
+    (module docstring, ``rare_share``)."""
     g = br.policy
     P = problem.transition(theta)
     rho = problem.init_dist(theta)

@@ -208,7 +208,10 @@ def rollout(
         if is_concrete(transition):  # a truncated row was drawn from renormalised, unsaid
             with jax.ensure_compile_time_eval():  # a constant table inside a caller's jit
                 lost = float(lost_mass(transition, successors))
-            if lost > lost_mass_tolerance(transition.dtype, successors):
+            # the dtype computed in (a NumPy float64 table is float32 with x64 off)
+            if lost > lost_mass_tolerance(
+                jax.dtypes.canonicalize_dtype(transition.dtype), successors
+            ):
                 raise ValueError(
                     f"transition puts mass {lost:.3g} outside the successor table (a state "
                     "the table does not list would never be drawn): pass the successors of "

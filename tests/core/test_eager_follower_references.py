@@ -4,6 +4,8 @@ eager call compiled 1-4 programs (0.1-1.1 s) and kept them, as the exact referen
 they were cached: a user's Python loop of them ran out of memory mappings. The plain calls'
 numbers and errors are kept."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -195,3 +197,18 @@ def test_eager_sparse_solves_run_one_program_per_successor_table():
     assert _compiles(lambda: solves(theta)) == 0  # 1 per solver and call before
     for a, b in zip(solves(theta), jax.jit(solves)(theta), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_problem_free_call_converts_numpy_arrays_as_its_plain_call_does():
+    # riccati's plain call converts float64 NumPy tables without asking for their dtype (no
+    # truncation warning with x64 off); the cached call asked, and gave 4 warnings
+    A, B = np.array([[0.9, 0.2], [0.0, 0.8]]), np.array([[0.5], [0.3]])
+    Q, R = np.eye(2), np.eye(1)
+    with warnings.catch_warnings(record=True) as plain:
+        warnings.simplefilter("always")
+        want, _ = maxent_lqr.riccati.__wrapped__(A, B, Q, R, 0.9)
+    with warnings.catch_warnings(record=True) as cached:
+        warnings.simplefilter("always")
+        got, _ = maxent_lqr.riccati(A, B, Q, R, 0.9)
+    assert [str(w.message) for w in cached] == [str(w.message) for w in plain]
+    np.testing.assert_allclose(got, want, rtol=1e-6)

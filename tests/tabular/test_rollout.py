@@ -81,3 +81,10 @@ def test_a_successor_table_that_misses_the_support_is_refused():
         rollout(*args, successors=successors_from_support(support))
     batch = rollout(*args, successors=successors_from_transition(P))  # the right table is taken
     assert np.any(np.asarray(batch.s) == 2)
+    # a NumPy float64 table with x64 off is computed in float32: its rounding is not lost mass
+    rng = np.random.default_rng(0)
+    P64 = np.zeros((60, 1, 60))
+    for s in range(60):
+        P64[s, 0, (s + np.arange(7)) % 60] = rng.dirichlet(np.ones(7))
+    table = successors_from_transition(P64)
+    rollout(jax.random.key(0), jnp.ones((60, 1)), P64, np.ones(60) / 60, None, None, 2, 5, table)
