@@ -61,6 +61,7 @@ from bchg_jax.core.segments import forward_discounted_sum
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_discount,
+    check_finite_if_concrete,
     check_if_concrete,
     check_indices_if_concrete,
     check_probability_rows_if_concrete,
@@ -295,7 +296,8 @@ def hypergradient(
       ValueError: as :func:`game_score_weights`; ``g``, ``Q_L``, ``V_F`` or ``V_L`` not shaped
         by the policy table [S, A] and ``g``'s B; a concrete ``policy_fn(theta)`` or ``g`` whose
         rows are not distributions (``core.validate.check_probability_rows_if_concrete``);
-        concrete episode indices out of range.
+        a concrete ``Q_L``, ``V_F`` or ``V_L`` that is not finite; concrete episode indices out
+        of range.
     """
     _check_guide(guide)
     _check_scalars(beta, gamma_L, gamma_F)
@@ -309,6 +311,9 @@ def hypergradient(
     check_probability_rows_if_concrete("g (follower policy)", g)
     if V_L is not None:
         check_shape("V_L", V_L, (S,), src)
+    for name, x in (("Q_L", Q_L), ("V_F", V_F), ("V_L", V_L)):
+        if x is not None:
+            check_finite_if_concrete(name, x)  # a NaN critic gave an all-NaN estimate
     for name, idx, size in (("ep.s (states)", ep.s, S), ("ep.a", ep.a, A), ("ep.b", ep.b, B)):
         check_indices_if_concrete(name, idx, size)
     E, T = ep.s.shape
