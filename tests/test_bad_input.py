@@ -1119,6 +1119,24 @@ def test_game_whole_episode_estimate_and_references_refuse_what_is_not_a_policy(
             game_tab.soft_policy_evaluation(game, f, br.policy, beta)
     with pytest.raises(ValueError, match=r"mix .*\(0, 1\]"):
         game_tab.lag_hypergradient(softmax, theta, game, br.policy, 0.5, 2.0)
+    # a critic that is not finite (a NaN Q_L, V_F or V_L gave an all-NaN estimate, unsaid)
+    critics = dict(Q_L=Q_L, V_F=br.V, V_L=V_L)
+    for name in critics:
+        bad = {**critics, name: critics[name].at[0].set(jnp.nan)}
+        with pytest.raises(ValueError, match=f"{name} must be finite"):
+            game_tab.hypergradient(
+                softmax,
+                theta,
+                ep,
+                br.policy,
+                bad["Q_L"],
+                bad["V_F"],
+                0.5,
+                0.8,
+                0.8,
+                "benefit",
+                bad["V_L"],
+            )
 
 
 @pytest.mark.slow
