@@ -32,10 +32,9 @@ from bchg_jax.core.validate import (
     check_count,
     check_probability_rows_if_concrete,
     check_shape,
-    is_concrete,
     transition_sizes,
 )
-from bchg_jax.tabular.sparse import lost_mass, lost_mass_tolerance, successor_probs
+from bchg_jax.tabular.sparse import check_holds_support, successor_probs
 
 Array = jax.Array
 
@@ -205,19 +204,13 @@ def rollout(
     else:
         successors.check(S, src)
         probs = successor_probs(transition, successors)
-        if is_concrete(transition):  # a truncated row was drawn from renormalised, unsaid
-            with jax.ensure_compile_time_eval():  # a constant table inside a caller's jit
-                lost = float(lost_mass(transition, successors))
-            # the dtype computed in (a NumPy float64 table is float32 with x64 off)
-            if lost > lost_mass_tolerance(
-                jax.dtypes.canonicalize_dtype(transition.dtype), successors
-            ):
-                raise ValueError(
-                    f"transition puts mass {lost:.3g} outside the successor table (a state "
-                    "the table does not list would never be drawn): pass the successors of "
-                    "this transition's support "
-                    "(bchg_jax.tabular.sparse.successors_from_transition), or none"
-                )
+        check_holds_support(  # a truncated row would be drawn from renormalised, unsaid
+            "transition",
+            transition,
+            successors,
+            "a state the table does not list would never be drawn; pass this transition's "
+            "table, or none",
+        )
         p_cdf = jnp.cumsum(probs, axis=-1)  # [S, B, J]
         nxt = jnp.asarray(successors.index)
     rho_cdf = jnp.cumsum(init_dist)

@@ -13,11 +13,12 @@ of probe thetas (:func:`probe_support`: theta0 and 12 random thetas), so it cann
 the support goes elsewhere. :func:`lost_mass` measures the probability mass of a table P that
 falls outside it (per (s, b) row: the row sum of P minus the sum over the table's entries; the
 largest over rows), to be compared with :func:`lost_mass_tolerance` (rounding level). Both
-solvers return it with ``return_lost_mass=True``. The tabular trainer checks it at every
-iteration (unless ``transition`` does not depend on theta at all), flags it (metric
-``support_lost``) and takes that iteration's follower and metric from the dense solvers
-(:func:`cond_on_any_lane`), so its J is never that of a truncated model (the rollouts of such
-an iteration still draw from the table: flagged, not corrected).
+solvers return it with ``return_lost_mass=True``, and without it refuse a concrete ``P`` that
+loses mass (:func:`check_holds_support`; a traced one is the caller's to check). The tabular
+trainer checks it at every iteration (unless ``transition`` does not depend on theta at
+all), flags it (metric ``support_lost``) and takes that iteration's follower and metric from
+the dense solvers (:func:`cond_on_any_lane`), so its J is never that of a truncated model;
+a sampler table that lost mass draws that iteration's rollouts from the whole transition.
 
 Two solvers, both run-last batched (:mod:`bchg_jax.core.run_last`: under ``vmap`` the run axis is
 the minor, contiguous one):
@@ -89,7 +90,13 @@ from bchg_jax.core.run_last import (
     in_callers_precision,
     run_last,
 )
-from bchg_jax.core.validate import check_discount, check_if_concrete, check_shape, transition_sizes
+from bchg_jax.core.validate import (
+    check_discount,
+    check_if_concrete,
+    check_shape,
+    is_concrete,
+    transition_sizes,
+)
 from bchg_jax.tabular.cmdp import TabularCMDP
 from bchg_jax.tabular.follower import (
     BestResponse,
@@ -381,6 +388,28 @@ def lost_mass(P: Array, successors: Successors, probs: Optional[Array] = None) -
     if probs is None:
         probs = successor_probs(P, successors)
     return jnp.max(jnp.sum(P, axis=-1) - jnp.sum(probs, axis=-1))
+
+
+def check_holds_support(label: str, P, successors: Successors, remedy: str) -> None:
+    """Refuse a concrete ``P`` that puts mass outside ``successors`` (:func:`lost_mass` above
+    :func:`lost_mass_tolerance`): what is computed from the table would be that of a truncated
+    model, unsaid. A traced ``P`` is not checked (the trainer checks it per iteration); a
+    constant one inside a caller's ``jit`` is, at trace time.
+
+    Raises:
+      ValueError: naming the mass lost and ``remedy``.
+    """
+    if not is_concrete(P):
+        return
+    with jax.ensure_compile_time_eval():  # a constant table inside a caller's jit
+        lost = float(lost_mass(jnp.asarray(P), successors))
+    # the dtype computed in (a NumPy float64 table is float32 with x64 off)
+    if lost > lost_mass_tolerance(jax.dtypes.canonicalize_dtype(P.dtype), successors):
+        raise ValueError(
+            f"{label} puts mass {lost:.3g} outside the successor table (its support moved "
+            "where the table does not list; bchg_jax.tabular.sparse.successors_from_transition "
+            f"builds the table of this transition): {remedy}"
+        )
 
 
 def depends_on_input(fn: Callable, x) -> bool:
@@ -833,6 +862,12 @@ def _key(successors: Successors):
     return index.tobytes(), index.shape
 
 
+_TRUNCATED = (
+    "pass that table, or return_lost_mass=True to solve the truncated model and get the mass "
+    "it leaves out"
+)
+
+
 @full_precision
 def sparse_soft_value_iteration(
     P: Array,
@@ -866,18 +901,23 @@ def sparse_soft_value_iteration(
         a round of them fails to reduce the soft residual (module docstring).
       return_lost_mass: also return :func:`lost_mass` of ``P`` (above
         :func:`lost_mass_tolerance`: ``P`` put mass outside ``successors``, and the result is
-        that of a truncated model, not of ``P``).
+        that of a truncated model, not of ``P``). Without it a concrete ``P`` that loses mass
+        is refused (a traced one cannot be checked: its result is then the truncated
+        model's, unsaid).
     Returns:
       :class:`~bchg_jax.tabular.follower.BestResponse`; ``sweeps`` counts soft and linear
       sweeps, ``residual`` is the change of the last soft sweep. With ``return_lost_mass``:
       (that, lost mass []).
     Raises:
-      ValueError: as ``soft_value_iteration``, a negative ``linear_sweeps`` or a successor table
-        not of S rows.
+      ValueError: as ``soft_value_iteration``, a negative ``linear_sweeps``, a successor table
+        not of S rows, or (without ``return_lost_mass``) a concrete ``P`` with mass outside
+        it.
     """
     S = check_follower_inputs(P, r, beta, gamma, terminal, V0, successors)
     if int(linear_sweeps) < 0:
         raise ValueError(f"linear_sweeps must be >= 0, got {linear_sweeps}")
+    if not return_lost_mass:
+        check_holds_support("P (transition)", P, successors, _TRUNCATED)
     dtype = r.dtype
     gc = jnp.asarray(gamma, dtype) * continuation(terminal, S, dtype)
     V0 = jnp.zeros((S,), dtype) if V0 is None else jnp.asarray(V0, dtype)
@@ -912,12 +952,13 @@ def sparse_policy_evaluation(
       support; tol, max_sweeps: stopping test and cap; return_residual: also return the
       change of the last sweep (above ``tol``: the cap was hit first); return_lost_mass: also
       return :func:`lost_mass` of ``P`` (above :func:`lost_mass_tolerance`: V is that of a
-      truncated model).
+      truncated model; without it a concrete ``P`` that loses mass is refused).
     Returns:
       [S] V^g (approximate), or a tuple (V, then residual [] with ``return_residual``, then
       lost mass [] with ``return_lost_mass``).
     Raises:
-      ValueError: a concrete ``gamma`` outside [0, 1), or an array not shaped by ``P``'s S, B.
+      ValueError: a concrete ``gamma`` outside [0, 1), an array not shaped by ``P``'s S, B, or
+        (without ``return_lost_mass``) a concrete ``P`` with mass outside ``successors``.
     """
     check_if_concrete(check_discount, "gamma (policy evaluation discount)", gamma)
     S, B = transition_sizes("P (transition)", P)
@@ -930,6 +971,8 @@ def sparse_policy_evaluation(
     ):
         check_shape(name, x, shape, src)
     successors.check(S, src)
+    if not return_lost_mass:
+        check_holds_support("P (transition)", P, successors, _TRUNCATED)
     dtype = r.dtype
     solve = _evaluation_solver(*_key(successors), float(tol), int(max_sweeps))
     probs = successor_probs(P, successors)

@@ -138,6 +138,37 @@ def test_lost_mass_is_reported_by_the_solvers(teleport_chain):
         return_lost_mass=True,
     )
     assert float(lost) == pytest.approx(0.5) and float(res) <= 1e-6
+
+
+def test_solvers_refuse_a_concrete_table_that_loses_mass(teleport_chain):
+    """Without ``return_lost_mass`` a concrete transition with mass outside the table is refused
+    (it was solved as a truncated model, unsaid), eagerly and as a constant inside a caller's
+    jit; a table that holds the support, or a traced transition, is solved as before."""
+    chain = teleport_chain(3.0)
+    P0, P5 = chain.transition(jnp.asarray([0.0, 0.5])), chain.transition(jnp.asarray([5.0, 0.5]))
+    table = sparse.successors_from_transition(P0)
+    r = chain.follower_reward(jnp.asarray([5.0, 0.5]))
+    pol = jnp.full((20, P0.shape[1]), 1.0 / P0.shape[1])
+    cont = continuation(None, 20, jnp.float32)
+    soft = lambda P: sparse.sparse_soft_value_iteration(P, r, 0.1, 0.9, table).V  # noqa: E731
+    ev = lambda P: sparse.sparse_policy_evaluation(  # noqa: E731
+        P, r, pol, 0.9, cont, jnp.zeros(20), table, 1e-6
+    )
+    for solve in (soft, ev):
+        with pytest.raises(ValueError, match="mass 0.5 outside the successor table"):
+            solve(P5)
+        with pytest.raises(ValueError, match="return_lost_mass=True"):
+            jax.jit(lambda: solve(P5))()
+        assert solve(P0).shape == (20,)
+        # traced: not checkable here (the trainer checks it per iteration)
+        assert jax.jit(solve)(P5).shape == (20,)
+    full = sparse.successors_from_transition(P5)
+    dense = sparse.sparse_soft_value_iteration(P5, r, 0.1, 0.9, full).V
+    truncated, lost = sparse.sparse_soft_value_iteration(
+        P5, r, 0.1, 0.9, table, return_lost_mass=True
+    )
+    assert float(lost) == pytest.approx(0.5)
+    assert float(jnp.max(jnp.abs(truncated.V - dense))) > 1e-3  # what was returned, unsaid
     fr = fourrooms()
     succ = sparse.problem_successors(fr)
     assert float(sparse.lost_mass(fr.transition(fr.theta0), succ)) <= (
