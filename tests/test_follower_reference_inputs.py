@@ -115,3 +115,30 @@ def test_a_wider_p_prev_is_taken_in_the_problems_dtype(x64):
     np.testing.assert_allclose(got, want, rtol=1e-6)
     played, P_next = lq.k_step_response(p, theta, 0.5, P64, 2)
     assert P_next.dtype == jnp.float32 and played.K.dtype == jnp.float32
+
+
+def test_the_tabular_learners_updates_check_their_tables():
+    """``q_learning_update`` took a Q with an extra column (it entered every soft next value,
+    0.2 off), a step size of -1 or 5 and a NaN table, unsaid; ``k_step_response`` a NaN
+    ``V_prev`` (an all-NaN policy), which ``k_step_hypergradient`` refuses."""
+    p = _tabular()
+    theta = jnp.asarray([0.3, 0.2])
+    P, r = p.transition(theta), p.follower_reward(theta)
+    batch = tabular.rollout(
+        jax.random.key(1), jnp.full((S, B), 0.5), P, p.init_dist(theta), None, None, 2, 5
+    )
+    Q = jnp.zeros((S, B))
+    assert tabular.q_learning_update(Q, batch, r, 0.3, 0.9, 0.5).shape == (S, B)
+    for bad_Q, lr, match in (
+        (jnp.zeros((S, B + 1)), 0.5, r"Q .* must have shape \(3, 2\)"),
+        (jnp.zeros(S * B), 0.5, r"Q .* must be \[S, B\]"),
+        (Q, -1.0, r"lr .* \(0, 1\]"),
+        (Q, 5.0, r"lr .* \(0, 1\]"),
+        (Q.at[0, 0].set(np.nan), 0.5, "Q .* must be finite"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            tabular.q_learning_update(bad_Q, batch, r, 0.3, 0.9, lr)
+    V_prev = jnp.zeros(S).at[1].set(np.nan)
+    for call in (tabular.k_step_response, tabular.k_step_response.__wrapped__):
+        with pytest.raises(ValueError, match="V_prev .* must be finite"):
+            call(P, r, 0.3, 0.9, None, V_prev, 2)

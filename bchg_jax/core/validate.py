@@ -668,9 +668,28 @@ def check_beta(beta) -> None:
 def check_positive(name: str, value) -> None:
     """Raises ``ValueError`` (naming ``name``) unless every entry of ``value`` (a concrete scalar
     or array) is finite and > 0."""
+    if not _real_number(value):  # NumPy reads "0.5" as 0.5; the computation would not
+        raise ValueError(f"{name} must be a real number, got {_show_any(value)}")
     v = np.asarray(value, np.float64)
     if v.size == 0 or not np.all(np.isfinite(v)) or np.any(v <= 0):
         raise ValueError(f"{name} must be finite and > 0, got {_show(value)}")
+
+
+def _real_number(value) -> bool:
+    """Whether ``value`` is a real number or an array of them (bool and int included)."""
+    if isinstance(value, (bool, int, float)):
+        return True
+    dtype = getattr(value, "dtype", None)
+    if dtype is None:
+        try:
+            dtype = np.asarray(value).dtype
+        except (TypeError, ValueError):
+            return False
+    return (
+        np.issubdtype(dtype, np.number)
+        and not np.issubdtype(dtype, np.complexfloating)
+        or (np.issubdtype(dtype, np.bool_))
+    )
 
 
 def check_unit_interval(name: str, value) -> None:

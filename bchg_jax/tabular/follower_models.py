@@ -37,8 +37,11 @@ from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_count,
     check_discount,
+    check_finite_if_concrete,
     check_if_concrete,
     check_probability_rows_if_concrete,
+    check_shape,
+    check_unit_interval,
     is_concrete,
 )
 from bchg_jax.tabular.exact import policy_matrix
@@ -94,6 +97,8 @@ def _k_step_checks(P, r, beta, gamma, terminal, V_prev, K) -> None:
     """:func:`k_step_response`'s checks (an eager call's precheck)."""
     check_count("K (soft Bellman backups)", K)
     check_follower_inputs(P, r, beta, gamma, terminal, V_prev)
+    # a NaN entry gave an all-NaN policy (k_step_hypergradient refused it)
+    check_finite_if_concrete("V_prev (the learner's last soft value)", V_prev)
 
 
 @cached_when_eager(_k_step_checks, recheck=False, problem_free=True)
@@ -108,9 +113,11 @@ def k_step_response(P: Array, r: Array, beta, gamma, terminal, V_prev: Array, K:
       :class:`~bchg_jax.tabular.follower.BestResponse` of ``Q_i`` (``V`` = its soft value, the
       learner's next state; ``sweeps`` = K).
     Raises:
-      ValueError: ``K`` not an integer >= 1 (0 would silently run one backup).
+      ValueError: ``K`` not an integer >= 1 (0 would silently run one backup), or a concrete
+        ``V_prev`` that is not finite.
     """
     check_count("K (soft Bellman backups)", K)
+    check_finite_if_concrete("V_prev (the learner's last soft value)", V_prev)
     br = soft_value_iteration(P, r, beta, gamma, terminal, V0=V_prev, num_sweeps=K - 1)
     return br._replace(sweeps=jnp.asarray(K, jnp.int32))
 
@@ -143,10 +150,19 @@ def q_learning_update(Q: Array, batch: Batch, r: Array, beta, gamma, lr) -> Arra
     Returns:
       [S, B] the updated Q.
     Raises:
-      ValueError: a concrete ``beta`` not finite and > 0, or a concrete ``gamma`` outside [0, 1).
+      ValueError: a concrete ``beta`` not finite and > 0, a concrete ``gamma`` outside [0, 1),
+        a ``Q`` that is not [S, B] shaped like ``r``, a concrete ``lr`` outside (0, 1] (the
+        trainer's :class:`~bchg_jax.core.follower_model.FollowerModel` range) or a concrete
+        ``Q`` that is not finite.
     """
     check_beta_if_concrete(beta)
     check_if_concrete(check_discount, "gamma (the follower's discount)", gamma)
+    if np.ndim(Q) != 2:
+        raise ValueError(f"Q (the follower's soft Q) must be [S, B], got shape {np.shape(Q)}")
+    # an extra column entered every soft next value, unsaid
+    check_shape("Q (the follower's soft Q)", Q, np.shape(r), "r_F's [S, B]")
+    check_if_concrete(check_unit_interval, "lr (the follower's step size)", lr)
+    check_finite_if_concrete("Q (the follower's soft Q)", Q)
     S, B = Q.shape
     s, b, s2 = (x.T.reshape(-1) for x in (batch.s, batch.b, batch.s_next))
     cont = 1.0 - batch.terminal.T.reshape(-1).astype(Q.dtype)

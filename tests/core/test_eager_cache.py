@@ -77,6 +77,33 @@ def test_eager_cached_calls_keep_the_plain_calls_errors():
         tabular.leader_objective(bad, bad.theta0 * 0.9, 0.1)
 
 
+def test_an_eager_beta_sweep_compiles_once_and_keeps_betas_checks():
+    """beta was a static argument: each value of a sweep compiled a program of its own (a 6-state
+    exact hypergradient: ~1 s and ~340 memory mappings per value, so a few hundred betas reached
+    the mapping limit). It is traced now, checked eagerly first."""
+    p = random_tabular_cmdp(jax.random.key(0), num_states=5, num_actions=3)
+    q = _lq_problem()
+    P, r = p.transition(p.theta0), p.follower_reward(p.theta0)
+    calls = (
+        lambda b: tabular.exact_hypergradient(p, p.theta0, b),
+        lambda b: lq.exact_hypergradient(q, q.theta0, b),
+        lambda b: tabular.soft_value_iteration(P, r, b, p.gamma_F),
+    )
+    betas = [0.2, 0.3, np.float32(0.4), jnp.asarray(0.5, jnp.float32)]
+    for call in calls:
+        call(0.1), call(np.float32(0.1))  # a weak and a strong type: a program each
+        assert _compiles(lambda call=call: [call(b) for b in betas]) == 0
+    for fn, args in (
+        (tabular.exact_hypergradient, (p, p.theta0)),
+        (lq.exact_hypergradient, (q, q.theta0)),
+    ):
+        got, plain = fn(*args, 0.3), fn.__wrapped__(*args, 0.3)
+        np.testing.assert_allclose(got, plain, rtol=2e-5, atol=1e-6 * np.abs(plain).max())
+        for bad in (0.0, -1.0, float("nan"), np.inf, "0.5", [0.5]):
+            with pytest.raises(ValueError, match="beta"):
+                fn(*args, bad)
+
+
 def test_traced_calls_run_as_written_and_differentiate():
     p = _lq_problem()
     g = jax.jit(jax.grad(lambda t: lq.leader_objective(p, t, 0.1)))(p.theta0)
