@@ -310,7 +310,8 @@ def main(argv=None):
     p.add_argument(
         "--compact",
         default="benchmarks/results/fourrooms_figure",
-        help="compact copies, figure.png and table.md",
+        help="compact copies, figure.png and table.md (default: the committed figure's "
+        "folder: figure regenerates its figure.png and table.md in place)",
     )
     p.add_argument(
         "--panels",

@@ -213,7 +213,10 @@ def main(argv=None):
     parser.add_argument("--batches", type=int, default=3000, help="the lone learner's batches")
     parser.add_argument("--follower-lr", type=float, default=0.1, help="the learner's step size")
     parser.add_argument(
-        "--out", default="benchmarks/results/qlearner_trap", help="folder for table.md"
+        "--out",
+        default="benchmarks/results/qlearner_trap",
+        help="folder for table.md (default: the committed one's, benchmarks/results/"
+        "qlearner_trap: a rerun regenerates it in place, and git diff shows what moved)",
     )
     args = parser.parse_args(argv)
     if args.seeds < 2 or args.early < 1 or args.batches < 500 or not 0 < args.follower_lr <= 1:

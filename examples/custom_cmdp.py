@@ -63,6 +63,8 @@ def main(argv=None) -> dict:
     p.add_argument("--iterations", type=int, default=1500)
     p.add_argument("--beta", type=float, default=0.1)
     a = p.parse_args(argv)
+    if a.iterations < 1 or not a.beta > 0:  # before the checks below spend their seconds
+        p.error(f"need --iterations >= 1 and --beta > 0, got {a.iterations} and {a.beta}")
     problem, beta = chain(), a.beta
     theta = problem.theta0
 

@@ -61,6 +61,8 @@ def main(argv=None) -> dict:
     p.add_argument("--iterations", type=int, default=300)
     p.add_argument("--beta", type=float, default=0.1)
     a = p.parse_args(argv)
+    if a.iterations < 1 or not a.beta > 0:  # before the checks below spend their seconds
+        p.error(f"need --iterations >= 1 and --beta > 0, got {a.iterations} and {a.beta}")
     game, beta = road_toll(), a.beta
     theta = jnp.zeros((2, 2))  # logits of f(a|s): uniform tolls
     policy = lambda th: jax.nn.softmax(th, -1)  # noqa: E731

@@ -508,7 +508,12 @@ def flag_names(message: str, a, config_flags=None) -> str:
             return f"--{dest.replace('_', '-')} ({m.group(0)})"
         return m.group(0)
 
-    return re.sub(r"\b(\w*Config)\.(\w+)", named, message)
+    message = re.sub(r"\b(\w*Config)\.(\w+)", named, message)
+    # a hyperparameter's check names its field ("lr must be ..."): the flag that set it
+    lead = re.match(r"(\w+) must ", message)
+    if lead and lead.group(1) in vars(a) and not lead.group(1).startswith("_"):
+        message = f"--{lead.group(1).replace('_', '-')}{message[len(lead.group(1)) :]}"
+    return message
 
 
 def check_same_x64(cfg: dict, run_dir: str) -> None:

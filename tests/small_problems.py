@@ -1,6 +1,7 @@
 """Small hand-made problems shared by the bad-input and message tests (imported, not collected):
 ``cmdp(**over)`` a uniform 3-state, 2-action TabularCMDP and ``lq(**over)`` a 2-d
-LQConfigurableMDP, each with its fields replaceable by keyword and not validated, and
+LQConfigurableMDP, each with its fields replaceable by keyword and not validated,
+``lqr_game_2d(**over)`` a validated 2-state LQR game of one leader and one follower input, and
 ``tied_cmdp(scale, beta, dtype)`` (validated) whose two actions are nearly tied (float32
 rounding of the follower's logits)."""
 
@@ -8,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.games.lqr.game import LQRGame
 from bchg_jax.lq.cmdp import LQConfigurableMDP
 from bchg_jax.tabular.cmdp import TabularCMDP
 
@@ -43,6 +45,27 @@ def lq(**over) -> LQConfigurableMDP:
     )
     kw.update(over)
     return LQConfigurableMDP(**kw)
+
+
+def lqr_game_2d(**over) -> LQRGame:
+    """A 2-d LQR game (A diag(0.5, 0.5), follower input on state 0, leader input on state 1,
+    identity costs and start noise, U 0.3), validated; fields replaceable by keyword."""
+    kw = dict(
+        A=np.diag([0.5, 0.5]),
+        B=np.array([[1.0], [0.0]]),
+        C=np.array([[0.0], [1.0]]),
+        Qbar=np.eye(2),
+        Rbar=np.eye(1),
+        s0=np.array([1.0, 1.0]),
+        s_star=np.zeros(2),
+        Sigma=np.eye(2),
+        U=0.3 * np.eye(1),
+        gamma_F=0.5,
+        gamma_L=0.95,
+        horizon=400,
+    )
+    kw.update(over)
+    return LQRGame(**kw).validate()
 
 
 def tied_cmdp(scale, beta, dtype):

@@ -1744,3 +1744,42 @@ def test_integer_pieces_and_wrong_lq_shapes_are_named_not_failed_inside_jax():
     # float pieces still work
     ok = problem(B=jnp.array([[0.0], [1.0]]))
     assert np.isfinite(float(lq.leader_objective(ok.validate(), ok.theta0, 0.1)))
+
+
+def test_check_problem_wants_a_list_of_thetas_and_exact_hypergradient_its_order():
+    """One theta passed to a ``check_problem`` was iterated over its entries ("theta must be
+    shaped like theta0 (2,), got ()"); ``games.tabular.exact_hypergradient`` called in its
+    siblings' order (the game first) failed inside JAX ("Cannot determine dtype of
+    <function>")."""
+    from bchg_jax import lq, tabular
+    from bchg_jax.games import lqr
+    from bchg_jax.games import tabular as game_tabular
+    from bchg_jax.problems import random_tabular_cmdp, random_tabular_game
+
+    p = random_tabular_cmdp(jax.random.key(0), num_states=3, num_actions=2, dim=2)
+    q = _lq()
+    g = lqr_game()
+    calls = {
+        "tabular.check_problem": lambda t: tabular.check_problem(p, t, 0.5),
+        "lq.check_problem": lambda t: lq.check_problem(q, t, 0.5),
+        "games.lqr.check_problem": lambda t: lqr.check_problem(g, t, 0.5),
+    }
+    for where, call in calls.items():
+        theta0 = jnp.zeros(2) if where == "games.lqr.check_problem" else p.theta0
+        if where == "lq.check_problem":
+            theta0 = q.theta0
+        with pytest.raises(ValueError, match=rf"{where}: theta_list .* one theta.*\[theta\]"):
+            call(theta0)
+        with pytest.raises(ValueError, match=rf"{where}: theta_list is empty"):
+            call([])
+    game = random_tabular_game(seed=1, S=3, A=2, B=2)
+
+    def policy_fn(theta):
+        return jax.nn.softmax(theta, -1)
+
+    with pytest.raises(ValueError, match="games.tabular.check_problem: theta_list is empty"):
+        game_tabular.check_problem(game, policy_fn, [], 0.3, horizon=4)
+    theta = jnp.zeros((3, 2))
+    with pytest.raises(ValueError, match=r"takes \(policy_fn, theta, game, beta\).*TabularGame"):
+        game_tabular.exact_hypergradient(game, policy_fn, theta, 0.3)
+    assert game_tabular.exact_hypergradient(policy_fn, theta, game, 0.3).shape == (3, 2)

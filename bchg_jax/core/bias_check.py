@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import warnings
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -163,6 +164,32 @@ def check_batches(batches) -> int:
     if int(batches) < 2:
         raise ValueError(f"batches must be >= 2 (a standard error), got {batches}")
     return int(batches)
+
+
+def check_theta_list(where: str, theta_list, theta_shape=None) -> list:
+    """The thetas of a ``check_problem``: a non-empty sequence (a list, or an array stacked on a
+    leading axis). One theta passed alone was iterated over its entries, each refused as a
+    theta of the wrong shape.
+
+    Args:
+      where: the function named in the error.
+      theta_list: the thetas.
+      theta_shape: the shape of one theta (the problem's ``theta0``), or None (pytrees).
+    Returns:
+      the thetas as a list.
+    Raises:
+      ValueError: one theta of ``theta_shape`` given alone, or no theta.
+    """
+    if theta_shape is not None and tuple(np.shape(theta_list)) == tuple(theta_shape):
+        if isinstance(theta_list, (jax.Array, np.ndarray)):
+            raise ValueError(
+                f"{where}: theta_list must be a sequence of thetas, got one theta of shape "
+                f"{tuple(theta_shape)}: pass [theta]"
+            )
+    thetas = list(theta_list)
+    if not thetas:
+        raise ValueError(f"{where}: theta_list is empty (nothing to check)")
+    return thetas
 
 
 def compare(exact, estimates) -> dict:

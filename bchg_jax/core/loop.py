@@ -34,8 +34,9 @@ class Trainer(NamedTuple):
       train: ``train(key, hp)``: ``run(init(key, hp), hp, config.iterations)``.
       hparams: ``hparams(grid) -> HParams`` with leading axis G: a grid dict (name -> values,
         one per grid point) validated and cast to the trainer's dtype.
-      steps: the named pure steps that ``step`` composes (follower, rollout, critic, estimator,
-        ascent, ...), for inspection, tests and reuse in user code.
+      steps: a dict of the named pure steps that ``step`` composes (each family its own, e.g.
+        the tabular CMDP's ``follower``, ``collect``, ``leader_critic``, ``estimate``), for
+        inspection, tests and reuse in user code.
     """
 
     problem: Any

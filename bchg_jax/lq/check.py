@@ -34,6 +34,7 @@ import numpy as np
 from bchg_jax.core.bias_check import (
     check_batches,
     check_best_response_config,
+    check_theta_list,
     compare,
     describe,
     warn_if_unresolved,
@@ -76,7 +77,8 @@ def check_problem(
       ``rel_error``, ``rel_se``, ``cosine`` (:func:`~bchg_jax.core.bias_check.compare`).
     Raises:
       ValueError: a ``config.follower`` off the best response,
-        ``method="exact"`` or unknown, ``batches`` < 2, an invalid problem / config or
+        ``method="exact"`` or unknown, ``batches`` < 2, one theta given alone or none,
+        an invalid problem / config or
         a horizon too short for the sampling estimators (as
         :func:`~bchg_jax.lq.train.make_train`), a bad ``beta``, or a theta whose follower
         solve does not converge (no exact reference there).
@@ -89,6 +91,7 @@ def check_problem(
             f"(not 'exact'), got {method!r}"
         )
     batches = check_batches(batches)
+    theta_list = check_theta_list("lq.check_problem", theta_list, np.shape(problem.theta0))
     trainer = make_train(problem, method, config)
     dtype = jnp.asarray(problem.theta0).dtype
     hp = HParams(beta=beta).validate()

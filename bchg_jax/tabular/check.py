@@ -122,6 +122,7 @@ from bchg_jax.core.bias_check import (
     RARE_VISITS,
     check_batches,
     check_best_response_config,
+    check_theta_list,
     compare,
     describe,
     discount_weight_beyond,
@@ -292,8 +293,9 @@ def check_problem(
       ``MODEL_GAP_WARN``).
     Raises:
       ValueError: a ``config.follower`` off the best response,
-        ``method="exact"`` or unknown, an unknown ``critic``, ``batches`` < 2, or an
-        invalid problem / config (as :func:`~bchg_jax.tabular.train.make_train`).
+        ``method="exact"`` or unknown, an unknown ``critic``, ``batches`` < 2, one theta
+        given alone or none (not a list of thetas), or an invalid problem / config (as
+        :func:`~bchg_jax.tabular.train.make_train`).
     """
     config = TrainConfig() if config is None else config
     check_best_response_config(config)
@@ -305,6 +307,7 @@ def check_problem(
     if critic not in CRITICS:
         raise ValueError(f"critic must be one of {CRITICS}, got {critic!r}")
     batches = check_batches(batches)
+    theta_list = check_theta_list("tabular.check_problem", theta_list, np.shape(problem.theta0))
     with warnings.catch_warnings():  # the cut is measured and reported below, per theta
         warnings.filterwarnings("ignore", message=".*no terminal state, so every episode")
         steps = make_train(problem, method, config).steps

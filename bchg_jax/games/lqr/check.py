@@ -28,7 +28,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.core.bias_check import check_batches, compare, describe, warn_if_unresolved
+from bchg_jax.core.bias_check import (
+    check_batches,
+    check_theta_list,
+    compare,
+    describe,
+    warn_if_unresolved,
+)
 from bchg_jax.core.validate import check_count
 from bchg_jax.games.lqr.exact import (
     exact_critic_estimate,
@@ -79,8 +85,9 @@ def check_problem(
       ``rel_error``, ``rel_se``, ``cosine`` (:func:`~bchg_jax.core.bias_check.compare`).
     Raises:
       ValueError: an invalid game, ``beta`` or estimator option (as ``exact_critic_estimate``),
-        ``batches`` < 2, a theta ``game.validate(theta)`` refuses (an unstabilisable follower
-        pair there), or one whose follower solve does not converge (no exact reference).
+        ``batches`` < 2, one theta given alone or none, a theta ``game.validate(theta)``
+        refuses (an unstabilisable follower pair there), or one whose follower solve does not
+        converge (no exact reference).
     Warns:
       UserWarning: a float32 theta at which the exact reference itself is unreliable (its
         direct and follower-response parts cancel: large leader gains,
@@ -93,6 +100,8 @@ def check_problem(
     if extra_steps is None:
         extra_steps = influence_steps(game)
     batches = check_batches(batches)
+    shape = (game.leader_dim * game.state_dim,)
+    theta_list = check_theta_list("games.lqr.check_problem", theta_list, shape)
     key = jax.random.key(0) if key is None else key
     options = dict(
         episodes=int(episodes),

@@ -865,7 +865,10 @@ def exact_critic_estimate(
     check_count("leader_steps", leader_steps)
     check_count("samples", samples)
     check_int_range("extra_steps", extra_steps, 0, float("inf"))
-    cut = float(game.gamma_F) ** int(extra_steps)
+    # gamma_F = 0: the influence sums have no terms after the step's own (0 ** 0 = 1 warned of
+    # a cut at extra_steps 0, which influence_steps gives)
+    gF = float(game.gamma_F)
+    cut = 0.0 if gF == 0 else gF ** int(extra_steps)
     if cut > INFLUENCE_CUT_WARN:
         warnings.warn(
             f"lqr.exact_critic_estimate: extra_steps={extra_steps} cuts the follower's "

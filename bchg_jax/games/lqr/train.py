@@ -187,20 +187,30 @@ def make_train(
       iteration at the new theta did not converge, or some actor step's gradient was not
       finite: a non-finite ``grad_norm``; a finite gradient with a huge norm is clipped, not
       skipped), ``solve_capped`` (1 when a Riccati solve failed: the follower's at the new
-      theta, or the exact methods' own solve), ``metric_nonfinite`` (1 when the exact return
-      ``J`` or ``J_discounted`` is not finite: the state's moments overflowed the dtype, a
-      closed loop with rho(F)^t beyond its range; :mod:`bchg_jax.core.health` counts it),
+      theta or at the kept one, or the exact methods' own solve), ``metric_nonfinite`` (1
+      when the exact return ``J`` or ``J_discounted`` is not finite: the state's moments
+      overflowed the dtype, a closed loop with rho(F)^t beyond its range;
+      :mod:`bchg_jax.core.health` counts it),
       ``riccati_iterations``, and those of ``metrics_fn``).
     Raises:
-      ValueError: an unknown method, a failed ``validate()`` of the game or the config, or a
-        singular leader scale U (a zero diagonal entry) with a Gaussian-leader score method
-        (``bchg``, ``naive``: log f_theta(a|s) is undefined).
+      ValueError: an unknown method, a failed ``validate()`` of the game or the config, a
+        start theta = 0 (``theta0_std`` 0) at which the follower's problem is not
+        stabilisable, or a singular leader scale U (a zero diagonal entry) with a
+        Gaussian-leader score method (``bchg``, ``naive``: log f_theta(a|s) is undefined).
     Warns:
       UserWarning: a deterministic method (``bchg_det``, ``naive_det``) without behaviour
         episodes (``config.exploration.episodes`` = 0): its critic never sees the leader's
         action vary after the warm-up, so its ``grad_a Q_L`` is not identified by the data.
     """
     check_setup(game, method, config, METHODS)
+    if config.actor.theta0_std == 0:  # every run starts at theta = 0: one the follower answers
+        try:
+            game.validate(np.zeros(game.leader_dim * game.state_dim))
+        except ValueError as e:  # every iteration's update was undone there, the J NaN
+            raise ValueError(
+                f"ActorConfig(theta0_std=0) starts every run at theta = 0, where the follower "
+                f"cannot answer: {e} (start from random gains, theta0_std > 0)"
+            ) from None
     if method in SCORE:
         game.check_gaussian_leader(
             f"method {method!r}",
@@ -308,6 +318,9 @@ def make_train(
         moments_ok = jnp.isfinite(J_undiscounted) & jnp.isfinite(J_discounted)
         finite_grad = jnp.isfinite(grad_norm)
         capped = ~ok & (finite_grad | moments_ok) if method in EXACT else ~ok & finite_grad
+        # the follower's solve at the kept theta failed (the iteration's start, its update
+        # undone): the run stays there, and its NaN J is that solve, not overflowing moments
+        capped = capped | ~resp.converged
         return {
             "J": J_undiscounted,
             "J_discounted": J_discounted,

@@ -90,6 +90,7 @@ from bchg_jax.core.bias_check import (
     CUT_WEIGHT_WARN,
     RARE_VISITS,
     check_batches,
+    check_theta_list,
     compare,
     describe,
     discount_weight_beyond,
@@ -358,7 +359,8 @@ def check_problem(
       unless the comparison reads as biased).
     Raises:
       ValueError: an invalid game, ``beta``, ``backup``, ``guide`` or ``baseline``, no
-        ``horizon`` (and no ``game.time_limit``), ``episodes`` < 1, ``batches`` < 2, or a
+        ``horizon`` (and no ``game.time_limit``), ``episodes`` < 1, ``batches`` < 2, an empty
+        ``theta_list``, or a
         ``policy_fn(theta)`` whose rows are not distributions.
     """
     game.validate()
@@ -370,6 +372,7 @@ def check_problem(
     check_count("horizon", horizon)
     check_count("episodes", episodes)
     batches = check_batches(batches)
+    theta_list = check_theta_list("games.tabular.check_problem", theta_list)
     key = jax.random.key(0) if key is None else key
     horizon, episodes = int(horizon), int(episodes)
 

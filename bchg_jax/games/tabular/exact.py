@@ -387,6 +387,12 @@ def leader_objective_at(game, f: Array, g: Array) -> Array:
 def _check_hypergradient_args(policy_fn, theta, game, beta, *_, **__) -> None:
     """The checks of :func:`exact_hypergradient` (a concrete theta's ``policy_fn(theta)`` on the
     simplex: eagerly before a cached call, where theta is traced)."""
+    if not callable(policy_fn):  # the game first, as best_response takes it: a raw TypeError
+        raise ValueError(
+            "games.tabular.exact_hypergradient takes (policy_fn, theta, game, beta): the "
+            f"first argument must be the leader's policy_fn (theta -> f [S, A]), got "
+            f"{type(policy_fn).__name__}"
+        )
     check_game(game)
     check_beta_if_concrete(beta)
     # first: it refuses a non-floating theta before policy_fn is traced with it

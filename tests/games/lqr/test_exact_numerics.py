@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from small_problems import lqr_game_2d
 
 from bchg_jax.games import lqr
 from bchg_jax.games.lqr import LQRGame, best_response
@@ -284,20 +285,7 @@ def test_an_overflowing_metric_is_flagged_not_counted_as_a_capped_solve():
     """float32 moments that really overflow (rho(F) = 1.3 over 400 steps): the update is undone
     (its gradient is not finite) and the iteration says why: ``metric_nonfinite``, not
     ``solve_capped`` (the solves converged)."""
-    game = LQRGame(
-        A=np.diag([0.5, 0.5]),
-        B=np.array([[1.0], [0.0]]),
-        C=np.array([[0.0], [1.0]]),
-        Qbar=np.eye(2),
-        Rbar=np.eye(1),
-        s0=np.array([1.0, 1.0]),
-        s_star=np.zeros(2),
-        Sigma=np.eye(2),
-        U=0.3 * np.eye(1),
-        gamma_F=0.5,
-        gamma_L=0.95,
-        horizon=400,
-    ).validate()
+    game = lqr_game_2d()
     cfg = dict(actor=ActorConfig(lr=0.05, theta0_std=0.0))
     tr = lqr.make_train(game, "exact", lqr.TrainConfig(iterations=3, episodes=2, **cfg))
     init = tr.init(jax.random.key(0), lqr.HParams())
@@ -340,3 +328,19 @@ def test_an_integer_scalar_horizon_is_accepted():
     for bad in (jnp.float32(10.0), jnp.int32(0), jnp.array([10, 10]), True):
         with pytest.raises(ValueError, match="horizon must be a positive integer"):
             leader_objective(base, th, 0.1, horizon=bad)
+
+
+def test_a_myopic_follower_has_no_influence_sums_to_cut():
+    """gamma_F = 0: ``influence_steps`` is 0, and ``exact_critic_estimate`` with 0 extra steps
+    warned that the sums were cut at gamma_F^0 = 1 ("take extra_steps >= 0"); a cut that does
+    lose weight still warns."""
+    game = lqr_game(gamma_F=0.0)
+    assert lqr.influence_steps(game) == 0
+    kw = dict(episodes=2, leader_steps=5, samples=2)
+    theta = jnp.asarray([0.3, 0.1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g = lqr.exact_critic_estimate(game, theta, 0.2, jax.random.key(0), extra_steps=0, **kw)
+    assert np.all(np.isfinite(g))
+    with pytest.warns(UserWarning, match="cuts the follower's influence sums"):
+        lqr.exact_critic_estimate(lqr_game(), theta, 0.2, jax.random.key(0), extra_steps=0, **kw)

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from small_problems import lqr_game_2d
 
 from bchg_jax.games import lqr
 from bchg_jax.games.lqr import (
@@ -218,23 +219,10 @@ def test_an_overflowing_closed_loop_is_named_not_returned_as_nan():
     can still answer (gamma_F = 0.5) has a finite return, whose state moments overflow float32
     after ~170 steps: the exact return and gradient returned NaN with no error at a long
     horizon. A concrete call now names the overflow; a shorter horizon is computed."""
-    from bchg_jax.games.lqr import LQRGame, exact_hypergradient, leader_objective
+    from bchg_jax.games.lqr import exact_hypergradient, leader_objective
 
     def game(horizon):
-        return LQRGame(
-            A=np.diag([0.5, 0.5]),
-            B=np.array([[1.0], [0.0]]),
-            C=np.array([[0.0], [1.0]]),
-            Qbar=np.eye(2),
-            Rbar=np.eye(1),
-            s0=np.array([1.0, 1.0]),
-            s_star=np.zeros(2),
-            Sigma=np.eye(2),
-            U=0.3 * np.eye(1),
-            gamma_F=0.5,
-            gamma_L=0.95,
-            horizon=horizon,
-        ).validate()
+        return lqr_game_2d(horizon=horizon)
 
     theta = jnp.asarray([0.0, 0.8], jnp.float32)  # closed-loop eigenvalue 0.5 + 0.8
     short = game(60)
@@ -247,3 +235,38 @@ def test_an_overflowing_closed_loop_is_named_not_returned_as_nan():
     ):
         with pytest.raises(ValueError, match=r"overflow float32 within the horizon 400.*1\.3"):
             fn()
+
+
+def test_a_start_the_follower_cannot_answer_is_refused_or_flagged_capped():
+    """At theta = 0 of this game the follower's problem is not stabilisable (the unstable mode 0
+    is reached only through the gain K[0, 1]). With ``theta0_std=0`` every run started there,
+    never moved (every update undone), and reported its NaN J as overflowing state moments with
+    ``solve_capped`` 0; now ``make_train`` refuses it, and a run at such a theta flags the
+    follower's failed solve."""
+    game = lqr_game_2d(
+        A=np.diag([1.5, 0.5]),
+        B=np.array([[0.0], [1.0]]),
+        C=np.array([[1.0], [0.0]]),
+        gamma_F=0.9,
+        gamma_L=0.9,
+        horizon=20,
+    )
+
+    def config(std):
+        return lqr.TrainConfig(
+            iterations=2,
+            episodes=2,
+            actor=lqr.ActorConfig(theta0_std=std),
+            exploration=lqr.ExplorationConfig(warmup_steps=0),
+        )
+
+    with pytest.raises(ValueError, match=r"theta0_std=0.*not stabilisable"):
+        lqr.make_train(game, "exact", config(0.0))
+    trainer = lqr.make_train(game, "exact", config(1.0))
+    hp = jax.tree.map(lambda x: x[0], trainer.hparams({"beta": np.array([0.2])}))
+    state = trainer.init(jax.random.key(0), hp)
+    zero = jnp.zeros_like(state.actor)
+    stuck = state._replace(actor=zero, actor_targ=zero)
+    _, m = jax.jit(trainer.run, static_argnums=2)(stuck, hp, 2)
+    assert np.all(np.asarray(m["update_skipped"]) == 1)
+    assert np.all(np.asarray(m["solve_capped"]) == 1)  # was 0: blamed on the moments
