@@ -248,6 +248,10 @@ def _where(run_dir: str) -> str:
     return f"in method {PROGRESS['method']} at iteration {step or 0} (its last checkpoint)"
 
 
+# what a run writes into its folder beside config.json and its methods' folders
+RUN_FILES = ("summary.csv", "figure.png", "components.png")
+
+
 def prepare_run_dir(
     a,
     experiment: str,
@@ -257,7 +261,8 @@ def prepare_run_dir(
 ) -> str:
     """Creates (or re-opens: to add methods, or to resume) the run folder and writes its
     ``config.json``. A folder that holds another experiment's run or a method's results is
-    refused, as is one whose run has other settings."""
+    refused, as is one whose run has other settings, and (``--exact-out``) one that holds no
+    run but files the run would replace (a method's folder, :data:`RUN_FILES`)."""
     from bchg_jax.core.io import save_json
 
     if a.exact_out:
@@ -285,6 +290,13 @@ def prepare_run_dir(
         )
         return run_dir
     all_methods = list(methods)
+    taken = [n for n in [*methods, *RUN_FILES] if os.path.exists(os.path.join(run_dir, n))]
+    if a.exact_out and taken and not os.path.exists(cfg_path):
+        # a folder of the user's (not a run: no config.json) whose files would be replaced
+        fail(
+            f"--out {run_dir} holds {', '.join(taken)} and no run (no config.json): the run "
+            "would replace them; use another --out"
+        )
     if os.path.exists(cfg_path):  # adding methods to an existing run folder
         old = read_run_config(cfg_path, "--out")
         if old.get("experiment") != experiment:

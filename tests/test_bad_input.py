@@ -226,6 +226,18 @@ def test_cli_unwritable_output(module, tmp_path, capsys):
     assert blocker.read_text() == "not a folder"
 
 
+def test_exact_out_refuses_a_folder_of_other_files(tmp_path, capsys):
+    """``--exact-out`` into a non-empty folder that holds no run wrote the run's files beside
+    the user's, replacing those of its names (a folder ``bchg/``, ``summary.csv``)."""
+    folder = tmp_path / "mine"
+    (folder / "bchg").mkdir(parents=True)
+    (folder / "bchg" / "notes.txt").write_text("keep")
+    err = _cli_error("fourrooms", ["--smoke", "--out", str(folder), "--exact-out"], capsys)
+    assert "holds bchg and no run" in err
+    assert sorted(os.listdir(folder)) == ["bchg"]
+    assert (folder / "bchg" / "notes.txt").read_text() == "keep"
+
+
 @pytest.mark.slow
 def test_existing_results_are_never_lost(tmp_path, capsys, digest):
     """A finished run folder survives a rerun with bad arguments, a rerun with other settings,
