@@ -24,7 +24,7 @@ from typing import Dict, Sequence
 
 import numpy as np
 
-from bchg_jax.core.health import FLAGS, WARN_SHARE, health_text, health_warning, solver_health
+from bchg_jax.core.health import FLAGS, WARN_SHARE, health_text, solver_health, suspect
 from bchg_jax.problems.thermal import COMPONENT_WEIGHTS as THERMAL_WEIGHTS
 from experiments.cli import NOT_SETTINGS as RUN_FLAGS
 from experiments.summary import nonfinite_seeds, summarize
@@ -649,8 +649,8 @@ def components_figure(run_dir: str, metrics: Sequence[str], window: int | None =
 
 def final_table(run_dirs, footnote: bool = True) -> str:
     """Markdown table: mean +- SE over seeds of the summary window (e.g. the last 1000
-    iterations) of each method's best grid point; a cell whose solver health warns
-    (:func:`~bchg_jax.core.health.health_warning`) carries it in bold. ``footnote``: a line
+    iterations) of each method's best grid point; a cell whose solver health makes its result
+    suspect (:func:`~bchg_jax.core.health.suspect`) carries it in bold. ``footnote``: a line
     under the table names the window(s) and what the bold means.
 
     Column headers: with several runs the panel titles of :func:`panel_titles` (folder name and
@@ -690,7 +690,7 @@ def final_table(run_dirs, footnote: bool = True) -> str:
                 )
                 if s.get("nonfinite_seeds"):  # as the run's own table: there is no best point
                     cells[-1] = "nan +- nan (no grid point finite in every seed)"
-                if health_warning(s["health"]):  # a result that is not what it claims to be
+                if suspect(s["health"]):  # a result that is not what it claims to be
                     cells[-1] += f" **{health_text(s['health'])}**"
                     unhealthy = True
             else:
@@ -718,8 +718,8 @@ def final_table(run_dirs, footnote: bool = True) -> str:
 # what a bold cell of a table means (final_table's footnote, the figure's table)
 BOLD_NOTE = (
     f"In bold: a solver-health flag set in more than {100 * WARN_SHARE:g}% of the "
-    "run-iterations (capped or stalled solves, skipped updates, lost successor mass, a "
-    "non-finite J or float32-rounded logits): the cell is not the method's result"
+    "run-iterations (capped or stalled solves, skipped updates, a non-finite J or "
+    "float32-rounded logits): the cell is not the method's result"
 )
 
 

@@ -12,8 +12,12 @@ Every trainer records two per-iteration flags in its metrics (int32, 0 or 1 per 
 * ``update_skipped``: the iteration's update was dropped (a non-converged Riccati solve, a
   non-finite estimate, an LQ closed loop that diverges under the discounts: ``diverging``, a
   tabular update to a theta whose tables are not distributions: ``model_invalid``).
-* ``support_lost`` (tabular trainers with the sparse solvers): ``transition(theta)`` put mass
-  outside the successor table; that iteration was solved and sampled on the whole table.
+* ``support_lost`` (tabular trainers with the sparse solvers): ``transition(theta)`` (or the
+  sampler's table) had a non-zero entry outside its successor table; that iteration's
+  follower and metric were solved (or its rollouts drawn) on the whole table, so its results
+  are right: only its speed was lost. It is reported, and warned about above 1% (the table
+  does not hold the support: :func:`bchg_jax.tabular.sparse.probe_support` with wider
+  scales, or ``solver="dense"``), but it is not an unconverged result (:func:`suspect`).
 * ``metric_nonfinite`` (the LQR game's trainer): the exact return ``J`` (or ``J_discounted``)
   recorded that iteration is not finite (the state's moments overflowed the dtype: a closed loop
   with rho(F) > 1 that the follower still answers, over a horizon where rho(F)^t leaves the
@@ -94,7 +98,7 @@ def health_warning(health: Mapping[str, float], share: float = WARN_SHARE) -> Op
       the warning text, or None.
     """
     bad = [
-        (name, health[key], health[flag])
+        (name, health[key], health[flag], flag)
         for name, key, flag in (
             (
                 "follower / metric solves hit their cap (or stalled, or were ill-conditioned: "
@@ -104,8 +108,10 @@ def health_warning(health: Mapping[str, float], share: float = WARN_SHARE) -> Op
             ),
             ("updates were skipped", "skipped_share", "update_skipped"),
             (
-                "the model put mass outside the sparse solvers' successor table (those iterations "
-                "were solved on the whole table; solver='dense' avoids the check)",
+                "the model (or the sampler's table) put mass outside the sparse solvers' "
+                "successor table (those iterations were solved, or sampled, on the whole table: "
+                "their results are right, at the dense solvers' cost; solver='dense' avoids the "
+                "check)",
                 "lost_share",
                 "support_lost",
             ),
@@ -119,7 +125,7 @@ def health_warning(health: Mapping[str, float], share: float = WARN_SHARE) -> Op
     lines = [
         f"WARNING: in {100 * v:.1f}% of {health['run_iterations']} run-iterations "
         f"{what} ({n} times)"
-        for what, v, n in bad
+        for what, v, n, _ in bad
     ]
     if nonfinite:
         lines.append(
@@ -137,7 +143,7 @@ def health_warning(health: Mapping[str, float], share: float = WARN_SHARE) -> Op
             "J and the estimates can be off by percent. Run in float64 (jax_enable_x64 and a "
             "float64 problem or config dtype); the flags are in metrics.npz (logits_rounded)."
         )
-    if not bad:
+    if not any(flag in ("solve_capped", "update_skipped") for flag in _flags(bad)):
         return "\n".join(lines)
     lines.append(
         "WARNING: the results of this run are not converged solves. Likely causes: "
@@ -147,3 +153,18 @@ def health_warning(health: Mapping[str, float], share: float = WARN_SHARE) -> Op
         "flags are in metrics.npz (solve_capped, update_skipped)."
     )
     return "\n".join(lines)
+
+
+def _flags(bad) -> list:
+    return [flag for *_, flag in bad]
+
+
+def suspect(health: Mapping[str, float], share: float = WARN_SHARE) -> bool:
+    """Whether a run's results may not be what they claim (a table marks them): more than
+    ``share`` of its run-iterations with a capped solve, a skipped update, a non-finite J or
+    float32-rounded logits. ``support_lost`` alone is not (those iterations were solved on the
+    whole table)."""
+    return any(
+        health.get(key, 0.0) > share
+        for key in ("capped_share", "skipped_share", "nonfinite_share", "rounded_share")
+    )

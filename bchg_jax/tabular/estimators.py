@@ -335,6 +335,9 @@ def apply_cotangents(problem: TabularCMDP, theta: Array, cot: Cotangents) -> Arr
         )
 
     out, vjp = jax.vjp(tables, theta)
+    # each cotangent in its table's dtype: float32 tables of a float64 run (which validate()
+    # takes, promoted) failed here with a VJP dtype error
+    cot = tuple(jnp.asarray(c, o.dtype) for c, o in zip(cot, out[:-1], strict=True))
     (g,) = vjp((*cot, jnp.ones_like(out[-1])))
     return g
 

@@ -62,8 +62,7 @@ from bchg_jax.tabular.rollout import check_parallel_limit, rollout
 from bchg_jax.tabular.sparse import (
     cond_on_any_lane,
     depends_on_input,
-    lost_mass,
-    lost_mass_tolerance,
+    outside_support,
     prefers_sparse,
     probe_support,
     problem_successors,
@@ -112,8 +111,8 @@ class TrainConfig(FollowerSettings):
         and expectation sweeps on the successor table, :mod:`bchg_jax.tabular.sparse`) or
         ``"auto"``: sparse when each state has at most S/4 successors and the support did not
         change between the probed thetas, dense otherwise (:func:`resolve_solver`). Both stop
-        on the same tolerance ``vi_tol``; an iteration whose model puts mass outside the
-        successor table is solved densely and flagged (metric ``support_lost``).
+        on the same tolerance ``vi_tol``; an iteration whose model has a non-zero entry outside
+        the successor table is solved densely and flagged (metric ``support_lost``).
       linear_sweeps: expectation sweeps after each soft sweep of the sparse follower solver.
       parallel_steps: draw the rollouts in log depth and make the SARSA pass one triangular
         solve (``rollout(parallel=True)``, ``sarsa_update(parallel=True)``): the same batches
@@ -326,10 +325,11 @@ def make_train(
       :meth:`~bchg_jax.tabular.cmdp.TabularCMDP.row_sum_tolerance`: ``validate()`` checks
       theta0 only, and there every solve and J are finite but meaningless),
       ``support_lost`` (1: with the sparse solvers, ``transition(theta_i)`` or the sampler's
-      table put more than rounding-level mass outside the successor table; that iteration's
-      follower and metric were then solved densely, so ``J`` and ``sweeps`` are the dense
-      solves', and its rollouts drew from the whole table); with a follower off its best
-      response (``config.follower``, docs/followers.md) ``J`` is J_L at the policy it plays and
+      table has a non-zero entry outside its successor table: when the model's does, that
+      iteration's follower and metric were solved densely, so ``J`` and ``sweeps`` are the
+      dense solves'; when the sampler's does, its rollouts drew from the whole table); with a
+      follower off its best response (``config.follower``, docs/followers.md) ``J`` is J_L at
+      the policy it plays and
       ``follower_gap`` its distance max |g - g^{theta dagger}|; with ``config.track_reference``
       also ``cos_target``, ``proj_target``, ``cos_through``, ``proj_through``
       (:func:`~bchg_jax.core.follower_model.agreement` of the estimate with the two exact
@@ -501,17 +501,15 @@ def make_train(
 
     def support_lost(theta):
         """([] bool model lost mass, [] bool sampler lost mass): with the sparse solvers, the
-        follower's model / the sampler's table put mass outside its successor table at theta
-        (:func:`~bchg_jax.tabular.sparse.lost_mass` above its rounding tolerance). A table that
-        does not depend on theta (Four-Rooms) has the support of theta0, which its successor
-        table holds: it is not checked (False)."""
+        follower's model / the sampler's table has a non-zero entry outside its successor table
+        at theta (:func:`~bchg_jax.tabular.sparse.outside_support`: exact, whatever the mass).
+        A table that does not depend on theta (Four-Rooms) has the support of theta0, which its
+        successor table holds: it is not checked (False)."""
 
         def lost(table, table_successors):
             if solver != "sparse" or not depends_on_input(table, problem.theta0):
                 return jnp.zeros((), bool)
-            return lost_mass(table(theta), table_successors) > lost_mass_tolerance(
-                dtype, table_successors
-            )
+            return outside_support(table(theta), table_successors)
 
         model = lost(problem.transition, successors)
         if problem.sample_transition is None:
@@ -619,14 +617,16 @@ def make_train(
     def tables_invalid(theta):
         """[] bool: a probability table at theta off the simplex by more than ``row_tol``
         (a negative entry or a sum off 1), as ``validate()`` checks at theta0."""
+        # written so that a NaN entry is invalid too (a comparison with NaN is False: a row
+        # that became NaN passed, and J was NaN with no flag but solve_capped)
         rho = problem.init_dist(theta)
-        bad = (jnp.min(rho) < -row_tol) | (jnp.abs(jnp.sum(rho) - 1) > row_tol)
+        ok = (jnp.min(rho) >= -row_tol) & (jnp.abs(jnp.sum(rho) - 1) <= row_tol)
         tables = [problem.transition(theta)]
         if problem.sample_transition is not None:
             tables.append(problem.sampler_transition(theta))
         for P in tables:
-            bad |= (jnp.min(P) < -row_tol) | (jnp.max(jnp.abs(jnp.sum(P, -1) - 1)) > row_tol)
-        return bad
+            ok &= (jnp.min(P) >= -row_tol) & (jnp.max(jnp.abs(jnp.sum(P, -1) - 1)) <= row_tol)
+        return ~ok
 
     def step(state: TrainState, hp: HParams):
         hp = hp.cast(dtype)

@@ -36,6 +36,23 @@ def test_health_counts_and_warning_threshold():
     assert solver_health({"J": np.zeros(3)}) == {}
 
 
+def test_a_lost_support_alone_is_reported_not_called_unconverged():
+    """Iterations whose model left the successor table were solved on the whole table: the
+    warning said the results were "not converged solves" and the final table bolded them."""
+    from bchg_jax.core.health import suspect
+
+    m = {k: np.zeros((1, 2, 10), np.int32) for k in ("solve_capped", "update_skipped")}
+    m["support_lost"] = np.zeros((1, 2, 10), np.int32)
+    m["support_lost"][0, 0, :5] = 1
+    h = solver_health(m)
+    w = health_warning(h)
+    assert "25.0% of 20" in w and "whole table" in w and "not converged" not in w
+    assert not suspect(h)
+    m["solve_capped"][0, 1, :3] = 1
+    h = solver_health(m)
+    assert "not converged" in health_warning(h) and suspect(h)
+
+
 def test_a_non_finite_exact_return_is_counted_and_warned():
     """The LQR game's trainer records ``metric_nonfinite`` (an exact J that is not finite: the
     state's moments overflowed the dtype); it was a silent NaN in the curve. It is counted, shown

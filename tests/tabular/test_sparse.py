@@ -1,6 +1,8 @@
 """The sparse-successor solvers (modified soft policy iteration, expectation sweeps) against the
 dense solvers and the exact linear-algebra references, and the run-last batching they use."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -174,6 +176,112 @@ def test_solvers_refuse_a_concrete_table_that_loses_mass(teleport_chain):
     assert float(sparse.lost_mass(fr.transition(fr.theta0), succ)) <= (
         sparse.lost_mass_tolerance(jnp.float32, succ)
     )
+
+
+def _jackpot(dtype=jnp.float32, break_at=None):
+    """10 states, each action moves to one fixed state, plus a move to a state of leader reward
+    10 whose float32 logit -110 + theta[0] underflows to probability 0 at theta0 and grows with
+    theta[0]: the probes see a support of 2 successors. With ``break_at``, the rows of state 0
+    are NaN (an all -inf softmax) once theta[0] > break_at."""
+    S, jp = 10, 9
+    L = np.full((S, 2, S), -np.inf)
+    for s_ in range(jp):
+        L[s_, 0, s_] = 0.0
+        L[s_, 1, (s_ + 1) % jp] = 0.0
+    L[jp, :, jp] = 0.0
+    L = jnp.asarray(L, dtype)
+    jack = jnp.zeros((S, 2, S), bool).at[:jp, :, jp].set(True)
+
+    def transition(th):
+        logits = jnp.where(jack, -110.0 + th[0], L)
+        if break_at is not None:
+            logits = jnp.where(th[0] > break_at, logits.at[0].set(-jnp.inf), logits)
+        return jax.nn.softmax(logits, -1)
+
+    return TabularCMDP(
+        transition=transition,
+        init_dist=lambda th: jnp.zeros((S,), dtype).at[0].set(1.0),
+        follower_reward=lambda th: jnp.zeros((S, 2), dtype).at[:, 1].set(th[1]),
+        leader_reward=lambda th: jnp.ones((S, 2), dtype).at[jp].set(10.0),
+        gamma_F=0.9,
+        gamma_L=0.99,
+        theta0=jnp.asarray([0.0, 0.1], dtype),
+    ).validate()
+
+
+def test_a_small_float32_mass_outside_the_table_is_flagged_and_solved_densely():
+    """A mass of 7.5e-6 per row outside the table was below the float32 rounding tolerance of
+    the lost-mass test (7.6e-6): unflagged, the sparse J of the truncated model was 99.93
+    against the exact 100.67. The test is now exact (a non-zero entry outside the table)."""
+    problem = _jackpot()
+    solver, table = resolve_solver(problem, "auto")
+    assert solver == "sparse" and table.width == 2
+    theta = jnp.asarray([98.2, 0.1], jnp.float32)
+    P = problem.transition(theta)
+    assert 0 < float(sparse.lost_mass(P, table)) < sparse.lost_mass_tolerance(jnp.float32, table)
+    assert bool(sparse.outside_support(P, table))
+    assert not bool(sparse.outside_support(problem.transition(problem.theta0), table))
+    hp = HParams(lr=1e-9, sarsa_alpha=0.5, beta=0.1)
+    trainer = make_train(problem, "exact", TrainConfig(solver="auto", theta_init_std=0.0))
+    state = trainer.init(jax.random.key(0), hp)._replace(theta=theta)
+    _, m = jax.jit(trainer.run, static_argnums=2)(state, hp, 1)
+    exact = float(leader_objective(problem, theta, 0.1))
+    assert int(m["support_lost"][0]) == 1
+    assert float(m["J"][0]) == pytest.approx(exact, abs=2e-3)  # was 0.74 below
+    with pytest.raises(ValueError, match="outside the successor table"):
+        sparse.sparse_soft_value_iteration(P, problem.follower_reward(theta), 0.1, 0.9, table)
+
+
+def test_an_update_into_nan_rows_is_refused(x64):
+    """Rows that become NaN past theta[0] = 3 (an all -inf softmax) passed ``tables_invalid``
+    (a comparison with NaN is False): the update was taken and J was NaN from then on, flagged
+    only as a capped solve. Now it is refused (``model_invalid``) and J stays finite."""
+    # a leader regulariser that pays theta[0]: the exact gradient pushes it past 3
+    problem = dataclasses.replace(
+        _jackpot(jnp.float64, break_at=3.0), leader_regularizer=lambda th: th[0]
+    )
+    hp = HParams(lr=1.0, sarsa_alpha=0.5, beta=0.1)
+    trainer = make_train(problem, "exact", TrainConfig(theta_init_std=0.0, clip_norm=1e6))
+    state = trainer.init(jax.random.key(0), hp)._replace(theta=jnp.asarray([2.9, 0.1]))
+    _, m = jax.jit(trainer.run, static_argnums=2)(state, hp, 3)
+    assert np.all(np.asarray(m["model_invalid"]) == 1), m["model_invalid"]
+    assert np.all(np.isfinite(np.asarray(m["J"])))
+
+
+def test_float32_tables_of_a_float64_run_are_not_flagged_and_estimate(x64):
+    """float32 tables in a float64 run (validate() takes them, promoted): their float32 row sums
+    were compared with the float64 tolerance, flagging ``support_lost`` at every iteration,
+    and every sampling method failed in the estimate's VJP (float64 cotangents of float32
+    tables)."""
+    base = _ring_problem(dtype=jnp.float64)
+    problem = TabularCMDP(
+        transition=lambda th: base.transition(th).astype(jnp.float32),
+        init_dist=base.init_dist,
+        follower_reward=base.follower_reward,
+        leader_reward=base.leader_reward,
+        gamma_F=base.gamma_F,
+        gamma_L=base.gamma_L,
+        theta0=base.theta0,
+    ).validate()
+    hp = HParams(lr=0.1, sarsa_alpha=0.5, beta=0.5)
+    config = TrainConfig(solver="sparse", num_envs=2, num_steps=20)
+    trainer = make_train(problem, "bchg", config)
+    _, m = jax.jit(trainer.run, static_argnums=2)(trainer.init(jax.random.key(0), hp), hp, 3)
+    assert np.all(np.asarray(m["support_lost"]) == 0)
+    assert np.all(np.isfinite(np.asarray(m["grad_norm"])))
+
+
+def test_probe_support_checks_its_settings():
+    """``draws=-3`` ran one probe and ``draws=2.5`` raised a bare ``TypeError``."""
+    problem = _ring_problem()
+    for kw, match in (
+        (dict(draws=-3), "draws"),
+        (dict(draws=2.5), "draws"),
+        (dict(scales=[0.0]), "scales"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            sparse.probe_support(problem, **kw)
+    assert sparse.probe_support(problem, draws=2.0, scales=[1.0]).probes == 3
 
 
 def test_probe_support_skips_non_finite_tables():
