@@ -1795,3 +1795,41 @@ def test_check_problem_wants_a_list_of_thetas_and_exact_hypergradient_its_order(
     with pytest.raises(ValueError, match=r"takes \(policy_fn, theta, game, beta\).*TabularGame"):
         game_tabular.exact_hypergradient(game, policy_fn, theta, 0.3)
     assert game_tabular.exact_hypergradient(policy_fn, theta, game, 0.3).shape == (3, 2)
+
+
+def test_lq_shapes_the_audit_found_unchecked(x64):
+    """A ``components`` term with Ms given as a vector passed validate() and made the metric
+    wrong (4.72 for 5.36); ``validate(theta)`` took a theta shorter than theta0 (A read t[1] of
+    a [1] theta as t[0]); the critic fitters took transposed [T, E] rewards (another H) and a
+    wrong-shape ``P0`` failed as a bare TypeError; ``exact_hypergradient`` on dynamics that do
+    not depend on theta blamed a "br.K" the caller never gave for a failed Riccati solve."""
+    from bchg_jax import lq
+    from bchg_jax.lq import critics
+
+    f64 = jnp.float64
+    quad = (jnp.eye(2, dtype=f64), jnp.eye(1, dtype=f64), jnp.zeros((), f64))
+    ok = _lq(theta0=jnp.zeros(2, f64), leader_quadratic=lambda th: quad).validate()
+    vector_ms = (jnp.ones(2, f64),) + quad[1:]
+    with pytest.raises(ValueError, match=r"components\(theta\)\['state'\]'s Ms must have shape"):
+        _lq(theta0=ok.theta0, components=lambda th: {"state": vector_ms}).validate()
+    with pytest.raises(ValueError, match=r"theta must be shaped like theta0 \(2,\), got \(1,\)"):
+        ok.validate(jnp.zeros(1, f64))
+    rng = np.random.default_rng(0)
+    s, b, r = rng.normal(size=(5, 41, 2)), rng.normal(size=(5, 41, 1)), rng.normal(size=(5, 40))
+    critics.fit_quadratic_q(s, b, r, 0.9)
+    for fit in (critics.fit_quadratic_q, critics.leave_one_out_quadratic_q):
+        with pytest.raises(ValueError, match=r"r \(leader rewards\) must be \[5, 40\]"):
+            fit(s, b, r.T, 0.9)
+    for fit in (critics.fit_quadratic_vector_value, critics.leave_one_out_vector_value):
+        with pytest.raises(ValueError, match=r"y .* must be \[5, 40, 'D'\]"):
+            fit(s, r, 0.9)
+    with pytest.raises(ValueError, match=r"P0 .* must have shape \(2, 2\)"):
+        lq.best_response(ok, ok.theta0, 0.1, P0=jnp.eye(3, dtype=f64))
+    stuck = _lq(  # (A, B) not stabilisable, and neither moves with theta
+        A_fn=lambda th: jnp.diag(jnp.array([1.5, 0.5], th.dtype)),
+        B_fn=lambda th: jnp.array([[0.0], [1.0]], th.dtype),
+        theta0=jnp.zeros(1, f64),
+    )
+    for fn in (lq.leader_objective, lq.exact_hypergradient):
+        with pytest.raises(ValueError, match="Riccati iteration did not converge"):
+            fn(stuck, stuck.theta0, 0.1)

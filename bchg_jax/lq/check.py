@@ -17,7 +17,7 @@ than 1e-3 of the discount weight (:func:`~bchg_jax.lq.train.check_truncation`). 
 What it shows on the library's own settings (``tests/lq/test_lq_check.py``): BC-HG with the
 default cross-fitted critic (``critic="quadratic_loo"``) agrees within the resolution there
 (on other problems its LSTD fit keeps a finite-sample bias of a few percent at 2-4 episodes,
-about 1% at 10: docs/experiments.md, "The LSTD leader critic's in-sample bias"); the
+8% on one, 1-3% at 10: docs/experiments.md, "The LSTD leader critic's in-sample bias"); the
 in-sample fit (``critic="quadratic"``) is biased at a few episodes per batch; ``hpgd_mc`` (the
 authors' baseline, Q_L from the same episode's return) is biased at any batch size. Pass
 ``TrainConfig(critic="exact")`` to judge an estimator alone, with the closed-form Q_L.

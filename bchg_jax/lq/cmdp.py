@@ -269,10 +269,11 @@ class LQConfigurableMDP:
     def validate(self, theta=None) -> "LQConfigurableMDP":
         """Host-side checks with clear ``ValueError`` messages, before anything compiles.
 
-        Checks that theta0 (and ``theta``) is one finite floating [d] vector, discounts and
-        horizon; the shapes of A(theta) [n, n] and B(theta) [n, m] (the
+        Checks that theta0 (and ``theta``, shaped like it) is one finite floating [d] vector,
+        discounts and horizon; the shapes of A(theta) [n, n] and B(theta) [n, m] (the
         dynamics define n and m), of Qbar [n, n], Rbar [m, m], U [n, n], init_cov [n, n] and
-        ``leader_quadratic(theta)`` (finite) against them (an error names the array at fault);
+        of ``leader_quadratic(theta)`` and each ``components(theta)`` term (finite) against
+        them (an error names the array at fault);
         the costs, that U is a lower-triangular Cholesky factor, that init_cov is positive
         definite, that (sqrt(gamma_F) A(theta), B(theta)) is stabilisable, and that the
         follower's closed loop F = A(theta) - B(theta) K at theta (Proposition 1) has
@@ -291,6 +292,11 @@ class LQConfigurableMDP:
         check_dtype_available(f"{self.name}: theta0", np.asarray(self.theta0).dtype)
         if theta is not None:
             check_theta_array(self.name, theta, "theta", ndim=1)
+            if np.shape(theta) != np.shape(self.theta0):  # A(t) read t[1] of a [1] theta as t[0]
+                raise ValueError(
+                    f"{self.name}: theta must be shaped like theta0 {np.shape(self.theta0)}, "
+                    f"got {np.shape(theta)}"
+                )
         theta = np.asarray(self.theta0 if theta is None else theta)
         check_discounts(self.name, self.gamma_F, self.gamma_L, self.horizon)
         th = jnp.asarray(theta)
@@ -321,13 +327,19 @@ class LQConfigurableMDP:
         m = B.shape[1]
         src = f"n={n} from A(theta), m={m} from B(theta)"
         self._check_constant_arrays(n, m, src)
-        Ms, Mb, c = (np.asarray(x, np.float64) for x in raw_quad)
-        for label, x, shape in (("Ms", Ms, (n, n)), ("Mb", Mb, (m, m)), ("c", c, ())):
-            check_shape(f"{self.name}: leader_quadratic(theta)'s {label}", x, shape, src)
-            if not np.all(np.isfinite(x)):
-                raise ValueError(
-                    f"{self.name}: leader_quadratic(theta)'s {label} is not finite at {where}"
-                )
+        quadratics = {"leader_quadratic(theta)": raw_quad}
+        if self.components is not None:  # a diagonal given as a vector broadcast, unsaid
+            quadratics.update(
+                (f"components(theta)[{name!r}]", q) for name, q in self.components(th).items()
+            )
+        for what, quad in quadratics.items():
+            if len(quad) != 3:
+                raise ValueError(f"{self.name}: {what} must be (Ms, Mb, c), got {len(quad)} items")
+            for label, x, shape in zip(("Ms", "Mb", "c"), quad, ((n, n), (m, m), ()), strict=True):
+                x = np.asarray(x, np.float64)
+                check_shape(f"{self.name}: {what}'s {label}", x, shape, src)
+                if not np.all(np.isfinite(x)):
+                    raise ValueError(f"{self.name}: {what}'s {label} is not finite at {where}")
         if not np.all(np.isfinite(A)) or not np.all(np.isfinite(B)):
             raise ValueError(f"{self.name}: A(theta) or B(theta) is not finite at {where}")
         if not is_stabilizable(A, B, self.gamma_F):

@@ -40,10 +40,11 @@ the leader's Q_L(s, b) (scalar) and HPGD's grad_theta V_F(s) (vector).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from bchg_jax.core.networks import MLP
@@ -163,6 +164,27 @@ def _from_basis(H: Array, n: int, gain) -> Array:
     return jnp.swapaxes(T, -1, -2) @ H @ T
 
 
+def _check_episodes(s: Array, b: Optional[Array], steps: Array, name: str) -> None:
+    """``s`` [E, T+1, n], ``b`` [E, T+1, m] (or None) and the per-step ``steps`` [E, T] (``r``)
+    or [E, T, D] (``y``) on one episode grid: a transposed [T, E] reward was fitted as other
+    episodes (a different H, unsaid) and a [E, T+1] one failed in a matmul. Static shapes:
+    checked for traced values too.
+
+    Raises:
+      ValueError: the first array that does not fit, named.
+    """
+    if np.ndim(s) != 3:
+        raise ValueError(f"s must be [E, T+1, n], got shape {np.shape(s)}")
+    E, T1 = np.shape(s)[:2]
+    src = f"E={E}, T={T1 - 1} from s [E, T+1, n]"
+    if b is not None and (np.ndim(b) != 3 or np.shape(b)[:2] != (E, T1)):
+        raise ValueError(f"b must be [E, T+1, m] ({src}), got shape {np.shape(b)}")
+    want = (E, T1 - 1) if b is not None else (E, T1 - 1, "D")
+    got = np.shape(steps)
+    if got[:2] != (E, T1 - 1) or len(got) != len(want):
+        raise ValueError(f"{name} must be {list(want)} ({src}), got shape {got}")
+
+
 @full_precision
 def fit_quadratic_q(
     s: Array, b: Array, r: Array, gamma, ridge: float = 1e-6, gain=None
@@ -185,6 +207,7 @@ def fit_quadratic_q(
     Returns:
       :class:`QuadraticQ` (``H`` [n + m, n + m], ``h0`` []).
     """
+    _check_episodes(s, b, r, "r (leader rewards)")
     n, m = s.shape[-1], b.shape[-1]
     phi_all = quadratic_features(_basis(s, b, gain))
     phi = phi_all[:, :-1].reshape(-1, phi_all.shape[-1])
@@ -213,6 +236,7 @@ def fit_quadratic_vector_value(s: Array, y: Array, gamma, ridge: float = 1e-6):
     Returns:
       a function s [..., n] -> [..., D].
     """
+    _check_episodes(s, None, y, "y (per-step vector rewards)")
     phi_all = quadratic_features(s)
     F = phi_all.shape[-1]
     phi = phi_all[:, :-1].reshape(-1, F)
@@ -275,7 +299,8 @@ def leave_one_out_quadratic_q(
     remains, which does not correlate with episode e. Its mean is not zero (LSTD solves a
     random linear system): a bias that shrinks with E and depends on the problem, 1.15% of the
     gradient's norm at E = 2 and 0.23% at E = 5 on one small problem, 4.0% / 2.7% / 0.9% at
-    E = 2 / 4 / 10 on another, below resolution at E = 100 on thermal (docs/experiments.md).
+    E = 2 / 4 / 10 on another, 8.0% / 3.1% at E = 4 / 10 on a third (a myopic follower),
+    below resolution at E = 100 on thermal (docs/experiments.md).
     With E = 2 each fit sees one episode and can be nearly singular. Same SARSA-LSTD system,
     scaling and ridge as :func:`fit_quadratic_q`
     (:func:`leave_one_out_lstd`).
@@ -294,6 +319,7 @@ def leave_one_out_quadratic_q(
     Raises:
       ValueError: fewer than 2 episodes.
     """
+    _check_episodes(s, b, r, "r (leader rewards)")
     n, m = s.shape[-1], b.shape[-1]
     phi_all = quadratic_features(_basis(s, b, gain))
     w = leave_one_out_lstd(phi_all[:, :-1], phi_all[:, 1:], r, gamma, ridge)  # [E, F]
@@ -327,6 +353,7 @@ def leave_one_out_vector_value(s: Array, y: Array, gamma, ridge: float = 1e-6) -
       [E, T, D] h at s_0..s_{T-1}, episode e's from the fit without it. With E = 1 there is no
       other episode: zeros (no baseline, which is unbiased too).
     """
+    _check_episodes(s, None, y, "y (per-step vector rewards)")
     if y.shape[0] < 2:
         return jnp.zeros_like(y)
     phi_all = quadratic_features(s)

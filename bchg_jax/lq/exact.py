@@ -303,14 +303,18 @@ def exact_hypergradient(
     """
     _check_args(problem, beta, horizon, theta)
 
+    what = "lq.exact_hypergradient: the follower's Riccati iteration"
+
     def J(th):
         br = problem.best_response(th, beta, tol=tol, max_iters=max_iters)
+        # dynamics that do not depend on theta give a concrete solve inside grad: its failure
+        # is named here (leader_objective's check of a br given blamed its NaN gain)
+        if is_concrete(br.K, br.info):
+            nan_unless_converged(br, br.K, what)
         return leader_objective(problem, th, beta, horizon, br=br), br
 
     (value, br), grad = jax.value_and_grad(J, has_aux=True)(theta)
-    grad = nan_unless_converged(
-        br, grad, "lq.exact_hypergradient: the follower's Riccati iteration"
-    )
+    grad = nan_unless_converged(br, grad, what)
     # a J that is not finite has no gradient, though its pieces' derivatives may be finite
     # (c(theta) = log(theta_0 - 1) at theta_0 < 1): NaN, and refused below when concrete
     grad = nan_unless(jnp.isfinite(value), grad)

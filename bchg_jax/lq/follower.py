@@ -89,7 +89,8 @@ def best_response(
     Raises:
       ValueError: a concrete ``beta`` not finite and > 0, a bad scalar setting of
         ``problem`` (a discount outside [0, 1), a bad ``horizon``), or ``A(theta)`` /
-        ``B(theta)`` not floating [n, n] / [n, m] (n, m from Qbar, Rbar).
+        ``B(theta)`` not floating [n, n] / [n, m] (n, m from Qbar, Rbar), or a ``P0`` that
+        is not [n, n].
     """
     check_problem_settings(problem)
     check_constants_once(problem)
@@ -98,6 +99,9 @@ def best_response(
     dt = theta.dtype
     A, B = problem.A_fn(theta), problem.B_fn(theta)
     check_dynamics(problem, theta, A, B)
+    if P0 is not None:  # another shape failed as a bare dot_general TypeError
+        n = A.shape[0]
+        check_shape("P0 (Riccati warm start)", P0, (n, n), f"n={n} from A(theta)")
     return maxent_lqr(
         A,
         B,
