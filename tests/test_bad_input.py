@@ -1784,6 +1784,8 @@ def test_check_problem_wants_a_list_of_thetas_and_exact_hypergradient_its_order(
             call(theta0)
         with pytest.raises(ValueError, match=rf"{where}: theta_list is empty"):
             call([])
+        with pytest.raises(ValueError, match=r"theta must be (shaped like theta0|finite with)"):
+            call([jnp.zeros(theta0.size + 1), theta0])  # "inhomogeneous shape"
     game = random_tabular_game(seed=1, S=3, A=2, B=2)
 
     def policy_fn(theta):

@@ -180,8 +180,8 @@ def check_theta_list(where: str, theta_list, theta_shape=None) -> list:
     Raises:
       ValueError: one theta of ``theta_shape`` given alone, or no theta.
     """
-    if theta_shape is not None and tuple(np.shape(theta_list)) == tuple(theta_shape):
-        if isinstance(theta_list, (jax.Array, np.ndarray)):
+    if isinstance(theta_list, (jax.Array, np.ndarray)) and theta_shape is not None:
+        if tuple(theta_list.shape) == tuple(theta_shape):  # (a list may be ragged: not shaped)
             raise ValueError(
                 f"{where}: theta_list must be a sequence of thetas, got one theta of shape "
                 f"{tuple(theta_shape)}: pass [theta]"

@@ -47,7 +47,11 @@ call are kept:
   and a call that does not fit the function's signature is the plain call (its
   ``TypeError``);
 * a problem whose functions cannot be traced (they read a traced value on the host) is called
-  plainly from then on (other problems are not affected).
+  plainly from then on (other problems are not affected);
+* at a beta so small that ``r / beta`` overflows op by op (1e-30 in float32, 1e-300 in
+  float64), the compiled program (beta traced, the operations fused) can still give a finite
+  answer where the plain call gives NaN or raises "non-finite values": the program's answer is
+  returned (the greedy limit, to which such a beta is numerically equal).
 
 A function of arrays alone (``problem_free=True``: ``riccati``, ``soft_value_iteration``, the
 tabular ``k_step_response``) has no problem to hold: its calls share one program, traced once for
@@ -151,6 +155,15 @@ def _traced_beta(name: str, x) -> bool:
         and not isinstance(x, bool)
         and (isinstance(x, (int, float)) or (_array(x) and np.ndim(x) == 0))
     )
+
+
+def _as_beta(x):
+    """A traced beta as its plain call converts it: a NumPy float64 without asking for its dtype
+    (no truncation warning with x64 off, on every call of a ``np.linspace`` sweep), a Python int
+    as a (weak) float (one beyond int32 overflowed as a traced int)."""
+    if isinstance(x, int):
+        return float(x)
+    return jax.numpy.asarray(x) if isinstance(x, (np.ndarray, np.generic)) else x
 
 
 def _is_problem(x) -> bool:
@@ -292,15 +305,15 @@ def cached_when_eager(
                 else _static(x)
                 for name, x in zip(names, flat, strict=True)
             )
-            for name, x in zip(names, flat, strict=True):
-                if _traced_beta(name, x):  # its checks, which the program's trace skips
-                    check_beta_if_concrete(x)
             try:
                 hash(static)
             except TypeError:  # an unhashable static argument: the plain call
                 return fn(*args, **kwargs)
             if precheck is not None:
                 precheck(*args, **kwargs)
+            for name, x in zip(names, flat, strict=True):
+                if _traced_beta(name, x):  # its checks (after the precheck's, as in the plain
+                    check_beta_if_concrete(x)  # call), which the program's trace skips
             fingerprint = _fingerprint(flat)
             if fingerprint is None:  # a problem function failed: the plain call says where
                 return fn(*args, **kwargs)
@@ -309,7 +322,11 @@ def cached_when_eager(
             # a problem-free function's arrays as they are: its plain call converts them without
             # asking for their dtype (no truncation warning), as jit does
             convert = (lambda x: x) if problem is anchor else _as_jax
-            traced = [convert(x) for x, s in zip(flat, static, strict=True) if s is _TRACED]
+            traced = [
+                _as_beta(x) if _traced_beta(name, x) else convert(x)
+                for name, x, s in zip(names, flat, static, strict=True)
+                if s is _TRACED
+            ]
             try:
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")

@@ -685,11 +685,9 @@ def _real_number(value) -> bool:
             dtype = np.asarray(value).dtype
         except (TypeError, ValueError):
             return False
-    return (
-        np.issubdtype(dtype, np.number)
-        and not np.issubdtype(dtype, np.complexfloating)
-        or (np.issubdtype(dtype, np.bool_))
-    )
+    # jnp.issubdtype knows bfloat16 and the float8 types, which NumPy's does not
+    real = jnp.issubdtype(dtype, jnp.number) and not jnp.issubdtype(dtype, jnp.complexfloating)
+    return bool(real or jnp.issubdtype(dtype, jnp.bool_))
 
 
 def check_unit_interval(name: str, value) -> None:

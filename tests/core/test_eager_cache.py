@@ -5,6 +5,7 @@ keeps every error the plain call raises."""
 
 import dataclasses
 import gc
+import warnings
 import weakref
 
 import jax
@@ -93,6 +94,11 @@ def test_an_eager_beta_sweep_compiles_once_and_keeps_betas_checks():
     for call in calls:
         call(0.1), call(np.float32(0.1))  # a weak and a strong type: a program each
         assert _compiles(lambda call=call: [call(b) for b in betas]) == 0
+    with warnings.catch_warnings():  # NumPy float64 betas warned of truncation at every call
+        warnings.simplefilter("error")
+        for call in calls:
+            [call(b) for b in np.linspace(0.2, 0.4, 3)]
+    assert np.all(np.isfinite(lq.best_response(q, q.theta0, 2**31).K))  # overflowed as int32
     for fn, args in (
         (tabular.exact_hypergradient, (p, p.theta0)),
         (lq.exact_hypergradient, (q, q.theta0)),
