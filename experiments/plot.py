@@ -27,6 +27,7 @@ import numpy as np
 from bchg_jax.core.health import FLAGS, WARN_SHARE, health_text, solver_health, suspect
 from bchg_jax.problems.thermal import COMPONENT_WEIGHTS as THERMAL_WEIGHTS
 from experiments.cli import NOT_SETTINGS as RUN_FLAGS
+from experiments.cli import fail
 from experiments.summary import nonfinite_seeds, summarize
 
 METHOD_LABELS = {
@@ -871,16 +872,16 @@ def main(argv=None):
             p.error(f"--out {a.out}: matplotlib writes no .{ext} figures ({', '.join(formats)})")
     if a.export is not None:
         if len(a.runs) != 1:
-            raise SystemExit("error: --export takes exactly one run folder")
+            fail("--export takes exactly one run folder")
         try:
             export_best(a.runs[0], a.export)
         except ValueError as err:
-            raise SystemExit(f"error: {err}") from None
+            fail(str(err))
         a.runs = [a.export]
     try:  # a damaged file: one line that names it, not a traceback
         for d in a.runs:
             if not load_run(d):
-                raise SystemExit(f"error: no <method>/metrics.npz under {d}")
+                fail(f"no <method>/metrics.npz under {d}")
         if a.out:
             out = a.out
         elif len(a.runs) == 1:
@@ -890,7 +891,7 @@ def main(argv=None):
         save_figure(out, panel_figure(a.runs, a.window))
         print(final_table(a.runs))
     except DamagedResult as err:
-        raise SystemExit(f"error: {err}") from None
+        fail(str(err))
     print(f"\nfigure: {out}")
 
 

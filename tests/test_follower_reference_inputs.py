@@ -103,6 +103,10 @@ def test_lq_follower_references_check_the_dynamics_they_read():
             lq.policy_value(q, theta, br, 0.5)
     for name, call in _lq_calls(p, theta, br).items():
         assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(call())), name
+    # a bad beta: the cached call checked it, the plain call (disable_jit) took beta -1
+    for plain in (False, True):
+        with jax.disable_jit(plain), pytest.raises(ValueError, match="beta"):
+            lq.policy_value(p, theta, br, -1.0)
 
 
 def test_a_wider_p_prev_is_taken_in_the_problems_dtype(x64):

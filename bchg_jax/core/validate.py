@@ -723,7 +723,9 @@ def check_int_range(name: str, value, low: int, high) -> None:
     """
     v = np.asarray(value, np.float64)
     if v.size == 0 or np.any(v < low) or np.any(v > high) or np.any(v != np.round(v)):
-        raise ValueError(f"{name} must be integers in [{low}, {high}], got {_show(value)}")
+        whole = v.size and np.all(np.isfinite(v)) and np.all(v == np.round(v))
+        shown = _show(v.astype(np.int64)) if whole else _show(value)  # 25, not 25.0
+        raise ValueError(f"{name} must be integers in [{low}, {high}], got {shown}")
 
 
 def check_indices_if_concrete(name: str, index, size: int) -> None:

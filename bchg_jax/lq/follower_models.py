@@ -122,7 +122,9 @@ def k_step_response(problem: LQConfigurableMDP, theta: Array, beta, P_prev: Arra
 
 
 def _policy_value_checks(problem, theta, policy, beta) -> None:
-    """:func:`policy_value`'s checks (an eager call's precheck)."""
+    """:func:`policy_value`'s checks (an eager call's precheck; the plain call's beta check too:
+    under ``jax.disable_jit()`` it took beta -1)."""
+    check_beta_if_concrete(beta)
     check_model_at(problem, theta)
     check_policy_fits(problem, policy)
 
@@ -139,7 +141,8 @@ def policy_value(problem: LQConfigurableMDP, theta: Array, policy: GaussianBestR
     (:func:`~bchg_jax.lq.exact.discounted_lyapunov`): the trainer flags and skips that iteration.
 
     Raises:
-      ValueError: a ``policy`` that does not fit the problem, or (concrete) whose gain is not
+      ValueError: a concrete ``beta`` not finite and > 0, a ``policy`` that does not fit the
+        problem, or (concrete) whose gain is not
         finite or whose covariance is not finite, symmetric and positive definite
         (:func:`~bchg_jax.lq.cmdp.check_policy_fits`), or a bad ``A(theta)`` / ``B(theta)``
         (:func:`check_model_at`).

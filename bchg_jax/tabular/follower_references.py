@@ -163,7 +163,16 @@ def _lag_checks(
         raise ValueError("pass V0 (a warm start) or V_star (the solved fixed point), not both")
 
 
-@cached_when_eager(_lag_checks)
+def _warn_after_lag(
+    _out, problem, theta, previous, beta, mix, V0=None, V_star=None, tol=1e-6
+) -> None:
+    """The plain eager call's float32 logits warning (its best response's), after a cached call:
+    the best response is solved again (cached) to read its Q."""
+    if jnp.asarray(problem.follower_reward(theta)).dtype == jnp.float32:
+        best_response(problem, theta, beta, V0=V0 if V_star is None else V_star, tol=None)
+
+
+@cached_when_eager(_lag_checks, _warn_after_lag)
 @full_precision
 def lag_hypergradient(
     problem: TabularCMDP,

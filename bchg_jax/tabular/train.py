@@ -60,6 +60,8 @@ from bchg_jax.tabular.follower_references import (
 )
 from bchg_jax.tabular.rollout import check_parallel_limit, rollout
 from bchg_jax.tabular.sparse import (
+    Successors,
+    check_holds_support,
     cond_on_any_lane,
     depends_on_input,
     outside_support,
@@ -301,8 +303,65 @@ def warn_cut_without_terminal(problem: TabularCMDP, method: str, config: "TrainC
         )
 
 
+def given_successors(
+    problem: TabularCMDP,
+    solver: str,
+    successors: Optional[Successors],
+    sampler_successors: Optional[Successors],
+):
+    """(solver, model table, sampler table) of a run given its own successor tables (a table
+    built with other probe settings, or the known support of a model whose support moves with
+    theta): checked against the problem's S and against the tables at theta0, then used as
+    :func:`resolve_solver`'s probed union would be (the trainer still checks every iteration's
+    tables: ``support_lost``). ``sampler_successors`` needs a problem with a sampling model of
+    its own, whose table is otherwise probed.
+
+    Raises:
+      ValueError: a table given with ``solver="dense"``, ``sampler_successors`` without
+        ``successors`` or for a problem without ``sample_transition``, a table that is not a
+        successor table of S states, or one that misses theta0's support.
+    """
+    if successors is None:
+        if sampler_successors is not None:
+            raise ValueError("sampler_successors is taken with successors (the model's table)")
+        return None
+    if solver == "dense":
+        raise ValueError(
+            "successor tables were given with TrainConfig(solver='dense'): take solver='sparse' "
+            "(or 'auto') to use them, or give none"
+        )
+    if sampler_successors is not None and problem.sample_transition is None:
+        raise ValueError(
+            f"sampler_successors was given, but {problem.name} has no sample_transition: the "
+            "rollouts sample the model's table (successors)"
+        )
+    theta0 = jnp.asarray(problem.theta0)
+    S = problem.num_states
+    tables = [("successors", successors, problem.transition)]
+    if problem.sample_transition is not None:
+        if sampler_successors is None:
+            sampler_successors = problem_successors(problem, sampler=True)
+        tables.append(("sampler_successors", sampler_successors, problem.sample_transition))
+    else:
+        sampler_successors = successors
+    remedy = "give a table that holds the support at theta0 (and wherever theta goes)"
+    for name, table, fn in tables:
+        if not isinstance(table, Successors):
+            raise ValueError(
+                f"{name} must be a bchg_jax.tabular.sparse.Successors table, got "
+                f"{type(table).__name__}"
+            )
+        table.check(S, f"{problem.name}'s num_states")
+        check_holds_support(f"{problem.name}'s table at theta0 ({name})", fn(theta0), table, remedy)
+    return "sparse", successors, sampler_successors
+
+
 def make_train(
-    problem: TabularCMDP, method: str = "bchg", config: TrainConfig = TrainConfig()
+    problem: TabularCMDP,
+    method: str = "bchg",
+    config: TrainConfig = TrainConfig(),
+    successors: Optional[Successors] = None,
+    sampler_successors: Optional[Successors] = None,
 ) -> Trainer:
     """Pure training functions of a leader in a tabular configurable MDP (Algorithm 1).
 
@@ -313,6 +372,13 @@ def make_train(
       problem: a :class:`TabularCMDP` (validated here; theta0's dtype is the run's dtype).
       method: one of :data:`METHODS`.
       config: the static :class:`TrainConfig`.
+      successors: the model's successor table
+        (:class:`~bchg_jax.tabular.sparse.Successors`, e.g. ``problem_successors(problem,
+        draws=..., scales=...)`` or ``successors_from_support(mask)`` of a support known to hold
+        every theta's), or None: ``config.solver`` decides (:func:`resolve_solver`). Given, the
+        sparse solvers use it (``solver`` "auto" or "sparse"; "dense" refuses it).
+      sampler_successors: with ``successors``, the table of ``problem.sample_transition``
+        (probed when None); only for a problem with a sampling model of its own.
     Returns:
       a :class:`~bchg_jax.core.loop.Trainer`: ``init(key, hp)``, ``run(state, hp, n)``,
       ``train(key, hp)`` with ``hp`` an :class:`HParams`; ``metrics`` per iteration: ``J`` (exact
@@ -338,10 +404,12 @@ def make_train(
       ``problem.theta0``, ``critic`` [S, B], ``V_F`` [S], ``V_L`` [S], ``key``, ``step``,
       ``follower``: the learner's own state or None).
     Raises:
-      ValueError: an unknown method, an invalid problem or config, or an HPGD method with
-        ``config.grouping != "every_visit"``.
+      ValueError: an unknown method, an invalid problem or config, an HPGD method with
+        ``config.grouping != "every_visit"``, or a bad successor table
+        (:func:`given_successors`).
     """
     check_setup(problem, method, config, METHODS, TabularCMDP)
+    given = given_successors(problem, config.solver, successors, sampler_successors)
     warn_float32_long_horizon(
         f"{problem.name}: tabular.make_train",
         jnp.asarray(problem.theta0).dtype,
@@ -360,16 +428,19 @@ def make_train(
             "HPGD methods need grouping='every_visit' (dV_F comes from other segments)"
         )
     dtype = jnp.asarray(problem.theta0).dtype
-    solver, successors = resolve_solver(problem, config.solver)
-    # with the sparse solvers the rollouts draw next states among the successors too (the same
-    # draws as the full search); a sampling model of its own gets its own table
-    sample_successors = None
-    if solver == "sparse":
-        sample_successors = (
-            successors
-            if problem.sample_transition is None
-            else problem_successors(problem, sampler=True)
-        )
+    if given is not None:  # the caller's tables
+        solver, successors, sample_successors = given
+    else:
+        solver, successors = resolve_solver(problem, config.solver)
+        # with the sparse solvers the rollouts draw next states among the successors too (the
+        # same draws as the full search); a sampling model of its own gets its own table
+        sample_successors = None
+        if solver == "sparse":
+            sample_successors = (
+                successors
+                if problem.sample_transition is None
+                else problem_successors(problem, sampler=True)
+            )
 
     def init(key: Array, hp) -> TrainState:
         k_theta, k_critic, k_run = jax.random.split(key, 3)

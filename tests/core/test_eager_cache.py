@@ -181,6 +181,11 @@ def test_cached_float32_calls_still_warn_of_rounded_logits():
         for _ in range(2):  # the second call is the cached program's
             with pytest.warns(UserWarning, match="logits Q / beta are rounded"):
                 fn(problem, theta, 1e-4)
+    # the lag follower's reference solves a best response inside (it gave no warning cached)
+    previous = jnp.full((3, 2), 0.5, jnp.float32)
+    for _ in range(2):
+        with pytest.warns(UserWarning, match="logits Q / beta are rounded"):
+            tabular.lag_hypergradient(problem, theta, previous, 1e-4, 0.5, tol=None)
 
 
 @pytest.mark.slow

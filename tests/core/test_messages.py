@@ -152,3 +152,15 @@ def test_bfloat16_theta0_is_a_floating_array():
     # rejected as a 16-bit float (float16 alike, test_bad_input), not as "not a floating array"
     assert "must be a floating array" not in str(err.value), err.value
     assert "theta0 is bfloat16" in str(err.value), err.value
+
+
+def test_an_integer_setting_out_of_range_is_shown_as_given():
+    """``--actor-steps 25`` was refused as "got 25.0" (the check reads values as floats)."""
+    from bchg_jax.core.validate import check_int_range
+
+    with pytest.raises(ValueError, match=r"got 25$"):
+        check_int_range("actor_steps", 25, 0, 20)
+    with pytest.raises(ValueError, match=re.escape("got [1, 25]")):
+        check_int_range("actor_steps", np.asarray([1.0, 25.0]), 0, 20)
+    with pytest.raises(ValueError, match=r"got 2\.5$"):
+        check_int_range("actor_steps", 2.5, 0, 20)

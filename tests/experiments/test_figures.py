@@ -1,5 +1,6 @@
 """The figures of ``experiments.plot``, built from small synthetic run folders (no training)."""
 
+import contextlib
 import json
 import os
 
@@ -60,6 +61,15 @@ ARGS = {
         "iterations": 40,
     },
 }
+
+
+@contextlib.contextmanager
+def refused(capsys, message):
+    """The plot CLI refuses bad input as the training CLIs do: exit status 2, ``message`` on
+    stderr."""
+    with pytest.raises(SystemExit) as e:
+        yield
+    assert e.value.code == 2 and message in capsys.readouterr().err
 
 
 def write_run(
@@ -431,30 +441,30 @@ def test_table_marks_unhealthy_cells_and_names_the_window(tmp_path):
     assert "last 10 / 10-20 iterations (by column)" in plot.final_table([a, b]).splitlines()[-1]
 
 
-def test_export_never_overwrites_a_run_folder(tmp_path):
+def test_export_never_overwrites_a_run_folder(tmp_path, capsys):
     """--export onto the run folder itself (or onto another run) replaced every method's
     metrics.npz by its best grid point: the grid was lost and the run could not be resumed."""
     run = write_run(tmp_path / "run")
     path = os.path.join(run, "naive", "metrics.npz")
     before = np.load(path)["J"].shape
-    with pytest.raises(SystemExit, match="run folder itself"):
+    with refused(capsys, "run folder itself"):
         plot.main([run, "--export", run])
-    with pytest.raises(SystemExit, match="holds a run"):  # its grid (no checkpoint left)
+    with refused(capsys, "holds a run"):  # its grid (no checkpoint left)
         plot.main([write_run(tmp_path / "other"), "--export", run])
     os.makedirs(os.path.join(run, "naive", "checkpoint"))  # a CLI's run keeps its checkpoint
-    with pytest.raises(SystemExit, match="holds a run"):
+    with refused(capsys, "holds a run"):
         plot.main([write_run(tmp_path / "other2"), "--export", run])
     # a folder inside the run (a method's own: its config.json was replaced by the run's)
     cfg = os.path.join(run, "naive", "config.json")
     with open(cfg, "w") as f:
         f.write('{"method": "naive"}')
     for inside in (os.path.join(run, "naive"), os.path.join(run, "exports", "best")):
-        with pytest.raises(SystemExit, match="inside the run folder"):
+        with refused(capsys, "inside the run folder"):
             plot.main([run, "--export", inside])
     with open(cfg) as f:
         assert f.read() == '{"method": "naive"}'
     assert not os.path.exists(os.path.join(run, "exports"))
-    with pytest.raises(SystemExit, match="method folder of a run"):  # another run's method
+    with refused(capsys, "method folder of a run"):  # another run's method
         plot.main([write_run(tmp_path / "other3"), "--export", os.path.join(run, "naive")])
     assert np.load(path)["J"].shape == before == (2, 3, 40)
     plot.main([run, "--export", str(tmp_path / "best")])  # a new folder: the compact copy
@@ -540,7 +550,7 @@ def test_fourrooms_figure_table_with_a_method_missing_from_a_panel_reads_back(tm
     assert "| batch100_beta3e-3 | bchg |" in out and "| batch100_beta1e-3 | naive |" in out
 
 
-def test_a_damaged_result_file_is_named_in_one_line_not_a_traceback(tmp_path):
+def test_a_damaged_result_file_is_named_in_one_line_not_a_traceback(tmp_path, capsys):
     """A metrics.npz cut short (a kill, a full disk) or a config.json edited by hand gave a
     traceback (BadZipFile, JSONDecodeError) in the plot CLI and in fourrooms_figure's figure and
     compare, which did not say which of the run's files was at fault."""
@@ -568,7 +578,13 @@ def test_a_damaged_result_file_is_named_in_one_line_not_a_traceback(tmp_path):
         for call in calls:
             with pytest.raises(SystemExit) as e:
                 call([run]) if call is plot.main else call()
-            assert str(e.value.code).startswith(f"error: {path} ") and "\n" not in e.value.code
+            if call is plot.main:  # bad input: status 2 and one line on stderr, as the CLIs
+                err = capsys.readouterr().err
+                assert e.value.code == 2 and err.startswith(f"error: {path} ")
+                assert err.count("\n") == 1
+            else:
+                assert str(e.value.code).startswith(f"error: {path} ")
+                assert "\n" not in e.value.code
     root = tmp_path / "wall"
     write_run(root / "batch100_beta1e-3")
     (root / "batch100_beta1e-3" / "wall.json").write_text('{"total": ')
@@ -647,7 +663,7 @@ def test_fourrooms_figure_compare_refuses_runs_of_another_length(tmp_path, capsy
     assert "does not state the iterations of batch100_beta1e-3 bchg" in capsys.readouterr().err
 
 
-def test_a_summary_window_below_one_is_a_damaged_file(tmp_path):
+def test_a_summary_window_below_one_is_a_damaged_file(tmp_path, capsys):
     """summary_window 0 in a metrics.npz (edited, another program's) averaged the whole run
     (J[..., -0:]) and called it the final window; it is named as damaged."""
     run = write_run(tmp_path / "run")
@@ -655,9 +671,8 @@ def test_a_summary_window_below_one_is_a_damaged_file(tmp_path):
     with np.load(path) as d:
         data = {k: d[k] for k in d.files}
     np.savez(path, **{**data, "summary_window": np.asarray(0)})
-    with pytest.raises(SystemExit) as e:
+    with refused(capsys, f"error: {path} holds summary_window"):
         plot.main([run])
-    assert str(e.value.code).startswith(f"error: {path} holds summary_window")
 
 
 def test_fourrooms_figure_table_explains_its_bold_cells(tmp_path):

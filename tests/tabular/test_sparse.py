@@ -232,6 +232,47 @@ def test_a_small_float32_mass_outside_the_table_is_flagged_and_solved_densely():
         sparse.sparse_soft_value_iteration(P, problem.follower_reward(theta), 0.1, 0.9, table)
 
 
+def test_the_trainer_takes_a_successor_table_of_the_callers():
+    """A model whose support moves with theta, with the support known to the caller: the
+    trainer could only take the probed union (which misses the jackpot moves, so every such
+    iteration was flagged and solved densely). Given the known table, no iteration is flagged
+    and J is the exact J; a table that misses theta0's support or a dense solver is refused."""
+    problem = _jackpot()
+    L_support = np.asarray(problem.transition(jnp.asarray([50.0, 0.1], jnp.float32)) > 0)
+    known = sparse.successors_from_support(L_support.any(1))
+    assert known.width == 3
+    hp = HParams(lr=1e-9, sarsa_alpha=0.5, beta=0.1)
+    theta = jnp.asarray([98.2, 0.1], jnp.float32)
+    config = TrainConfig(solver="sparse", theta_init_std=0.0)
+    metrics = {}
+    for name, table in (("probed", None), ("known", known)):
+        trainer = make_train(problem, "exact", config, successors=table)
+        state = trainer.init(jax.random.key(0), hp)._replace(theta=theta)
+        _, metrics[name] = jax.jit(trainer.run, static_argnums=2)(state, hp, 1)
+    assert int(metrics["probed"]["support_lost"][0]) == 1
+    assert int(metrics["known"]["support_lost"][0]) == 0
+    exact = float(leader_objective(problem, theta, 0.1))
+    assert float(metrics["known"]["J"][0]) == pytest.approx(exact, abs=2e-3)
+    # a table the rollouts sample from too: a sampling method runs on it, unflagged
+    trainer = make_train(problem, "bchg", TrainConfig(num_envs=2, num_steps=10), successors=known)
+    _, m = jax.jit(trainer.run, static_argnums=2)(trainer.init(jax.random.key(0), hp), hp, 2)
+    assert np.all(np.asarray(m["support_lost"]) == 0)
+    assert np.all(np.isfinite(np.asarray(m["grad_norm"])))
+    # refused before compiling
+    ring = sparse.successors_from_support(np.eye(10, k=1, dtype=bool) | np.eye(10, dtype=bool))
+    bad = {
+        "solver='dense'": dict(config=TrainConfig(solver="dense"), successors=known),
+        "support at theta0": dict(successors=ring),
+        "Successors table": dict(successors=L_support),
+        "num_states": dict(successors=sparse.successors_from_support(np.eye(4, dtype=bool))),
+        "taken with successors": dict(sampler_successors=known),
+        "no sample_transition": dict(successors=known, sampler_successors=known),
+    }
+    for match, kw in bad.items():
+        with pytest.raises(ValueError, match=match):
+            make_train(problem, "exact", kw.pop("config", config), **kw)
+
+
 def test_an_update_into_nan_rows_is_refused(x64):
     """Rows that become NaN past theta[0] = 3 (an all -inf softmax) passed ``tables_invalid``
     (a comparison with NaN is False): the update was taken and J was NaN from then on, flagged
