@@ -510,7 +510,7 @@ def flag_names(message: str, a, config_flags=None) -> str:
 
     message = re.sub(r"\b(\w*Config)\.(\w+)", named, message)
     # a hyperparameter's check names its field ("lr must be ..."): the flag that set it
-    lead = re.match(r"(\w+) must ", message)
+    lead = re.match(r"(\w+)(?: \([^)]*\))? must ", message)  # "beta (follower ...) must"
     if lead and lead.group(1) in vars(a) and not lead.group(1).startswith("_"):
         message = f"--{lead.group(1).replace('_', '-')}{message[len(lead.group(1)) :]}"
     return message

@@ -164,7 +164,8 @@ def parse_args(argv=None):
         "--minibatch",
         type=int,
         help="steps (segment starts, drawn ~ gamma_L^t from the iteration's "
-        "episodes) per actor update",
+        "episodes) per actor update, and per critic update where the preset's critic "
+        "minibatch is 0 (--preset reference)",
     )
     g.add_argument(
         "--actor-steps",
@@ -312,16 +313,22 @@ def unread_flags(a, methods) -> dict:
     minibatch or behaviour episode, the behaviour episodes' noise needs behaviour episodes,
     and ``--clip`` a method that ``--clip-scope`` clips."""
     from bchg_jax.games.lqr.presets import clipped
-    from bchg_jax.games.lqr.train import EXACT
+    from bchg_jax.games.lqr.train import DETERMINISTIC, EXACT
 
     algos = [VARIANTS[m][0] for m in methods]
     unread = {}
     if all(x in EXACT for x in algos):
         why = "the exact methods ascend the exact return: no critic, minibatch or estimator"
-        keys = ("critic_lr", "replay", "tau", "minibatch", "estimator", "init")
+        keys = ("critic_lr", "critic_steps", "replay", "tau", "minibatch", "estimator", "init")
         unread.update(dict.fromkeys(keys + ("explore_episodes", "explore_std"), why))
-    elif a.explore_episodes == 0:
-        unread["explore_std"] = "the behaviour episodes' noise, and this run has none"
+    else:
+        if a.explore_episodes == 0:
+            unread["explore_std"] = "the behaviour episodes' noise, and this run has none"
+        if all(x in EXACT + DETERMINISTIC for x in algos):
+            unread["estimator"] = (
+                "it sets the score-function estimator's direct baseline and influence, and "
+                "Theorem 3's deterministic-leader estimate of this run's methods has neither"
+            )
     if not any(clipped(x, a.clip_scope) for x in algos):
         unread["clip"] = f"--clip-scope {a.clip_scope} clips none of this run's methods"
     return unread
@@ -336,6 +343,8 @@ def validate_args(a):
     methods = methods_of(a.method, a.preset)
     check_counts(a, "seeds", "iterations", "chunk")
     refuse_unread(a, unread_flags(a, methods))
+    if a.critic_steps < 0:  # before the grid's check, whose bound max(10, critic_steps) it sets
+        raise ValueError(f"--critic-steps must be an integer >= 0, got {a.critic_steps}")
     if a.estimator not in ESTIMATORS:  # e.g. 'shuffled', a control that went to benchmarks/
         raise ValueError(
             f"--estimator must be one of {tuple(ESTIMATORS)}, got {a.estimator!r} (the "
@@ -385,6 +394,7 @@ def run_method(name: str, a, run_dir: str):
     import dataclasses
 
     from bchg_jax.games import lqr
+    from bchg_jax.games.lqr.train import SCORE
     from bchg_jax.problems.lqr_game import gain_metrics, lqr_game
     from experiments.plot import YLABELS, pretty_label
     from experiments.run_folder import run_method_folder
@@ -402,7 +412,8 @@ def run_method(name: str, a, run_dir: str):
         title=f"bi-level LQR game, {pretty_label(name)}: β={a.beta:g}, {a.seeds} seeds",
         window=SUMMARY_WINDOW,
         ylabel=YLABELS["lqr_game"],
-        describe=f"bi-level LQR game {method} buffer={buffer} estimator={a.estimator}",
+        describe=f"bi-level LQR game {method} buffer={buffer}"
+        + (f" estimator={a.estimator}" if method in SCORE else ""),
     )
 
 

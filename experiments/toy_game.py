@@ -177,9 +177,13 @@ def validate_args(a):
     check_counts(a, "seeds", "iterations", "chunk")
     if all(VARIANTS[m][0] == "biac" for m in methods):  # its own Stackelberg TD target
         refuse_unread(a, {"critic_target": "Bi-AC's critic takes max_a' Q(s', a', b*(a'))"})
-    if not np.isfinite(a.R):
-        raise ValueError(f"--R must be finite, got {a.R}")
-    toy_game(a.R).validate()
+    with np.errstate(over="ignore"):  # 1e39 is a finite float, inf in the game's float32
+        if not np.isfinite(np.float32(a.R)):
+            raise ValueError(f"--R must be finite in float32 (|R| < 3.4e38), got {a.R}")
+    try:
+        toy_game(a.R).validate()
+    except ValueError as e:
+        raise ValueError(f"--R {a.R}: {e}") from None
     HParams.from_grid(method_grid(a), max_steps=train_config(a, "on").max_steps)
     for m in methods:
         train_config(a, VARIANTS[m][1])

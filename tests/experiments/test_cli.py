@@ -635,6 +635,10 @@ def test_a_flag_no_method_of_the_run_reads_is_refused(tmp_path, capsys):
             "--critic-lr and --tau",
         ),
         (toy_game, ["--method", "biac_on", "--critic-target", "paper"], "--critic-target"),
+        # an audit: the exact methods train no critic (critic_steps 20 was recorded and tabled)
+        (lqr_game, ["--method", "exact,exact_direct", "--critic-steps", "0"], "--critic-steps"),
+        # Theorem 3's surrogate reads no direct baseline or influence: the same gradient
+        (lqr_game, ["--method", "bchg_det,naive_det", "--estimator", "unbiased"], "--estimator"),
     ]
     for mod, argv, says in cases:
         with pytest.raises(SystemExit) as e:
@@ -650,6 +654,7 @@ def test_a_flag_no_method_of_the_run_reads_is_refused(tmp_path, capsys):
         (fourrooms, ["--method", "naive,bchg", "--sarsa-alpha", "0.3"]),
         (lqr_game, ["--preset", "reference", "--method", "bchg", "--clip", "0.5"]),
         (lqr_game, ["--explore-std", "0.9"]),
+        (lqr_game, ["--method", "bchg_det,naive", "--estimator", "unbiased"]),
         (toy_game, ["--method", "bchg,biac_on", "--critic-target", "paper"]),
     ):
         mod.validate_args(mod.parse_args(argv))
@@ -708,3 +713,21 @@ def test_config_of_one_follower_model_with_another_follower_flag(tmp_path):
             assert model.steps == (3 if not argv else 1)
         if want == "lag":
             assert model.mix == 0.1 and model.steps == 1
+
+
+def test_refusals_name_the_flag_and_its_real_range(capsys):
+    """An audit: --beta 0 was refused as "beta (follower entropy coefficient) must ..." (no
+    flag named), --critic-steps -1 with the range [0, 10] that the flag itself widens, and the
+    toy game's --R 1e39 (finite in Python, inf in its float32 tables) as a table of the game."""
+    from experiments import lqr_game, toy_game
+
+    for mod, argv, says in (
+        (toy_game, ["--beta", "0"], "--beta (follower entropy coefficient) must be finite"),
+        (lqr_game, ["--beta", "nan"], "--beta (follower entropy coefficient) must be finite"),
+        (lqr_game, ["--critic-steps", "-1"], "--critic-steps must be an integer >= 0, got -1"),
+        (toy_game, ["--R", "1e39"], "--R must be finite in float32"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            mod.main(["--smoke", *argv])
+        assert e.value.code == 2 and says in capsys.readouterr().err, argv
+    lqr_game.validate_args(lqr_game.parse_args(["--critic-steps", "50", "--actor-steps", "40"]))
