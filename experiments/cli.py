@@ -516,18 +516,20 @@ def flag_names(message: str, a, config_flags=None) -> str:
     return message
 
 
-def check_same_x64(cfg: dict, run_dir: str) -> None:
+def check_same_x64(cfg: dict, run_dir: str, how: str = "") -> None:
     """Exits 2 unless ``jax_enable_x64`` is as when the run in ``run_dir`` started (its
     ``config.json`` records it; older runs do not, and are not checked): a float32 run computes
     a few scalars in float64 under x64 (optax Adam's bias correction), so it would go on
-    differently from the run it continues."""
+    differently from the run it continues. ``how`` names the command that continues it in the
+    message (default ``--resume run_dir``; a run re-opened with ``--exact-out`` too)."""
     import jax
 
     saved = cfg.get("jax_enable_x64")
     if saved is not None and bool(saved) != bool(jax.config.jax_enable_x64):
         fail(
-            f"--resume {run_dir}: the run was started with jax_enable_x64={bool(saved)}, and it "
-            f"is {bool(jax.config.jax_enable_x64)} now; resume with JAX_ENABLE_X64="
+            f"{how or '--resume ' + run_dir}: the run was started with jax_enable_x64="
+            f"{bool(saved)}, and it is {bool(jax.config.jax_enable_x64)} now; go on with "
+            "JAX_ENABLE_X64="
             f"{int(bool(saved))} (x64 changes a float32 run's arithmetic, so it would not "
             "continue bit for bit)"
         )

@@ -32,6 +32,7 @@ from experiments.cli import (
     LEGACY_SETTINGS,
     check_base_seed,
     check_distinct_values,
+    check_same_x64,
     fail,
     flag_names,
     jsonable,
@@ -50,7 +51,8 @@ def _interruptible(main: Callable) -> Callable:
 
     @functools.wraps(main)
     def wrapped(*args, **kw):
-        PROGRESS["method"] = None
+        PROGRESS.update(method=None, step=None)
+        _DISTRIBUTED.clear()
         with interrupt_flag():
             try:
                 return main(*args, **kw)
@@ -190,6 +192,7 @@ def _start_distributed(a) -> None:
             "JAX_NUM_PROCESSES and JAX_PROCESS_ID on every host"
         )
     a.shard = True
+    _DISTRIBUTED.set()  # Ctrl-C: every process stops after the same chunk (check_interrupt)
     a._given_out = (a.out, a.exact_out, a.resume)  # compared across processes
     if jax.process_index() != 0:  # the others compute their shards, write nothing shared
         tmp = tempfile.mkdtemp(prefix=f"bchg-p{jax.process_index()}-")
@@ -239,13 +242,14 @@ def _check_same_settings(a, methods: Sequence[str]) -> None:
 
 
 def _where(run_dir: str) -> str:
-    """Where a stopped run stands: the method and the iteration of its last checkpoint."""
-    from bchg_jax.core.io import checkpoint_step
-
+    """Where a stopped run stands: the method and the iteration of its last checkpoint (as
+    recorded when it was saved or loaded: opening the checkpoint folder again is a collective
+    of every process in a ``--distributed`` run, which a stopping process must not start, and
+    the scratch folder of a process other than 0 holds no finalised step)."""
     if not PROGRESS["method"]:
         return "before the first method started"
-    step = checkpoint_step(os.path.join(run_dir, PROGRESS["method"], "checkpoint"))
-    return f"in method {PROGRESS['method']} at iteration {step or 0} (its last checkpoint)"
+    step = PROGRESS.get("step") or 0
+    return f"in method {PROGRESS['method']} at iteration {step} (its last checkpoint)"
 
 
 # what a run writes into its folder beside config.json and its methods' folders
@@ -312,6 +316,8 @@ def prepare_run_dir(
             fail(
                 f"{run_dir} holds a run with other settings ({', '.join(diff)}); use another --out"
             )
+        # its stopped methods continue from their checkpoints here, as under --resume
+        check_same_x64(old, run_dir, f"--out {run_dir} --exact-out")
         all_methods = old["methods"] + [m for m in methods if m not in old["methods"]]
         # the first command and its date stay; this one joins the list of later ones
         save_json(
@@ -420,8 +426,8 @@ def environment_record() -> dict:
     }
 
 
-# the method being trained, for the Ctrl-C message
-PROGRESS = {"method": None}
+# the method being trained and the iteration of its last checkpoint, for the Ctrl-C message
+PROGRESS = {"method": None, "step": None}
 
 
 def run_method_folder(
@@ -451,7 +457,7 @@ def run_method_folder(
     metrics_path, ckpt_path = os.path.join(out, "metrics.npz"), os.path.join(out, "checkpoint")
     jsonl_path = os.path.join(out, "metrics.jsonl")
     state, start, metrics = None, 0, None
-    PROGRESS["method"] = method
+    PROGRESS.update(method=method, step=None)
     if os.path.exists(metrics_path):
         try:
             data = dict(np.load(metrics_path))
@@ -474,6 +480,7 @@ def run_method_folder(
             written = "final" in data and all(
                 os.path.exists(os.path.join(out, f)) for f in ("summary.csv", "curve.png")
             )
+            PROGRESS["step"] = done
             print(f"[{method}] complete in {out}; " + ("skipped" if written else "summarising"))
             with deferred_interrupt():
                 return finish_method(
@@ -488,6 +495,7 @@ def run_method_folder(
             except ValueError as err:  # a damaged checkpoint, or one of other runs
                 fail(f"{err}; delete {out} to train {method} again from iteration 0")
             start = int(np.asarray(state.step).reshape(-1)[0])
+            PROGRESS["step"] = start
             if start > done:  # each chunk writes its metrics first: only a lost write (a
                 # power cut before the folder's entries reached the disk) or an edit does this
                 fail(
@@ -543,6 +551,7 @@ def run_method_folder(
             )
             clock.update(t=now, done=done)
             bio.save_state(ckpt_path, st, done)
+            PROGRESS["step"] = done
         check_interrupt()  # a Ctrl-C Python dropped during the chunk stops the run here
 
     t0 = time.perf_counter()
@@ -570,6 +579,8 @@ def run_method_folder(
 
 
 _INTERRUPTED = threading.Event()
+# set in a --distributed run: a Ctrl-C stops every process after the same chunk
+_DISTRIBUTED = threading.Event()
 
 
 @contextlib.contextmanager
@@ -589,7 +600,17 @@ def interrupt_flag():
         return
 
     def on_sigint(signum, frame):
+        again = _INTERRUPTED.is_set()
         _INTERRUPTED.set()
+        if _DISTRIBUTED.is_set() and not again:
+            # the others are in this chunk's collectives: stop with them after it
+            print(
+                "\nCtrl-C: every process stops after this chunk (Ctrl-C again stops this one "
+                "at once, and JAX aborts the others)",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGINT, on_sigint)
@@ -601,8 +622,18 @@ def interrupt_flag():
 
 def check_interrupt() -> None:
     """Raises ``KeyboardInterrupt`` if a Ctrl-C arrived inside :func:`interrupt_flag` (also one
-    whose own exception Python dropped)."""
-    if _INTERRUPTED.is_set():
+    whose own exception Python dropped). In a ``--distributed`` run, if one arrived in any
+    process: the processes gather their flags (every process calls this at the same points),
+    so all of them stop together; one process stopping alone left the others in a collective
+    it never joined (gloo's "collective mismatch" abort, no resume line)."""
+    stop = _INTERRUPTED.is_set()
+    if _DISTRIBUTED.is_set():
+        from jax.experimental import multihost_utils
+
+        flags = multihost_utils.process_allgather(np.asarray([int(stop)], np.int32))
+        stop = bool(np.any(np.asarray(flags)))
+    if stop:
+        _INTERRUPTED.set()
         raise KeyboardInterrupt
 
 
@@ -621,7 +652,9 @@ def deferred_interrupt():
     finally:
         signal.signal(signal.SIGINT, previous)
         if caught and previous is not signal.SIG_IGN:
-            raise KeyboardInterrupt
+            if not _DISTRIBUTED.is_set():
+                raise KeyboardInterrupt
+            _INTERRUPTED.set()  # the next check_interrupt stops every process together
 
 
 def _append_jsonl(

@@ -151,3 +151,10 @@ def test_a_resume_under_another_x64_setting_is_refused(tmp_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "started with jax_enable_x64" in err and "JAX_ENABLE_X64=" in err, err
+    # the same command again (--exact-out re-opens the run and continues its stopped methods
+    # from their checkpoints) went on under the other setting unsaid (an audit: 3e-4 in J)
+    with pytest.raises(SystemExit) as e:
+        fourrooms.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--out {run} --exact-out: the run was started with jax_enable_x64" in err, err

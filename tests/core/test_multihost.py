@@ -162,3 +162,59 @@ def test_distributed_processes_with_other_settings_are_refused(tmp_path):
         rc=2,
     )
     assert all("given other settings" in err for _, err in outs)
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_one_process_stops_every_process_after_the_same_chunk(tmp_path):
+    """Ctrl-C to process 0 of a --distributed run: it stopped alone, its Ctrl-C handler opened
+    the checkpoint folder (a collective) while process 1 waited in the chunk's metrics gather,
+    and both aborted (gloo "collective mismatch", status -6, no resume line). Now every
+    process stops after the same chunk with status 130 and names the last checkpoint."""
+    import signal
+    import time
+
+    port = str(_free_port())
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    run = tmp_path / "run"
+    (tmp_path / "tmp").mkdir()
+    args = ["--method", "naive", "--seeds", "2", "--iterations", "4000", "--chunk", "2"]
+    procs, logs = [], []
+    for i in range(2):
+        logs.append((tmp_path / f"p{i}.out", tmp_path / f"p{i}.err"))
+        with open(logs[i][0], "w") as out, open(logs[i][1], "w") as err:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "experiments.fourrooms", *args]
+                    + ["--out", str(run), "--exact-out", "--distributed"],
+                    cwd=repo,
+                    stdout=out,
+                    stderr=err,
+                    # a background job's SIGINT may be ignored: Python's handler, as in a shell
+                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                    env={
+                        **os.environ,
+                        "XLA_FLAGS": "",
+                        "JAX_COORDINATOR_ADDRESS": f"localhost:{port}",
+                        "JAX_NUM_PROCESSES": "2",
+                        "JAX_PROCESS_ID": str(i),
+                        "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+                        "TMPDIR": str(tmp_path / "tmp"),
+                    },
+                )
+            )
+    try:
+        deadline = time.time() + 400
+        while logs[0][0].read_text().count("iter ") < 3:  # a few chunks saved
+            assert time.time() < deadline and procs[0].poll() is None, logs[0][1].read_text()
+            time.sleep(0.5)
+        procs[0].send_signal(signal.SIGINT)
+        codes = [p.wait(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill() if p.poll() is None else None
+    errs = [e.read_text() for _, e in logs]
+    assert codes == [130, 130], errs
+    steps = sorted(int(d) for d in os.listdir(run / "naive" / "checkpoint") if d.isdigit())
+    for err in errs:
+        assert f"interrupted in method naive at iteration {steps[-1]} (its last" in err, err
+        assert f"--resume {run}" in err
