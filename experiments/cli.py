@@ -102,6 +102,7 @@ def apply_config_file(parser: argparse.ArgumentParser, a) -> None:
     foreign = sorted(set(cfg["args"]) - dests)
     if foreign:
         fail(f"--config {a.config}: settings {foreign} are not flags of {parser.prog}")
+    a._config_args = dict(cfg["args"])  # what FILE set (a CLI may need to know)
     for k, v in cfg["args"].items():
         if k not in a._explicit and k not in NOT_SETTINGS:
             setattr(a, k, v)

@@ -89,7 +89,8 @@ def parse_args(argv=None):
         default="quadratic_loo",
         help="leader critic (and HPGD's grad V_F network): LSTD on quadratic features "
         "(exact class, fast), cross-fitted (each episode's fit from the other episodes: "
-        "unbiased) or on the whole batch, the paper's 64-64 TD MLP, or closed form",
+        "no in-sample bias, only the fit's small finite-sample one) or on the whole batch, "
+        "the paper's 64-64 TD MLP, or closed form",
     )
     g.add_argument(
         "--follower-grad",
@@ -112,7 +113,9 @@ def parse_args(argv=None):
         action="store_true",
         help="the paper's estimator: --critic mlp --follower-grad score --no-baseline "
         "--no-control-variates, with the MLP critic's flags at their defaults (the paper's "
-        "critic; a changed one is refused: give those flags without --faithful)",
+        "critic; a changed one is refused: give those flags without --faithful; with "
+        "--config FILE of a run that was not faithful, FILE's critic settings are replaced "
+        "by the paper's)",
     )
     g.add_argument("--episodes", type=int, default=100, help="episodes of 100 steps per iteration")
     g.add_argument("--beta", type=float, default=0.1, help="follower entropy coefficient")
@@ -164,6 +167,13 @@ def parse_args(argv=None):
         # config.json would call faithful
         fixed = {"critic": "mlp", "follower_grad": "score"}
         fixed.update({k: p.get_default(k) for k in FAITHFUL_CRITIC})
+        file_args = getattr(a, "_config_args", None)
+        if file_args is not None and "faithful" in a._explicit and not file_args.get("faithful"):
+            # --faithful on the command line wins over FILE's critic, as any flag given does
+            # (FILE's values were kept, and config.json called that run faithful)
+            for k in FAITHFUL_CRITIC:
+                if k not in a._explicit:
+                    setattr(a, k, fixed[k])
         clash = [
             f"--{k.replace('_', '-')}" + ("" if isinstance(v, bool) else f" {getattr(a, k)}")
             for k, v in fixed.items()
@@ -232,8 +242,10 @@ def method_grid(a):
 def unread_flags(a, methods) -> dict:
     """{flag dest: why} for the flags no method of ``methods`` reads with these settings
     (:func:`experiments.cli.refuse_unread`): ``lq.make_train`` reads the MLP settings only for
-    ``critic="mlp"``, the FollowerQGrad form only for a guided method, the state baseline only
-    for BC-HG, and the exact method none of the estimator's settings."""
+    ``critic="mlp"`` (the leader's Q_L fit's, ``value_samples`` and ``mlp_kernel``, not for
+    ``hpgd_mc``, which uses Monte Carlo returns), the FollowerQGrad form only for a guided
+    method, the state baseline only for BC-HG, and the exact method none of the estimator's
+    settings."""
     from bchg_jax.lq.train import METHOD_SPECS
 
     guides = {METHOD_SPECS[m][0] for m in methods}  # None: exact
@@ -245,6 +257,12 @@ def unread_flags(a, methods) -> dict:
     if a.critic != "mlp":
         why = f"settings of the MLP critic, and this run has --critic {a.critic}"
         unread.update(dict.fromkeys(MLP_CRITIC, why))
+    elif all(METHOD_SPECS[m][1] == "mc" for m in methods):
+        why = (
+            "settings of the leader's MLP Q_L fit, and this run's methods use Monte Carlo "
+            "returns instead"
+        )
+        unread.update(dict.fromkeys(("value_samples", "mlp_kernel"), why))
     if not guides & {"benefit", "hpgd"}:
         unread["follower_grad"] = "FollowerQGrad's form, estimated by bchg and hpgd_* only"
     if "benefit" not in guides:

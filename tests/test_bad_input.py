@@ -748,7 +748,7 @@ def test_traced_values_are_not_checked():
         ("fourrooms", ["--iterations", "0"], "--iterations must be >= 1, got 0"),
         ("thermal", ["--episodes", "0"], "--episodes must be >= 1, got 0"),
         ("toy_game", ["--seeds", "0"], "--seeds must be >= 1, got 0"),
-        ("toy_game", ["--R", "nan"], "--R must be finite, got nan"),
+        ("toy_game", ["--R", "nan"], "--R must be finite in float32 (|R| < 3.4e38), got nan"),
         ("lqr_game", ["--tau", "2"], "--tau (TrainConfig.tau) must be in (0, 1], got 2.0"),
         # an infinite rate or scale is refused like a negative one (it trained on NaN / nothing)
         ("lqr_game", ["--actor-lr", "inf"], "(ActorConfig.lr) must be finite, got inf"),
@@ -786,6 +786,90 @@ def test_a_faithful_setting_read_from_a_config_file_is_named_as_such(tmp_path, c
         capsys,
     )
     assert f"--faithful (from --config {cfg})" in err and "drop --critic quadratic" in err
+
+
+def test_faithful_given_beside_a_config_file_of_another_critic_takes_the_papers(tmp_path):
+    """--config FILE --faithful with FILE of an ordinary MLP-critic run (200 Adam steps at 1e-3,
+    minibatches, warm start, normalised, 32 value samples) kept FILE's critic, and config.json
+    called the run faithful. The flag given wins over the file: the paper's critic."""
+    import json
+
+    from experiments import thermal
+
+    mine = dict(mlp_steps=200, mlp_lr=1e-3, mlp_minibatch=1024, mlp_warm_start=True)
+    mine.update(mlp_normalize=True, value_samples=32, critic="mlp")
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"experiment": "thermal", "args": mine}))
+    p = thermal.parse_args([])
+    a = thermal.parse_args(["--config", str(cfg), "--faithful"])
+    assert all(getattr(a, k) == getattr(p, k) for k in thermal.FAITHFUL_CRITIC)
+    # without --faithful the file's critic stays; a faithful file's own values stay too
+    assert thermal.parse_args(["--config", str(cfg)]).mlp_steps == 200
+    cfg.write_text(json.dumps({"experiment": "thermal", "args": {"faithful": True, **mine}}))
+    assert thermal.parse_args(["--config", str(cfg), "--faithful"]).mlp_steps == 200
+
+
+def test_thermal_flags_of_the_leaders_mlp_fit_are_refused_for_monte_carlo_methods():
+    """hpgd_mc uses Monte Carlo returns: --value-samples and --mlp-kernel were recorded and
+    changed nothing (the estimate bit-identical at 7 and 300 samples)."""
+    from experiments import thermal
+
+    for flags in (["--value-samples", "7"], ["--mlp-kernel", "fused"]):
+        a = thermal.parse_args(["--method", "hpgd_mc", "--critic", "mlp", *flags])
+        with pytest.raises(ValueError, match="Monte Carlo returns"):
+            thermal.validate_args(a)
+        a = thermal.parse_args(["--method", "hpgd_mc,bchg", "--critic", "mlp", *flags])
+        thermal.validate_args(a)
+    thermal.validate_args(thermal.parse_args(["--method", "hpgd_mc", "--critic", "mlp"]))
+
+
+def test_lq_critic_fits_refuse_bad_settings():
+    """The public critic fits took gamma 1.5 (H[0, 0] = -3.11), NaN, a negative ridge (another
+    finite fit), a negative learning rate (ascent) and 0 Adam steps (the start as the fit)."""
+    from bchg_jax.lq import critics
+    from bchg_jax.lq.fused_td import td_fit_fused
+
+    rng = np.random.default_rng(0)
+    s, b = rng.normal(size=(3, 6, 2)), rng.normal(size=(3, 6, 1))
+    r, y = rng.normal(size=(3, 5)), rng.normal(size=(3, 5, 2))
+    fits = {
+        "fit_quadratic_q": lambda g, ridge: critics.fit_quadratic_q(s, b, r, g, ridge),
+        "leave_one_out_quadratic_q": lambda g, ridge: critics.leave_one_out_quadratic_q(
+            s, b, r, g, ridge
+        ),
+        "fit_quadratic_vector_value": lambda g, ridge: critics.fit_quadratic_vector_value(
+            s, y, g, ridge
+        ),
+        "leave_one_out_vector_value": lambda g, ridge: critics.leave_one_out_vector_value(
+            s, y, g, ridge
+        ),
+    }
+    for fit in fits.values():
+        for g in (1.5, -0.5, float("nan"), 1.0):
+            with pytest.raises(ValueError, match="critic's discount"):
+                fit(g, 1e-6)
+        with pytest.raises(ValueError, match="ridge must be"):
+            fit(0.8, -1.0)
+        fit(0.8, 0.0)  # no ridge is fine
+    from bchg_jax.core.networks import MLP
+
+    model = MLP((8, 8), 1, torch_init=False)
+    params = model.init(jax.random.key(0), jnp.zeros((1, 3)))
+    x = jnp.asarray(rng.normal(size=(16, 3)), jnp.float32)
+    rr = jnp.asarray(rng.normal(size=16), jnp.float32)
+    bad = {
+        "critic's discount": dict(gamma=1.5),
+        "lr": dict(lr=-1.0),
+        "steps": dict(steps=0),
+        "minibatch": dict(minibatch=-2),
+    }
+    for match, kw in bad.items():
+        kw = {"gamma": 0.9, "steps": 2, "lr": 1e-3, **kw}
+        with pytest.raises(ValueError, match=match):
+            critics.td_fit(model, params, x, x, rr, **kw)
+        if "minibatch" not in kw:
+            with pytest.raises(ValueError, match=match):
+                td_fit_fused(params, x, x, rr, interpret=True, **kw)
 
 
 def test_non_finite_or_misshaped_theta_is_refused():

@@ -49,6 +49,13 @@ import optax
 
 from bchg_jax.core.networks import MLP
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.validate import (
+    check_count,
+    check_discount,
+    check_if_concrete,
+    check_int_range,
+    check_positive,
+)
 
 Array = jax.Array
 
@@ -71,6 +78,40 @@ def quadratic_features(z: Array) -> Array:
 
 
 @full_precision
+def _check_ridge(ridge) -> None:
+    v = np.asarray(ridge, np.float64)
+    if v.ndim or not (np.isfinite(v) and v >= 0):
+        raise ValueError(f"ridge must be a finite scalar >= 0, got {ridge!r}")
+
+
+def check_fit_settings(gamma, ridge=None) -> None:
+    """The settings of a critic fit, where concrete (under the trainers they are the problem's
+    and the config's constants): ``gamma`` a discount in [0, 1) (the TD fixed point of an
+    infinite discounted sum; gamma 1.5 gave a finite, meaningless H) and ``ridge`` finite and
+    >= 0 (a negative one a different finite fit).
+
+    Raises:
+      ValueError: naming the setting.
+    """
+    check_if_concrete(check_discount, "gamma (the critic's discount)", gamma)
+    if ridge is not None:
+        check_if_concrete(_check_ridge, ridge)
+
+
+def check_td_settings(gamma, steps, lr, minibatch=0) -> None:
+    """The settings of a TD fit (:func:`td_fit`, ``fused_td.td_fit_fused``): ``gamma`` as
+    :func:`check_fit_settings`, ``steps`` an integer >= 1, a concrete ``lr`` finite and > 0,
+    ``minibatch`` an integer >= 0.
+
+    Raises:
+      ValueError: naming the setting.
+    """
+    check_fit_settings(gamma)
+    check_count("steps (Adam steps)", steps)
+    check_if_concrete(check_positive, "lr (Adam learning rate)", lr)
+    check_int_range("minibatch", minibatch, 0, float("inf"))
+
+
 def lstd(phi: Array, phi_next: Array, rewards: Array, gamma, ridge: float = 1e-6) -> Array:
     """LSTD(0): W with Phi^T (Phi - gamma Phi') W = Phi^T R (the TD(0) fixed point on the batch).
 
@@ -84,7 +125,10 @@ def lstd(phi: Array, phi_next: Array, rewards: Array, gamma, ridge: float = 1e-6
       ridge: Tikhonov regularisation of the scaled system.
     Returns:
       [F] or [F, D] weights for the *unscaled* features.
+    Raises:
+      ValueError: a concrete ``gamma`` outside [0, 1) or ``ridge`` not finite and >= 0.
     """
+    check_fit_settings(gamma, ridge)
     scale = jnp.sqrt(jnp.mean(phi**2, 0)) + 1e-12
     p, pn = phi / scale, phi_next / scale
     N = phi.shape[0]
@@ -266,8 +310,10 @@ def leave_one_out_lstd(
     Returns:
       [E, F] or [E, F, D] weights for the *unscaled* features, row e fitted without episode e.
     Raises:
-      ValueError: fewer than 2 episodes (no other episode to fit on).
+      ValueError: fewer than 2 episodes (no other episode to fit on), or bad settings as
+        :func:`lstd`.
     """
+    check_fit_settings(gamma, ridge)
     E, T = phi.shape[0], phi.shape[1]
     if E < 2:
         raise ValueError(f"leave-one-out fits need at least 2 episodes, got {E}")
@@ -393,7 +439,10 @@ def scales(x: Array, r: Array, gamma, normalize: bool):
       normalize: whether to scale.
     Returns:
       (x_scale [in], y_scale [out]), gradient-stopped.
+    Raises:
+      ValueError: a concrete ``gamma`` outside [0, 1).
     """
+    check_fit_settings(gamma)
     if not normalize:
         return jnp.ones(x.shape[-1], x.dtype), jnp.ones(
             r.reshape(r.shape[0], -1).shape[-1], x.dtype
@@ -445,7 +494,12 @@ def td_fit(
       y_scale: optional [out] output scale (default ones).
     Returns:
       the fitted parameters (pytree like ``params``).
+    Raises:
+      ValueError: a concrete ``gamma`` outside [0, 1), ``steps`` not an integer >= 1 (0
+        returned the starting parameters as a fit), a concrete ``lr`` not finite and > 0 (a
+        negative one ascended the TD loss), or ``minibatch`` not an integer >= 0.
     """
+    check_td_settings(gamma, steps, lr, minibatch)
     opt = optax.adam(lr)
     r2 = r.reshape(r.shape[0], -1)
     xs = jnp.ones(x.shape[-1], x.dtype) if x_scale is None else x_scale

@@ -39,6 +39,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from bchg_jax.lq.critics import check_td_settings
+
 Array = jax.Array
 
 BLOCK_ROWS = 128  # transitions per program of the gradient kernel
@@ -332,8 +334,10 @@ def td_fit_fused(
     Returns:
       the fitted parameters, shaped like ``params``.
     Raises:
-      ValueError: a critic :func:`supports` does not take.
+      ValueError: a critic :func:`supports` does not take, or bad settings as
+        :func:`bchg_jax.lq.critics.td_fit`.
     """
+    check_td_settings(gamma, steps, lr)
     N, d = x.shape
     interpret = interpret_default() if interpret is None else interpret
     why = supports(params, d)

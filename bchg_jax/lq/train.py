@@ -20,10 +20,12 @@ PartialDerivative Algorithm 4, FollowerQGrad Algorithm 6):
      returns for Q_L and V_L), ``naive`` (partial term only) or ``exact`` (autodiff of the
      closed-form J_L). ``hpgd_mc`` is the authors' baseline as specified, and *biased*: its Q_L
      is the same episode's return G_t, which sums over the same future steps as dQF_t, so
-     ``E[G_t dQF_t] = Q_L grad Q_F + Cov(G_t, dQF_t)``; measured on the thermal problem: its
-     mean 60-75% off the exact hypergradient, whatever the batch size (more episodes do not
-     remove it); on other problems the covariance term can dominate (146-785% off, pointing
-     against the gradient, on small random LQ problems);
+     ``E[G_t dQF_t] = Q_L grad Q_F + Cov(G_t, dQF_t)``, and more episodes do not remove it.
+     Measured on the thermal problem (E = 100, 2000 batches at theta0 and at a run's first
+     iterate): the covariance dominates, the mean is ~11x the exact hypergradient's norm away
+     and points against it (cosine -0.42 / -0.46); 61% / 74% off at E = 2 / 10 on a random
+     2-d problem, 146-785% (against the gradient) on other small random LQ problems
+     (docs/experiments.md);
   5. SGD ascent after clipping to ``clip_norm``; skipped (``update_skipped``) when the solve did
      not converge, the estimate is not finite, or the closed loop at theta_i diverges under
      max(gamma_L, gamma_F) (``diverging``: J_L is infinite there; ``validate`` checks theta0
@@ -117,7 +119,7 @@ class TrainConfig(FollowerSettings):
         critic sees one episode, per-batch standard deviation x1.35 (x1.05 at E = 10). On
         thermal at the protocol's E = 100 the in-sample bias is ~7% of the gradient's norm
         (paired against the exact critic), against a per-batch standard deviation of ~1.6x the
-        norm; cross-fitted ~0.7% (the fit's own finite-sample bias). Thermal, BC-HG, the paper
+        norm; cross-fitted 0.3% +- 0.25% (docs/experiments.md). Thermal, BC-HG, the paper
         grid: -162.56 / -164.37 / -235.05 cross-fitted against -162.58 / -164.49 / -235.65
         in-sample at lr 0.1 / 0.01 / 0.001 (benchmarks/RESULTS.md).
       control_variates: subtract E[V(s')|s, b] from V(s_{k+1}) in the score-function terms.

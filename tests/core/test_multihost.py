@@ -84,6 +84,21 @@ def test_two_processes_share_one_grid(tmp_path):
     np.testing.assert_allclose(J0, ref, rtol=1e-9, atol=1e-12)
 
 
+def _process_env(port: str, i: int, tmp) -> dict:
+    """The environment of process ``i`` of a two-process job on this machine, configured the
+    documented way (JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID), its TMPDIR
+    in ``tmp``."""
+    return {
+        **os.environ,
+        "XLA_FLAGS": "",
+        "JAX_COORDINATOR_ADDRESS": f"localhost:{port}",
+        "JAX_NUM_PROCESSES": "2",
+        "JAX_PROCESS_ID": str(i),
+        "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+        "TMPDIR": str(tmp),
+    }
+
+
 def _cli_on_two_processes(tmp_path, args, args1=None, rc=0):
     """``python -m experiments.fourrooms ARGS --distributed`` as processes 0 and 1 of one job
     (process 1 with ``args1`` when given), configured the documented way
@@ -106,15 +121,7 @@ def _cli_on_two_processes(tmp_path, args, args1=None, rc=0):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={
-                **os.environ,
-                "XLA_FLAGS": "",
-                "JAX_COORDINATOR_ADDRESS": f"localhost:{port}",
-                "JAX_NUM_PROCESSES": "2",
-                "JAX_PROCESS_ID": str(i),
-                "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
-                "TMPDIR": str(tmp),
-            },
+            env=_process_env(port, i, tmp),
         )
         for i in range(2)
     ]
@@ -191,15 +198,7 @@ def test_ctrl_c_in_one_process_stops_every_process_after_the_same_chunk(tmp_path
                     stderr=err,
                     # a background job's SIGINT may be ignored: Python's handler, as in a shell
                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-                    env={
-                        **os.environ,
-                        "XLA_FLAGS": "",
-                        "JAX_COORDINATOR_ADDRESS": f"localhost:{port}",
-                        "JAX_NUM_PROCESSES": "2",
-                        "JAX_PROCESS_ID": str(i),
-                        "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
-                        "TMPDIR": str(tmp_path / "tmp"),
-                    },
+                    env=_process_env(port, i, tmp_path / "tmp"),
                 )
             )
     try:
