@@ -142,8 +142,8 @@ def policy_value(problem: LQConfigurableMDP, theta: Array, policy: GaussianBestR
 
     Raises:
       ValueError: a concrete ``beta`` not finite and > 0, a ``policy`` that does not fit the
-        problem, or (concrete) whose gain is not
-        finite or whose covariance is not finite, symmetric and positive definite
+        problem, or (concrete) whose gain is not finite or whose covariance is not finite,
+        symmetric and positive definite
         (:func:`~bchg_jax.lq.cmdp.check_policy_fits`), or a bad ``A(theta)`` / ``B(theta)``
         (:func:`check_model_at`).
     """

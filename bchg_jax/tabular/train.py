@@ -303,18 +303,17 @@ def warn_cut_without_terminal(problem: TabularCMDP, method: str, config: "TrainC
         )
 
 
-def given_successors(
+def check_successors(
     problem: TabularCMDP,
     solver: str,
     successors: Optional[Successors],
     sampler_successors: Optional[Successors],
-):
-    """(solver, model table, sampler table) of a run given its own successor tables (a table
-    built with other probe settings, or the known support of a model whose support moves with
-    theta): checked against the problem's S and against the tables at theta0, then used as
-    :func:`resolve_solver`'s probed union would be (the trainer still checks every iteration's
-    tables: ``support_lost``). ``sampler_successors`` needs a problem with a sampling model of
-    its own, whose table is otherwise probed.
+) -> None:
+    """Checks the successor tables a caller gives :func:`make_train` (a table built with other
+    probe settings, or the known support of a model whose support moves with theta): each a
+    :class:`~bchg_jax.tabular.sparse.Successors` table of the problem's S states holding the
+    support of its table at theta0. The trainer then uses them where :func:`resolve_solver`'s
+    probed union would be used (and still checks every iteration's tables: ``support_lost``).
 
     Raises:
       ValueError: a table given with ``solver="dense"``, ``sampler_successors`` without
@@ -324,26 +323,21 @@ def given_successors(
     if successors is None:
         if sampler_successors is not None:
             raise ValueError("sampler_successors is taken with successors (the model's table)")
-        return None
+        return
     if solver == "dense":
         raise ValueError(
             "successor tables were given with TrainConfig(solver='dense'): take solver='sparse' "
             "(or 'auto') to use them, or give none"
         )
-    if sampler_successors is not None and problem.sample_transition is None:
-        raise ValueError(
-            f"sampler_successors was given, but {problem.name} has no sample_transition: the "
-            "rollouts sample the model's table (successors)"
-        )
-    theta0 = jnp.asarray(problem.theta0)
-    S = problem.num_states
     tables = [("successors", successors, problem.transition)]
-    if problem.sample_transition is not None:
-        if sampler_successors is None:
-            sampler_successors = problem_successors(problem, sampler=True)
+    if sampler_successors is not None:
+        if problem.sample_transition is None:
+            raise ValueError(
+                f"sampler_successors was given, but {problem.name} has no sample_transition: "
+                "the rollouts sample the model's table (successors)"
+            )
         tables.append(("sampler_successors", sampler_successors, problem.sample_transition))
-    else:
-        sampler_successors = successors
+    theta0 = jnp.asarray(problem.theta0)
     remedy = "give a table that holds the support at theta0 (and wherever theta goes)"
     for name, table, fn in tables:
         if not isinstance(table, Successors):
@@ -351,9 +345,8 @@ def given_successors(
                 f"{name} must be a bchg_jax.tabular.sparse.Successors table, got "
                 f"{type(table).__name__}"
             )
-        table.check(S, f"{problem.name}'s num_states")
+        table.check(problem.num_states, f"{problem.name}'s num_states")
         check_holds_support(f"{problem.name}'s table at theta0 ({name})", fn(theta0), table, remedy)
-    return "sparse", successors, sampler_successors
 
 
 def make_train(
@@ -406,10 +399,10 @@ def make_train(
     Raises:
       ValueError: an unknown method, an invalid problem or config, an HPGD method with
         ``config.grouping != "every_visit"``, or a bad successor table
-        (:func:`given_successors`).
+        (:func:`check_successors`).
     """
     check_setup(problem, method, config, METHODS, TabularCMDP)
-    given = given_successors(problem, config.solver, successors, sampler_successors)
+    check_successors(problem, config.solver, successors, sampler_successors)
     warn_float32_long_horizon(
         f"{problem.name}: tabular.make_train",
         jnp.asarray(problem.theta0).dtype,
@@ -428,14 +421,16 @@ def make_train(
             "HPGD methods need grouping='every_visit' (dV_F comes from other segments)"
         )
     dtype = jnp.asarray(problem.theta0).dtype
-    if given is not None:  # the caller's tables
-        solver, successors, sample_successors = given
-    else:
+    if successors is None:
         solver, successors = resolve_solver(problem, config.solver)
-        # with the sparse solvers the rollouts draw next states among the successors too (the
-        # same draws as the full search); a sampling model of its own gets its own table
-        sample_successors = None
-        if solver == "sparse":
+    else:  # the caller's table (checked above)
+        solver = "sparse"
+    # with the sparse solvers the rollouts draw next states among the successors too (the same
+    # draws as the full search); a sampling model of its own gets its own table
+    sample_successors = None
+    if solver == "sparse":
+        sample_successors = sampler_successors
+        if sample_successors is None:
             sample_successors = (
                 successors
                 if problem.sample_transition is None
