@@ -1143,6 +1143,115 @@ def test_a_discount_given_as_a_string_and_a_bad_solver_setting_are_refused():
         game_tabular.soft_q_iteration(game, f, 0.5, max_sweeps=0)
 
 
+def _solver_setting_calls():
+    """(label, call(**settings), the settings' names) of every solver with a tolerance or a
+    sweep / iteration count, and of functions that pass them on."""
+    from bchg_jax.core.maxent_lqr import maxent_lqr, riccati
+    from bchg_jax.games.lqr import exact as game_lqr_exact
+    from bchg_jax.games.lqr import follower as game_lqr_follower
+    from bchg_jax.games.tabular import exact as game_exact
+    from bchg_jax.problems.toy_game import toy_game
+    from bchg_jax.tabular import exact, sparse
+    from bchg_jax.tabular import follower_references as refs
+    from bchg_jax.tabular.follower import soft_value_iteration
+
+    P, r = jnp.full((S, B, S), 1.0 / S), jnp.ones((S, B))
+    table = sparse.successors_from_transition(P)
+    A, I2 = 0.9 * jnp.eye(2), jnp.eye(2)
+    prob, game, theta = _cmdp(), toy_game(), jnp.array([-1.0, 0.5])
+    f = jnp.full(np.shape(game.transition)[:2], 0.5)
+    policy = jnp.full((S, B), 1.0 / B)
+    return [
+        ("svi", lambda **k: soft_value_iteration(P, r, 0.1, 0.9, **k), "tol num_sweeps"),
+        (
+            "svi to tol",
+            lambda **k: soft_value_iteration(P, r, 0.1, 0.9, tol=1e-6, **k),
+            "max_sweeps",
+        ),
+        (
+            "sparse svi",
+            lambda **k: sparse.sparse_soft_value_iteration(P, r, 0.1, 0.9, table, **k),
+            "tol max_sweeps linear_sweeps",
+        ),
+        (
+            "sparse evaluation",
+            lambda tol=1e-6, **k: sparse.sparse_policy_evaluation(
+                P, r, policy, 0.9, jnp.ones(S), jnp.zeros(S), table, tol, **k
+            ),
+            "tol max_sweeps",
+        ),
+        (
+            "evaluation",
+            lambda tol=1e-6, **k: exact.policy_evaluation_sweeps(
+                P, r, policy, 0.9, jnp.ones(S), jnp.zeros(S), tol, **k
+            ),
+            "tol max_sweeps",
+        ),
+        (
+            "soft_newton",
+            lambda **k: exact.soft_newton(P, r, 0.1, 0.9, jnp.ones(S), jnp.zeros(S), **k),
+            "iters",
+        ),
+        (
+            "best_response",
+            lambda **k: exact.best_response(prob, prob.theta0, 0.1, **k),
+            "tol newton_iters polish_sweeps",
+        ),
+        (
+            "leader_objective",
+            lambda **k: exact.leader_objective(prob, prob.theta0, 0.1, **k),
+            "tol",
+        ),
+        (
+            "lag",
+            lambda **k: refs.lag_hypergradient(prob, prob.theta0, policy, 0.1, 0.5, **k),
+            "tol",
+        ),
+        ("riccati", lambda **k: riccati(A, I2, I2, I2, 0.9, **k), "tol max_iters newton_iters"),
+        ("maxent_lqr", lambda **k: maxent_lqr(A, I2, I2, I2, I2, 0.9, 0.1, **k), "tol max_iters"),
+        (
+            "game best_response",
+            lambda **k: game_lqr_follower.best_response(lqr_game(), theta, 0.1, **k),
+            "tol max_iters",
+        ),
+        (
+            "game exact",
+            lambda **k: game_lqr_exact.exact_hypergradient(lqr_game(), theta, 0.1, **k),
+            "tol max_iters",
+        ),
+        ("toy best_response", lambda **k: game_exact.best_response(game, f, 0.05, **k), "tol"),
+        (
+            "newton_polish",
+            lambda **k: game_exact.newton_polish(
+                game, f, 0.05, jnp.zeros(np.shape(game.transition)[:3]), **k
+            ),
+            "iters",
+        ),
+    ]
+
+
+def test_solver_tolerances_and_counts_are_checked():
+    """A NaN / negative tolerance is never met and an infinite one by the first sweep; a count
+    below its floor ran nothing, a float count failed in lax. riccati(tol=nan) was called
+    "unstabilisable", soft_value_iteration(tol=nan) returned 0 sweeps and a residual of inf,
+    num_sweeps=-2 reported -2 sweeps, and the sparse solver rounded max_sweeps=2.5 to 2."""
+    bad_tols = (float("nan"), -1.0, float("inf"), 0.0)
+    for label, call, names in _solver_setting_calls():
+        for name in names.split():
+            if name == "tol":
+                for bad in bad_tols:
+                    with pytest.raises(ValueError, match="tol .*must be finite and > 0"):
+                        call(tol=bad)
+                        pytest.fail(f"{label}: tol={bad} was taken")
+                continue
+            zero_ok = ("iters", "newton_iters", "polish_sweeps", "linear_sweeps", "num_sweeps")
+            low = 0 if name in zero_ok else 1
+            for bad in (low - 1, 2.5, True):
+                with pytest.raises(ValueError, match=f"{name} must be an integer >= {low}"):
+                    call(**{name: bad})
+                    pytest.fail(f"{label}: {name}={bad!r} was taken")
+
+
 @pytest.mark.slow
 def test_hypergradients_refuse_indices_out_of_range_and_misshaped_tables():
     """JAX clamps an out-of-range gather index and drops an out-of-range scatter: a user's batch

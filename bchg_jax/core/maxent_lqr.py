@@ -86,7 +86,12 @@ from bchg_jax.core.eager import cached_when_eager
 from bchg_jax.core.host_tests import chunked_while_loop
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.stability import is_discounted_stable
-from bchg_jax.core.validate import check_discount, check_if_concrete, is_concrete
+from bchg_jax.core.validate import (
+    check_discount,
+    check_if_concrete,
+    check_solver_settings,
+    is_concrete,
+)
 
 Array = jax.Array
 
@@ -276,9 +281,13 @@ def _frobenius(x: Array) -> Array:
     return m * jnp.sqrt(jnp.sum((x / safe) ** 2))
 
 
-def _riccati_checks(A, B, Qbar, Rbar, gamma, *_, **__) -> None:
-    """:func:`riccati`'s check of a concrete ``gamma`` (an eager call's precheck)."""
+def _riccati_checks(
+    A, B, Qbar, Rbar, gamma, P0=None, tol=1e-6, max_iters=50_000, newton_iters=NEWTON_ITERS
+) -> None:
+    """:func:`riccati`'s checks of a concrete ``gamma`` and of its solver settings (an eager
+    call's precheck, and its body's)."""
     check_if_concrete(check_discount, "gamma (the Riccati discount)", gamma)
+    check_solver_settings("riccati", tol, max_iters=(max_iters, 1), newton_iters=(newton_iters, 0))
 
 
 # a flagged P is returned as is (info.converged): the program's, without a plain recomputation
@@ -325,9 +334,11 @@ def riccati(
       :func:`relative_condition`) exceeds :data:`ILL_CONDITIONED`; a non-converged P is
       returned as is).
     Raises:
-      ValueError: a concrete ``gamma`` outside [0, 1) (1.5 "converged" to a meaningless P).
+      ValueError: a concrete ``gamma`` outside [0, 1) (1.5 "converged" to a meaningless P), a
+        concrete ``tol`` not finite and > 0, ``max_iters`` not an integer >= 1 or
+        ``newton_iters`` not an integer >= 0.
     """
-    _riccati_checks(A, B, Qbar, Rbar, gamma)
+    _riccati_checks(A, B, Qbar, Rbar, gamma, P0, tol, max_iters, newton_iters)
     A, B, Qbar, Rbar = (jnp.asarray(x) for x in (A, B, Qbar, Rbar))
     P0 = Qbar if P0 is None else jnp.asarray(P0, Qbar.dtype)
     n = A.shape[0]

@@ -195,6 +195,41 @@ def check_count(name: str, value, allow_none: bool = False) -> None:
         )
 
 
+_NO_TOL = object()
+
+
+def check_solver_settings(where: str, tol=_NO_TOL, **counts) -> None:
+    """An iterative solver's settings, where concrete (a traced one is the caller's grid).
+
+    A NaN or negative tolerance is never met and an infinite one is met by the first sweep, so
+    either returned a solve flagged (or called converged) for the wrong reason; a cap below its
+    floor, or a non-integer one, ran no sweep or failed inside ``jax.lax`` with a type error.
+
+    Args:
+      where: the function, for the message.
+      tol: the stopping tolerance (a real scalar, finite and > 0); ``None`` where the caller
+        allows it (a fixed schedule); left out: none to check.
+      counts: ``name=(value, low)``: an iteration count that must be an integer >= ``low``.
+    Returns:
+      None.
+    Raises:
+      ValueError: a concrete tolerance that is not a finite real scalar > 0, or a concrete count
+        that is not an integer >= its ``low``.
+    """
+    if tol is not None and tol is not _NO_TOL and is_concrete(tol):
+        if np.ndim(tol) != 0:
+            raise ValueError(f"{where}: tol must be a scalar, got shape {np.shape(tol)}")
+        check_positive(f"{where}: tol (the stopping tolerance)", tol)
+    for name, (value, low) in counts.items():
+        if not is_concrete(value):
+            continue
+        integer = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+        if not integer and hasattr(value, "dtype") and np.ndim(value) == 0:
+            integer = jnp.issubdtype(value.dtype, jnp.integer)
+        if not integer or int(value) < low:
+            raise ValueError(f"{where}: {name} must be an integer >= {low}, got {_show_any(value)}")
+
+
 def probability_tolerance(gamma, dtype, cap: float = 1e-4) -> float:
     """How far a probability row's sum may be from 1: ``max(min(cap, 1e-3 (1 - gamma)),
     32 eps(dtype))``.

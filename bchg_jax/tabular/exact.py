@@ -29,6 +29,7 @@ from bchg_jax.core.validate import (
     check_probability_rows_if_concrete,
     check_problem_settings,
     check_shape,
+    check_solver_settings,
     check_theta,
     is_concrete,
     transition_sizes,
@@ -113,7 +114,10 @@ def policy_evaluation_sweeps(
         cap was hit first).
     Returns:
       [S] V^g(s) (approximate), or (V, residual []) with ``return_residual``.
+    Raises:
+      ValueError: a concrete ``tol`` not finite and > 0, or ``max_sweeps`` not an integer >= 1.
     """
+    check_solver_settings("policy_evaluation_sweeps", tol, max_sweeps=(max_sweeps, 1))
 
     def sweep(V):
         return jnp.sum(policy * soft_q(P, r, V, gamma, cont), axis=-1)
@@ -138,7 +142,10 @@ def soft_newton(P: Array, r: Array, beta, gamma, cont: Array, V0: Array, iters: 
       iters: number of Newton (policy-evaluation) steps.
     Returns:
       [S] soft value V_F after ``iters`` steps.
+    Raises:
+      ValueError: ``iters`` not an integer >= 0.
     """
+    check_solver_settings("soft_newton", iters=(iters, 0))
 
     def step(V, _):
         Q = soft_q(P, r, V, gamma, cont)
@@ -215,9 +222,17 @@ def best_response(
       ValueError: a concrete ``beta`` not finite and > 0, a bad scalar setting of
         ``problem`` (a discount outside [0, 1), a bad ``time_limit``), ``theta`` not shaped
         like ``problem.theta0`` or not finite, or a concrete solve that missed ``tol`` (too
-        few ``newton_iters`` / ``polish_sweeps``, or a ``V0`` far from the fixed point).
+        few ``newton_iters`` / ``polish_sweeps``, or a ``V0`` far from the fixed point), a
+        concrete ``tol`` not None and not finite and > 0, or ``newton_iters`` /
+        ``polish_sweeps`` not an integer >= 0.
     """
     check_inputs(problem, theta, beta)
+    check_solver_settings(
+        "tabular.best_response",
+        tol,
+        newton_iters=(newton_iters, 0),
+        polish_sweeps=(polish_sweeps, 0),
+    )
     P = problem.transition(theta)
     r = problem.follower_reward(theta)
     cont = continuation(problem.terminal, r.shape[0], r.dtype)

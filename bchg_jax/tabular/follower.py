@@ -25,6 +25,7 @@ from bchg_jax.core.validate import (
     check_discount,
     check_if_concrete,
     check_shape,
+    check_solver_settings,
     transition_sizes,
 )
 
@@ -165,9 +166,17 @@ def check_follower_inputs(P, r, beta, gamma, terminal=None, V0=None, successors=
     return S
 
 
-def _check_solver_args(P, r, beta, gamma, terminal=None, V0=None, *_, **__) -> None:
-    """:func:`check_follower_inputs` of an eager call (its cached program traces the arrays)."""
+def _check_solver_args(
+    P, r, beta, gamma, terminal=None, V0=None, num_sweeps=500, tol=None, max_sweeps=2000
+) -> None:
+    """:func:`soft_value_iteration`'s checks (an eager call's precheck, and its body's: the
+    cached program traces the arrays)."""
     check_follower_inputs(P, r, beta, gamma, terminal, V0)
+    check_solver_settings(
+        "soft_value_iteration",
+        tol,
+        **(dict(num_sweeps=(num_sweeps, 0)) if tol is None else dict(max_sweeps=(max_sweeps, 1))),
+    )
 
 
 # the sweeps and residual are returned as they are (the caller judges them)
@@ -213,9 +222,12 @@ def soft_value_iteration(
     Raises:
       ValueError: a concrete ``beta`` not finite and > 0, a concrete ``gamma`` outside [0, 1),
         ``r`` / ``terminal`` / ``V0`` not shaped by ``P``'s S, B, or a concrete ``terminal``
-        that is not a bool (0 / 1) mask.
+        that is not a bool (0 / 1) mask, a concrete ``tol`` not finite and > 0, or the sweep
+        count it reads not an integer >= its floor (``num_sweeps`` without ``tol``: >= 0, the
+        answer then being one backup of ``V0``; ``max_sweeps`` with it: >= 1).
     """
-    S = check_follower_inputs(P, r, beta, gamma, terminal, V0)
+    _check_solver_args(P, r, beta, gamma, terminal, V0, num_sweeps, tol, max_sweeps)
+    S = r.shape[0]
     cont = continuation(terminal, S, r.dtype)
     V0 = jnp.zeros((S,), r.dtype) if V0 is None else V0.astype(r.dtype)
 

@@ -41,6 +41,7 @@ from bchg_jax.core.validate import (
     check_if_concrete,
     check_probability_rows_if_concrete,
     check_shape,
+    check_solver_settings,
     check_unit_interval,
 )
 from bchg_jax.tabular.cmdp import TabularCMDP
@@ -159,6 +160,7 @@ def _lag_checks(
     _check(problem, theta, beta)
     _check_policy(problem, theta, "previous", previous)
     check_if_concrete(check_unit_interval, "mix", mix)  # as FollowerModel
+    check_solver_settings("tabular.lag_hypergradient", tol)
     if V0 is not None and V_star is not None:
         raise ValueError("pass V0 (a warm start) or V_star (the solved fixed point), not both")
 

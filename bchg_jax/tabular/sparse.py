@@ -97,6 +97,7 @@ from bchg_jax.core.validate import (
     check_if_concrete,
     check_int_range,
     check_shape,
+    check_solver_settings,
     is_concrete,
     transition_sizes,
 )
@@ -939,13 +940,18 @@ def sparse_soft_value_iteration(
       sweeps, ``residual`` is the change of the last soft sweep. With ``return_lost_mass``:
       (that, lost mass []).
     Raises:
-      ValueError: as ``soft_value_iteration``, a negative ``linear_sweeps``, a successor table
+      ValueError: as ``soft_value_iteration``, ``linear_sweeps`` not an integer >= 0, a
+        ``tol`` not finite and > 0 (it must be concrete), a successor table
         not of S rows, or (without ``return_lost_mass``) a concrete ``P`` with mass outside
         it.
     """
     S = check_follower_inputs(P, r, beta, gamma, terminal, V0, successors)
-    if int(linear_sweeps) < 0:
-        raise ValueError(f"linear_sweeps must be >= 0, got {linear_sweeps}")
+    check_solver_settings(
+        "sparse_soft_value_iteration",
+        tol,
+        max_sweeps=(max_sweeps, 1),
+        linear_sweeps=(linear_sweeps, 0),
+    )
     if not return_lost_mass:
         check_holds_support("P (transition)", P, successors, _TRUNCATED)
     dtype = r.dtype
@@ -987,8 +993,9 @@ def sparse_policy_evaluation(
       [S] V^g (approximate), or a tuple (V, then residual [] with ``return_residual``, then
       lost mass [] with ``return_lost_mass``).
     Raises:
-      ValueError: a concrete ``gamma`` outside [0, 1), an array not shaped by ``P``'s S, B, or
-        (without ``return_lost_mass``) a concrete ``P`` with mass outside ``successors``.
+      ValueError: a concrete ``gamma`` outside [0, 1), an array not shaped by ``P``'s S, B, a
+        ``tol`` not finite and > 0, ``max_sweeps`` not an integer >= 1, or (without
+        ``return_lost_mass``) a concrete ``P`` with mass outside ``successors``.
     """
     check_if_concrete(check_discount, "gamma (policy evaluation discount)", gamma)
     S, B = transition_sizes("P (transition)", P)
@@ -1001,6 +1008,7 @@ def sparse_policy_evaluation(
     ):
         check_shape(name, x, shape, src)
     successors.check(S, src)
+    check_solver_settings("sparse_policy_evaluation", tol, max_sweeps=(max_sweeps, 1))
     if not return_lost_mass:
         check_holds_support("P (transition)", P, successors, _TRUNCATED)
     dtype = r.dtype

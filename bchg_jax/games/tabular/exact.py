@@ -38,6 +38,7 @@ from bchg_jax.core.validate import (
     check_finite_if_concrete,
     check_if_concrete,
     check_shape,
+    check_solver_settings,
     check_unit_interval,
     is_concrete,
     warn_float32_logit_rounding,
@@ -177,6 +178,7 @@ def newton_polish(game, f: Array, beta, Q: Array, backup: str = "reference", ite
     :mod:`bchg_jax.games.tabular.follower`) from ``Q`` [S, A, B], e.g. soft Q-iteration's
     answer (quadratic convergence near the fixed point). Not differentiated; returns [S, A, B].
     """
+    check_solver_settings("games.tabular.newton_polish", iters=(iters, 0))
     F, jacobian = _bellman_residual(game, f, beta, backup)
     Q = jnp.asarray(Q, compute_dtype(game, f, beta))  # the scan's carry: F's dtype
 
@@ -480,6 +482,7 @@ def _response(game, f, beta, backup, Q_star, tol, caller):
     """The differentiable best response to f, solved here or at the given ``Q_star``; a given
     ``Q_star`` whose fixed-point residual misses ``tol`` (None: not checked) is refused as
     :func:`best_response` refuses a capped solve (concrete: ValueError; traced: NaN)."""
+    check_solver_settings(caller, tol)
     if Q_star is None:
         return best_response(game, f, beta, backup)
     br = implicit_response(game, f, beta, jax.lax.stop_gradient(Q_star), backup)
