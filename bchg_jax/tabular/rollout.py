@@ -179,9 +179,9 @@ def rollout(
         ``transition`` or ``init_dist`` whose rows are not distributions (a negative entry, or a
         row sum off 1 by more than ``core.validate.POLICY_ROW_TOL``: logits or unnormalised
         weights would otherwise be drawn from, normalised, without a word); a ``time_limit``
-        that is not a positive integer or None; ``num_envs`` or ``num_steps`` < 1;
-        ``parallel`` with a ``time_limit`` below ``num_steps``; a concrete ``transition``
-        with mass outside ``successors`` (beyond rounding).
+        that is not a positive integer or None; ``num_envs`` or ``num_steps`` that is not a
+        positive integer; ``parallel`` with a ``time_limit`` below ``num_steps``; a concrete
+        ``transition`` with mass outside ``successors`` (beyond rounding).
     """
     S, B = transition_sizes("transition", transition)
     src = f"S={S}, B={B} from transition [S, B, S]"
@@ -193,8 +193,8 @@ def rollout(
     check_count("time_limit", time_limit, allow_none=True)
     for label, table in (("policy", policy), ("transition", transition), ("init_dist", init_dist)):
         check_probability_rows_if_concrete(label, table)  # logits or weights: no silent draw
-    if num_envs < 1 or num_steps < 1:
-        raise ValueError(f"num_envs and num_steps must be >= 1, got {num_envs} and {num_steps}")
+    check_count("num_envs", num_envs)  # 2.5 failed in jnp.zeros with a shape error
+    check_count("num_steps", num_steps)
     check_parallel_limit(parallel, time_limit, num_steps)
     term_mask = jnp.zeros((S,), bool) if terminal is None else jnp.asarray(terminal, bool)
     limit = jnp.iinfo(jnp.int32).max if time_limit is None else int(time_limit)

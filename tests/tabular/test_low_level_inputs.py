@@ -27,6 +27,13 @@ def _batch(tables, E=2, T=5):
     return rollout(jax.random.key(1), policy, P, rho, None, None, E, T)
 
 
+@pytest.mark.parametrize("E, T", [(0, 5), (2, -1), (2.5, 5), (2, 3.0), (True, 5)])
+def test_rollout_refuses_sizes_that_are_not_positive_integers(tables, E, T):
+    """A float size failed in jnp.zeros with JAX's shape error (0 and -1 were named)."""
+    with pytest.raises(ValueError, match="num_(envs|steps) must be a positive integer"):
+        _batch(tables, E, T)
+
+
 @pytest.mark.parametrize("alpha", [0.0, -0.1, 1.5, 2.0, float("nan")])
 def test_sarsa_refuses_a_step_size_outside_0_1(tables, alpha):
     batch = _batch(tables)
