@@ -48,6 +48,8 @@ SETTING_KEYS = (
 SETTING_KEYS += FOLLOWER_SETTINGS
 # the flags only the MLP critic reads (refused with another --critic)
 MLP_CRITIC = tuple(k for k in SETTING_KEYS if k.startswith("mlp_")) + ("value_samples",)
+# --smoke's MLP critic: at most this many Adam steps and value samples
+SMOKE_MLP_STEPS, SMOKE_VALUE_SAMPLES = 5, 8
 # the MLP critic's training flags that --faithful holds at their defaults (the paper's critic)
 FAITHFUL_CRITIC = (
     "mlp_steps",
@@ -115,7 +117,7 @@ def parse_args(argv=None):
         "--no-control-variates, with the MLP critic's flags at their defaults (the paper's "
         "critic; a changed one is refused: give those flags without --faithful; with "
         "--config FILE of a run that was not faithful, FILE's critic settings are replaced "
-        "by the paper's)",
+        "by the paper's; a faithful run's FILE edited to another critic is refused)",
     )
     g.add_argument("--episodes", type=int, default=100, help="episodes of 100 steps per iteration")
     g.add_argument("--beta", type=float, default=0.1, help="follower entropy coefficient")
@@ -174,19 +176,34 @@ def parse_args(argv=None):
             for k in FAITHFUL_CRITIC:
                 if k not in a._explicit:
                     setattr(a, k, fixed[k])
-        clash = [
-            f"--{k.replace('_', '-')}" + ("" if isinstance(v, bool) else f" {getattr(a, k)}")
-            for k, v in fixed.items()
-            if k in a._explicit and getattr(a, k) != v
+        kept = {k: {v} for k, v in fixed.items()}  # what FILE may hold
+        if file_args is not None and file_args.get("smoke"):  # and its smoke reductions
+            kept["mlp_steps"].add(min(fixed["mlp_steps"], SMOKE_MLP_STEPS))
+            kept["value_samples"].add(min(fixed["value_samples"], SMOKE_VALUE_SAMPLES))
+
+        def flag(k):
+            return f"--{k.replace('_', '-')}" + (
+                "" if isinstance(fixed[k], bool) else f" {getattr(a, k)}"
+            )
+
+        clash = [flag(k) for k in fixed if k in a._explicit and getattr(a, k) != fixed[k]]
+        # a FILE whose critic settings were changed by hand after a faithful run
+        edited = [
+            flag(k)
+            for k in fixed
+            if k not in a._explicit and k in (file_args or {}) and getattr(a, k) not in kept[k]
         ]
-        if clash:
+        if clash or edited:
             from experiments.cli import fail
 
             source = "" if "faithful" in a._explicit else f" (from --config {a.config})"
+            fix = [f"drop {' and '.join(clash)}"] if clash else []
+            if edited:
+                fix.append(f"restore {' and '.join(edited)} in {a.config} to the paper's values")
             fail(
                 f"--faithful{source} is the paper's estimator and critic: --critic mlp "
                 f"--follower-grad score --no-baseline --no-control-variates with the critic "
-                f"flags at their defaults; drop {' and '.join(clash)}, or give those flags "
+                f"flags at their defaults; {', and '.join(fix)}, or give those flags "
                 f"without --faithful"
             )
         a.critic, a.follower_grad, a.no_baseline, a.no_control_variates = (
@@ -196,8 +213,8 @@ def parse_args(argv=None):
             True,
         )
     if smoke_requested(a):  # not from a --config file: its values are reduced already
-        a.episodes, a.mlp_steps = min(a.episodes, 4), min(a.mlp_steps, 5)
-        a.value_samples = min(a.value_samples, 8)
+        a.episodes, a.mlp_steps = min(a.episodes, 4), min(a.mlp_steps, SMOKE_MLP_STEPS)
+        a.value_samples = min(a.value_samples, SMOKE_VALUE_SAMPLES)
     return a
 
 

@@ -803,10 +803,39 @@ def test_faithful_given_beside_a_config_file_of_another_critic_takes_the_papers(
     p = thermal.parse_args([])
     a = thermal.parse_args(["--config", str(cfg), "--faithful"])
     assert all(getattr(a, k) == getattr(p, k) for k in thermal.FAITHFUL_CRITIC)
-    # without --faithful the file's critic stays; a faithful file's own values stay too
+    # without --faithful the file's critic stays
     assert thermal.parse_args(["--config", str(cfg)]).mlp_steps == 200
-    cfg.write_text(json.dumps({"experiment": "thermal", "args": {"faithful": True, **mine}}))
-    assert thermal.parse_args(["--config", str(cfg), "--faithful"]).mlp_steps == 200
+
+
+def test_a_faithful_config_file_edited_to_another_critic_is_refused(tmp_path, capsys):
+    """A faithful run's config.json with its critic settings changed by hand ran that critic
+    and called the run faithful again. It is refused, naming the file; the values a --smoke
+    faithful run saved (5 Adam steps, 8 value samples) are still read back."""
+    import json
+
+    from experiments import thermal
+
+    p = thermal.parse_args([])
+    cfg = tmp_path / "config.json"
+    for edit, named in (
+        (dict(mlp_steps=200), "--mlp-steps 200"),
+        (dict(mlp_warm_start=True), "--mlp-warm-start"),
+        (dict(mlp_lr=1e-3, value_samples=32), "--mlp-lr 0.001 and --value-samples 32"),
+    ):
+        args = {"faithful": True, "critic": "mlp", **{k: getattr(p, k) for k in edit}, **edit}
+        cfg.write_text(json.dumps({"experiment": "thermal", "args": args}))
+        for extra in ([], ["--faithful"]):
+            err = _cli_error("thermal", ["--config", str(cfg), *extra], capsys)
+            assert f"restore {named} in {cfg} to the paper's values" in err, err
+    # a --smoke faithful run's own reductions, read back
+    smoke = {"faithful": True, "smoke": True, "mlp_steps": 5, "value_samples": 8}
+    cfg.write_text(json.dumps({"experiment": "thermal", "args": smoke}))
+    a = thermal.parse_args(["--config", str(cfg)])
+    assert a.faithful and (a.mlp_steps, a.value_samples) == (5, 8)
+    # and a faithful file at the paper's values is taken as it is
+    paper = {"faithful": True, **{k: getattr(p, k) for k in thermal.FAITHFUL_CRITIC}}
+    cfg.write_text(json.dumps({"experiment": "thermal", "args": paper}))
+    assert thermal.parse_args(["--config", str(cfg)]).mlp_steps == p.mlp_steps
 
 
 def test_thermal_flags_of_the_leaders_mlp_fit_are_refused_for_monte_carlo_methods():
@@ -1137,9 +1166,9 @@ def test_a_discount_given_as_a_string_and_a_bad_solver_setting_are_refused():
         _cmdp(gamma_L=True).validate()
     S, A = np.shape(game.transition)[:2]
     f = jnp.full((S, A), 1.0 / A)
-    with pytest.raises(ValueError, match="tol must be finite and > 0"):
+    with pytest.raises(ValueError, match="soft_q_iteration: tol .*must be finite and > 0"):
         game_tabular.soft_q_iteration(game, f, 0.5, tol=-1.0)
-    with pytest.raises(ValueError, match="max_sweeps must be a positive integer"):
+    with pytest.raises(ValueError, match="soft_q_iteration: max_sweeps must be an integer >= 1"):
         game_tabular.soft_q_iteration(game, f, 0.5, max_sweeps=0)
 
 
@@ -1150,6 +1179,7 @@ def _solver_setting_calls():
     from bchg_jax.games.lqr import exact as game_lqr_exact
     from bchg_jax.games.lqr import follower as game_lqr_follower
     from bchg_jax.games.tabular import exact as game_exact
+    from bchg_jax.games.tabular import follower as game_follower
     from bchg_jax.problems.toy_game import toy_game
     from bchg_jax.tabular import exact, sparse
     from bchg_jax.tabular import follower_references as refs
@@ -1220,6 +1250,11 @@ def _solver_setting_calls():
             "tol max_iters",
         ),
         ("toy best_response", lambda **k: game_exact.best_response(game, f, 0.05, **k), "tol"),
+        (
+            "toy soft_q_iteration",
+            lambda **k: game_follower.soft_q_iteration(game, f, 0.05, **k),
+            "tol max_sweeps",
+        ),
         (
             "newton_polish",
             lambda **k: game_exact.newton_polish(

@@ -28,12 +28,10 @@ from bchg_jax.core.rounding import sweep_to_tolerance
 from bchg_jax.core.softmax import follower_softmax
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
-    check_count,
     check_finite_if_concrete,
-    check_if_concrete,
-    check_positive,
     check_problem_settings,
     check_shape,
+    check_solver_settings,
     validate_if_concrete,
 )
 from bchg_jax.games.tabular.game import check_policy_shapes, compute_dtype
@@ -156,8 +154,7 @@ def _soft_q_iteration_checks(
     check_game(game)
     check_beta_if_concrete(beta)
     check_policy_shapes(game, f)
-    check_if_concrete(check_positive, "tol", tol)
-    check_count("max_sweeps", max_sweeps)
+    check_solver_settings("soft_q_iteration", tol, max_sweeps=(max_sweeps, 1))
     if Q0 is not None:
         check_shape("Q0", Q0, np.shape(game.transition)[:3], "[S, A, B] from game.transition")
         check_finite_if_concrete("Q0", Q0)  # a NaN start gave an all-NaN response
