@@ -23,8 +23,9 @@
 # long each step took. If ./.whl holds wheels (packages the GPU machine
 # lacks, e.g. distrax), they are installed into /tmp/site first (unless BCHG_WHEELS_DONE=1:
 # benchmarks/gpu_session.sh installed them). DEVICE_CHECK_SMOKE=1 shrinks every step (a few
-# iterations, 1 and 10 runs, limits x8; the faithful thermal step runs 1 MLP iteration, 1-5 min
-# on a 2-core CPU: 66 s an iteration on one core on 2026-12-03) to try the script's plumbing on a CPU.
+# iterations, 1 and 10 runs, limits x8; the faithful thermal step runs 1 MLP iteration of 50
+# Adam steps instead of 5000: the paper's took 66 s on one core on 2026-12-03) to try the
+# script's plumbing on a CPU.
 set -uo pipefail
 out="${1:-${OUT:-/tmp/device_check}}"
 experiments="${2:-fourrooms,thermal,toy_game,lqr_game}"
@@ -34,9 +35,10 @@ if [ "${BCHG_WHEELS_DONE:-0}" != 1 ] && compgen -G ".whl/*.whl" > /dev/null; the
     --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
 fi
 if [ "${DEVICE_CHECK_SMOKE:-0}" = 1 ]; then
-  scale=8 grid_its=3 single_its=5 runs="1 10" profile="1 10" mlp_its=1
+  scale=8 grid_its=3 single_its=5 runs="1 10" profile="1 10" mlp_its=1 mlp_steps=(--mlp-steps 50)
 else
   scale=1 grid_its=100 single_its=500 runs="1 100 1000 10000" profile="1 10000" mlp_its=2
+  mlp_steps=()
 fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
 failed=()
@@ -69,7 +71,7 @@ step fourrooms_throughput 75 python3 -m benchmarks.fourrooms_throughput --iterat
   --single-iterations "$single_its" --solvers dense sparse --fail-on-cap
 if [ "$experiments" != none ]; then
   step thermal_faithful 45 python3 -m benchmarks.thermal_throughput --methods bchg --seeds 1 \
-    --only-mlp --mlp-iterations "$mlp_its" --profile --fail-on-cap
+    --only-mlp --mlp-iterations "$mlp_its" "${mlp_steps[@]}" --profile --fail-on-cap
   for e in ${experiments//,/ }; do
     step "scaling_$e" "$(scaling_limit "$e")" python3 -m benchmarks.scaling --experiments "$e" \
       --runs $runs --iterations 2 --profile-runs $profile --reference --fail-on-cap

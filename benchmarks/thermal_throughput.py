@@ -2,12 +2,13 @@
 
 ``python -m benchmarks.thermal_throughput [--iterations N] [--mlp-iterations M]
 [--methods bchg,...] [--seeds 1 10] [--skip-mlp | --only-mlp] [--mlp-kernel xla fused]
-[--fail-on-cap] [--profile]``
+[--mlp-steps S] [--fail-on-cap] [--profile]``
 
 Modes: the fast quadratic (LSTD) critic and the paper's faithful MLP critics (64-64, 5000 Adam
 steps from the same initial parameters every iteration), fitted by XLA's program or by the
 fused Pallas kernels (``--mlp-kernel``, one row each: ``lq.TrainConfig.mlp_kernel``; the fused
-form is for a CUDA GPU and runs in Pallas' interpreter elsewhere). Compile time is measured on
+form is for a CUDA GPU and runs in Pallas' interpreter elsewhere; ``--mlp-steps`` fewer Adam
+steps, for trying the plumbing on a CPU, the row then named by them). Compile time is measured on
 a first call of the same jitted chunk and excluded from the per-iteration figures. Each row also
 gives the share of run-iterations whose Riccati solve hit its cap and the skipped updates;
 ``--fail-on-cap`` exits with status 3 after the table if any row has either. ``--profile`` calls
@@ -57,6 +58,13 @@ def main(argv=None):
         help="the MLP critic's fit, a row each (lq.TrainConfig.mlp_kernel; default xla)",
     )
     p.add_argument(
+        "--mlp-steps",
+        type=int,
+        default=lq.TrainConfig().mlp_steps,
+        help="Adam steps per MLP critic fit (the paper's by default; fewer only to try the "
+        "script on a CPU: the row is then not the faithful run's time)",
+    )
+    p.add_argument(
         "--fail-on-cap",
         action="store_true",
         help="exit 3 if any Riccati solve hit its cap or an update was skipped",
@@ -67,6 +75,10 @@ def main(argv=None):
         help="call each row's chunk once more under jax.profiler and print what bounds it",
     )
     a = p.parse_args(argv)
+    if a.mlp_steps < 1:
+        p.error(f"--mlp-steps must be >= 1, got {a.mlp_steps}")
+    paper = a.mlp_steps == lq.TrainConfig().mlp_steps
+    faithful = "mlp (faithful" + ("" if paper else f", {a.mlp_steps} Adam steps") + ")"
     print(
         f"# {platform.processor() or platform.machine()}, jax {jax.__version__}, "
         f"devices {jax.devices()}, a solver loop test every {steps_per_test()} steps"
@@ -80,13 +92,14 @@ def main(argv=None):
     if not a.skip_mlp:
         modes += [
             (
-                "mlp (faithful)" + ("" if kernel == "xla" else f", {kernel} fit"),
+                faithful + ("" if kernel == "xla" else f", {kernel} fit"),
                 lq.TrainConfig(
                     critic="mlp",
                     follower_grad="score",
                     state_baseline=False,
                     control_variates=False,
                     mlp_kernel=kernel,
+                    mlp_steps=a.mlp_steps,
                 ),
                 a.mlp_iterations,
             )

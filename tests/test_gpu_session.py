@@ -24,9 +24,10 @@ def _session(out, work, *flags, budget=1500, smoke=True):  # a slow 2-core CPU t
     )
 
 
-def test_smoke_session_checks_then_trains_the_panel_in_calls_of_their_own(tmp_path):
-    """The plan for a lease of 10-minute calls: ``--check-only``, then ``--panel-only`` in the
-    same work folder; each call bundles its files in at most six."""
+def test_a_check_only_call_runs_the_device_check_and_not_the_panel(tmp_path):
+    """The first of a lease's 10-minute calls: ``--check-only`` bundles the check's files in
+    four and trains nothing. (The panel's calls are the next test: apart, the two workers of
+    the slow tier share them.)"""
     out, work = tmp_path / "out", tmp_path / "work"
     proc = _session(out, work, "--check-only")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -54,9 +55,15 @@ def test_smoke_session_checks_then_trains_the_panel_in_calls_of_their_own(tmp_pa
     assert all(line.endswith("exit 0") and " s of its " in line for line in steps), steps
     with tarfile.open(out / "gpu_session.tgz") as t:
         assert "check/PASSED.txt" in t.getnames()
+    assert not (work / "fig").exists() and not (work / "compact").exists()
 
-    # the panel in a call of its own, without the device check
-    out = tmp_path / "out2"
+
+def test_panel_only_calls_train_continue_and_refuse_a_short_budget(tmp_path):
+    """The panel in calls of its own, in the work folder a ``--check-only`` call left (its
+    check is kept, not wiped); each call bundles its files in at most six."""
+    out, work = tmp_path / "out2", tmp_path / "work"
+    (work / "check").mkdir(parents=True)  # what the check-only call before it left
+    (work / "check" / "PASSED.txt").write_text("device check passed\n")
     proc = _session(out, work, "--panel-only")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = (out / "RESULT.txt").read_text()
@@ -74,6 +81,7 @@ def test_smoke_session_checks_then_trains_the_panel_in_calls_of_their_own(tmp_pa
         assert "compact/batch100_beta1e-3/wall.json" in t.getnames()
     assert "fig/batch100_beta1e-3/by_method/bchg/bchg/metrics.jsonl" in names
     assert not any("checkpoint" in n for n in names)
+    assert "check/PASSED.txt" in names and (work / "check" / "PASSED.txt").exists()
     assert "7 method worker(s)" in (out / "panel.txt").read_text()
 
     # a further call continues the (here complete) panel
@@ -121,7 +129,7 @@ def test_an_ab_only_call_times_both_forms_of_four_rooms_steps_and_nothing_else(t
     assert [r[1:3] for r in rows] == [["sparse", "scan"], ["sparse", "parallel"]]
     J = [float(r[10]) for r in rows]  # the grid's mean J: the same leader either way
     assert abs(J[0] - J[1]) < 1e-5 * abs(J[0]) and J[0] < 0
-    assert "| bchg | mlp (faithful) | 1 |" in thermal
+    assert "| bchg | mlp (faithful, 50 Adam steps) | 1 |" in thermal
     assert "(ok, limit" in fused and "| fused |" in fused and "| xla |" in fused
     assert "25 steps per trip" in unrolled and "parallel steps" in parts.splitlines()[1]
     assert "against the scans on this device: batch identical" in parts
