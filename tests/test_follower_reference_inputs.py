@@ -14,6 +14,7 @@ import pytest
 import small_problems
 
 from bchg_jax import lq, tabular
+from bchg_jax.problems import random_tabular_cmdp
 
 S, B = 3, 2
 
@@ -119,6 +120,86 @@ def test_a_wider_p_prev_is_taken_in_the_problems_dtype(x64):
     np.testing.assert_allclose(got, want, rtol=1e-6)
     played, P_next = lq.k_step_response(p, theta, 0.5, P64, 2)
     assert P_next.dtype == jnp.float32 and played.K.dtype == jnp.float32
+
+
+def test_a_strong_float64_beta_or_policy_is_taken_in_the_problems_dtype(x64):
+    """With float64 enabled, a strong ``np.float64`` beta beside a float32 problem widened the
+    solvers' loop values and broke their carry with a ``TypeError`` (the tabular best response
+    and every reference built on it, soft value iteration, soft_newton, the LQ and LQR-game
+    best responses and their exact gradients), as a float64 policy did in the LQ as-if-optimal
+    reference. Each now computes in the problem's (theta's) dtype, and gives what a weak beta
+    gives."""
+    from bchg_jax.games import lqr as game_lqr
+    from bchg_jax.problems import lqr_game
+    from bchg_jax.tabular import exact, follower_references
+
+    p = random_tabular_cmdp(jax.random.key(3), dtype=jnp.float32)
+    th = p.theta0
+    P, r = p.transition(th), p.follower_reward(th)
+    S_, B_ = r.shape
+    g = jnp.full((S_, B_), 1.0 / B_, jnp.float32)
+    lq_p, lq_th = _lq(), jnp.array([0.05, 0.1], jnp.float32)
+    game, game_th = lqr_game(), jnp.array([-1.0, 0.5], jnp.float32)
+    calls = {
+        "exact_hypergradient": lambda b: exact.exact_hypergradient(p, th, b),
+        "best_response": lambda b: exact.best_response(p, th, b).V,
+        "k_step_hypergradient": lambda b: follower_references.k_step_hypergradient(
+            p, th, jnp.zeros(S_, jnp.float32), b, 2
+        ),
+        "lag_hypergradient": lambda b: follower_references.lag_hypergradient(p, th, g, b, 0.3),
+        "soft_value_iteration": lambda b: tabular.soft_value_iteration(P, r, b, 0.9).V,
+        "soft_value_iteration to tol": lambda b: (
+            tabular.soft_value_iteration(P, r, b, 0.9, tol=1e-5).V
+        ),
+        "soft_newton": lambda b: exact.soft_newton(
+            P, r, b, 0.9, jnp.ones(S_, jnp.float32), jnp.zeros(S_, jnp.float32)
+        ),
+        "lq exact_hypergradient": lambda b: lq.exact_hypergradient(lq_p, lq_th, b),
+        "lqr game exact_hypergradient": lambda b: game_lqr.exact_hypergradient(game, game_th, b),
+    }
+    for name, call in calls.items():
+        want = call(0.5)
+        got = call(np.float64(0.5))
+        assert got.dtype == jnp.float32 == want.dtype, name
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=name)
+    # the LQ as-if-optimal reference at a float64 policy: the float32 policy's answer
+    played, _ = lq.k_step_response(lq_p, lq_th.astype(jnp.float64), 0.5, jnp.eye(2), 2)
+    narrow = jax.tree.map(lambda x: x.astype(jnp.float32) if x.dtype == jnp.float64 else x, played)
+    got = lq.as_if_optimal_hypergradient(lq_p, lq_th, played, np.float64(0.5))
+    want = lq.as_if_optimal_hypergradient(lq_p, lq_th, narrow, 0.5)
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_a_lag_mix_with_axes_is_refused_traced_or_not():
+    """An array ``mix`` broadcast across the policy's columns (rows no longer summing to 1) and
+    gave the lag references the gradient of no policy, outside the range of any scalar mix;
+    a bool was taken as 1. Several mixes are a vmap."""
+    from bchg_jax.games import tabular as game_tabular
+    from bchg_jax.problems import toy_game
+
+    p = random_tabular_cmdp(jax.random.key(3))
+    th = p.theta0
+    S_, B_ = np.shape(p.follower_reward(th))
+    g = jnp.full((S_, B_), 1.0 / B_)
+    lag = lambda m: tabular.lag_hypergradient(p, th, g, 0.5, m)  # noqa: E731
+    game = toy_game()
+    S2, A2, B2 = np.shape(game.transition)[:3]
+    g2 = jnp.full((S2, A2, B2), 1.0 / B2)
+    game_lag = lambda m: game_tabular.lag_hypergradient(  # noqa: E731
+        lambda t: jax.nn.softmax(t, -1), jnp.zeros((S2, A2)), game, g2, 0.5, m
+    )
+    for call, width in ((lag, B_), (game_lag, A2)):
+        for bad in (np.full(width, 0.5), np.full((S_, 1), 0.5), np.array([0.5]), True):
+            with pytest.raises(ValueError, match="mix .* must be a real scalar"):
+                call(bad)
+        with pytest.raises(ValueError, match="mix .* must be a real scalar"):
+            jax.jit(call)(jnp.full(width, 0.5))
+    # several mixes: vmapped, each its own scalar answer
+    mixes = jnp.array([0.2, 1.0])
+    many = jax.vmap(lag)(mixes)
+    for i, m in enumerate(mixes):
+        np.testing.assert_allclose(many[i], lag(float(m)), rtol=1e-5, atol=1e-6)
 
 
 def test_the_tabular_learners_updates_check_their_tables():

@@ -43,7 +43,8 @@ call are kept:
   does, and the game's program is rebuilt once :data:`DEAD_CALLABLES` of them have died;
 * static values are keyed by type and value (a 0-d array also by dtype and weak type), a
   Python float theta or beta is traced as a 0-d array is (a weak type that leaves a float32
-  computation in float32; a strong ``np.float64`` beta widens it, as in the plain call),
+  computation in float32; a strong ``np.float64`` beta is cast to theta's dtype by the CMDP
+  and LQR-game solvers and widens the tabular game's, as in the plain call),
   and a call that does not fit the function's signature is the plain call (its
   ``TypeError``);
 * a problem whose functions cannot be traced (they read a traced value on the host) is called

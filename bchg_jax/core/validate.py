@@ -130,6 +130,24 @@ def check_beta_if_concrete(beta) -> None:
     check_if_concrete(check_beta, beta)
 
 
+def check_mix_if_concrete(mix) -> None:
+    """The ``lag`` follower's mix (the weight of the new best response) given to an exact
+    reference: a scalar (checked on traced values too: an array broadcast across the policy's
+    columns, so that its rows no longer summed to 1, and gave the gradient of no policy), not a
+    bool, and in (0, 1] unless traced (as ``FollowerModel``).
+
+    Raises:
+      ValueError: a ``mix`` with axes or a bool, or a concrete ``mix`` outside (0, 1].
+    """
+    if np.ndim(mix) != 0 or isinstance(mix, (bool, np.bool_)):
+        shown = f"shape {tuple(np.shape(mix))}" if np.ndim(mix) else repr(mix)
+        raise ValueError(
+            f"mix (the weight of the new best response) must be a real scalar, got {shown} "
+            "(for several mixes, jax.vmap over them)"
+        )
+    check_if_concrete(check_unit_interval, "mix", mix)
+
+
 def check_discount(name: str, value, closed: bool = False) -> None:
     """A discount: a real scalar in [0, 1) (``closed``: [0, 1], for finite-horizon sums).
 

@@ -109,7 +109,7 @@ def best_response(
         jnp.asarray(problem.Rbar, dt),
         jnp.asarray(problem.U, dt),
         problem.gamma_F,
-        beta,
+        jnp.asarray(beta, dt),  # theta's dtype: a float64 beta would widen the covariance
         P0=P0,
         tol=tol,
         max_iters=max_iters,

@@ -68,7 +68,14 @@ def as_if_optimal_hypergradient(
         (:func:`~bchg_jax.lq.exact.refuse_divergence`).
     """
     _as_if_optimal_checks(problem, theta, policy, beta)
-    g = jax.lax.stop_gradient(policy)
+    # in theta's dtype, as k_step_hypergradient's P_prev: a float64 policy or beta beside a
+    # float32 theta would widen the covariance sum's carry
+    dt = theta.dtype
+    g = jax.tree_util.tree_map(
+        lambda x: x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+        jax.lax.stop_gradient(policy),
+    )
+    beta = jnp.asarray(beta, dt)
     prec = jnp.linalg.inv(g.cov)
 
     def objective(th):

@@ -146,6 +146,7 @@ def soft_newton(P: Array, r: Array, beta, gamma, cont: Array, V0: Array, iters: 
       ValueError: ``iters`` not an integer >= 0.
     """
     check_solver_settings("soft_newton", iters=(iters, 0))
+    beta = jnp.asarray(beta, r.dtype)  # a float64 beta would widen a float32 step's carry
 
     def step(V, _):
         Q = soft_q(P, r, V, gamma, cont)
@@ -237,6 +238,7 @@ def best_response(
     r = problem.follower_reward(theta)
     cont = continuation(problem.terminal, r.shape[0], r.dtype)
     gamma = problem.gamma_F
+    beta = jnp.asarray(beta, r.dtype)  # the problem's dtype: a float64 beta would widen V
 
     def T(V):
         return soft_v(soft_q(P, r, V, gamma, cont), beta)

@@ -230,6 +230,7 @@ def soft_value_iteration(
     S = r.shape[0]
     cont = continuation(terminal, S, r.dtype)
     V0 = jnp.zeros((S,), r.dtype) if V0 is None else V0.astype(r.dtype)
+    beta = jnp.asarray(beta, r.dtype)  # a float64 beta would widen a float32 sweep's carry
 
     def sweep(V):
         return soft_v(soft_q(P, r, V, gamma, cont), beta)

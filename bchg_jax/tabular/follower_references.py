@@ -38,11 +38,10 @@ from bchg_jax.core.softmax import follower_softmax
 from bchg_jax.core.validate import (
     check_count,
     check_finite_if_concrete,
-    check_if_concrete,
+    check_mix_if_concrete,
     check_probability_rows_if_concrete,
     check_shape,
     check_solver_settings,
-    check_unit_interval,
 )
 from bchg_jax.tabular.cmdp import TabularCMDP
 from bchg_jax.tabular.exact import best_response, check_inputs, leader_values
@@ -159,7 +158,7 @@ def _lag_checks(
     """:func:`lag_hypergradient`'s checks (an eager call's precheck, as :func:`_k_step_checks`)."""
     _check(problem, theta, beta)
     _check_policy(problem, theta, "previous", previous)
-    check_if_concrete(check_unit_interval, "mix", mix)  # as FollowerModel
+    check_mix_if_concrete(mix)  # as FollowerModel
     check_solver_settings("tabular.lag_hypergradient", tol)
     if V0 is not None and V_star is not None:
         raise ValueError("pass V0 (a warm start) or V_star (the solved fixed point), not both")

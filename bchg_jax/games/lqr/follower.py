@@ -142,7 +142,16 @@ def best_response(
     K = leader_gain(game, theta)
     CU = C @ jnp.asarray(game.U, dt) * (1.0 if stochastic else 0.0)
     br: GaussianBestResponse = maxent_lqr_observable(
-        A + C @ K, B, Q, R, CU, game.gamma_F, beta, P0=P0, tol=tol, max_iters=max_iters
+        A + C @ K,
+        B,
+        Q,
+        R,
+        CU,
+        game.gamma_F,
+        jnp.asarray(beta, dt),  # theta's dtype: a float64 beta would widen the covariance
+        P0=P0,
+        tol=tol,
+        max_iters=max_iters,
     )
     return GameResponse(
         br.K_w @ A,

@@ -37,9 +37,9 @@ from bchg_jax.core.validate import (
     check_discount,
     check_finite_if_concrete,
     check_if_concrete,
+    check_mix_if_concrete,
     check_shape,
     check_solver_settings,
-    check_unit_interval,
     is_concrete,
     warn_float32_logit_rounding,
     warn_float32_long_horizon,
@@ -689,7 +689,7 @@ def _check_lag_args(policy_fn, theta, game, g_prev, beta, mix, *_, **__) -> None
     rows, a concrete ``mix``, ``policy_fn`` on the simplex at a concrete theta)."""
     check_game(game)
     check_beta_if_concrete(beta)
-    check_if_concrete(check_unit_interval, "mix", mix)
+    check_mix_if_concrete(mix)
     check_policy_shapes(game, g=g_prev, g_label="g_prev (the follower's previous policy)")
     check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.lag_hypergradient", game)
 
