@@ -178,6 +178,17 @@ class ExperimentParser(argparse.ArgumentParser):
         if getattr(a, "grid", None) == "paper" and given:  # they were silently ignored
             fail(f"--grid paper sweeps its own values; drop {' and '.join(given)} or --grid paper")
         if smoke_requested(a):
+            caps = (("seeds", SMOKE_SEEDS), ("iterations", self.smoke_iterations))
+            over = [
+                f"--{k} {getattr(a, k)}" for k, n in caps if k in a._explicit and getattr(a, k) > n
+            ]
+            if over:  # it would be cut silently (a --smoke run resumed to extend it stayed put)
+                fail(
+                    f"--smoke runs at most {SMOKE_SEEDS} seeds and {self.smoke_iterations} "
+                    f"iterations; {' and '.join(over)} would be cut: drop --smoke or "
+                    f"{' and '.join(o.split()[0] for o in over)} (to extend a --smoke run, "
+                    "--resume it without --smoke)"
+                )
             a.seeds, a.iterations = (
                 min(a.seeds, SMOKE_SEEDS),
                 min(a.iterations, self.smoke_iterations),

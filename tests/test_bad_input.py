@@ -209,6 +209,9 @@ def _cli_error(module, argv, capsys):
         ("toy_game", ["--beta", "0"], "beta"),
         ("lqr_game", ["--method", "biac_on"], "method"),
         ("lqr_game", ["--beta", "-1"], "beta"),
+        # --smoke's caps: a larger count was cut silently (a smoke run "extended" stayed put)
+        ("fourrooms", ["--iterations", "40"], "--iterations 40 would be cut"),
+        ("toy_game", ["--seeds", "5"], "--seeds 5 would be cut"),
     ],
 )
 def test_cli_bad_arguments(module, argv, match, tmp_path, capsys):
