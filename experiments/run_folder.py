@@ -6,7 +6,9 @@ A run folder holds ``config.json`` and one sub-folder per method with ``config.j
 ``metrics.npz`` (rewritten atomically after every chunk), ``metrics.jsonl`` (one line appended
 per chunk) and ``checkpoint/<iteration>/`` (an orbax checkpoint folder of the whole training
 state, saved atomically after every chunk; the last one is kept so that a finished run can be
-extended), ``summary.csv`` and ``curve.png``. With several methods the folder also gets
+extended: a run killed while writing it keeps the one before, an orbax ``*-tmp`` folder that the
+next save removes, and an extension recomputes the chunk after it, to the same results),
+``summary.csv`` and ``curve.png``. With several methods the folder also gets
 ``summary.csv`` (best grid point per method) and ``figure.png``. A method whose metrics are
 complete is skipped, one with a checkpoint continues from it (``--resume``, also to a larger
 ``--iterations``); ``--config FILE`` repeats a saved run's settings.
