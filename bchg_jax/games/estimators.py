@@ -56,6 +56,7 @@ from typing import Callable, Optional
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bchg_jax.core.segments import forward_discounted_sum
 from bchg_jax.core.validate import (
@@ -66,9 +67,73 @@ from bchg_jax.core.validate import (
     check_indices_if_concrete,
     check_probability_rows_if_concrete,
     check_shape,
+    is_concrete,
 )
 
 Array = jax.Array
+
+
+def check_policy_fn_on_simplex(policy_fn, theta, caller: str, game=None) -> None:
+    """``policy_fn(theta)`` is an [S, A] table of ``game`` (when given; checked for a traced
+    ``theta`` too), and its rows stay distributions as a concrete ``theta`` moves (a traced one
+    is skipped): their sums must not change along a random direction of ``theta`` (one JVP).
+
+    The leader's objective is a function of policies; its derivative in a direction that moves
+    a row's sum off 1 (a direct table ``policy_fn = lambda t: t`` moves every entry freely) is
+    that of an extension to non-policies, which Theorem 2's estimator does not estimate: its
+    baselines drop exactly that direction (``E_f[d log f(a|s)] b(s) = b(s) sum_a df(a|s)``
+    vanishes only on the simplex). A random direction catches such a ``policy_fn`` with
+    probability 1; a softmax, or a table normalised by its row sums, passes.
+
+    Args:
+      policy_fn: theta -> f [S, A].
+      theta: the leader's parameters (pytree of floating arrays).
+      caller: the function's name in the error.
+      game: the :class:`TabularGame` whose S and A the table must have (None: not checked).
+    Raises:
+      ValueError: a theta with a non-floating leaf (or none), a table of another shape than
+        [S, A], rows that are not distributions at ``theta``, or a row sum that moves with
+        theta beyond rounding.
+    """
+    leaves = jax.tree.leaves(theta)
+    kinds = [jnp.result_type(x) for x in leaves]
+    if not leaves or not all(jnp.issubdtype(k, jnp.floating) for k in kinds):
+        raise ValueError(
+            f"{caller}: theta must be a floating array (or a pytree of them) to be "
+            f"differentiated, got {'no arrays' if not leaves else 'dtypes ' + str(kinds)}: "
+            "e.g. jnp.zeros((S, A)) or jnp.asarray(theta, jnp.float32)"
+        )
+    if game is not None:
+        S, A = np.shape(game.transition)[:2]
+        check_shape(
+            f"{caller}: policy_fn(theta)",
+            jax.eval_shape(policy_fn, theta),
+            (S, A),
+            f"the leader's policy table [S, A], S={S}, A={A} from {game.name}'s transition",
+        )
+    if not is_concrete(*leaves):
+        return
+    rng = np.random.default_rng(0)
+    direction = jax.tree.map(
+        lambda x: jnp.asarray(rng.standard_normal(np.shape(x)), jnp.result_type(x)), theta
+    )
+    f, df = jax.jvp(policy_fn, (theta,), (direction,))
+    if not is_concrete(df):  # a policy_fn closing over traced values (under jit): skipped
+        return
+    check_probability_rows_if_concrete(f"{caller}: policy_fn(theta) (leader policy)", f)
+    df = np.asarray(df, np.float64)
+    scale = float(np.max(np.abs(df), initial=0.0))
+    drift = float(np.max(np.abs(df.sum(-1)), initial=0.0))
+    eps = float(jnp.finfo(jnp.result_type(f)).eps)
+    if drift > 1e3 * eps * max(df.shape[-1], 1) * scale:
+        raise ValueError(
+            f"{caller}: policy_fn's row sums move with theta (a step along a random direction "
+            f"changes a row sum at {drift / scale:.3g} of the rate it changes an entry): "
+            "the gradient would be that of the objective extended to tables that are no "
+            "policies, which Theorem 2's estimator does not estimate. Keep every row on the "
+            "simplex for every theta near this one, e.g. f = jax.nn.softmax(logits, -1) or "
+            "f = x / x.sum(-1, keepdims=True)"
+        )
 
 
 def influence_weights(t: Array, T: int, gamma_F, dtype=jnp.float32) -> Array:
@@ -295,7 +360,9 @@ def hypergradient(
     Raises:
       ValueError: as :func:`game_score_weights`; ``g``, ``Q_L``, ``V_F`` or ``V_L`` not shaped
         by the policy table [S, A] and ``g``'s B; a concrete ``policy_fn(theta)`` or ``g`` whose
-        rows are not distributions (``core.validate.check_probability_rows_if_concrete``);
+        rows are not distributions (``core.validate.check_probability_rows_if_concrete``), or
+        a ``policy_fn`` whose row sums move with a concrete theta
+        (:func:`check_policy_fn_on_simplex`);
         a concrete ``Q_L``, ``V_F`` or ``V_L`` that is not finite; concrete episode indices out
         of range.
     """
@@ -308,6 +375,9 @@ def hypergradient(
     for name, x, shape in (("g", g, (S, A, B)), ("Q_L", Q_L, (S, A, B)), ("V_F", V_F, (S, A))):
         check_shape(name, x, shape, src)
     check_probability_rows_if_concrete("policy_fn(theta) (leader policy)", f)
+    # rows that leave the simplex as theta moves: a direction the estimate does not estimate
+    # (its baselines drop it), so the state baseline and none gave different means
+    check_policy_fn_on_simplex(policy_fn, theta, "games.tabular.hypergradient")
     check_probability_rows_if_concrete("g (follower policy)", g)
     if V_L is not None:
         check_shape("V_L", V_L, (S,), src)

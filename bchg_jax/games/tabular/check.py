@@ -108,14 +108,14 @@ from bchg_jax.core.validate import (
     check_count,
     warn_float32_logit_rounding,
 )
-from bchg_jax.games.estimators import hypergradient
+from bchg_jax.games.estimators import check_policy_fn_on_simplex, hypergradient
 from bchg_jax.games.tabular.exact import (
     best_response,
     exact_hypergradient,
     leader_values,
 )
 from bchg_jax.games.tabular.follower import BACKUPS, GameBestResponse
-from bchg_jax.games.tabular.game import TabularGame, check_policy_fn_on_simplex, compute_dtype
+from bchg_jax.games.tabular.game import TabularGame, compute_dtype
 from bchg_jax.games.tabular.rollout import rollout
 
 Array = jax.Array

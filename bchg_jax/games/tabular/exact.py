@@ -44,6 +44,7 @@ from bchg_jax.core.validate import (
     warn_float32_logit_rounding,
     warn_float32_long_horizon,
 )
+from bchg_jax.games.estimators import check_policy_fn_on_simplex
 from bchg_jax.games.tabular.follower import (
     BACKUPS,
     GameBestResponse,
@@ -53,11 +54,7 @@ from bchg_jax.games.tabular.follower import (
     soft_q_backups,
     soft_q_iteration,
 )
-from bchg_jax.games.tabular.game import (
-    check_policy_fn_on_simplex,
-    check_policy_shapes,
-    compute_dtype,
-)
+from bchg_jax.games.tabular.game import check_policy_shapes, compute_dtype
 
 Array = jax.Array
 
@@ -458,7 +455,7 @@ def exact_hypergradient(
     Raises:
       ValueError: a concrete ``beta`` not finite and > 0, a bad scalar setting of ``game``, a
         concrete ``Q_star`` that misses ``tol``, a ``policy_fn`` whose row sums move with a
-        concrete theta (:func:`~bchg_jax.games.tabular.game.check_policy_fn_on_simplex`), or
+        concrete theta (:func:`~bchg_jax.games.estimators.check_policy_fn_on_simplex`), or
         as :func:`best_response` for ``policy_fn(theta)``.
     Warns:
       float32 with a discount above :data:`~bchg_jax.core.validate.FLOAT32_GAMMA_WARN`.

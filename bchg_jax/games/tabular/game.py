@@ -30,7 +30,6 @@ from bchg_jax.core.validate import (
     check_probability_rows_if_concrete,
     check_problem_settings,
     check_shape,
-    is_concrete,
     probability_tolerance,
     shape_property,
     transition_sizes,
@@ -212,66 +211,3 @@ def check_policy_shapes(game: TabularGame, f=None, g=None, g_label="g (follower 
             continue
         check_shape(label, table, shape, src)
         check_probability_rows_if_concrete(label, table)
-
-
-def check_policy_fn_on_simplex(policy_fn, theta, caller: str, game=None) -> None:
-    """``policy_fn(theta)`` is an [S, A] table of ``game`` (when given; checked for a traced
-    ``theta`` too), and its rows stay distributions as a concrete ``theta`` moves (a traced one
-    is skipped): their sums must not change along a random direction of ``theta`` (one JVP).
-
-    The leader's objective is a function of policies; its derivative in a direction that moves
-    a row's sum off 1 (a direct table ``policy_fn = lambda t: t`` moves every entry freely) is
-    that of an extension to non-policies, which Theorem 2's estimator does not estimate: its
-    baselines drop exactly that direction (``E_f[d log f(a|s)] b(s) = b(s) sum_a df(a|s)``
-    vanishes only on the simplex). A random direction catches such a ``policy_fn`` with
-    probability 1; a softmax, or a table normalised by its row sums, passes.
-
-    Args:
-      policy_fn: theta -> f [S, A].
-      theta: the leader's parameters (pytree of floating arrays).
-      caller: the function's name in the error.
-      game: the :class:`TabularGame` whose S and A the table must have (None: not checked).
-    Raises:
-      ValueError: a theta with a non-floating leaf (or none), a table of another shape than
-        [S, A], rows that are not distributions at ``theta``, or a row sum that moves with
-        theta beyond rounding.
-    """
-    leaves = jax.tree.leaves(theta)
-    kinds = [jnp.result_type(x) for x in leaves]
-    if not leaves or not all(jnp.issubdtype(k, jnp.floating) for k in kinds):
-        raise ValueError(
-            f"{caller}: theta must be a floating array (or a pytree of them) to be "
-            f"differentiated, got {'no arrays' if not leaves else 'dtypes ' + str(kinds)}: "
-            "e.g. jnp.zeros((S, A)) or jnp.asarray(theta, jnp.float32)"
-        )
-    if game is not None:
-        S, A = np.shape(game.transition)[:2]
-        check_shape(
-            f"{caller}: policy_fn(theta)",
-            jax.eval_shape(policy_fn, theta),
-            (S, A),
-            f"the leader's policy table [S, A], S={S}, A={A} from {game.name}'s transition",
-        )
-    if not is_concrete(*leaves):
-        return
-    rng = np.random.default_rng(0)
-    direction = jax.tree.map(
-        lambda x: jnp.asarray(rng.standard_normal(np.shape(x)), jnp.result_type(x)), theta
-    )
-    f, df = jax.jvp(policy_fn, (theta,), (direction,))
-    if not is_concrete(df):  # a policy_fn closing over traced values (under jit): skipped
-        return
-    check_probability_rows_if_concrete(f"{caller}: policy_fn(theta) (leader policy)", f)
-    df = np.asarray(df, np.float64)
-    scale = float(np.max(np.abs(df), initial=0.0))
-    drift = float(np.max(np.abs(df.sum(-1)), initial=0.0))
-    eps = float(jnp.finfo(jnp.result_type(f)).eps)
-    if drift > 1e3 * eps * max(df.shape[-1], 1) * scale:
-        raise ValueError(
-            f"{caller}: policy_fn's row sums move with theta (a step along a random direction "
-            f"changes a row sum at {drift / scale:.3g} of the rate it changes an entry): "
-            "the gradient would be that of the objective extended to tables that are no "
-            "policies, which Theorem 2's estimator does not estimate. Keep every row on the "
-            "simplex for every theta near this one, e.g. f = jax.nn.softmax(logits, -1) or "
-            "f = x / x.sum(-1, keepdims=True)"
-        )
