@@ -384,6 +384,10 @@ def hypergradient(
     for name, x in (("Q_L", Q_L), ("V_F", V_F), ("V_L", V_L)):
         if x is not None:
             check_finite_if_concrete(name, x)  # a NaN critic gave an all-NaN estimate
+    if np.ndim(ep.s) != 2:
+        raise ValueError(f"ep.s (states) must be [E, T], got shape {tuple(np.shape(ep.s))}")
+    for name, x in (("ep.a", ep.a), ("ep.b", ep.b)):
+        check_shape(name, x, np.shape(ep.s), "[E, T] from ep.s")
     for name, idx, size in (("ep.s (states)", ep.s, S), ("ep.a", ep.a, A), ("ep.b", ep.b, B)):
         check_indices_if_concrete(name, idx, size)
     E, T = ep.s.shape

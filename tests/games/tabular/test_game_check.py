@@ -147,6 +147,15 @@ def test_the_estimator_refuses_a_policy_fn_whose_rows_leave_the_simplex():
     assert np.all(np.isfinite(est)) and est.shape == table.shape
     traced = jax.jit(lambda th: hypergradient(lambda t: t, th, *rest))(table)
     assert traced.shape == table.shape
+    # episodes whose arrays disagree in shape: named (JAX's broadcasting error before)
+    soft = (lambda t: jax.nn.softmax(t, -1), jnp.log(table))
+    for bad, match in (
+        (ep._replace(a=ep.a[:, :-1]), r"ep.a must have shape \(4, 20\)"),
+        (ep._replace(b=ep.b[:2]), r"ep.b must have shape \(4, 20\)"),
+        (ep._replace(s=ep.s[0]), r"ep.s \(states\) must be \[E, T\]"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            hypergradient(*soft, bad, *rest[1:])
 
 
 @pytest.mark.slow
