@@ -113,18 +113,15 @@ def check_policy_fn_on_simplex(policy_fn, theta, caller: str, game=None) -> None
         )
     if not is_concrete(*leaves):
         return
-    rng = np.random.default_rng(0)
-    direction = jax.tree.map(
-        lambda x: jnp.asarray(rng.standard_normal(np.shape(x)), jnp.result_type(x)), theta
-    )
-    f, df = jax.jvp(policy_fn, (theta,), (direction,))
-    if not is_concrete(df):  # a policy_fn closing over traced values (under jit): skipped
+    f = policy_fn(theta)
+    if not is_concrete(f):  # a policy_fn closing over traced values (under jit): skipped
         return
     check_probability_rows_if_concrete(f"{caller}: policy_fn(theta) (leader policy)", f)
+    f64, df = _tangent_in_float64(policy_fn, theta)
     df = np.asarray(df, np.float64)
     scale = float(np.max(np.abs(df), initial=0.0))
     drift = float(np.max(np.abs(df.sum(-1)), initial=0.0))
-    eps = float(jnp.finfo(jnp.result_type(f)).eps)
+    eps = float(jnp.finfo(jnp.result_type(f64)).eps)
     if drift > 1e3 * eps * max(df.shape[-1], 1) * scale:
         raise ValueError(
             f"{caller}: policy_fn's row sums move with theta (a step along a random direction "
@@ -134,6 +131,34 @@ def check_policy_fn_on_simplex(policy_fn, theta, caller: str, game=None) -> None
             "simplex for every theta near this one, e.g. f = jax.nn.softmax(logits, -1) or "
             "f = x / x.sum(-1, keepdims=True)"
         )
+
+
+def _tangent_in_float64(policy_fn, theta):
+    """(f, df) of ``policy_fn`` at ``theta`` along a fixed random direction, computed in float64
+    where the function allows it (else in theta's dtype).
+
+    In float32 a saturated softmax's row-sum tangent is rounding of the logits' tangent, which
+    can be 1e-3 of its entries' tangent (entries ~f(1 - f) small): a policy on the simplex
+    would look like one that leaves it. In float64 that rounding is ~1e-13 of it.
+    """
+    rng = np.random.default_rng(0)
+    direction = [rng.standard_normal(np.shape(x)) for x in jax.tree.leaves(theta)]
+    treedef = jax.tree.structure(theta)
+
+    def along(dtype_of):
+        leaves = jax.tree.leaves(theta)
+        th = treedef.unflatten([jnp.asarray(x, dtype_of(x)) for x in leaves])
+        d = treedef.unflatten(
+            [jnp.asarray(u, dtype_of(x)) for u, x in zip(direction, leaves, strict=True)]
+        )
+        return jax.jvp(policy_fn, (th,), (d,))
+
+    try:
+        with jax.enable_x64(True):
+            f, df = along(lambda x: jnp.float64)
+            return np.asarray(f), np.asarray(df)
+    except Exception:  # noqa: BLE001 - a policy_fn that cannot run in float64: its own dtype
+        return along(jnp.result_type)
 
 
 def influence_weights(t: Array, T: int, gamma_F, dtype=jnp.float32) -> Array:

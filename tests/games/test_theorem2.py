@@ -214,7 +214,8 @@ def test_whole_episode_estimate_with_a_leader_action_of_probability_zero():
     est, (ep, *rest) = estimate(shared, theta, key)
     f = shared(theta)
     # with theta = the table itself the estimate is ct / f, ct the [S, A] cotangent of log f
-    ct = tgame.hypergradient(lambda t: t, f, ep, *rest) * f
+    # (under jit: eagerly a direct table is refused, its rows leaving the simplex)
+    ct = jax.jit(lambda t: tgame.hypergradient(lambda x: x, t, ep, *rest))(f) * f
     _, vjp = jax.vjp(lambda th: jnp.log(shared(th)), theta)
     np.testing.assert_allclose(est, vjp(ct)[0], rtol=2e-4, atol=1e-6)
 

@@ -147,6 +147,14 @@ def test_the_estimator_refuses_a_policy_fn_whose_rows_leave_the_simplex():
     assert np.all(np.isfinite(est)) and est.shape == table.shape
     traced = jax.jit(lambda th: hypergradient(lambda t: t, th, *rest))(table)
     assert traced.shape == table.shape
+    # a saturated float32 softmax stays on the simplex: its row sums' tangent is rounding of
+    # the logits' (1e-3 of its entries' in float32, which the check took for a leaving policy
+    # and refused, in the references too); the check computes it in float64
+    Phi = jnp.asarray(np.random.default_rng(0).normal(size=(3, 3)), jnp.float32)
+    shared = lambda W: jax.nn.softmax(Phi @ W, -1)  # noqa: E731
+    W = jnp.asarray([[40.0, -40.0], [0.0, 0.0], [0.0, 0.0]], jnp.float32)
+    assert np.all(np.isfinite(exact_hypergradient(shared, W, game, BETA, "paper")))
+    assert not jax.config.jax_enable_x64  # the check's float64 is scoped to it
     # episodes whose arrays disagree in shape: named (JAX's broadcasting error before)
     soft = (lambda t: jax.nn.softmax(t, -1), jnp.log(table))
     for bad, match in (
