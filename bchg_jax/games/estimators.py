@@ -83,7 +83,9 @@ def check_policy_fn_on_simplex(policy_fn, theta, caller: str, game=None) -> None
     that of an extension to non-policies, which Theorem 2's estimator does not estimate: its
     baselines drop exactly that direction (``E_f[d log f(a|s)] b(s) = b(s) sum_a df(a|s)``
     vanishes only on the simplex). A random direction catches such a ``policy_fn`` with
-    probability 1; a softmax, or a table normalised by its row sums, passes.
+    probability 1; a softmax, or a table normalised by its row sums, passes (the tangent is
+    taken in float64 where ``policy_fn`` runs so, :func:`_tangent_in_float64`: in float32 a
+    saturated softmax's row sums moved by rounding beyond the bound).
 
     Args:
       policy_fn: theta -> f [S, A].
