@@ -507,6 +507,14 @@ def _log_policy(g: Array, log_g: Optional[Array], backup: str, caller: str) -> A
     when the ``reference`` backup gets a concrete g that has underflowed and no ``log_g``."""
     if log_g is not None:
         check_shape("log_g", log_g, g.shape, "g's shape")
+        if is_concrete(log_g) and not np.all(np.isfinite(np.asarray(log_g))):
+            # 0 * log 0 is NaN in the entropy terms and in the reference backup's geometric mean
+            bad = int(np.size(log_g) - np.count_nonzero(np.isfinite(np.asarray(log_g))))
+            raise ValueError(
+                f"games.tabular.{caller}: log_g must be finite, got {bad} of {np.size(log_g)} "
+                "entries not finite (jnp.log of a g with zeros?): pass "
+                "jax.nn.log_softmax(Q / beta, -1), finite where g underflows, or leave log_g out"
+            )
         return jnp.asarray(log_g, g.dtype)
     # numpy: a concrete g may still be closed over by a trace (jnp would stage the comparison)
     if backup == "reference" and is_concrete(g) and np.any(np.asarray(g) < np.finfo(g.dtype).tiny):
@@ -560,7 +568,8 @@ def soft_policy_evaluation(
       (Q^g [S, A, B], V^g [S, A]).
     Raises:
       ValueError: an unknown ``backup``, a bad scalar setting of ``game``, a concrete ``beta``
-        not finite and > 0, or ``f`` / ``g`` / ``log_g`` not shaped by ``game.transition``.
+        not finite and > 0, ``f`` / ``g`` / ``log_g`` not shaped by ``game.transition``, or a
+        concrete ``log_g`` not finite (``jnp.log`` of a g with zeros: ``0 * log 0`` is NaN).
     """
     if backup not in BACKUPS:
         raise ValueError(f"backup must be one of {BACKUPS}, got {backup!r}")
@@ -613,8 +622,12 @@ def as_if_optimal_hypergradient(
       policy_fn: theta -> f [S, A]. theta: the leader's parameters (pytree).
       game: the tabular game. g: [S, A, B] the follower's policy (held fixed).
       beta: the follower's entropy weight (> 0). backup: the follower's backup form.
+      log_g: optional [S, A, B] log g, finite (as in :func:`soft_policy_evaluation`).
     Returns:
       a pytree like ``theta``.
+    Raises:
+      ValueError: as :func:`soft_policy_evaluation`, and a ``policy_fn`` whose rows leave the
+        simplex.
     """
     check_game(game)
     check_beta_if_concrete(beta)

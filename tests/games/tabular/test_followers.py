@@ -119,6 +119,30 @@ def test_soft_policy_evaluation_of_a_best_response_that_underflowed():
         ex.soft_policy_evaluation(game, f, br.policy, beta, "reference", log_g=log_g[0])
 
 
+def test_a_log_g_with_minus_inf_entries_is_refused_not_nan():
+    """``jnp.log(g)`` of a best response with exact zeros has -inf entries, and the entropy
+    terms' ``0 * log 0`` made Q^g, V^g and the as-if-optimal hypergradient all NaN with no
+    error; now both refuse it, naming log_softmax."""
+    game, f = _underflow_game()
+    beta = 1e-3
+    br = ex.best_response(game, f, beta, "paper")
+    assert float(br.policy.min()) == 0.0  # the case is reached
+    log_g = jnp.log(br.policy)
+    for backup in ("reference", "paper"):
+        with pytest.raises(ValueError, match="log_g must be finite.*log_softmax"):
+            ex.soft_policy_evaluation(game, f, br.policy, beta, backup, log_g=log_g)
+        with pytest.raises(ValueError, match="log_g must be finite.*log_softmax"):
+            ex.as_if_optimal_hypergradient(
+                lambda th: jax.nn.softmax(th, -1),
+                jnp.log(f),
+                game,
+                br.policy,
+                beta,
+                backup,
+                log_g=log_g,
+            )
+
+
 def test_followers_log_policy_is_their_policy_in_log_space():
     """Every follower model hands the leader's soft policy evaluation its log policy: at the
     start (the best response) its Q^g is Q_F even where g underflowed (off by 1.59 before), and
