@@ -55,16 +55,6 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
     health = solver_health(flags)
     per_point = [solver_health({k: v[g] for k, v in flags.items()}) for g in range(len(mean))]
     if write:
-        save_npz(
-            os.path.join(out, "metrics.npz"),
-            {
-                **data,
-                "final": final,
-                "best_index": np.asarray(best),
-                "summary_window": np.asarray(window),
-                "completed": np.asarray(J.shape[-1]),
-            },
-        )
         rows = [
             tuple(float(grid[k][g]) for k in keys)
             + (f"{mean[g]:.4f}", f"{se[g]:.4f}", int(g == best), int(diverged[g]))
@@ -87,6 +77,18 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
         save_figure(
             os.path.join(out, "curve.png"),
             learning_curve_figure(curves, title, ylabel=ylabel, color_by_method=len(mean) == 1),
+        )
+        # the npz's "final" last: it tells a resume that summary.csv and curve.png are of these
+        # iterations (a kill while an extended run's summary was written left the old ones)
+        save_npz(
+            os.path.join(out, "metrics.npz"),
+            {
+                **data,
+                "final": final,
+                "best_index": np.asarray(best),
+                "summary_window": np.asarray(window),
+                "completed": np.asarray(J.shape[-1]),
+            },
         )
         # the same rows in the same order as summary.csv (the grid's order)
         print(f"\n{'  '.join(f'{k:>11}' for k in keys)}  mean(last {window})      se")

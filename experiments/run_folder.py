@@ -8,7 +8,9 @@ per chunk) and ``checkpoint/<iteration>/`` (an orbax checkpoint folder of the wh
 state, saved atomically after every chunk; the last one is kept so that a finished run can be
 extended: a run killed while writing it keeps the one before, an orbax ``*-tmp`` folder that the
 next save removes, and an extension recomputes the chunk after it, to the same results),
-``summary.csv`` and ``curve.png``. With several methods the folder also gets
+``summary.csv`` and ``curve.png`` (written before the npz gets its ``final`` entry, which marks the
+method complete: a kill while they are written leaves them to the resume); a resume removes the
+temporary files of writes a kill cut short (``.tmp-*``). With several methods the folder also gets
 ``summary.csv`` (best grid point per method) and ``figure.png``. A method whose metrics are
 complete is skipped, one with a checkpoint continues from it (``--resume``, also to a larger
 ``--iterations``); ``--config FILE`` repeats a saved run's settings.
@@ -269,7 +271,7 @@ def prepare_run_dir(
     ``config.json``. A folder that holds another experiment's run or a method's results is
     refused, as is one whose run has other settings, and (``--exact-out``) one that holds no
     run but files the run would replace (a method's folder, :data:`RUN_FILES`)."""
-    from bchg_jax.core.io import save_json
+    from bchg_jax.core.io import remove_unfinished_writes, save_json
 
     if a.exact_out:
         run_dir = a.out
@@ -283,6 +285,7 @@ def prepare_run_dir(
     args = saved_args(a)
     if a.resume is not None:  # settings checked by resume_args; --iterations may grow
         old = read_run_config(cfg_path, "--resume")
+        remove_unfinished_writes(run_dir)  # of a run killed mid-write
         for method in methods:  # before the saved --iterations changes (a plain resume works)
             _refuse_if_not_extendable(os.path.join(run_dir, method), method, a.iterations)
         legacy = {k: args[k] for k in LEGACY_SETTINGS if k in args and k not in old["args"]}
@@ -460,6 +463,7 @@ def run_method_folder(
     jsonl_path = os.path.join(out, "metrics.jsonl")
     state, start, metrics = None, 0, None
     PROGRESS.update(method=method, step=None)
+    bio.remove_unfinished_writes(out)  # a run killed mid-write left its temporary file
     if os.path.exists(metrics_path):
         try:
             data = dict(np.load(metrics_path))

@@ -22,6 +22,8 @@ from typing import Dict, Iterable, Sequence
 import jax
 import numpy as np
 
+TEMP_PREFIX = ".tmp-"  # atomic_write_bytes' temporary files (remove_unfinished_writes)
+
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
     """Writes ``data`` to ``path`` atomically: to a temporary file in the same folder (readable
@@ -36,7 +38,7 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
       None.
     """
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".tmp-")
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=TEMP_PREFIX)
     try:
         umask = os.umask(0)
         os.umask(umask)
@@ -51,6 +53,32 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
             os.remove(tmp)
         raise
     _fsync_folder(os.path.dirname(os.path.abspath(path)))
+
+
+def remove_unfinished_writes(folder: str) -> int:
+    """Removes the temporary files that :func:`atomic_write_bytes` left in ``folder`` (not its
+    subfolders) when the process was killed mid-write (``.tmp-*``: a write that never
+    finished; the file it was replacing is whole). For a run folder about to be written again
+    by the one process that owns it: a temporary file of a write still in progress elsewhere
+    would be removed too.
+
+    Args:
+      folder: a folder (a missing one holds nothing).
+    Returns:
+      the number of files removed.
+    """
+    if not os.path.isdir(folder):
+        return 0
+    removed = 0
+    for name in os.listdir(folder):
+        p = os.path.join(folder, name)
+        if name.startswith(TEMP_PREFIX) and os.path.isfile(p) and not os.path.islink(p):
+            try:
+                os.remove(p)
+                removed += 1
+            except FileNotFoundError:
+                pass
+    return removed
 
 
 def _fsync_folder(folder: str) -> None:

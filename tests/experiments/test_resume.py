@@ -408,6 +408,51 @@ def test_ctrl_c_during_a_methods_summary_waits_for_its_files(tmp_path, monkeypat
     assert "final" in np.load(os.path.join(run, "naive", "metrics.npz")).files
 
 
+class _Killed(BaseException):
+    """What a SIGKILL does to the process at that point (nothing after it runs)."""
+
+
+@pytest.mark.parametrize("killed_in", ["save_csv", "save_figure"])
+def test_a_kill_while_an_extension_is_summarised_leaves_no_stale_summary(
+    finished_run, tmp_path, monkeypatch, capsys, killed_in
+):
+    """Extending a finished run to 30 iterations and killing it while ``summary.csv`` was
+    written or ``curve.png`` drawn left the new ``metrics.npz`` (with ``final``) beside the
+    20-iteration file, and ``--resume`` called the method complete and kept it for good. The
+    npz's ``final`` is now written last, so the resume writes the summary again. The temporary
+    files of writes a kill cut short (``.tmp-*``) are removed by the resume, in the run folder
+    and in the method's folder; other files stay."""
+    import shutil
+
+    from bchg_jax.core import io as bio
+
+    run = str(tmp_path / "ext")
+    shutil.copytree(finished_run, run)
+    summary = os.path.join(run, "naive", "summary.csv")
+    assert "mean_last20" in open(summary).read()
+    figure = open(os.path.join(run, "naive", "curve.png"), "rb").read()
+
+    def killed(*args, **kw):
+        raise _Killed
+
+    monkeypatch.setattr(bio, killed_in, killed)
+    with pytest.raises(_Killed):
+        fourrooms.main(["--resume", run, "--iterations", "30"])
+    monkeypatch.undo()
+    left = [os.path.join(run, ".tmp-abc123"), os.path.join(run, "naive", ".tmp-def456")]
+    for p in left + [os.path.join(run, "naive", "notes.txt")]:
+        open(p, "w").write("x")
+    capsys.readouterr()
+    fourrooms.main(["--resume", run])
+    assert "complete in" in capsys.readouterr().out
+    assert "mean_last30" in open(summary).read()
+    assert open(os.path.join(run, "naive", "curve.png"), "rb").read() != figure
+    assert not any(os.path.exists(p) for p in left)
+    assert os.path.exists(os.path.join(run, "naive", "notes.txt"))
+    data = np.load(os.path.join(run, "naive", "metrics.npz"))
+    assert "final" in data.files and data["J"].shape[-1] == 30
+
+
 def test_a_refused_extension_and_a_repeated_command_keep_the_run_config(tmp_path, capsys):
     """A refused ``--resume --iterations N`` wrote N into the run's config.json first, so a plain
     ``--resume`` was refused from then on; the same ``--exact-out`` command run again replaced
