@@ -855,6 +855,7 @@ def test_thermal_flags_of_the_leaders_mlp_fit_are_refused_for_monte_carlo_method
     thermal.validate_args(thermal.parse_args(["--method", "hpgd_mc", "--critic", "mlp"]))
 
 
+@pytest.mark.slow
 def test_lq_critic_fits_refuse_bad_settings():
     """The public critic fits took gamma 1.5 (H[0, 0] = -3.11), NaN, a negative ridge (another
     finite fit), a negative learning rate (ascent) and 0 Adam steps (the start as the fit)."""
@@ -1334,6 +1335,7 @@ def test_hypergradients_refuse_indices_out_of_range_and_misshaped_tables():
             te.hypergradient(problem, theta, batch._replace(**{field: value}), br, Q_L, 0.1)
 
 
+@pytest.mark.slow
 def test_game_whole_episode_estimate_and_references_refuse_what_is_not_a_policy():
     """games.hypergradient took a log-policy, 2 g or exp(logits) and returned finite numbers
     (relative error 46 / 8 / 24 on a random game); soft_policy_evaluation took beta <= 0 and
@@ -1863,6 +1865,7 @@ def test_tabular_hypergradient_names_the_table_of_the_wrong_shape():
         tabular.hypergradient(_cmdp(), TH, BATCH, short, R_TAB, 0.1)
 
 
+@pytest.mark.slow
 def test_lq_exact_hypergradient_refuses_a_leader_objective_that_is_not_finite():
     """c(theta) = log(theta_0 - 1) at theta_0 = 0: leader_objective refused it, but the
     gradient of a NaN J has finite pieces (d/dtheta log(theta_0 - 1) = -1), and
@@ -1989,6 +1992,7 @@ def test_integer_pieces_and_wrong_lq_shapes_are_named_not_failed_inside_jax():
     assert np.isfinite(float(lq.leader_objective(ok.validate(), ok.theta0, 0.1)))
 
 
+@pytest.mark.slow
 def test_check_problem_wants_a_list_of_thetas_and_exact_hypergradient_its_order():
     """One theta passed to a ``check_problem`` was iterated over its entries ("theta must be
     shaped like theta0 (2,), got ()"); ``games.tabular.exact_hypergradient`` called in its
@@ -2030,6 +2034,7 @@ def test_check_problem_wants_a_list_of_thetas_and_exact_hypergradient_its_order(
     assert game_tabular.exact_hypergradient(policy_fn, theta, game, 0.3).shape == (3, 2)
 
 
+@pytest.mark.slow
 def test_lq_shapes_the_audit_found_unchecked(x64):
     """A ``components`` term with Ms given as a vector passed validate() and made the metric
     wrong (4.72 for 5.36); ``validate(theta)`` took a theta shorter than theta0 (A read t[1] of

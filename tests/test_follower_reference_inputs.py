@@ -48,6 +48,7 @@ def _tabular_calls(p, theta):
     }
 
 
+@pytest.mark.slow
 def test_tabular_follower_references_refuse_a_problem_that_fails_validate():
     theta = jnp.array([0.3, 0.2])
     for name, call in _tabular_calls(_tabular(), theta).items():
@@ -87,6 +88,7 @@ def _lq_calls(p, theta, br):
     }
 
 
+@pytest.mark.slow
 def test_lq_follower_references_check_the_dynamics_they_read():
     p = _lq()
     theta = jnp.array([0.05, 0.1], jnp.float32)
@@ -122,6 +124,7 @@ def test_a_wider_p_prev_is_taken_in_the_problems_dtype(x64):
     assert P_next.dtype == jnp.float32 and played.K.dtype == jnp.float32
 
 
+@pytest.mark.slow
 def test_a_strong_float64_beta_or_policy_is_taken_in_the_problems_dtype(x64):
     """With float64 enabled, a strong ``np.float64`` beta beside a float32 problem widened the
     solvers' loop values and broke their carry with a ``TypeError`` (the tabular best response
@@ -171,6 +174,7 @@ def test_a_strong_float64_beta_or_policy_is_taken_in_the_problems_dtype(x64):
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_lag_mix_with_axes_is_refused_traced_or_not():
     """An array ``mix`` broadcast across the policy's columns (rows no longer summing to 1) and
     gave the lag references the gradient of no policy, outside the range of any scalar mix;

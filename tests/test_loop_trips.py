@@ -26,7 +26,8 @@ def _follower_tests(per_it):
     )
 
 
-@pytest.mark.parametrize("steps", [1, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("steps", [1, 4])
 def test_host_tests_are_the_follower_sweeps_plus_one(steps, monkeypatch):
     monkeypatch.setenv(ENV_VAR, str(steps))
     trainer, grid = _trainer()

@@ -77,6 +77,7 @@ def test_load_state_never_grows_the_run_axes_and_keeps_the_dtype(trainer, tmp_pa
         assert cast.theta.dtype == np.float64
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_and_a_repeated_step_are_named(trainer, tmp_path):
     ckpt = str(tmp_path / "c")
     state, _ = run_grid(trainer, GRID, 2, 4, chunk=4, verbose=False)

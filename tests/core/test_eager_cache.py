@@ -33,7 +33,8 @@ def _lq_problem():
     )
 
 
-@pytest.mark.parametrize("family", ["lq", pytest.param("tabular", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["lq", "tabular"])
 def test_a_loop_of_eager_exact_calls_compiles_once_and_matches_the_plain_call(family):
     if family == "lq":
         p = _lq_problem()
@@ -54,6 +55,7 @@ def test_a_loop_of_eager_exact_calls_compiles_once_and_matches_the_plain_call(fa
             np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)  # float32 rounding
 
 
+@pytest.mark.slow
 def test_eager_cached_calls_keep_the_plain_calls_errors():
     p = _lq_problem()
     with pytest.raises(ValueError, match="beta"):  # a static argument: checked while traced
@@ -78,6 +80,7 @@ def test_eager_cached_calls_keep_the_plain_calls_errors():
         tabular.leader_objective(bad, bad.theta0 * 0.9, 0.1)
 
 
+@pytest.mark.slow
 def test_an_eager_beta_sweep_compiles_once_and_keeps_betas_checks():
     """beta was a static argument: each value of a sweep compiled a program of its own (a 6-state
     exact hypergradient: ~1 s and ~340 memory mappings per value, so a few hundred betas reached
@@ -110,6 +113,7 @@ def test_an_eager_beta_sweep_compiles_once_and_keeps_betas_checks():
                 fn(*args, bad)
 
 
+@pytest.mark.slow
 def test_traced_calls_run_as_written_and_differentiate():
     p = _lq_problem()
     g = jax.jit(jax.grad(lambda t: lq.leader_objective(p, t, 0.1)))(p.theta0)
@@ -120,6 +124,7 @@ def test_traced_calls_run_as_written_and_differentiate():
     assert np.isfinite(float(jax.jit(lambda: lq.leader_objective(p, p.theta0, 0.1))()))
 
 
+@pytest.mark.slow
 def test_a_problem_whose_functions_read_a_traced_value_falls_back_alone():
     """A table function that reads theta on the host cannot be traced: that problem is called
     plainly from then on, and another problem is still served by the cached program."""
@@ -170,6 +175,7 @@ def test_a_0d_theta_is_traced_and_python_numbers_keep_their_type():
             lq.leader_objective(p, p.theta0, 0.1, bad)
 
 
+@pytest.mark.slow
 def test_cached_float32_calls_still_warn_of_rounded_logits():
     """The plain eager calls warn when float32 rounds the soft policy's logits (a concrete Q);
     inside the cached program Q is traced, so the warning is given after it, on every call."""
@@ -231,6 +237,7 @@ def test_a_numpy_table_changed_in_place_is_not_served_from_the_cache():
     assert abs(float(lq.leader_objective(q, q.theta0, 0.1)) - float(j0)) > 1e-6
 
 
+@pytest.mark.slow
 def test_a_table_that_hides_its_array_at_theta0_is_still_seen():
     """The digest evaluated the tables at theta0 only: with theta0 = 0, A0 + theta[0] D does not
     show D, and an in-place change of D served the stale program."""
@@ -250,6 +257,7 @@ def test_a_table_that_hides_its_array_at_theta0_is_still_seen():
     )
 
 
+@pytest.mark.slow
 def test_cached_calls_repeat_the_long_horizon_warning():
     q = dataclasses.replace(
         random_tabular_cmdp(jax.random.key(0), num_states=5, num_actions=3),
@@ -261,6 +269,7 @@ def test_cached_calls_repeat_the_long_horizon_warning():
             tabular.exact_hypergradient(q, q.theta0, 0.1)
 
 
+@pytest.mark.slow
 def test_problems_called_repeatedly_are_freed_with_their_programs():
     """The shared program's jit cache held every problem object called twice (a static
     argument), and the keys of the problems called once held them too (the values of a weak
@@ -282,6 +291,7 @@ def test_problems_called_repeatedly_are_freed_with_their_programs():
 
 
 @pytest.mark.skipif(jax.config.jax_enable_x64, reason="float64 is available")
+@pytest.mark.slow
 def test_a_float64_numpy_theta_is_still_said_to_be_truncated():
     """With float64 off the plain call's operations warn that a NumPy float64 theta is
     truncated to float32; ``jit`` truncates its arguments silently, so the cached call said

@@ -88,6 +88,7 @@ FAMILIES = {"tabular": _tabular, "lq": _lq, "games": _games}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.slow
 def test_a_loop_of_eager_calls_compiles_once_and_matches_the_plain_call(family):
     calls, theta0 = FAMILIES[family]()
     thetas = [theta0 + 0.01 * i for i in range(1, 4)]
@@ -103,6 +104,7 @@ def test_a_loop_of_eager_calls_compiles_once_and_matches_the_plain_call(family):
             np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6, err_msg=f"{family} {name}")
 
 
+@pytest.mark.slow
 def test_cached_calls_keep_the_checks_of_their_traced_arguments():
     """The values of arguments traced inside the program (a policy, a value matrix, a warm
     start, the tables) are checked eagerly before it runs, after a first call compiled it."""
@@ -149,6 +151,7 @@ def test_cached_calls_keep_the_checks_of_their_traced_arguments():
         game_follower.soft_q_iteration(game, f, gbeta, Q0=jnp.full((3, 2, 2), jnp.nan))
 
 
+@pytest.mark.slow
 def test_a_problem_free_solver_serves_each_shape_and_dtype_from_its_own_program(x64):
     """``riccati`` / ``soft_value_iteration`` have no problem to key a program by: their calls
     share one, traced anew for each shape and dtype of the tables, each then reused."""
@@ -178,6 +181,7 @@ def test_a_problem_free_solver_serves_each_shape_and_dtype_from_its_own_program(
     )
 
 
+@pytest.mark.slow
 def test_eager_sparse_solves_run_one_program_per_successor_table():
     """The sparse solvers ran their cached per-table solver eagerly, tracing its loops anew:
     a compile per call. An eager call now runs it as one kept ``jit`` program; the numbers are

@@ -87,6 +87,7 @@ def test_a_slowly_diverging_riccati_iteration_is_not_converged(x64, growth):
         check_solution(br)
 
 
+@pytest.mark.slow
 def test_riccati_implicit_gradient_matches_finite_differences(x64):
     A, B, Q, R, _ = _system(1)
     f = lambda a: jnp.sum(riccati(A * a, B, Q, R, 0.9, tol=1e-14)[0] * np.arange(9).reshape(3, 3))  # noqa: E731

@@ -286,15 +286,20 @@ def _teleport(dtype=jnp.float32):
         "fourrooms_sparse",
         "fourrooms_dense",
         "fourrooms_exact",
-        "fourrooms_k_step",
-        "fourrooms_q_learning",
-        "moving_support_sparse",
         "random_cmdp_dense",
-        "random_cmdp_sparse_hpgd_oracle",
         "thermal",
         "thermal_hpgd_mc",
-        "thermal_exact",
-        "thermal_k_step",
+        *(
+            pytest.param(case, marks=pytest.mark.slow)
+            for case in (
+                "fourrooms_k_step",
+                "fourrooms_q_learning",
+                "moving_support_sparse",
+                "random_cmdp_sparse_hpgd_oracle",
+                "thermal_exact",
+                "thermal_k_step",
+            )
+        ),
     ],
 )
 def test_whole_vmapped_trainers_without_networks_are_at_full_precision(case):
@@ -402,6 +407,7 @@ def test_neural_critics_and_actors_keep_the_users_precision_inside_the_trainer(f
 
 
 @pytest.mark.parametrize("precision", [None, "highest"])
+@pytest.mark.slow
 def test_lqr_game_critic_precision_option(precision):
     """``CriticConfig.precision``: None keeps the user's setting for the critic's products,
     "highest" (the default, and so both presets') puts them at full precision: the Gaussian

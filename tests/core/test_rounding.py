@@ -181,6 +181,7 @@ def test_converging_solves_are_not_cut_short(rooms, monkeypatch):
         np.testing.assert_array_equal(Q, Q0)
 
 
+@pytest.mark.slow
 def test_trainer_flags_no_capped_solve_at_beta_0p3(rooms):
     """The trainer's solve_capped counts the floor as converged (before: 1 in every
     iteration), and the warm-started solves stop long before the cap."""

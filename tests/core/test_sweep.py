@@ -76,6 +76,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
         assert np.array_equal(rest[k], full[k]), k  # bit-identical after the restore
 
 
+@pytest.mark.slow
 def test_checkpoint_shape_mismatch_is_a_clear_error(tmp_path):
     prob = random_tabular_cmdp(jax.random.key(1), num_states=5, num_actions=3, time_limit=20)
     tr = make_train(prob, "bchg", TrainConfig(num_steps=10, iterations=3))

@@ -448,6 +448,7 @@ def test_toy_game_follower_flags_are_settings_a_resume_keeps(tmp_path, capsys):
         assert e.value.code == 2 and "--follower" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_failed_write_stops_with_the_resume_command(tmp_path, monkeypatch, capsys):
     """A folder made read-only (or a full disk) mid-run: exit 1, no traceback, how to go on."""
     import bchg_jax.core.io as bio
@@ -525,6 +526,7 @@ def test_smoke_keeps_an_explicit_chunk_and_checks_it():
         cli.validate_args(cli.parse_args(["--smoke", "--chunk", "0"]))
 
 
+@pytest.mark.slow
 def test_resume_command_and_recorded_command_survive_a_path_with_spaces(
     tmp_path, monkeypatch, capsys
 ):

@@ -388,6 +388,7 @@ def test_a_ctrl_c_python_drops_in_a_gc_callback_still_stops_the_run(tmp_path, mo
     assert np.load(os.path.join(run, "naive", "metrics.npz"))["J"].shape[-1] == 40
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_a_methods_summary_waits_for_its_files(tmp_path, monkeypatch, capsys):
     """A Ctrl-C inside the final ``metrics.npz`` write (not guarded, unlike the chunks' writes)
     surfaced as NumPy's "Can't close the ZIP file" ValueError with exit 1; the summary's files
@@ -453,6 +454,7 @@ def test_a_kill_while_an_extension_is_summarised_leaves_no_stale_summary(
     assert "final" in data.files and data["J"].shape[-1] == 30
 
 
+@pytest.mark.slow
 def test_a_refused_extension_and_a_repeated_command_keep_the_run_config(tmp_path, capsys):
     """A refused ``--resume --iterations N`` wrote N into the run's config.json first, so a plain
     ``--resume`` was refused from then on; the same ``--exact-out`` command run again replaced

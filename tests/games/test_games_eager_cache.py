@@ -80,6 +80,7 @@ def _plain(name, call, theta):
 
 
 @pytest.mark.parametrize("family", ["tabular", "lqr"])
+@pytest.mark.slow
 def test_a_loop_of_eager_game_references_compiles_once_and_matches_the_plain_call(family):
     if family == "tabular":
         game, theta0 = toy_game(), jnp.array([0.2])
@@ -98,6 +99,7 @@ def test_a_loop_of_eager_game_references_compiles_once_and_matches_the_plain_cal
             np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-5, err_msg=name)
 
 
+@pytest.mark.slow
 def test_a_game_and_its_programs_are_freed_with_it():
     """Each game has its own program, which holds it weakly: a loop over many games does not
     keep them (the jit cache of one shared program held every game called twice)."""
@@ -114,6 +116,7 @@ def test_a_game_and_its_programs_are_freed_with_it():
     assert all(r() is None for r in refs)
 
 
+@pytest.mark.slow
 def test_cached_game_calls_keep_the_plain_calls_errors():
     """The value checks of traced arguments run eagerly before the program (they are skipped
     inside it): each call here compiled a program for that key first."""
@@ -156,6 +159,7 @@ def test_cached_game_calls_keep_the_plain_calls_errors():
     assert not bool(unconverged.converged)  # returned flagged, as by the plain call
 
 
+@pytest.mark.slow
 def test_a_warning_is_replayed_only_for_the_dtypes_it_was_given_for(x64):
     """The replayed trace-time warnings were keyed without the traced arguments' dtypes: a
     float64 call after a float32 one repeated the float32 long-horizon warning."""
@@ -182,6 +186,7 @@ def test_a_weak_and_a_strong_beta_of_equal_value_get_their_own_programs(x64):
     assert tab_exact.best_response(game, f, np.float64(0.5)).Q.dtype == jnp.float64
 
 
+@pytest.mark.slow
 def test_a_policy_fn_that_reads_the_game_does_not_keep_it_alive():
     """The program held its static policy_fn strongly; a policy_fn closing over the game kept
     the game (the program's weak key) alive for good."""
@@ -201,6 +206,7 @@ def test_a_policy_fn_that_reads_the_game_does_not_keep_it_alive():
     assert ref() is None
 
 
+@pytest.mark.slow
 def test_a_new_policy_fn_per_call_keeps_a_bounded_number_of_programs():
     """A loop that makes a new lambda per call compiles per call (as the plain call does); the
     game's program is rebuilt once more than DEAD_CALLABLES of its callables have died."""
@@ -215,6 +221,7 @@ def test_a_new_policy_fn_per_call_keeps_a_bounded_number_of_programs():
     assert len({id(p) for p in programs}) == 2  # rebuilt once
 
 
+@pytest.mark.slow
 def test_the_float32_logits_warning_of_the_solve_inside_a_hypergradient_is_kept():
     """The plain call differentiates eagerly, so its best response sees a concrete Q and warns
     when float32 rounds its logits; the cached program's solve is traced and said nothing."""
@@ -243,6 +250,7 @@ def test_calls_that_do_not_fit_the_signature_get_the_plain_calls_type_error():
         lqr_exact.leader_returns(lgame, theta, 0.1, np.array([0.9, 1.0]))
 
 
+@pytest.mark.slow
 def test_a_python_float_theta_is_traced():
     """A Python float theta was a static argument: a gradient loop compiled every step."""
     game = toy_game()
@@ -260,6 +268,7 @@ def test_a_python_float_theta_is_traced():
     )
 
 
+@pytest.mark.slow
 def test_a_dataclass_policy_fn_is_not_taken_for_the_game():
     """The cache took the first dataclass argument for the problem: a user's dataclass
     ``policy_fn`` (a flax module, say) came first, so a mutable one was unhashable and failed,

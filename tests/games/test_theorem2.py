@@ -9,6 +9,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from bchg_jax.core.buffers import buffer_add, buffer_init, sample_discounted
 from bchg_jax.games import lqr
@@ -108,6 +109,7 @@ def _lqr_setup(method):
     return game, st, state.critic, theta, resp, beta, buf, e, t
 
 
+@pytest.mark.slow
 def test_lqr_game_actor_gradient_is_theorem2(x64):
     game, st, critic, theta, resp, beta, buf, e, t = _lqr_setup("bchg")
     key = jax.random.key(4)
@@ -181,6 +183,7 @@ def test_lqr_game_deterministic_actor_gradient_is_the_appendix_theorem(x64):
     np.testing.assert_allclose(got, explicit, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_whole_episode_estimate_with_a_leader_action_of_probability_zero():
     """A float32 softmax leader with a logit gap of ~90 has f(a|s) = 0 exactly. The estimate was
     pulled back through log f: 0 / 0 = NaN in that row, and in every parameter a shared-parameter
@@ -220,6 +223,7 @@ def test_whole_episode_estimate_with_a_leader_action_of_probability_zero():
     np.testing.assert_allclose(est, vjp(ct)[0], rtol=2e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_rollout_never_draws_an_entry_that_rounding_left_below_zero(x64):
     """1 - 0.8 - 0.2 is -5.6e-17: validate() accepts it (rounding), and the samplers must draw
     it with probability 0; its log was NaN, which jax.random.categorical picked every time."""

@@ -255,6 +255,7 @@ def test_follower_references_refuse_a_diverging_policy(x64):
         refs.k_step_hypergradient(p, w, br.P, 0.1, 3, None)
 
 
+@pytest.mark.slow
 def test_a_played_policy_diverging_under_gamma_F_is_named(x64):
     """The as-if reference at a learner's policy whose closed loop is stable under gamma_L but
     not gamma_F: its value V^g (a Lyapunov sum under gamma_F) is NaN. The error blamed a
@@ -283,7 +284,10 @@ def test_a_played_policy_diverging_under_gamma_F_is_named(x64):
         as_if_optimal_hypergradient(p, p.theta0, played, 1.0)
 
 
-@pytest.mark.parametrize("piece", ["Ms", "c", "A"])
+@pytest.mark.parametrize(
+    "piece",
+    [pytest.param("Ms", marks=pytest.mark.slow), "c", pytest.param("A", marks=pytest.mark.slow)],
+)
 def test_a_non_finite_problem_piece_is_named_not_the_closed_loop(piece):
     """A problem never validated whose leader_quadratic (or A) is NaN at theta: the error named a
     stable closed loop (spectral radius 0.88) as overflowing; it names the piece now."""

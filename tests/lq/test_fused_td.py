@@ -24,7 +24,7 @@ def _data(key, N=300, D=6):
     return x, xn, r
 
 
-@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("normalize", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_the_fit_is_td_fits_up_to_rounding(normalize):
     """Two data sets (vmapped), 40 Adam steps at lr 1e-3, full precision: the parameters agree
     to 1e-3 of the distance the fit moved them (N = 300: the last block of rows is padded). The
@@ -50,6 +50,7 @@ def test_the_fit_is_td_fits_up_to_rounding(normalize):
     assert jax.tree.map(jnp.shape, fused) == jax.tree.map(jnp.shape, plain)
 
 
+@pytest.mark.slow
 def test_the_block_gradients_sum_to_the_td_losss_gradient():
     """Kernel 1 alone, against jax.grad of td_fit's loss: scale-sensitive (Adam's step hardly
     moves when a gradient is scaled), with N = 200 (the last block padded) and non-unit scales;

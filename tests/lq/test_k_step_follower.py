@@ -56,6 +56,7 @@ def test_k_step_derivative_matches_finite_differences(x64, K):
     assert np.abs(grad - np.asarray(lq.exact_hypergradient(prob, theta, BETA))).max() > 1e-2
 
 
+@pytest.mark.slow
 def test_observed_follower_values_the_played_policy(x64):
     """V^g of a K-step policy solves its Bellman expectation equation: Q^g(s, b) averaged over
     b ~ g plus beta H(g) equals V^g(s) (by sampling, 200k actions at 3 states)."""
@@ -142,6 +143,7 @@ def test_followers_doc_quotes_the_lq_through_reference_the_trainer_takes(x64, ra
     assert abs(float(quoted.group(1)) - cos) < 0.01, (quoted.group(1), cos)
 
 
+@pytest.mark.slow
 def test_a_covariance_that_is_no_covariance_is_refused(x64, random_lq):
     """The as-if-optimal reference checked the played policy's shapes only: ``-cov`` gave a
     finite gradient of no policy, and ``0`` an error that blamed a stable closed loop."""

@@ -5,6 +5,7 @@ batch as stepping through ``problem.step`` at every step, without the matrices' 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from bchg_jax.lq.rollout import rollout
 from bchg_jax.problems.thermal import thermal
@@ -50,6 +51,7 @@ def _prims(jaxpr):
     return out
 
 
+@pytest.mark.slow
 def test_the_batch_is_the_one_of_stepping_through_step(x64):
     problem = thermal()
     for dtype in (jnp.float32, jnp.float64):

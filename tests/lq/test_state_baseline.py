@@ -15,6 +15,7 @@ from bchg_jax.problems.thermal import thermal
 W_BASE = np.array([0.3, -0.5, 0.1, 0.8, -0.2, 0.4, -0.7, 0.0])
 
 
+@pytest.mark.slow
 def test_leave_one_out_fit_is_the_fit_on_the_other_episodes(x64):
     k1, k2 = jax.random.split(jax.random.PRNGKey(0))
     E, T, n, D = 5, 7, 3, 2

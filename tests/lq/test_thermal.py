@@ -76,6 +76,7 @@ def test_exact_gradient_matches_finite_differences(x64):
     np.testing.assert_allclose(g, fd, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_exact_leader_values_satisfy_bellman(x64):
     p = thermal(jnp.float64)
     w = jnp.asarray(W_TEST)
@@ -177,6 +178,7 @@ def test_score_form_bchg_unbiased_on_small_problem(x64):
     assert np.max(np.abs((mean_n - exact) / se_n)) > 8
 
 
+@pytest.mark.slow
 def test_quadratic_critic_recovers_exact_leader_q(x64):
     p = thermal(jnp.float64)
     w = jnp.asarray(W_TEST)
@@ -283,6 +285,7 @@ def test_mlp_td_critic_fits_exact_leader_q():
     assert paper < good
 
 
+@pytest.mark.slow
 def test_mlp_critics_take_the_problems_dtype(x64):
     """The LQ MLP critics were built with flax's default float32 parameters whatever theta's
     dtype: a float64 run trained float32 critics (and Adam states). They now follow theta."""

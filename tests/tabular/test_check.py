@@ -324,6 +324,7 @@ def _rare_guide_problem():
     ).validate()
 
 
+@pytest.mark.slow
 def test_the_rare_part_is_theorem_1s_term_of_the_rare_pairs(x64):
     # the part of the expectation from the episodes that visit a rare pair is that pair's term of
     # Theorem 1, d_L(s) g(b|s) Ben(s, b) dQF(s, b) / beta (paths through it weigh ~g more

@@ -165,8 +165,8 @@ def test_forward_sum_is_adjoint_of_suffix_sum():
 @pytest.mark.parametrize(
     "grouping,partial",
     [
-        ("every_visit", "every_visit"),
-        ("per_visit", "trajectory"),
+        pytest.param("every_visit", "every_visit", marks=pytest.mark.slow),
+        pytest.param("per_visit", "trajectory", marks=pytest.mark.slow),
         ("first_episode", "first_episode"),
     ],
 )

@@ -31,6 +31,7 @@ def test_exact_hypergradient_matches_central_differences(x64):
     np.testing.assert_allclose(np.asarray(g), fd, rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.slow
 def test_exact_gradient_differs_from_fixed_follower_gradient(x64):
     """The hypergradient is not the gradient at a frozen follower (the best response moves)."""
     prob = random_tabular_cmdp(jax.random.key(4), dtype=jnp.float64)
@@ -48,6 +49,7 @@ def test_exact_gradient_differs_from_fixed_follower_gradient(x64):
     assert diff.max() > 1e-2
 
 
+@pytest.mark.slow
 def test_policy_evaluation_solve_matches_sweeps(x64):
     prob = random_tabular_cmdp(jax.random.key(5), dtype=jnp.float64)
     th = prob.theta0
@@ -75,6 +77,7 @@ def test_fourrooms_start_values_match_independent_implementation(x64, slip_model
     np.testing.assert_allclose(got, expected, atol=6e-4)
 
 
+@pytest.mark.slow
 def test_a_best_response_that_missed_its_tolerance_is_an_error_or_nan():
     """A solve capped below convergence (no Newton step, 20 sweeps: residual ~0.2) raises when
     concrete, also under an eager grad, and is NaN under a trace (value and gradient);

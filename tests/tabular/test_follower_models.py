@@ -293,6 +293,7 @@ def test_follower_model_validation_names_the_field():
         make_train(fourrooms(), "bchg", TrainConfig(follower="k_step"))
 
 
+@pytest.mark.slow
 def test_lag_hypergradient_V0_is_only_a_warm_start(x64):
     """Any ``V0`` gives the gradient of the cold solve, to rounding (before, a ``V0`` switched the
     solve to 3 soft sweeps from it: a 31% error from zeros, 3.5% from V_F of theta + 0.3); a
@@ -317,7 +318,12 @@ def test_lag_hypergradient_V0_is_only_a_warm_start(x64):
 
 
 @pytest.mark.parametrize(
-    "model", [FollowerModel("k_step", steps=1), FollowerModel("lag", mix=0.3)], ids=str
+    "model",
+    [
+        FollowerModel("k_step", steps=1),
+        pytest.param(FollowerModel("lag", mix=0.3), marks=pytest.mark.slow),
+    ],
+    ids=str,
 )
 def test_through_reference_starts_where_the_learners_next_reaction_does(x64, model):
     """``through`` is the derivative of the leader's next objective: through the learner's

@@ -93,6 +93,7 @@ def test_policy_evaluation_takes_a_fractional_continuation(tables):
     np.testing.assert_allclose(V, rg + 0.9 * cont * (Pg @ V), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_lag_references_give_nan_for_a_traced_mix_outside_0_1():
     """A traced ``mix`` escapes the concrete check: the gradient is NaN outside (0, 1], and
     the same numbers as the eager call inside it."""

@@ -48,7 +48,12 @@ def _both(key, pol, P, rho, term, limit, E, T, successors=None):
 
 @pytest.mark.parametrize(
     "E, T, limit",
-    [(3, 40, None), (2, 25, 25), (1, 60, 200), (4, 1, None)],
+    [
+        pytest.param(3, 40, None, marks=pytest.mark.slow),
+        (2, 25, 25),
+        pytest.param(1, 60, 200, marks=pytest.mark.slow),
+        (4, 1, None),
+    ],
 )
 def test_the_parallel_rollout_draws_the_scans_batch_bit_for_bit(E, T, limit):
     pol, P, rho, term = _setting(0)
@@ -63,6 +68,7 @@ def test_the_parallel_rollout_draws_the_scans_batch_bit_for_bit(E, T, limit):
         assert ends > 0  # episodes ended (and streams reset) inside the batches compared
 
 
+@pytest.mark.slow
 def test_the_parallel_rollout_with_a_successor_table_and_a_cut_at_the_last_step():
     """Four-Rooms' sampler through its successor table; 200 steps under the time limit of 200,
     so every stream that never reached the goal is cut at the last step (done there)."""
@@ -169,6 +175,7 @@ def test_the_parallel_forms_say_where_they_do_not_apply():
         make_train(prob, "hpgd_oracle", TrainConfig(num_steps=50, parallel_steps=True))
 
 
+@pytest.mark.slow
 def test_both_passes_round_a_wider_reward_into_the_critics_dtype():
     """A float64 leader reward with a float32 critic (x64 on): both forms round it into the
     critic's dtype first (the solve had refused the mixed dtypes; the scan's scatter had cast

@@ -65,6 +65,7 @@ def test_streams_start_from_init_dist():
     )
 
 
+@pytest.mark.slow
 def test_a_successor_table_that_misses_the_support_is_refused():
     # from state 0, half the mass goes to state 2, which the table does not list: the draw was
     # made from the truncated row renormalised (state 2 never visited) without a word

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from bchg_jax.problems import fourrooms, random_tabular_cmdp
 from bchg_jax.tabular import exact, soft_value_iteration
@@ -41,6 +42,7 @@ def test_warm_start_with_tolerance_gives_the_reference_best_response():
         np.testing.assert_allclose(warm.policy, ref.policy, atol=2e-3)
 
 
+@pytest.mark.slow
 def test_fixed_sweep_mode_counts_sweeps():
     prob = random_tabular_cmdp(jax.random.key(1))
     br = soft_value_iteration(

@@ -209,6 +209,7 @@ def _jackpot(dtype=jnp.float32, break_at=None):
     ).validate()
 
 
+@pytest.mark.slow
 def test_a_small_float32_mass_outside_the_table_is_flagged_and_solved_densely():
     """A mass of 7.5e-6 per row outside the table was below the float32 rounding tolerance of
     the lost-mass test (7.6e-6): unflagged, the sparse J of the truncated model was 99.93
@@ -232,6 +233,7 @@ def test_a_small_float32_mass_outside_the_table_is_flagged_and_solved_densely():
         sparse.sparse_soft_value_iteration(P, problem.follower_reward(theta), 0.1, 0.9, table)
 
 
+@pytest.mark.slow
 def test_the_trainer_takes_a_successor_table_of_the_callers():
     """A model whose support moves with theta, with the support known to the caller: the
     trainer could only take the probed union (which misses the jackpot moves, so every such
@@ -289,6 +291,7 @@ def test_an_update_into_nan_rows_is_refused(x64):
     assert np.all(np.isfinite(np.asarray(m["J"])))
 
 
+@pytest.mark.slow
 def test_float32_tables_of_a_float64_run_are_not_flagged_and_estimate(x64):
     """float32 tables in a float64 run (validate() takes them, promoted): their float32 row sums
     were compared with the float64 tolerance, flagging ``support_lost`` at every iteration,
@@ -725,6 +728,7 @@ def test_sparse_soft_solver_respects_max_sweeps():
         assert int(n) == cap and float(res) > 1e-6, (cap, int(n))
 
 
+@pytest.mark.slow
 def test_a_hand_built_successor_table_is_checked_before_use():
     """``Successors`` is public, and a hand-built table used to be taken as given: a successor
     listed twice counted its probability twice (the rollout drew the first successor 49% of the

@@ -43,8 +43,15 @@ def _loop(order, reward, step, V, sweeps):
     return V
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("terms", [None, 4])
+@pytest.mark.parametrize(
+    "terms, dtype",
+    [
+        pytest.param(None, "float32", marks=pytest.mark.slow),
+        pytest.param(None, "float64", marks=pytest.mark.slow),
+        (4, "float32"),
+        pytest.param(4, "float64", marks=pytest.mark.slow),
+    ],
+)
 def test_unrolled_round_gives_the_loops_iterates(x64, monkeypatch, dtype, terms):
     """Up to the order of each state's sum over its successors: float64 to 1e-13, float32 to a
     few ulps; and both move V (a wiring error would show as a large difference). At the default
@@ -143,6 +150,7 @@ def test_round_form_knob(monkeypatch):
         sparse._soft_solver.cache_clear()
 
 
+@pytest.mark.slow
 def test_the_gpu_form_solves_fourrooms_as_the_loop_form_does(x64, monkeypatch):
     """Four-Rooms in float32 at random thetas and the figure's betas, tolerance 1e-6, batched:
     every lane converges, no farther from the float64 fixed point than dense soft value iteration

@@ -81,6 +81,7 @@ def test_bchg_learns_to_incentivise_on_fourrooms():
     assert final.mean() > J[:, :50].mean() + 0.3, final
 
 
+@pytest.mark.slow
 def test_exact_and_naive_methods_run():
     prob = random_tabular_cmdp(jax.random.key(0), num_states=5, num_actions=3, time_limit=20)
     for method in ("exact", "naive"):
@@ -104,6 +105,7 @@ def test_run_grid_takes_the_grid_size_from_the_hparams():
         run_grid(tr, {"lrr": [0.1]}, seeds=1, iterations=1, verbose=False)
 
 
+@pytest.mark.slow
 def test_float32_metric_is_unbiased_against_float64(x64):
     """The logged J_L (``steps["evaluate"]`` of the float32 best response) agrees with the
     float64 pipeline at random thetas (Four-Rooms, beta 1e-3). With policy rows summing to

@@ -330,6 +330,7 @@ def test_an_integer_scalar_horizon_is_accepted():
             leader_objective(base, th, 0.1, horizon=bad)
 
 
+@pytest.mark.slow
 def test_a_myopic_follower_has_no_influence_sums_to_cut():
     """gamma_F = 0: ``influence_steps`` is 0, and ``exact_critic_estimate`` with 0 extra steps
     warned that the sums were cut at gamma_F^0 = 1 ("take extra_steps >= 0"); a cut that does

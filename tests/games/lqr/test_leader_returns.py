@@ -24,6 +24,7 @@ def _by_hand(game, theta, resp, gammas):
     return np.stack([np.sum(r * float(g) ** t) for g in gammas])
 
 
+@pytest.mark.slow
 def test_each_return_is_the_discounted_sum_of_the_expected_bumps():
     game = lqr_game()
     thetas = 0.3 * jax.random.normal(jax.random.key(0), (1, 64, game.leader_dim * game.state_dim))

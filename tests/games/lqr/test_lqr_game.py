@@ -237,6 +237,7 @@ def test_an_overflowing_closed_loop_is_named_not_returned_as_nan():
             fn()
 
 
+@pytest.mark.slow
 def test_a_start_the_follower_cannot_answer_is_refused_or_flagged_capped():
     """At theta = 0 of this game the follower's problem is not stabilisable (the unstable mode 0
     is reached only through the gain K[0, 1]). With ``theta0_std=0`` every run started there,

@@ -55,6 +55,7 @@ def test_exact_hypergradient_converges_or_refuses(x64):
         assert np.all(np.isnan(np.asarray(jax.tree.leaves(out))))
 
 
+@pytest.mark.slow
 def test_exact_method_uses_the_configured_solve():
     """The trainer's ``exact`` objective solves with config.follower_tol / follower_max_iters:
     its first gradient is the exact hypergradient (with the old hard-coded cap of 1000 it was

@@ -67,6 +67,7 @@ def test_newton_steps_reach_the_fixed_point_near_gamma_one(x64):
         gt.best_response(game, jnp.asarray(f), beta, "paper", newton_iters=0)
 
 
+@pytest.mark.slow
 def test_a_capped_best_response_is_an_error_or_nan():
     """Five sweeps and no Newton step leave a fixed-point residual ~0.3: a concrete solve raises,
     a traced one is NaN (the exact hypergradient too); the defaults reach the rounding floor."""

@@ -217,6 +217,7 @@ def _pieces(kind, **kw):
     return follower_pieces(toy_game(dtype=jnp.float64), model, "reference", 1e-10, 100_000)
 
 
+@pytest.mark.slow
 def test_k_step_follower_with_many_backups_is_at_the_best_response(x64):
     """From the best response to one leader, K backups against another: K = 3000 lands on the
     new best response, K = 1 does not; ``lag`` mixes its last policy with it."""

@@ -46,6 +46,7 @@ def test_game_check_passes_bchg_and_exposes_the_reference_backup(x64, backup_gam
         assert row["truncated_bias_se"] < 4.0 and row["cut_bias"] < 1e-3, row
 
 
+@pytest.mark.slow
 def test_game_check_warns_of_a_cut_and_refuses_bad_input(x64, backup_game):
     game = backup_game(time_limit=10)  # 0.9^10 = 0.35 of the weight beyond the cut
     theta = [jnp.zeros((5, 3))]
@@ -128,6 +129,7 @@ def test_truncated_hypergradient_without_a_cut_is_the_exact_one(x64):
         truncated_hypergradient(game, policy_fn, theta, BETA, CUT, guide="hpgd")
 
 
+@pytest.mark.slow
 def test_the_estimator_refuses_a_policy_fn_whose_rows_leave_the_simplex():
     """``games.tabular.hypergradient`` checked only the rows at theta: with a direct table its
     means under the state baseline and under none differed by up to ~80 SE (the baselines drop
@@ -288,6 +290,7 @@ def test_a_policy_fn_of_another_shape_or_axis_is_named_as_such():
             call(columns)
 
 
+@pytest.mark.slow
 def test_the_expectation_splits_by_leader_pair(x64):
     # the estimator's expectation is a sum over the leader's (s, a) of its visits' terms: the
     # parts of a set of pairs and of its complement add up to the whole (what rare_share uses)
@@ -386,6 +389,7 @@ def _rare_follower_game():
     )
 
 
+@pytest.mark.slow
 def test_game_check_tells_a_follower_action_it_never_sampled_from_bias(x64):
     # BC-HG (paper backup) is unbiased, but the never-sampled follower action's influence terms
     # are 4x the exact gradient (its Benefit and the frequent action's cancel there): the check
