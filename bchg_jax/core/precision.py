@@ -21,7 +21,9 @@ The scope covers what is traced while the decorated function runs, and no more: 
 a custom rule traces *later* is outside it. A ``custom_vmap`` rule runs when ``vmap`` reaches the
 primitive, which for a solver inside a ``scan`` or ``while_loop`` body is after the body was
 traced, outside the caller's scope (the sparse solvers' bodies once missed it, and under TF32
-the Four-Rooms follower hit its cap in most iterations).
+the Four-Rooms follower hit its cap in most iterations). A custom JVP rule is traced late too:
+``grad`` of a jitted function (or a ``scan``, or a ``checkpoint``) holding it traces the rule
+when it differentiates, so such a rule carries the decorator itself.
 :func:`~bchg_jax.core.run_last.run_last` and :func:`~bchg_jax.tabular.sparse.cond_on_any_lane`
 therefore record the precision in force at the call and re-enter it in their rules
 (:func:`~bchg_jax.core.run_last.in_callers_precision`); the sparse solvers' bodies carry the

@@ -77,7 +77,6 @@ def quadratic_features(z: Array) -> Array:
     return jnp.concatenate([quad, jnp.ones(z.shape[:-1] + (1,), z.dtype)], -1)
 
 
-@full_precision
 def _check_ridge(ridge) -> None:
     v = np.asarray(ridge, np.float64)
     if v.ndim or not (np.isfinite(v) and v >= 0):
@@ -112,6 +111,7 @@ def check_td_settings(gamma, steps, lr, minibatch=0) -> None:
     check_int_range("minibatch", minibatch, 0, float("inf"))
 
 
+@full_precision
 def lstd(phi: Array, phi_next: Array, rewards: Array, gamma, ridge: float = 1e-6) -> Array:
     """LSTD(0): W with Phi^T (Phi - gamma Phi') W = Phi^T R (the TD(0) fixed point on the batch).
 

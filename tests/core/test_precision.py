@@ -164,6 +164,8 @@ def test_lq_riccati_propositions_exact_and_lstd():
         b,
     )
     _full(lambda s_: lq_critics.fit_quadratic_vector_value(s_, jnp.ones((4, 5, 2)), 0.9)(s_), s)
+    phi = lq_critics.quadratic_features(jnp.ones((20, 3)) + jnp.arange(20.0)[:, None] / 9)
+    _full(lambda p: lq_critics.lstd(p, 0.5 * p, jnp.ones(20), 0.9), phi)  # called on its own
     br = th.best_response(theta, beta)
     # the follower's values whose difference is the Benefit (a cancellation: values ~1e2)
     _full(lambda x: maxent_lqr.soft_q(br, A, B, Q, R, U, g, x, b[:, :, :]), s)
@@ -227,6 +229,36 @@ def test_lqr_game_follower_and_exact():
     _full(lambda x: games.lqr.follower_value(game, resp, x, a), s)
     _full(lambda x: games.lqr.follower_q(game, resp, theta, x, a, b), s)
     _full(lambda x: resp.log_prob(x, a, b), s)
+
+
+def test_custom_derivative_rules_traced_after_the_callers_scope():
+    """A custom JVP rule is traced when a jaxpr holding it is differentiated: for ``grad`` of a
+    jitted function, of a ``scan`` or of a ``checkpoint``, that is after the exact reference's
+    full-precision scope has closed. The LQR game's ``square_factor`` rule ran its QR at the
+    default precision there (emulated TF32: its ``grad(jit(leader_objective))`` 1.3e-4 off, bf16
+    1.2e-3); every family's exact objective is checked under the three wrappers."""
+    lg, theta_g = problems.lqr_game(), jnp.asarray([-4.0, 0.5])
+    th = problems.thermal()
+    cm = problems.random_tabular_cmdp(jax.random.key(0), num_states=6, num_actions=3, dim=4)
+    game = problems.toy_game()
+    f = jnp.full((game.num_states, game.num_leader_actions), 1.0 / game.num_leader_actions)
+    objectives = [
+        (lambda t: lqr_exact.leader_objective(lg, t, 0.1), theta_g),
+        (lambda t: lqr_exact.leader_returns(lg, t, 0.1, (1.0, lg.gamma_L))[1], theta_g),
+        (lambda t: lq_exact.leader_objective(th, t, 0.1), jnp.asarray(th.theta0)),
+        (lambda t: tab_exact.leader_objective(cm, t, 0.1), jnp.asarray(cm.theta0)),
+        (lambda f_: game_exact.leader_objective(game, f_, 0.05), f),
+    ]
+    for obj, x in objectives:
+
+        def scanned(t, obj=obj):
+            return jax.lax.scan(lambda c, _: (c + obj(t), None), 0.0, None, length=1)[0]
+
+        for wrapped in (jax.jit(obj), scanned, jax.checkpoint(obj)):
+            _full(jax.grad(wrapped), x)
+    # the rule itself, called on its own
+    X = jnp.arange(12.0).reshape(3, 4) / 7.0 + jnp.eye(3, 4)
+    _full(lambda x: jax.jvp(lqr_exact.square_factor, (x,), (jnp.ones_like(x),)), X)
 
 
 def test_neural_critics_keep_the_users_default():

@@ -232,6 +232,7 @@ def upper_inverse(R: Array) -> Array:
 
 
 @jax.custom_jvp
+@full_precision
 def square_factor(X: Array) -> Array:
     """L [n, n] with ``L L^T = X X^T`` for ``X`` [n, r], r >= n: the transposed R of the QR of
     ``X^T`` (:func:`householder_qr`; the covariance step ``F S F^T + N`` in square-root form,
@@ -247,6 +248,7 @@ def square_factor(X: Array) -> Array:
 
 
 @square_factor.defjvp
+@full_precision  # traced when a jaxpr holding it is differentiated: after any caller's scope
 def _square_factor_jvp(primals, tangents):
     (X,), (dX,) = primals, tangents
     q, r = householder_qr(jnp.swapaxes(X, -1, -2))
