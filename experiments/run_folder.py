@@ -32,6 +32,7 @@ from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 
+from experiments import startup
 from experiments.cli import (
     LEGACY_SETTINGS,
     check_base_seed,
@@ -59,6 +60,8 @@ def _interruptible(main: Callable) -> Callable:
         _DISTRIBUTED.clear()
         with interrupt_flag():
             try:
+                if startup.held():  # a Ctrl-C while the command's imports ran
+                    raise KeyboardInterrupt
                 return main(*args, **kw)
             except KeyboardInterrupt:
                 print("\ninterrupted before any training started", file=sys.stderr)
@@ -119,8 +122,17 @@ def run_experiment(
         for m in methods:
             summaries.append(run_method(m, a, run_dir))
             check_interrupt()
-        with deferred_interrupt():
-            finish_run(run_dir, summaries, window, extra_figures, a.iterations, experiment, shown)
+        try:
+            with deferred_interrupt():
+                finish_run(
+                    run_dir, summaries, window, extra_figures, a.iterations, experiment, shown
+                )
+        except KeyboardInterrupt:  # held until the summary was complete: nothing to resume
+            print(
+                "\nCtrl-C came while the run's summary was written; it waited for the summary, "
+                "and the run is complete",
+                file=sys.stderr,
+            )
     except KeyboardInterrupt:
         print(
             f"\ninterrupted {_where(run_dir)}; nothing saved is lost. Resume with:\n"
@@ -599,8 +611,9 @@ def interrupt_flag():
     or where SIGINT has another handler (or is ignored, as in a shell's background job), it
     changes nothing."""
     _INTERRUPTED.clear()
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    current = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not (
+        current is signal.default_int_handler or startup.is_holding(current)
     ):
         yield
         return
@@ -619,11 +632,11 @@ def interrupt_flag():
             return
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    signal.signal(signal.SIGINT, on_sigint)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # start-up is over
 
 
 def check_interrupt() -> None:

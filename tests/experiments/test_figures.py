@@ -12,6 +12,17 @@ from experiments import plot
 
 matplotlib.use("Agg")  # before pyplot is imported (experiments.plot imports it lazily)
 
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """The figures a test draws without saving are closed after it (pyplot warns on stderr past
+    20 open figures, and the one-line error tests read stderr)."""
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
 THERMAL_METRICS = ("J", "stability", "hvac_energy", "insulation", "airflow")
 ARGS = {
     "fourrooms": {

@@ -388,20 +388,26 @@ def test_a_ctrl_c_python_drops_in_a_gc_callback_still_stops_the_run(tmp_path, mo
     assert np.load(os.path.join(run, "naive", "metrics.npz"))["J"].shape[-1] == 40
 
 
-@pytest.mark.slow
-def test_ctrl_c_during_a_methods_summary_waits_for_its_files(tmp_path, monkeypatch, capsys):
-    """A Ctrl-C inside the final ``metrics.npz`` write (not guarded, unlike the chunks' writes)
-    surfaced as NumPy's "Can't close the ZIP file" ValueError with exit 1; the summary's files
-    are now complete first, then the run exits 130."""
+def _ctrl_c_on_entering(name: str, monkeypatch):
+    """``run_folder.<name>`` receives a Ctrl-C as it starts; returns the real function."""
     from experiments import run_folder
 
-    real = run_folder.finish_method
+    real = getattr(run_folder, name)
 
     def interrupted(*args, **kw):
         os.kill(os.getpid(), signal.SIGINT)  # the handler runs before the first write
         return real(*args, **kw)
 
-    monkeypatch.setattr(run_folder, "finish_method", interrupted)
+    monkeypatch.setattr(run_folder, name, interrupted)
+    return real
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_methods_summary_waits_for_its_files(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C inside the final ``metrics.npz`` write (not guarded, unlike the chunks' writes)
+    surfaced as NumPy's "Can't close the ZIP file" ValueError with exit 1; the summary's files
+    are now complete first, then the run exits 130."""
+    _ctrl_c_on_entering("finish_method", monkeypatch)
     run = str(tmp_path / "run")
     assert _exit_code_as_in_a_terminal(run, 20) == 130, capsys.readouterr().err
     for name in ("summary.csv", "curve.png"):
@@ -500,3 +506,85 @@ def test_a_ctrl_c_dropped_while_the_run_starts_stops_it_before_training(
     assert _exit_code_as_in_a_terminal(run, 20) == 130
     assert f"python -m experiments.fourrooms --resume {run}" in capsys.readouterr().err
     assert not os.path.exists(os.path.join(run, "naive", "metrics.npz"))
+
+
+_START_UP = """
+import os, signal, sys
+sys.argv, sys.orig_argv = ["-m"], [sys.executable, "-m", "experiments.fourrooms"]
+import experiments  # as `python -m experiments.fourrooms` imports it, before the module's code
+from experiments import startup
+assert startup.is_holding(signal.getsignal(signal.SIGINT))
+os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C during the imports: held
+assert startup.held()
+{second}
+from experiments import fourrooms
+fourrooms.main(["--smoke", "--out", sys.argv_out, "--exact-out"])
+"""
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_a_ctrl_c_during_the_commands_imports_stops_it_before_anything_is_written(
+    tmp_path, presses
+):
+    """A Ctrl-C while ``python -m experiments.<name>`` imported NumPy / JAX raised
+    ``KeyboardInterrupt`` inside those imports: a traceback, and in 2 of 16 tries of an audit a
+    crash (SIGSEGV, no message). The package now holds it until start-up is done and the run
+    stops before writing anything (exit 130); a second Ctrl-C exits at once."""
+    import subprocess
+    import sys
+
+    run = str(tmp_path / "run")
+    second = "os.kill(os.getpid(), signal.SIGINT); raise AssertionError('not stopped')"
+    code = _START_UP.format(second=second if presses == 2 else "").replace(
+        "sys.argv_out", repr(run)
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    assert "Ctrl-C: stopping once start-up is done" in proc.stderr
+    expected = "stopped during start-up" if presses == 2 else "interrupted before any training"
+    assert expected in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert not os.path.exists(run)
+
+
+def test_the_start_up_hold_is_only_for_the_training_commands(monkeypatch):
+    """Imported by tests, notebooks or ``experiments.plot``, the package leaves Ctrl-C alone."""
+    import sys
+
+    from experiments import startup
+
+    assert not startup.started_as_training_command()  # under pytest
+    for target, expected in (
+        ("experiments.thermal", True),
+        ("experiments.plot", False),
+        ("benchmarks.fourrooms_figure", False),
+    ):
+        monkeypatch.setattr(sys, "argv", ["-m"])
+        monkeypatch.setattr(sys, "orig_argv", ["python", "-m", target, "--seeds", "2"])
+        assert startup.started_as_training_command() is expected, target
+    monkeypatch.setattr(sys, "argv", ["/x/experiments/thermal.py"])  # the module's code runs
+    assert not startup.started_as_training_command()
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_while_the_run_summary_is_written_completes_the_run(tmp_path, monkeypatch, capsys):
+    """The run summary waits for a Ctrl-C that came while it was written; the run is then
+    complete, and it said 'interrupted in method naive at iteration 20 ... Resume with' (exit
+    130) for a run with nothing left to do. It now says the run is complete (exit 0)."""
+    from experiments import run_folder
+
+    real = _ctrl_c_on_entering("finish_run", monkeypatch)
+    run = str(tmp_path / "run")
+    argv = ["--method", "naive", "--seeds", "1", "--iterations", "20", "--chunk", "10"]
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        fourrooms.main(argv + ["--out", run, "--exact-out"])  # no SystemExit
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    err = capsys.readouterr().err
+    assert "the run is complete" in err and "Resume with" not in err
+    monkeypatch.setattr(run_folder, "finish_run", real)
+    fourrooms.main(["--resume", run])
+    assert "complete" in capsys.readouterr().out
