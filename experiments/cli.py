@@ -442,7 +442,8 @@ def parse_methods(spec: str, all_methods: Sequence[str], valid: Sequence[str]):
 
 def check_distinct_values(a) -> None:
     """Every list of values given to a flag (the grid axes: ``--lr 0.1 0.05``, ...) holds each
-    value once: a repeated one would train the same grid point twice and report both.
+    value once, compared in float32: a repeated one would train the same grid point twice and
+    report both (as would 0.1 and 0.1000000001, one value in float32).
 
     Raises:
       ValueError: naming the flag and the value repeated.
@@ -450,16 +451,20 @@ def check_distinct_values(a) -> None:
     for dest, values in vars(a).items():
         if dest.startswith("_") or not isinstance(values, (list, tuple)):
             continue
-        seen = set()
+        import numpy as np
+
+        seen = {}
         for v in values:
             if isinstance(v, (int, float)) and not isinstance(v, bool):
-                if v in seen:
+                rounded = float(np.float32(v))  # float32: the trainers' default dtype
+                if rounded in seen:
+                    same = f"{v:g}" if seen[rounded] == v else f"{seen[rounded]!r} and {v!r}"
                     raise ValueError(
-                        f"--{dest.replace('_', '-')} repeats {v:g}: each value is a grid point, "
-                        "and a repeated one would train the same runs twice (use --seeds for "
-                        "more runs of one setting)"
+                        f"--{dest.replace('_', '-')} repeats {same} (one value in float32): each "
+                        "value is a grid point, and a repeated one would train the same runs "
+                        "twice (use --seeds for more runs of one setting)"
                     )
-                seen.add(v)
+                seen[rounded] = v
 
 
 def check_base_seed(a) -> None:

@@ -36,6 +36,13 @@ HEALTH_COLUMNS = [
 ]
 
 
+def _cell(x) -> str:
+    """A mean or standard error in ``summary.csv``: 8 significant digits, the file that lasts
+    (the printed tables' 4 decimals read an SE of 2.5e-5 as 0.0000 and could not tell grid
+    points 5e-5 apart)."""
+    return f"{float(x):.8g}"
+
+
 def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict:
     """One method's summary dict (its best grid point on the mean of the last ``window``
     iterations, mean, se, solver health) from ``data`` (its metrics). ``write``: also complete
@@ -57,7 +64,8 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
     if write:
         rows = [
             tuple(float(grid[k][g]) for k in keys)
-            + (f"{mean[g]:.4f}", f"{se[g]:.4f}", int(g == best), int(diverged[g]))
+            + (_cell(mean[g]), _cell(se[g]), int(g == best and np.isfinite(mean[g])))
+            + (int(diverged[g]),)
             + tuple(_health_cells(per_point[g]))
             for g in range(len(mean))
         ]
@@ -235,7 +243,7 @@ def finish_run(
             [
                 (s["method"],)
                 + tuple(s.get(k, "") for k in keys)
-                + (f"{s['mean']:.4f}", f"{s['se']:.4f}")
+                + (_cell(s["mean"]), _cell(s["se"]))
                 + (
                     tuple(_health_cells(s.get("health") or {"capped_share": 0.0}))
                     if with_health

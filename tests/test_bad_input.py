@@ -163,6 +163,18 @@ def test_empty_grids():
     # a repeated value ran the same grid points twice
     with pytest.raises(ValueError, match="'lr' repeats a value"):
         product_grid(lr=[0.1, 0.1], beta=[1e-3])
+    # ... and so did a plain dict, or values one in the trainer's float32 (an audit: two
+    # bit-identical rows of 0.1 in the table); refused before anything compiles
+    from bchg_jax import problems, run_grid, tabular
+
+    trainer = tabular.make_train(problems.fourrooms(), "bchg", tabular.TrainConfig(iterations=2))
+    for grid in ({"lr": [0.1, 0.1]}, product_grid(lr=[0.1, 0.1 + 1e-9])):
+        with pytest.raises(ValueError, match="grid points 0 and 1 are the same setting.*lr=0.1"):
+            run_grid(trainer, grid, 1, 2, verbose=False)
+    # the same value of one axis beside distinct values of another is two settings
+    from bchg_jax.core.hparams import check_distinct_points
+
+    check_distinct_points(trainer.hparams({"lr": [0.1, 0.2], "beta": [1e-3, 1e-3]}))
     from bchg_jax.tabular import HParams
 
     with pytest.raises(ValueError, match="lr"):

@@ -79,6 +79,37 @@ def check_representable(hp, dtype, integer_fields: Tuple[str, ...] = ()) -> None
             )
 
 
+def check_distinct_points(hp) -> None:
+    """The grid points of ``hp`` (cast hyperparameters, any pytree of arrays with a leading axis
+    G: a family's ``HParams``) are distinct settings: two points equal in every field after the
+    cast to the trainer's dtype would train the same runs twice and report both
+    (``{"lr": [0.1, 0.1]}``, or 0.1 and 0.1 + 1e-9 in float32). ``run_grid`` calls it; a caller
+    that wants copies of one point (a throughput benchmark) builds the hyperparameters itself.
+
+    Raises:
+      ValueError: naming the first two points that coincide and their values.
+    """
+    leaves = jax.tree_util.tree_leaves_with_path(hp)
+    if not leaves or np.ndim(leaves[0][1]) == 0 or np.shape(leaves[0][1])[0] < 2:
+        return
+    G = np.shape(leaves[0][1])[0]
+    rows = np.concatenate([np.asarray(v, np.float64).reshape(G, -1) for _, v in leaves], -1)
+    _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+    inverse = np.asarray(inverse).reshape(-1)
+    for g in range(G):
+        i = int(first[inverse[g]])
+        if i != g:
+            values = ", ".join(
+                f"{jax.tree_util.keystr(path).strip('.[]')}={np.asarray(v)[g].ravel()[0]:g}"
+                for path, v in leaves
+            )
+            raise ValueError(
+                f"grid points {i} and {g} are the same setting ({values}) in the trainer's "
+                "dtype: the same runs would train twice; give distinct values (more seeds give "
+                "more runs of one setting)"
+            )
+
+
 def warn_narrower_grid(grid: Dict[str, np.ndarray], dtype, integer_fields=()) -> None:
     """Warns when a float grid array is narrower than the trainer's ``dtype``: its values were
     already rounded (``np.float32(0.1)`` is 0.10000000149 in a float64 trainer), so the run is

@@ -27,6 +27,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bchg_jax.core.health import health_text, health_warning, solver_health
+from bchg_jax.core.hparams import check_distinct_points
 from bchg_jax.core.loop import Trainer
 from bchg_jax.core.validate import is_concrete
 
@@ -408,7 +409,9 @@ def run_grid(
       run, ``start == iterations``, every metric the trainer records, of length 0).
     Raises:
       ValueError: ``seeds`` not a positive int, ``chunk``, ``iterations`` or ``window`` < 1,
-        ``start`` out of range, or a continuation whose pieces disagree: ``start`` > 0 without the
+        two grid points of one setting in the trainer's dtype
+        (:func:`~bchg_jax.core.hparams.check_distinct_points`), ``start`` out of range, or a
+        continuation whose pieces disagree: ``start`` > 0 without the
         ``state``, a ``state`` not [G, N, ...] or whose ``step`` is not ``start`` in every run,
         ``metrics`` not [G, N, start, ...] (each would silently give a curve of another
         length or another run's); with ``shard=True`` over several processes, a process given
@@ -435,6 +438,7 @@ def run_grid(
             "into it with load_state(..., grow=True))"
         )
     hp = grid_hparams(trainer, grid)
+    check_distinct_points(hp)
     G = int(jax.tree.leaves(hp)[0].shape[0])  # grid points (from the HParams)
     _check_continuation(state, start, metrics, G, N)
     (init, run), compiled = _kept(trainer)  # compiled: program shapes run so far (not re-marked)

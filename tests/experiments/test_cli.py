@@ -253,6 +253,7 @@ def test_other_experiments_smoke_and_resume_skip(module, extra, metrics, tmp_pat
         ("toy_game", ["--follower", "k_step", "--follower-steps", "0"]),
         ("thermal", ["--follower", "k_step", "--follower-steps", "3000000000"]),
         ("thermal", ["--lr", "0.1", "0.1"]),  # ran twice
+        ("fourrooms", ["--lr", "0.1", "0.1000000001"]),  # one value in float32
         ("lqr_game", ["--actor-steps", "1", "1"]),
         ("toy_game", ["--follower", "q_learning", "--follower-explore", "2"]),
         ("lqr_game", ["--method", "hpgd"]),

@@ -164,3 +164,20 @@ def test_a_rounding_only_warning_does_not_blame_capped_solves(tmp_path, capsys):
     table = plot.final_table([str(tmp_path)])
     assert "**capped 0.00% skipped 0 float32 logits rounded 40**" in table
     assert "float32-rounded logits" in table.splitlines()[-1]
+
+
+def test_summary_csv_marks_no_best_point_when_none_is_finite_and_keeps_small_errors(
+    tmp_path, capsys
+):
+    """With a NaN seed in every grid point the table says there is no best one, and
+    summary.csv marked row 0 best = 1; its 4 decimals also wrote an SE of 2.5e-5 as 0.0000."""
+    J = np.ones((2, 2, 5), np.float32)
+    J[:, 0, -1] = np.nan
+    _, header, rows, _ = _finish(tmp_path, {"J": J}, capsys)
+    assert [r[header.index("best")] for r in rows] == ["0", "0"]
+    J = np.ones((2, 2, 5)) + np.array([0.0, 5e-5])[None, :, None]  # SE 2.5e-5, means 5e-5 apart
+    J[1] += 5e-5
+    _, header, rows, _ = _finish(tmp_path, {"J": J}, capsys)
+    assert [float(r[header.index("se")]) for r in rows] == [2.5e-5, 2.5e-5]
+    means = [float(r[header.index("mean_last3")]) for r in rows]
+    assert means[1] - means[0] == pytest.approx(5e-5) and rows[1][header.index("best")] == "1"
