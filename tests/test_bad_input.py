@@ -175,6 +175,24 @@ def test_empty_grids():
     from bchg_jax.core.hparams import check_distinct_points
 
     check_distinct_points(trainer.hparams({"lr": [0.1, 0.2], "beta": [1e-3, 1e-3]}))
+
+
+def test_a_grid_over_a_setting_the_method_never_reads_is_refused():
+    """``run_grid`` of HPGD (MC) over sarsa_alpha gave bit-identical grid points, tabled as if
+    the step size had been compared (the CLI refused the flag, the library did not)."""
+    from bchg_jax import games, problems, run_grid, tabular
+
+    mc = tabular.make_train(problems.fourrooms(), "hpgd_mc", tabular.TrainConfig(iterations=2))
+    assert mc.unread == ("sarsa_alpha",)
+    with pytest.raises(ValueError, match="varies sarsa_alpha, which hpgd_mc never reads"):
+        run_grid(mc, product_grid(lr=[0.1], sarsa_alpha=[0.1, 0.5]), 1, 2, verbose=False)
+    bchg = tabular.make_train(problems.fourrooms(), "bchg", tabular.TrainConfig(iterations=2))
+    assert bchg.unread == ()
+    exact = games.lqr.make_train(problems.lqr_game(), "exact", games.lqr.TrainConfig(iterations=2))
+    assert exact.unread == ("critic_steps",)
+    with pytest.raises(ValueError, match="varies critic_steps, which exact never reads"):
+        run_grid(exact, {"actor_steps": [1, 2], "critic_steps": [1, 2]}, 1, 2, verbose=False)
+    assert games.lqr.make_train(problems.lqr_game(), "bchg").unread == ()
     from bchg_jax.tabular import HParams
 
     with pytest.raises(ValueError, match="lr"):
@@ -182,6 +200,10 @@ def test_empty_grids():
     # a 2-d value failed deep in the vmap ("more dimensions than allowed by the axis remapping")
     with pytest.raises(ValueError, match=r"got shapes \{'lr': \(2, 2\)\}.*product_grid"):
         HParams.from_grid({"lr": np.full((2, 2), 0.1)}, jnp.float32)
+    # NumPy read "0.1" as 0.1 and True as lr = 1
+    for odd in (["0.1"], [True]):
+        with pytest.raises(ValueError, match="grid values are numbers"):
+            HParams.from_grid({"lr": odd}, jnp.float32)
 
 
 def test_unknown_methods():

@@ -146,15 +146,22 @@ def from_grid(
     Returns:
       a validated ``cls`` whose every field is a [G] array (G = 1 when all entries are scalars).
     Raises:
-      ValueError: unknown names, an empty axis, values of more than one axis, grid axes of
-        different lengths, ``validate`` failures, or a value that does not fit in ``dtype``
-        (:func:`check_representable`).
+      ValueError: unknown names, values that are not numbers (a string, a bool), an empty
+        axis, values of more than one axis, grid axes of different lengths, ``validate``
+        failures, or a value that does not fit in ``dtype`` (:func:`check_representable`).
     """
     unknown = sorted(set(grid) - set(cls._fields))
     if unknown:
         raise ValueError(
             f"unknown hyperparameter(s) {unknown} for {cls.__module__}.HParams; "
             f"valid names: {list(cls._fields)}"
+        )
+    kinds = {k: np.asarray(v).dtype for k, v in grid.items()}
+    odd = {k: str(d) for k, d in kinds.items() if d.kind not in "iuf"}
+    if odd:  # NumPy would read "0.1" as 0.1 and True as 1
+        raise ValueError(
+            f"grid values are numbers (ints or floats), got {odd}: strings and bools are not "
+            "read as hyperparameters"
         )
     empty = sorted(k for k, v in grid.items() if np.ndim(v) == 1 and np.size(v) == 0)
     if empty:

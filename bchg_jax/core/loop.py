@@ -12,7 +12,7 @@ retraces.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +37,9 @@ class Trainer(NamedTuple):
       steps: a dict of the named pure steps that ``step`` composes (each family its own, e.g.
         the tabular CMDP's ``follower``, ``collect``, ``leader_critic``, ``estimate``), for
         inspection, tests and reuse in user code.
+      unread: the hyperparameters this method never reads (the tabular CMDP's ``sarsa_alpha``
+        without a SARSA critic, a game's ``critic_steps`` without a critic): ``run_grid``
+        refuses a grid that varies one of them (its points would be the same runs).
     """
 
     problem: Any
@@ -47,6 +50,7 @@ class Trainer(NamedTuple):
     train: Callable
     hparams: Callable
     steps: Any = None
+    unread: Tuple[str, ...] = ()
 
 
 def scan_loop(init: Callable, step: Callable, iterations: int):
@@ -82,6 +86,7 @@ def build_trainer(
     hparams: type,
     dtype,
     steps=None,
+    unread: Tuple[str, ...] = (),
     **validate_kw,
 ) -> Trainer:
     """The :class:`Trainer` of ``init`` and ``step`` (via :func:`scan_loop`) whose ``init``,
@@ -104,6 +109,7 @@ def build_trainer(
       dtype: the float dtype of the trainer: ``trainer.hparams(grid)`` is
         ``hparams.from_grid(grid, dtype, **validate_kw)`` (validated, cast).
       steps: the named pure steps, or None.
+      unread: the names of ``hparams`` fields this method never reads (:class:`Trainer`).
       **validate_kw: passed to ``hparams.validate`` (e.g. ``max_steps`` of the game trainers).
     Returns:
       the :class:`Trainer`.
@@ -150,6 +156,7 @@ def build_trainer(
         checked(train, True),
         from_grid,
         steps,
+        tuple(unread),
     )
 
 

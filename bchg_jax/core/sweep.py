@@ -147,6 +147,18 @@ def grid_hparams(trainer: Trainer, grid: Dict[str, np.ndarray]):
     return trainer.hparams(grid)
 
 
+def _refuse_unread_axes(trainer: Trainer, grid: Dict[str, np.ndarray]) -> None:
+    """A grid axis of several values that the trainer's method never reads
+    (``Trainer.unread``) is refused: its points would be the same runs, reported as if the
+    setting had been compared."""
+    for name in getattr(trainer, "unread", ()):
+        if name in grid and len(np.unique(np.asarray(grid[name], np.float64).ravel())) > 1:
+            raise ValueError(
+                f"the grid varies {name}, which {trainer.method} never reads: its grid points "
+                f"would be the same runs; give {name} one value (or leave it out)"
+            )
+
+
 def grid_functions(trainer: Trainer):
     """(init, run): jitted functions over [G] hparams x [N] keys; state leaves are [G, N, ...].
 
@@ -409,7 +421,8 @@ def run_grid(
       run, ``start == iterations``, every metric the trainer records, of length 0).
     Raises:
       ValueError: ``seeds`` not a positive int, ``chunk``, ``iterations`` or ``window`` < 1,
-        two grid points of one setting in the trainer's dtype
+        a grid axis of several values the method never reads (``Trainer.unread``), two grid
+        points of one setting in the trainer's dtype
         (:func:`~bchg_jax.core.hparams.check_distinct_points`), ``start`` out of range, or a
         continuation whose pieces disagree: ``start`` > 0 without the
         ``state``, a ``state`` not [G, N, ...] or whose ``step`` is not ``start`` in every run,
@@ -437,6 +450,7 @@ def run_grid(
             f"trainer with iterations={iterations} (a checkpoint of the shorter run loads "
             "into it with load_state(..., grow=True))"
         )
+    _refuse_unread_axes(trainer, grid)
     hp = grid_hparams(trainer, grid)
     check_distinct_points(hp)
     G = int(jax.tree.leaves(hp)[0].shape[0])  # grid points (from the HParams)

@@ -397,8 +397,9 @@ def assemble(
 
     steps = {**steps, "init": init, "step": step}
     steps.update(update_critic=update_critic, update_actor=update_actor)
+    unread = ("critic_steps",) if leader.critic is None else ()  # no critic to update
     return build_trainer(
-        problem, method, config, init, step, hparams, dtype, steps, max_steps=max_steps
+        problem, method, config, init, step, hparams, dtype, steps, unread, max_steps=max_steps
     )
 
 

@@ -766,4 +766,5 @@ def make_train(
         "leader_critic": leader_critic,
         "estimate": estimate,
     }
-    return build_trainer(problem, method, config, init, step, HParams, dtype, steps)
+    unread = () if method in SARSA_METHODS else ("sarsa_alpha",)  # no SARSA critic
+    return build_trainer(problem, method, config, init, step, HParams, dtype, steps, unread)
