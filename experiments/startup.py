@@ -3,9 +3,11 @@
 The command's imports (NumPy, JAX, the library: one to a few seconds) run before any of the
 run folder's interrupt handling exists. A ``KeyboardInterrupt`` raised inside a C extension's
 import printed a traceback and sometimes crashed the interpreter (SIGSEGV, no message; 2 of 16
-interrupts between 1.0 and 1.7 s after the start, an audit). So the package installs
-:func:`hold` when it is imported by such a command: the first Ctrl-C is held, the imports
-finish, and the run stops before it writes anything (``run_folder.interrupt_flag`` reads the
+interrupts between 1.0 and 1.7 s after the start, and 1 in 3 to 6 at 0.3 s, two audits). So the
+package installs :func:`hold` when it is imported by such a command and imports the library
+under it (:func:`import_the_library`: JAX, orbax; the commands otherwise import them lazily,
+after the hold): the first Ctrl-C is held, the imports finish, and the run stops before it
+writes anything (``run_folder.interrupt_flag`` reads the
 held interrupt: exit 130, "interrupted before any training started"); a second Ctrl-C exits at
 once with status 130. Imported by any other program (tests, notebooks, ``experiments.plot``)
 it changes nothing.
@@ -49,6 +51,14 @@ def hold() -> None:
         signal.getsignal(signal.SIGINT) is signal.default_int_handler
     ):
         signal.signal(signal.SIGINT, _on_sigint)
+
+
+def import_the_library() -> None:
+    """Imports the library (JAX, optax, flax, distrax) and orbax (its checkpoints): the C
+    extensions a training command loads, while :func:`hold` holds Ctrl-C."""
+    import orbax.checkpoint  # noqa: F401
+
+    import bchg_jax  # noqa: F401
 
 
 def is_holding(handler) -> bool:
