@@ -448,11 +448,11 @@ def check_distinct_values(a) -> None:
     Raises:
       ValueError: naming the flag and the value repeated.
     """
+    import numpy as np
+
     for dest, values in vars(a).items():
         if dest.startswith("_") or not isinstance(values, (list, tuple)):
             continue
-        import numpy as np
-
         seen = {}
         for v in values:
             if isinstance(v, (int, float)) and not isinstance(v, bool):
