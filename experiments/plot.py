@@ -236,11 +236,25 @@ def method_linestyles() -> dict:
     return {METHOD_LABELS[m]: style(m) for m in METHOD_ORDER}
 
 
+def value_texts(values) -> list:
+    """The texts of one grid axis's values: ``:g`` (6 significant digits), or the fewest
+    digits beyond that at which values that differ print differently (``0.1`` and
+    ``0.10000001``, distinct in float32, both read ``0.1`` under ``:g``: their table rows looked
+    the same and their curves shared one label, so ``curve.png`` drew one of them)."""
+    values = [float(v) for v in np.atleast_1d(values)]
+    for digits in range(6, 18):
+        texts = [f"{v:.{digits}g}" for v in values]
+        if len(set(texts)) == len(set(values)):
+            return texts
+    return [repr(v) for v in values]
+
+
 def grid_label(method: str, grid: Dict[str, np.ndarray], g: int) -> str:
     """The curve label of grid point ``g``: the method and the hyperparameters that vary over
-    ``grid`` (``"bchg lr=0.1 sarsa_alpha=0.5"``; :func:`pretty_label` reads it)."""
+    ``grid`` (``"bchg lr=0.1 sarsa_alpha=0.5"``; :func:`pretty_label` reads it), each value
+    in as many digits as tell the axis's values apart (:func:`value_texts`)."""
     varying = [k for k, v in grid.items() if len(set(np.atleast_1d(v).tolist())) > 1]
-    return method + "".join(f" {k}={grid[k][g]:g}" for k in varying)
+    return method + "".join(f" {k}={value_texts(grid[k])[g]}" for k in varying)
 
 
 def pretty_label(label: str) -> str:

@@ -23,6 +23,7 @@ NOT_HPARAMS = (
     "grid_health",
     "window",
     "nonfinite_seeds",
+    "hp_text",
 )
 # summary.csv columns of the solver-health flags (bchg_jax.core.health.FLAGS): the share of
 # capped solves and the counts of skipped updates, sampler-support losses, float32-rounded
@@ -50,7 +51,7 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
     and solver-health warnings."""
     from bchg_jax.core.health import FLAGS, health_text, health_warning, solver_health
     from bchg_jax.core.io import save_csv, save_figure, save_npz
-    from experiments.plot import grid_label, learning_curve_figure
+    from experiments.plot import grid_label, learning_curve_figure, value_texts
     from experiments.summary import nonfinite_seeds, summarize
 
     J = data["J"]
@@ -100,11 +101,12 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
         )
         # the same rows in the same order as summary.csv (the grid's order)
         print(f"\n{'  '.join(f'{k:>11}' for k in keys)}  mean(last {window})      se")
+        texts = {k: value_texts(grid[k]) for k in keys}
         for g in range(len(mean)):
             mark = "  <- best" if g == best and np.isfinite(mean[g]) else ""
             nonfinite = f"  ({diverged[g]} of {J.shape[1]} seeds not finite)" if diverged[g] else ""
             print(
-                "  ".join(f"{grid[k][g]:11g}" for k in keys)
+                "  ".join(f"{texts[k][g]:>11}" for k in keys)
                 + f"  {mean[g]:+.4f}  {se[g]:.4f}{mark}{nonfinite}"
             )
         if diverged.any():
@@ -146,6 +148,9 @@ def finish_method(out, method, grid, data, window, title, ylabel, write) -> dict
         "health": per_point[best],
         "grid_health": health,
         "nonfinite_seeds": int(diverged[best]),  # > 0 only when no grid point is finite
+        # the best point's values as the grid's table prints them (as many digits as tell the
+        # grid's values apart)
+        "hp_text": {k: value_texts(grid[k])[best] for k in keys},
     }
 
 
@@ -262,7 +267,8 @@ def finish_run(
         "  solver health"
     )
     for s in summaries:
-        hp = " ".join(f"{k}={v:g}" for k, v in s.items() if k not in NOT_HPARAMS)
+        text = s.get("hp_text", {})
+        hp = " ".join(f"{k}={text.get(k, f'{v:g}')}" for k, v in s.items() if k not in NOT_HPARAMS)
         if s.get("nonfinite_seeds"):
             hp = "(no grid point finite in every seed)"
         print(

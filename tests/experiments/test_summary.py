@@ -181,3 +181,30 @@ def test_summary_csv_marks_no_best_point_when_none_is_finite_and_keeps_small_err
     assert [float(r[header.index("se")]) for r in rows] == [2.5e-5, 2.5e-5]
     means = [float(r[header.index("mean_last3")]) for r in rows]
     assert means[1] - means[0] == pytest.approx(5e-5) and rows[1][header.index("best")] == "1"
+
+
+def test_grid_values_distinct_in_float32_print_and_plot_apart(tmp_path, capsys, monkeypatch):
+    """lr 0.1 and 0.10000001 (distinct in float32, so a grid may hold both) both printed as
+    0.1 under ``:g``: the table's rows looked the same and the two curves shared one label, so
+    ``curve.png`` drew only one of them."""
+    from experiments import plot
+    from experiments.report import finish_method, finish_run
+
+    drawn = []
+    real = plot.learning_curve_figure
+    monkeypatch.setattr(
+        plot,
+        "learning_curve_figure",
+        lambda curves, *a, **k: drawn.append(curves) or real(curves, *a, **k),
+    )
+    grid = {"lr": np.array([0.1, 0.10000001, 0.2], np.float32), "beta": np.full(3, 1e-3)}
+    J = np.zeros((3, 2, 5))
+    J[1] += 1.0
+    os.makedirs(tmp_path / "bchg")
+    s = finish_method(str(tmp_path / "bchg"), "bchg", grid, {"J": J}, 3, "t", "J", write=True)
+    assert len(drawn[0]) == 3 and "bchg lr=0.10000001 best" in drawn[0]
+    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines()[-3:]]
+    assert rows == ["0.1", "0.10000001", "0.2"]
+    assert plot.value_texts([1e-3, 0.01]) == ["0.001", "0.01"]  # :g where it tells them apart
+    finish_run(str(tmp_path), [s, {**s, "method": "naive"}], 3)
+    assert "lr=0.10000001 beta=0.001" in capsys.readouterr().out
