@@ -62,7 +62,11 @@ def test_tabular_game_actor_gradient_is_theorem2(x64):
         # (b) Theorem 2 as explicit per-sample gradient vectors
         glog = jax.vmap(jax.grad(lambda p, si, ai: logf(p)[si, ai]), (None, 0, 0))
         direct = jnp.einsum("m,mij->ij", q - base, glog(params, s, a))
-        coef = (ben[:, None] * W * adv_F).reshape(-1)
+        # the follower's discount from each sample's step on, written out here (W above is
+        # the module's own: a wrong weight there agreed with itself in the check against (a))
+        k = jnp.arange(T)[None, :]
+        W_paper = jnp.where(k >= t[:, None], game.gamma_F ** (k - t[:, None]), 0.0)
+        coef = (ben[:, None] * W_paper * adv_F).reshape(-1)
         guide = jnp.einsum("n,nij->ij", coef, glog(params, se.reshape(-1), ae.reshape(-1)))
         return ref, (direct + guide / beta) / s.shape[0], direct, guide
 
