@@ -183,27 +183,26 @@ def test_score_form_bchg_unbiased_on_small_problem(x64):
 
 
 @pytest.mark.slow
-def test_score_form_bchg_unbiased_with_distinct_discounts(x64):
-    """As above with gamma_L 0.9 != gamma_F 0.6: the guiding term's forward sums discount with
-    gamma_F (every other exact-critic test here has gamma_L = gamma_F, where summing with
-    gamma_L instead went unseen: z 8.4 at these settings)."""
-    p = dataclasses.replace(_small_lq(), gamma_L=0.9, gamma_F=0.6).validate()
-    w = jnp.asarray(p.theta0)
-    exact = np.asarray(exact_lq.exact_hypergradient(p, w, 0.5, None, tol=1e-13))
-    mean, se = _exact_critic_estimates(p, w, 0.5, "benefit", False, 50, 400, seed=4)
-    z = (mean - exact) / se
-    assert np.all(np.abs(z) < 4), z
-
-
-@pytest.mark.slow
-def test_hpgd_with_exact_critics_is_unbiased(x64):
-    """HPGD (Q_L (grad Q_F - grad V_F)) with exact Q_L and grad V_F is unbiased: the second
-    part of Q_L = Ben + V_L multiplies a term of mean zero (the only other HPGD checks are of
-    HPGD (MC)'s bias, so the sign of its grad V_F went unchecked: z 64-210 when flipped)."""
+@pytest.mark.parametrize(
+    "gammas, guide, pathwise, batches, episodes, seed",
+    [((0.9, 0.6), "benefit", False, 50, 400, 4), (None, "hpgd", True, 40, 200, 11)],
+    ids=["bchg_distinct_discounts", "hpgd"],
+)
+def test_exact_critic_estimate_unbiased_off_the_paper_settings(
+    x64, gammas, guide, pathwise, batches, episodes, seed
+):
+    """Within 4 SE of the exact hypergradient, exact critics. BC-HG's score form with gamma_L
+    0.9 != gamma_F 0.6: its guiding term's forward sums discount with gamma_F (every other
+    exact-critic test here has gamma_L = gamma_F, where summing with gamma_L went unseen: z 8.4
+    here). HPGD (Q_L (grad Q_F - grad V_F)) with exact Q_L and grad V_F: the V_L part of
+    Q_L = Ben + V_L multiplies a term of mean zero (the other HPGD checks are of HPGD (MC)'s
+    bias, so the sign of its grad V_F went unchecked: z 64-210 when flipped)."""
     p = _small_lq()
+    if gammas is not None:
+        p = dataclasses.replace(p, gamma_L=gammas[0], gamma_F=gammas[1]).validate()
     w = jnp.asarray(p.theta0)
     exact = np.asarray(exact_lq.exact_hypergradient(p, w, 0.5, None, tol=1e-13))
-    mean, se = _exact_critic_estimates(p, w, 0.5, "hpgd", True, 40, 200, seed=11)
+    mean, se = _exact_critic_estimates(p, w, 0.5, guide, pathwise, batches, episodes, seed)
     z = (mean - exact) / se
     assert np.all(np.abs(z) < 4), z
 

@@ -113,37 +113,30 @@ def test_game_validation():
         soft_q_iteration(game, leader_policy_from_p(0.5), 0.05, backup="mine")
 
 
+def _theorem2_bias(game, theta_shape, beta, episodes, seed, guide):
+    """games.tabular.check_problem's bias in SE of Theorem 2's estimator with exact critics
+    (200 batches, a tabular-softmax leader drawn with ``seed``, paper backup)."""
+    from bchg_jax.games.tabular import check_problem
+
+    theta = [jnp.asarray(np.random.default_rng(seed).normal(size=theta_shape))]
+    policy_fn = lambda th: jax.nn.softmax(th, axis=-1)  # noqa: E731
+    key = jax.random.PRNGKey(seed + 5)
+    kw = dict(backup="paper", episodes=episodes, batches=200, key=key, verbose=False)
+    (row,) = check_problem(game, policy_fn, theta, beta, guide=guide, **kw)
+    return row["bias_se"]
+
+
 @pytest.mark.slow
-def test_theorem2_estimator_unbiased_with_exact_critics(x64):
+def test_theorem2_estimator_unbiased_with_exact_critics(x64, backup_game):
     """BC-HG (Theorem 2) with exact Q_L, V_F and a tabular-softmax leader: mean within 4 SE of
     the exact hypergradient (implicit differentiation through soft Q-iteration, paper backup);
-    Naive-PGD (direct term only) is far from it (games.tabular.check_problem: 200 batches of
-    200 episodes)."""
-    from bchg_jax.games.tabular import check_problem
-
+    Naive-PGD (direct term only) is far from it. On random_tabular_game (both discounts 0.8)
+    and on a game whose discounts differ (gamma_F 0.7, gamma_L 0.9), where the guiding term's
+    forward sums discount with gamma_F (with gamma_L the mean was 6.6 SE off)."""
     game = random_tabular_game()
-    theta = [jnp.asarray(np.random.default_rng(1).normal(size=(4, 2)))]
-    policy_fn = lambda th: jax.nn.softmax(th, axis=-1)  # noqa: E731
-    kw = dict(backup="paper", episodes=200, batches=200, key=jax.random.PRNGKey(2), verbose=False)
-    (bchg,) = check_problem(game, policy_fn, theta, 0.5, guide="benefit", **kw)
-    assert bchg["bias_se"] < 4, bchg["z"]
-    (naive,) = check_problem(game, policy_fn, theta, 0.5, guide="none", **kw)
-    assert naive["bias_se"] > 8, naive["z"]
-
-
-@pytest.mark.slow
-def test_theorem2_estimator_unbiased_with_distinct_discounts(x64, backup_game):
-    """As above on a game whose discounts differ (gamma_F 0.7, gamma_L 0.9; the game above has
-    both 0.8): the guiding term's forward sums discount with gamma_F (with gamma_L there the
-    mean was 6.6 SE off)."""
-    from bchg_jax.games.tabular import check_problem
-
-    game = backup_game()
-    theta = [jnp.asarray(np.random.default_rng(2).normal(size=(5, 3)))]
-    policy_fn = lambda th: jax.nn.softmax(th, axis=-1)  # noqa: E731
-    kw = dict(backup="paper", episodes=100, batches=200, key=jax.random.PRNGKey(7), verbose=False)
-    (bchg,) = check_problem(game, policy_fn, theta, 0.1, guide="benefit", **kw)
-    assert bchg["bias_se"] < 4, bchg["z"]
+    assert _theorem2_bias(game, (4, 2), 0.5, 200, 1, "benefit") < 4
+    assert _theorem2_bias(game, (4, 2), 0.5, 200, 1, "none") > 8
+    assert _theorem2_bias(backup_game(), (5, 3), 0.1, 100, 2, "benefit") < 4
 
 
 @pytest.mark.slow
