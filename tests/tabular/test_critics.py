@@ -7,6 +7,7 @@ import pytest
 
 from bchg_jax.problems import random_tabular_cmdp
 from bchg_jax.tabular import benefit, exact, rollout, sarsa_update, state_value
+from bchg_jax.tabular.critics import monte_carlo_critic
 from bchg_jax.tabular.rollout import Batch
 
 
@@ -72,3 +73,28 @@ def test_monte_carlo_critic_matches_exact_values():
     Q, V = monte_carlo_critic(batch, prob.leader_reward(th), prob.gamma_L)
     np.testing.assert_allclose(Q, Q_exact, atol=0.08)
     np.testing.assert_allclose(V, V_exact, atol=0.08)
+
+
+def test_monte_carlo_returns_stop_at_every_episode_end(x64):
+    """Algorithm 9 by explicit loops on a batch whose episodes end by the time limit (done, not
+    terminal) inside the batch: no segment return runs into the next episode."""
+    rng = np.random.default_rng(1)
+    S, B, E, T, gamma, limit = 4, 2, 3, 9, 0.7, 3
+    s, b = rng.integers(0, S, (E, T)), rng.integers(0, B, (E, T))
+    t = np.tile(np.arange(T) % limit, (E, 1))
+    done = t == limit - 1
+    rL = rng.normal(size=(S, B))
+    batch = Batch(*map(jnp.asarray, (s, b, s, t, np.zeros_like(done), done)))
+    Q, V = monte_carlo_critic(batch, jnp.asarray(rL), gamma)
+    G = np.zeros((E, T))
+    for e in range(E):
+        for k in range(T):
+            for j in range(k, T):
+                G[e, k] += gamma ** (j - k) * rL[s[e, j], b[e, j]]
+                if done[e, j]:
+                    break
+    for st in range(S):
+        np.testing.assert_allclose(V[st], G[s == st].mean(), rtol=1e-12)
+        for a in range(B):
+            m = (s == st) & (b == a)
+            np.testing.assert_allclose(Q[st, a], G[m].mean() if m.any() else 0.0, rtol=1e-12)

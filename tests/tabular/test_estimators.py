@@ -10,7 +10,11 @@ from bchg_jax.core.segments import discounted_suffix_sum, forward_discounted_sum
 from bchg_jax.problems import random_tabular_cmdp
 from bchg_jax.tabular import Batch, exact, hypergradient, rollout, soft_value_iteration
 from bchg_jax.tabular.critics import benefit, state_value
-from bchg_jax.tabular.estimators import first_episode_mask, follower_q_grad_cotangents
+from bchg_jax.tabular.estimators import (
+    first_episode_mask,
+    follower_q_grad_cotangents,
+    partial_cotangents,
+)
 
 
 def _setup(key, beta, horizon, terminal=None):
@@ -408,3 +412,39 @@ def test_hpgd_oracle_weights_equal_explicit_group_means(x64):
             w = prob.gamma_L ** int(batch.t[e, j]) * float(Q_L[s, b] - V_L[s]) / (beta * n_ep)
             want += w * (dq - dv)
     np.testing.assert_allclose(diff, want, rtol=1e-8, atol=1e-10)
+
+
+def test_every_visit_partial_weights_are_rho_over_visit_counts(x64):
+    """``every_visit`` partial term: sum_s rho(s) * (mean over the segments starting at s of
+    their discounted suffix sums), by explicit loops on a small batch where some states are
+    visited once (the mean over one segment) and some several times."""
+    rng = np.random.default_rng(0)
+    S, B, E, T, gamma = 6, 2, 2, 5, 0.8
+    s = rng.integers(0, S, (E, T))
+    b = rng.integers(0, B, (E, T))
+    s2 = rng.integers(0, S, (E, T))
+    done = np.zeros((E, T), bool)
+    done[0, 2] = True
+    t = np.zeros((E, T), int)
+    for e in range(E):
+        for k in range(1, T):
+            t[e, k] = 0 if done[e, k - 1] else t[e, k - 1] + 1
+    V_L, rho = rng.normal(size=S), rng.dirichlet(np.ones(S))
+    batch = Batch(*map(jnp.asarray, (s, b, s2, t, np.zeros_like(done), done)))
+    c_rL, c_logp, _, c_rho = partial_cotangents(
+        batch, jnp.asarray(V_L), jnp.asarray(rho), gamma, 1.0, S, B, "every_visit"
+    )
+    count = np.bincount(s.ravel(), minlength=S)
+    assert (count == 1).any() and (count > 1).any()
+    want_r, want_p = np.zeros((S, B)), np.zeros((S, B, S))
+    for e in range(E):
+        for k in range(T):
+            w = rho[s[e, k]] / count[s[e, k]]
+            for j in range(k, T):
+                want_r[s[e, j], b[e, j]] += w * gamma ** (j - k)
+                want_p[s[e, j], b[e, j], s2[e, j]] += w * gamma ** (j - k) * gamma * V_L[s2[e, j]]
+                if done[e, j]:
+                    break
+    np.testing.assert_allclose(c_rL, want_r, rtol=1e-10)
+    np.testing.assert_allclose(c_logp, want_p, rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(c_rho, V_L)

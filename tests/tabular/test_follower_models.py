@@ -12,6 +12,7 @@ from bchg_jax.tabular import exact, hypergradient, rollout
 from bchg_jax.tabular import follower_models as fm
 from bchg_jax.tabular import follower_references as refs
 from bchg_jax.tabular.follower import continuation
+from bchg_jax.tabular.rollout import Batch
 from bchg_jax.tabular.train import HParams, TrainConfig, make_train
 
 BETA = 0.5
@@ -356,3 +357,26 @@ def test_through_reference_starts_where_the_learners_next_reaction_does(x64, mod
     before = agreement(estimate, through(state.follower), "x")["proj_x"]
     np.testing.assert_allclose(m["proj_through"][0], now, rtol=1e-6)
     assert abs(float(before) - float(now)) > 1e-3 * abs(float(now))  # the two differ here
+
+
+def test_q_learning_does_not_bootstrap_at_a_terminal_state(x64):
+    """One stream, two steps: (0, 1) -> 2, then the terminal state 2 (its s_next, 1, is
+    meaningless). Step 0 bootstraps from the soft value of row 2 before step 1 updates it;
+    step 1's target is r_F alone (gamma (1 - term(s)) = 0)."""
+    Q = jnp.arange(6.0).reshape(3, 2) / 3
+    r = jnp.ones((3, 2))
+    beta, gamma, lr = 0.5, 0.9, 0.5
+    batch = Batch(
+        s=jnp.array([[0, 2]]),
+        b=jnp.array([[1, 0]]),
+        s_next=jnp.array([[2, 1]]),
+        t=jnp.array([[0, 1]]),
+        terminal=jnp.array([[False, True]]),
+        done=jnp.array([[False, True]]),
+    )
+    out = np.asarray(fm.q_learning_update(Q, batch, r, beta, gamma, lr))
+    q = np.asarray(Q).copy()
+    v2 = beta * np.log(np.exp(q[2] / beta).sum())
+    q[0, 1] += lr * (1.0 + gamma * v2 - q[0, 1])
+    q[2, 0] += lr * (1.0 - q[2, 0])
+    np.testing.assert_allclose(out, q, rtol=1e-12)

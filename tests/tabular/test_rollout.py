@@ -89,3 +89,35 @@ def test_a_successor_table_that_misses_the_support_is_refused():
         P64[s, 0, (s + np.arange(7)) % 60] = rng.dirichlet(np.ones(7))
     table = successors_from_transition(P64)
     rollout(jax.random.key(0), jnp.ones((60, 1)), P64, np.ones(60) / 60, None, None, 2, 5, table)
+
+
+@pytest.mark.parametrize(
+    "end,parallel", [("terminal", False), ("terminal", True), ("time_limit", False)]
+)
+def test_every_reset_is_drawn_from_init_dist(end, parallel):
+    """After every episode end (a terminal state, or the time limit) the stream restarts from
+    rho_0, not only at step 0: every transition goes to state 3 (terminal, or an absorbing
+    non-terminal state under a time limit of 2), so the state after each done step must be
+    rho_0-distributed (4 SE per state)."""
+    rho = np.array([0.55, 0.3, 0.1, 0.05])
+    P = np.zeros((4, 2, 4))
+    P[:, :, 3] = 1.0
+    term = np.array([False, False, False, end == "terminal"])
+    limit = 2 if end == "time_limit" else None
+    b = rollout(
+        jax.random.key(5),
+        jnp.full((4, 2), 0.5),
+        jnp.asarray(P),
+        jnp.asarray(rho),
+        term,
+        limit,
+        500,
+        40,
+        parallel=parallel,
+    )
+    done, s = np.asarray(b.done), np.asarray(b.s)
+    after = s[:, 1:][done[:, :-1]]
+    assert after.size > 5000
+    freq = np.bincount(after, minlength=4) / after.size
+    se = np.sqrt(rho * (1 - rho) / after.size)
+    assert np.all(np.abs(freq - rho) < 4 * se), (freq, rho)

@@ -9,7 +9,7 @@ import pytest
 from bchg_jax import seed_keys
 from bchg_jax.core.sweep import grid_functions, product_grid, run_grid
 from bchg_jax.problems import fourrooms, random_tabular_cmdp
-from bchg_jax.tabular import HParams, TabularCMDP, TrainConfig, make_train
+from bchg_jax.tabular import HParams, TabularCMDP, TrainConfig, exact, make_train
 
 
 def _small():
@@ -152,3 +152,22 @@ def test_a_finite_gradient_whose_squares_overflow_is_clipped_not_dropped():
     assert int(m["update_skipped"][0]) == 0 and 1e24 < float(m["grad_norm"][0]) < 1e26
     step = np.linalg.norm(np.asarray(new.theta) - np.asarray(state.theta))
     np.testing.assert_allclose(step, 0.1, rtol=1e-5)  # lr times the clip
+
+
+def test_one_exact_step_is_lr_times_the_clipped_exact_hypergradient(x64):
+    """Algorithm 1 line 17: theta' = theta + lr * clip(grad J_L), against exact.py directly
+    (an ascent step, scaled by the lr of the hparams, clipped to clip_norm)."""
+    prob = random_tabular_cmdp(
+        jax.random.key(0), num_states=5, num_actions=3, time_limit=20, dtype=jnp.float64
+    )
+    lr, beta = 0.05, 0.3
+    for clip in (1e6, 1e-3):  # clip inactive, then active
+        tr = make_train(prob, "exact", TrainConfig(num_steps=20, iterations=1, clip_norm=clip))
+        hp = HParams(lr, 0.5, beta)
+        st0 = tr.init(jax.random.key(0), hp)
+        st1, _ = tr.run(st0, hp, 1)
+        g = np.asarray(exact.exact_hypergradient(prob, st0.theta, beta))
+        want = g * min(1.0, clip / np.linalg.norm(g))
+        np.testing.assert_allclose(
+            np.asarray(st1.theta - st0.theta), lr * want, rtol=1e-4, atol=1e-12
+        )
