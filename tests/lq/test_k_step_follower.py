@@ -165,3 +165,15 @@ def test_a_covariance_that_is_no_covariance_is_refused(x64, random_lq):
     np.testing.assert_allclose(
         lq.leader_objective(p, theta, 0.3, br=br), lq.leader_objective(p, theta, 0.3), rtol=1e-10
     )
+
+
+def test_best_response_is_optimal_under_gamma_F_with_distinct_discounts(x64, random_lq):
+    """random_lq has gamma_F 0.8 != gamma_L 0.85 (thermal, where the other best-response checks
+    run, has them equal): Proposition 1's (P, v) are V^g of the played policy under gamma_F,
+    by the Lyapunov equation of policy_value (a Riccati solved with gamma_L: v 0.74 vs 0.28)."""
+    p = random_lq()
+    th = jnp.array([0.3, -0.2])
+    br = p.best_response(th, 0.7, tol=1e-13)
+    P, c = policy_value(p, th, br, 0.7)
+    np.testing.assert_allclose(np.asarray(br.P), np.asarray(P), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(float(br.v), float(c), rtol=1e-9)

@@ -165,3 +165,22 @@ def test_critic_in_the_follower_gain_basis(x64, fit):
     # the ridge's pull (float64)
     assert rel(benefit(s64, b64, r64, K64), unregularised) < 3e-3
     assert rel(benefit(s64, b64, r64, None), unregularised) > 2e-2
+
+
+def test_lstd_is_the_td_fixed_point_and_its_ridge_is_on_the_scaled_diagonal(x64):
+    """lstd against the normal equations written out in numpy: ridge 0 is the TD(0) fixed point
+    Phi^T (Phi - gamma Phi') W = Phi^T R (no scaling left in the answer); ridge 0.3 is
+    (Ps^T (Ps - gamma Ps') / N + 0.3 I) Ws = Ps^T R / N on unit-RMS features Ps = Phi / scale,
+    W = Ws / scale. (Every other lstd check compares lstd with itself.)"""
+    rng = np.random.default_rng(3)
+    N, F, g = 300, 5, 0.8
+    phi = rng.normal(size=(N, F)) * np.array([0.1, 1.0, 3.0, 10.0, 0.5])
+    phin = 0.6 * phi + 0.4 * rng.normal(size=(N, F))
+    r = rng.normal(size=N)
+    W0 = np.asarray(critics.lstd(jnp.asarray(phi), jnp.asarray(phin), jnp.asarray(r), g, 0.0))
+    np.testing.assert_allclose(W0, np.linalg.solve(phi.T @ (phi - g * phin), phi.T @ r), 1e-9)
+    sc = np.sqrt(np.mean(phi**2, 0)) + 1e-12
+    ps, pns = phi / sc, phin / sc
+    Ws = np.linalg.solve(ps.T @ (ps - g * pns) / N + 0.3 * np.eye(F), ps.T @ r / N)
+    W = np.asarray(critics.lstd(jnp.asarray(phi), jnp.asarray(phin), jnp.asarray(r), g, 0.3))
+    np.testing.assert_allclose(W, Ws / sc, rtol=1e-9)

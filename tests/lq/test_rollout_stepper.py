@@ -103,3 +103,27 @@ def test_thermal_s_matrices_are_built_outside_the_scan():
     assert "scatter-add" not in body and "scatter_add" not in body, sorted(body)
     # the construction is still there, before the scan
     assert {"scatter-add", "scatter_add"} & _prims(closed.jaxpr)
+
+
+def test_transition_noise_and_next_action_noise_are_independent(x64, random_lq):
+    """s_{k+1} ~ N(A s + B b, UU^T) and b_{k+1} ~ N(-K s_{k+1}, cov) draw independent noises,
+    and so do s_0 and b_0: whitened, their cross-covariance is 0 (each entry within 4 SE,
+    SE = 1/sqrt(N)). A rollout that drew both from one key (n = m = 2: the same normals) has
+    cross-correlation ~1."""
+    p = random_lq()
+    th = jnp.array([0.3, -0.2])
+    br = p.best_response(th, 0.7, tol=1e-12)
+    tr = rollout(jax.random.PRNGKey(0), p, th, br, 2000, 10)
+    s, b, s2, b2 = tr.s[:, :-1], tr.b[:, :-1], tr.s[:, 1:], tr.b[:, 1:]
+    w = np.asarray(s2 - p.mean_next(th, s, b)).reshape(-1, 2)
+    e = np.asarray(b2 - br.mean(s2)).reshape(-1, 2)
+    w = np.linalg.solve(np.asarray(p.U), w.T).T  # N(0, I)
+    e = np.linalg.solve(np.asarray(br.chol), e.T).T  # N(0, I)
+    np.testing.assert_allclose(w.T @ w / len(w), np.eye(2), atol=4 * np.sqrt(2 / len(w)))
+    np.testing.assert_allclose(e.T @ e / len(e), np.eye(2), atol=4 * np.sqrt(2 / len(e)))
+    cross = w.T @ e / len(w)
+    assert np.all(np.abs(cross) < 4 / np.sqrt(len(w))), cross
+    # and the first action's noise is independent of s_0 ~ N(0, init_cov) (init_cov = I here)
+    s0, e0 = np.asarray(tr.s[:, 0]), np.asarray(tr.b[:, 0] - br.mean(tr.s[:, 0]))
+    e0 = np.linalg.solve(np.asarray(br.chol), e0.T).T
+    assert np.all(np.abs(s0.T @ e0 / len(s0)) < 4 / np.sqrt(len(s0))), s0.T @ e0 / len(s0)
