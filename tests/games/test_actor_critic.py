@@ -260,3 +260,27 @@ def test_a_leader_with_both_accepted_and_learn_is_refused():
         ac.assemble(
             None, "toy", lqr.TrainConfig(), ac.Leader(**pieces), lqr.HParams, None, None, {}
         )
+
+
+def test_tabular_td_loss_is_the_squared_error_to_the_leaders_discounted_target(backup_game):
+    """The critic's TD loss (critic_target "reference": the modes of the target actor and of g)
+    written out on a game whose discounts differ (gamma_L 0.9, gamma_F 0.7):
+    mean (Q(s, a, b) - r_L(s, a, b) - gamma_L Q_targ(s', a*, b*))^2. No test evaluated the
+    target: gamma_F in place of gamma_L passed test_actor_critic.py."""
+    game = backup_game()
+    tr = tabular.make_train(game, "bchg", tabular.TrainConfig(iterations=1, minibatch=64))
+    hp = tabular.HParams(1, 1, 0.1)
+    state = tr.init(jax.random.key(0), hp)
+    resp = tr.steps["follower"](state.actor, jnp.float32(0.1))
+    state, _ = tr.steps["collect"](jax.random.key(1), state, resp)
+    critic, loss, draw = tr.steps["critic_task"](state, resp)
+    s, a, b, s2 = draw(jax.random.key(2))
+    Q = tr.steps["q_table"](critic.params)
+    Qt = tr.steps["q_table"](state.critic_targ)
+    a_star = jnp.argmax(tr.steps["policy"](state.actor_targ)[s2], -1)
+    b_star = jnp.argmax(resp.policy[s2, a_star], -1)
+    rL = jnp.asarray(game.leader_reward, Q.dtype)
+    y = rL[s, a, b] + game.gamma_L * Qt[s2, a_star, b_star]
+    ref = jnp.mean((Q[s, a, b] - y) ** 2)
+    got = loss(critic.params, (s, a, b, s2), jax.random.key(3))
+    np.testing.assert_allclose(float(got), float(ref), rtol=1e-5)

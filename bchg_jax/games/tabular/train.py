@@ -477,5 +477,6 @@ def make_train(
     steps = dict(log_policy=log_policy, policy=policy, q_table=q_table, follower=follow)
     steps.update(collect=collect, actor_objective=actor_objective, diagnostics=diagnostics)
     steps["reference_metrics"] = reference_metrics
+    steps["critic_task"] = critic_task  # (critic, loss, draw), as the LQR game's
     steps["actor_grad"] = jax.grad(actor_objective)
     return assemble(given, method, config, leader, HParams, a_opt, c_opt, steps)

@@ -217,3 +217,33 @@ def test_td_targets_draw_with_a_key_of_their_own():
     assert len(batch) == 4  # (s, a, b, s'): the minibatch carries no key
     losses = [float(loss(critic.params, batch, jax.random.key(k))) for k in (3, 4)]
     assert np.all(np.isfinite(losses)) and losses[0] != losses[1], losses
+
+
+def test_td_loss_is_the_squared_error_to_the_leaders_discounted_target():
+    """The critic's TD loss on a minibatch, written out with the mean follower action (0 target
+    samples): mean (Q(s, a, b) - r_L(s) - gamma_L Q_targ(s', K_targ s', mean_b(s', K_targ s')))^2.
+    gamma_F (0.95) in place of gamma_L (0.99) passed test_explore.py."""
+    from bchg_jax.games.lqr import leader_reward
+
+    game = lqr_game()
+    config = lqr.TrainConfig(
+        iterations=1,
+        episodes=2,
+        critic=lqr.CriticConfig(minibatch=64, target_samples=0, normalize=False),
+        exploration=lqr.ExplorationConfig(warmup_steps=0),
+    )
+    tr = lqr.make_train(game, "bchg", config)
+    theta = jnp.array([-4.0, 0.2])
+    hp = lqr.HParams(actor_steps=0, critic_steps=1, beta=0.1)
+    resp = tr.steps["follower"](theta, jnp.float32(0.1))
+    state = tr.init(jax.random.key(0), hp)._replace(actor=theta, actor_targ=theta)
+    state, _ = tr.steps["collect"](jax.random.key(1), state, resp)
+    critic, loss, draw = tr.steps["critic_task"](state, resp)
+    s, a, b, s2 = draw(jax.random.key(2))
+    Q = tr.steps["Q"]
+    targ = critic._replace(params=state.critic_targ)
+    a2 = s2 @ lqr.leader_gain(game, state.actor_targ).T
+    y = leader_reward(game, s) + game.gamma_L * Q(targ, s2, a2, resp.mean(s2, a2))
+    ref = jnp.mean((Q(critic, s, a, b) - y) ** 2)
+    got = loss(critic.params, (s, a, b, s2), jax.random.key(3))
+    np.testing.assert_allclose(float(got), float(ref), rtol=1e-5)

@@ -271,3 +271,46 @@ def test_a_start_the_follower_cannot_answer_is_refused_or_flagged_capped():
     _, m = jax.jit(trainer.run, static_argnums=2)(stuck, hp, 2)
     assert np.all(np.asarray(m["update_skipped"]) == 1)
     assert np.all(np.asarray(m["solve_capped"]) == 1)  # was 0: blamed on the moments
+
+
+def test_follower_state_value_is_the_expectation_over_the_leaders_noise():
+    """E_{a ~ N(K s, U U^T)} V_F(s, a) by Gauss-Hermite quadrature over the leader's noise (exact
+    for a quadratic in a) = follower_state_value. The Monte Carlo check of
+    test_proposition2_soft_bellman resolves ~1e-3; the noise term tr((CU)^T P CU) in place of
+    tr((CU)^T M CU) was 5e-5 off at U = 0.3 and passed it."""
+    from bchg_jax.games.lqr import leader_gain
+
+    for U in (0.3, 1.0):
+        game = lqr_game(U=np.array([[U]]))
+        th, beta = jnp.array([-3.0, 0.5]), 0.1
+        resp = best_response(game, th, beta, tol=1e-13, max_iters=10_000)
+        assert bool(resp.converged)
+        s = jax.random.normal(jax.random.PRNGKey(0), (7, 2), jnp.float64)
+        z, w = np.polynomial.hermite_e.hermegauss(6)  # weight exp(-z^2 / 2)
+        w = w / np.sqrt(2 * np.pi)
+        mean_a = s @ leader_gain(game, th).T  # [7, 1]
+        vals = jnp.stack([follower_value(game, resp, s, mean_a + U * zi) for zi in z])  # [6, 7]
+        ref = jnp.einsum("q,qn->n", jnp.asarray(w), vals)
+        np.testing.assert_allclose(
+            follower_state_value(game, resp, th, s), ref, rtol=1e-11, atol=1e-12
+        )
+
+
+def test_closed_loop_noise_is_the_one_step_covariance_of_the_simulator():
+    """closed_loop (F, N) against one simulated step from a fixed s0: E s1 = F s0 and each entry
+    of E (s1 - F s0)(s1 - F s0)^T = N within 4 SE (200k episodes). The follower's reaction to
+    the leader's noise, -B K_a U, is what correlates the two state components (N_01 3e-4 at
+    U = 3); G = C U without it passed the exact-return tests (the default U = 0.001 hides it)."""
+    from bchg_jax.games.lqr.exact import closed_loop
+
+    game = lqr_game(U=np.array([[3.0]]), s0=np.array([0.5, -0.3]))
+    th = jnp.array([-3.0, 0.5])
+    resp = best_response(game, th, 0.1, tol=1e-13, max_iters=10_000)
+    F, N = closed_loop(game, th, resp)
+    s1 = rollout(jax.random.PRNGKey(0), game, th, resp, 200_000, 1).s[:, 1]
+    d = s1 - F @ jnp.asarray(game.s0)
+    z_mean = d.mean(0) / (d.std(0) / np.sqrt(d.shape[0]))
+    assert np.all(np.abs(z_mean) < 4), z_mean
+    prod = d[:, :, None] * d[:, None, :]
+    z_cov = (prod.mean(0) - N) / (prod.std(0) / np.sqrt(d.shape[0]))
+    assert np.all(np.abs(z_cov) < 4), z_cov
