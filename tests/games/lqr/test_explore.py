@@ -198,6 +198,16 @@ def test_a_clip_piece_changes_only_the_guiding_term(cv):
     )
 
 
+def _critic_task_at(tr, theta, beta=0.1):
+    """(state, resp, (critic, loss, draw)): one collected batch of ``tr`` with the actor and
+    its target at ``theta`` and the follower's answer to it, and the critic task's pieces."""
+    hp = lqr.HParams(actor_steps=0, critic_steps=1, beta=beta)
+    resp = tr.steps["follower"](theta, jnp.float32(beta))
+    state = tr.init(jax.random.key(0), hp)._replace(actor=theta, actor_targ=theta)
+    state, _ = tr.steps["collect"](jax.random.key(1), state, resp)
+    return state, resp, tr.steps["critic_task"](state, resp)
+
+
 @pytest.mark.slow
 def test_td_targets_draw_with_a_key_of_their_own():
     """The critic's TD targets average follower actions b' ~ g(.|s', a') drawn with the key the
@@ -208,11 +218,7 @@ def test_td_targets_draw_with_a_key_of_their_own():
     game = lqr_game()
     tr = lqr.make_train(game, "bchg_det", explore_config(1))
     theta = jnp.array([-4.0, 0.0])
-    hp = lqr.HParams(actor_steps=0, critic_steps=1, beta=0.1)
-    resp = tr.steps["follower"](theta, jnp.float32(0.1))
-    state = tr.init(jax.random.key(0), hp)._replace(actor=theta, actor_targ=theta)
-    state, _ = tr.steps["collect"](jax.random.key(1), state, resp)
-    critic, loss, draw = tr.steps["critic_task"](state, resp)
+    state, resp, (critic, loss, draw) = _critic_task_at(tr, theta)
     batch = draw(jax.random.key(2))
     assert len(batch) == 4  # (s, a, b, s'): the minibatch carries no key
     losses = [float(loss(critic.params, batch, jax.random.key(k))) for k in (3, 4)]
@@ -234,11 +240,7 @@ def test_td_loss_is_the_squared_error_to_the_leaders_discounted_target():
     )
     tr = lqr.make_train(game, "bchg", config)
     theta = jnp.array([-4.0, 0.2])
-    hp = lqr.HParams(actor_steps=0, critic_steps=1, beta=0.1)
-    resp = tr.steps["follower"](theta, jnp.float32(0.1))
-    state = tr.init(jax.random.key(0), hp)._replace(actor=theta, actor_targ=theta)
-    state, _ = tr.steps["collect"](jax.random.key(1), state, resp)
-    critic, loss, draw = tr.steps["critic_task"](state, resp)
+    state, resp, (critic, loss, draw) = _critic_task_at(tr, theta)
     s, a, b, s2 = draw(jax.random.key(2))
     Q = tr.steps["Q"]
     targ = critic._replace(params=state.critic_targ)
