@@ -20,6 +20,7 @@ from bchg_jax.lq.estimators import (
     per_step_follower_grad_pathwise,
 )
 from bchg_jax.lq.rollout import rollout
+from bchg_jax.lq.train import TrainConfig, make_train
 from bchg_jax.problems.thermal import thermal
 
 
@@ -152,3 +153,29 @@ def test_rewards_are_the_documented_quadratics(x64):
         for i in range(5):
             np.testing.assert_allclose(rL[i], -s[i] @ Ms @ s[i] - b[i] @ Mb @ b[i] + c, rtol=1e-12)
             np.testing.assert_allclose(rF[i], -(s[i] @ Q @ s[i] + b[i] @ R @ b[i]), rtol=1e-12)
+
+
+def test_trainer_follower_terms_written_out(x64):
+    """The trainer's follower-side inputs (the default pathwise FollowerQGrad), gamma_L 0.9 !=
+    gamma_F 0.6: dQF_t = sum_{k >= t} gamma_F^(k-t) y_k, and the control variate
+    E[V_F(s') | s, b] = V_F(mu) + tr(U U^T Hess V_F) / 2 (V_F is quadratic, mu = A s + B b,
+    U the noise's Cholesky factor). The
+    thermal problem's discounts are equal, so dQF summed with gamma_L passed every test there."""
+    p = dataclasses.replace(_small_lq(), gamma_L=0.9, gamma_F=0.6, horizon=80).validate()
+    th = jnp.asarray(p.theta0)
+    br = p.best_response(th, 0.5, tol=1e-12)
+    E, T = 3, 6
+    traj = rollout(jax.random.PRNGKey(8), p, th, br, E, T)
+    terms = make_train(p, "bchg", TrainConfig(num_episodes=E, critic="exact")).steps
+    _, EV_F, kw, _ = jax.jit(terms["follower_terms"])(jax.random.PRNGKey(4), th, br, traj, ())
+    y = np.asarray(per_step_follower_grad_pathwise(p, th, traj, lambda x: soft_value(br, x)))
+    want = np.zeros_like(y)
+    for e in range(E):
+        for t in range(T):
+            want[e, t] = sum(0.6 ** (k - t) * y[e, k] for k in range(t, T))
+    np.testing.assert_allclose(np.asarray(kw["dQF"]), want, rtol=1e-10, atol=1e-12)
+    hess = np.asarray(jax.hessian(lambda x: soft_value(br, x))(jnp.zeros(2)))
+    U = np.asarray(p.U)
+    mu = p.mean_next(th, traj.s[:, :-1], traj.b[:, :-1])  # [E, T, n]
+    ev = np.asarray(soft_value(br, mu)) + 0.5 * np.trace(U @ U.T @ hess)
+    np.testing.assert_allclose(np.asarray(EV_F), ev, rtol=1e-10, atol=1e-10)
