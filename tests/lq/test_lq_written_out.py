@@ -157,10 +157,11 @@ def test_rewards_are_the_documented_quadratics(x64):
 
 def test_trainer_follower_terms_written_out(x64):
     """The trainer's follower-side inputs (the default pathwise FollowerQGrad), gamma_L 0.9 !=
-    gamma_F 0.6: dQF_t = sum_{k >= t} gamma_F^(k-t) y_k, and the control variate
-    E[V_F(s') | s, b] = V_F(mu) + tr(U U^T Hess V_F) / 2 (V_F is quadratic, mu = A s + B b,
-    U the noise's Cholesky factor). The
-    thermal problem's discounts are equal, so dQF summed with gamma_L passed every test there."""
+    gamma_F 0.6: dQF_t = sum_{k >= t} gamma_F^(k-t) y_k; the LSTD fits of grad V_F under gamma_F
+    (BC-HG's leave-one-out baseline, HPGD's dVF; tests/lq/test_state_baseline.py checks the fit
+    against grad V_F); the control variate E[V_F(s') | s, b] = V_F(mu) + tr(U U^T Hess V_F) / 2
+    (V_F is quadratic, mu = A s + B b, U the noise's Cholesky factor). The thermal problem's
+    discounts are equal, so any of these with gamma_L passed every test there."""
     p = dataclasses.replace(_small_lq(), gamma_L=0.9, gamma_F=0.6, horizon=80).validate()
     th = jnp.asarray(p.theta0)
     br = p.best_response(th, 0.5, tol=1e-12)
@@ -174,6 +175,14 @@ def test_trainer_follower_terms_written_out(x64):
         for t in range(T):
             want[e, t] = sum(0.6 ** (k - t) * y[e, k] for k in range(t, T))
     np.testing.assert_allclose(np.asarray(kw["dQF"]), want, rtol=1e-10, atol=1e-12)
+    # the state baseline h ~ grad V_F: LSTD under gamma_F, each episode's on the others
+    h = critics_quadratic.leave_one_out_vector_value(traj.s, jnp.asarray(y), 0.6)
+    np.testing.assert_allclose(np.asarray(kw["dVF"]), np.asarray(h), rtol=1e-8, atol=1e-10)
+    # HPGD's dVF: the same LSTD under gamma_F on the whole batch
+    hpgd = make_train(p, "hpgd_td", TrainConfig(num_episodes=E, critic="exact")).steps
+    _, _, kw, _ = jax.jit(hpgd["follower_terms"])(jax.random.PRNGKey(4), th, br, traj, ())
+    f = critics_quadratic.fit_quadratic_vector_value(traj.s, jnp.asarray(y), 0.6)
+    np.testing.assert_allclose(np.asarray(kw["dVF"]), np.asarray(f(traj.s[:, :-1])), rtol=1e-8)
     hess = np.asarray(jax.hessian(lambda x: soft_value(br, x))(jnp.zeros(2)))
     U = np.asarray(p.U)
     mu = p.mean_next(th, traj.s[:, :-1], traj.b[:, :-1])  # [E, T, n]
