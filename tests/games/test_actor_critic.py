@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from bchg_jax.core.buffers import buffer_init
+from bchg_jax.core.buffers import EpisodeBuffer, buffer_init
 from bchg_jax.core.io import load_state, save_state
 from bchg_jax.core.loop import clip_by_global_norm, global_norm, sgd_ascent
 from bchg_jax.games import actor_critic as ac
@@ -140,17 +140,37 @@ def test_problem_metrics_come_from_the_caller():
     assert ac.critic_data(ac.LeaderState(*([None] * 7), buf, None, None, None)) is buf
 
 
+def test_transitions_pair_each_step_with_its_successor():
+    """The critics' minibatch (s, a, b, s') at (episode e, step t) is (s_t, a_t, b_t, s_t+1) of
+    that episode (a successor taken from s_t passed the TD-loss tests, which build their inputs
+    through the same function; only a slow training test saw it)."""
+    N, T = 3, 4
+    s = jnp.arange(N * (T + 1)).reshape(N, T + 1)
+    a, b = 100 + jnp.arange(N * T).reshape(N, T), 200 + jnp.arange(N * T).reshape(N, T)
+    buf = EpisodeBuffer(s, a, b, jnp.asarray(N))
+    e, t = jnp.array([0, 2, 1, 2]), jnp.array([0, 3, 2, 1])
+    got = [np.asarray(x) for x in ac.transitions(buf, e, t)]
+    for i in range(4):
+        ei, ti = int(e[i]), int(t[i])
+        want = (ei * (T + 1) + ti, 100 + ei * T + ti, 200 + ei * T + ti, ei * (T + 1) + ti + 1)
+        assert tuple(int(x[i]) for x in got) == want
+
+
 class _Resp(NamedTuple):  # a follower that always answers
     converged: Any
     P: Any
 
 
-def _toy_trainer(objective, opt, accepted=True):
+def _toy_trainer(objective, opt, accepted=True, follower=None):
     """The skeleton with trivial pieces: theta [2] float32 ascends ``objective(theta)`` with
-    ``opt``; the follower always converges (so only the gradient can undo an update);
-    ``accepted`` False: the family has no ``accepted`` condition."""
+    ``opt``; the follower always converges (so only the gradient can undo an update) unless
+    ``follower`` (actor -> _Resp) is given; ``accepted`` False: the family has no ``accepted``
+    condition."""
+    answer = follower
 
     def follower(actor, beta, warm):
+        if answer is not None:
+            return answer(actor)
         return _Resp(jnp.asarray(True), jnp.zeros((), jnp.float32))
 
     def metrics(state, resp, episodes, beta, grad_norm, ok):
@@ -216,6 +236,25 @@ def test_an_update_from_a_non_finite_gradient_is_undone_and_flagged(accepted):
     finite = _one_step(lambda p: jnp.sum(p), optax.sgd(0.1), accepted)  # a finite one is taken
     np.testing.assert_allclose(finite["theta"], [0.1, 0.1], rtol=1e-6)
     assert finite["skipped"] == 0
+
+
+def test_an_update_the_follower_cannot_answer_is_undone_with_its_answer():
+    """``accepted`` refuses the follower's answer to the update: the leader stays, and the
+    follower's warm start is its answer to the leader that stays, not the refused one (a
+    skeleton that kept the refused answer passed every other test)."""
+
+    def answer(actor):  # converges only near theta = 0; its P tells the answers apart
+        return _Resp(jnp.sum(actor) < 0.05, jnp.sum(actor) + 7.0)
+
+    tr = _toy_trainer(lambda p: jnp.sum(p), optax.sgd(0.1), follower=answer)
+    state, m = tr.run(tr.init(jax.random.key(0), lqr.HParams()), lqr.HParams(), 1)
+    assert int(np.asarray(m["skipped"])[0]) == 1  # theta 0.1 each: sum 0.2, refused
+    np.testing.assert_array_equal(np.asarray(state.actor), [0.0, 0.0])
+    np.testing.assert_allclose(float(state.follower), 7.0)  # the answer to theta = 0
+    tr = _toy_trainer(lambda p: jnp.sum(p), optax.sgd(0.01), follower=answer)
+    state, m = tr.run(tr.init(jax.random.key(0), lqr.HParams()), lqr.HParams(), 1)
+    assert int(np.asarray(m["skipped"])[0]) == 0  # sum 0.02: taken, and so is its answer
+    np.testing.assert_allclose(float(state.follower), 7.02, rtol=1e-6)
 
 
 def _nan_critic_step(follower=None):
