@@ -138,3 +138,34 @@ def test_lqr_game_follower_q_is_reward_plus_gamma_f_next_value(x64):
     want = np.asarray(follower_reward(game, s, b) + 0.7 * ev)
     got = np.asarray(lqr.follower_q(game, resp, theta, s, a, b))
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_tabular_game_hypergradient_written_out(x64):
+    """The tabular game's estimate on fixed episodes: (1/E) sum_{e,k} w_k grad log f(a_k|s_k)
+    with w_k = gamma_L^k (Q_L(s,a,b) - V_L(s)) + (V_F(s,a) - sum_a' f V_F(s,a')) / beta *
+    sum_{t <= k} gamma_F^(k-t) gamma_L^t Ben_t, Ben = Q_L - sum_b g Q_L, one jax.grad per
+    sample (any state baseline in place of the f-weighted one is unbiased, so the statistical
+    checks could not tell them apart)."""
+    rng = np.random.default_rng(3)
+    S, A, B, n_ep, steps = 3, 2, 2, 2, 4
+    theta = jnp.asarray(rng.normal(size=(S, A)))
+    policy = lambda th: jax.nn.softmax(th, -1)  # noqa: E731
+    g = jax.nn.softmax(jnp.asarray(rng.normal(size=(S, A, B))), -1)
+    Q_L, V_F, V_L = (jnp.asarray(rng.normal(size=x)) for x in ((S, A, B), (S, A), (S,)))
+    ep = tabular.GameEpisodes(
+        *(jnp.asarray(rng.integers(0, k, size=(n_ep, steps))) for k in (S, A, B))
+    )
+    got = tabular.hypergradient(policy, theta, ep, g, Q_L, V_F, BETA, GL, GF, V_L=V_L)
+    f = np.asarray(policy(theta))
+    q_l, v_f, gg = np.asarray(Q_L), np.asarray(V_F), np.asarray(g)
+    dlog = jax.jit(jax.grad(lambda th, s, a: jnp.log(policy(th)[s, a])))
+    want = np.zeros((S, A))
+    for e in range(n_ep):
+        s, a, b = (np.asarray(x[e]) for x in ep)
+        ben = [q_l[s[t], a[t], b[t]] - gg[s[t], a[t]] @ q_l[s[t], a[t]] for t in range(steps)]
+        for k in range(steps):
+            guide = sum(GF ** (k - t) * GL**t * ben[t] for t in range(k + 1))
+            adv = v_f[s[k], a[k]] - f[s[k]] @ v_f[s[k]]
+            w = GL**k * (q_l[s[k], a[k], b[k]] - float(V_L[s[k]])) + adv / BETA * guide
+            want += w * np.asarray(dlog(theta, s[k], a[k])) / n_ep
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-10, atol=1e-12)
