@@ -1,9 +1,10 @@
 """The game families' shared pieces against their formulas written out in NumPy, at discounts
 that differ and a leader horizon shorter than the episode: Theorem 2's per-step score weights and
 the deterministic leader's cotangents, the cross-fitted ridge baseline at a ridge that matters,
-the actor loop's non-finite flag, the target networks' Polyak step and the LQR game's follower
-Q. A mutation audit found each of these wrong-able without any other test failing (the
-statistical checks run at gamma_L = gamma_F, tiny ridges, or weights gamma_L^20 ~ 0.01)."""
+the actor loop's non-finite flag, the target networks' Polyak step, the LQR game's follower Q,
+and its estimator's baselines and sampled Benefit. A mutation audit found each of these
+wrong-able without any other test failing (the statistical checks run at gamma_L = gamma_F,
+tiny ridges, or weights gamma_L^20 ~ 0.01, and a baseline leaves the mean where it was)."""
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,12 @@ from bchg_jax.games import actor_critic as ac
 from bchg_jax.games import lqr, tabular
 from bchg_jax.games.control_variate import crossfit_baseline
 from bchg_jax.games.estimators import deterministic_hypergradient, game_score_weights
+from bchg_jax.games.lqr.estimator import (
+    baselined_influence,
+    leader_sample,
+    same_noise_baseline,
+    sampled_benefit,
+)
 from bchg_jax.games.lqr.game import follower_reward
 from bchg_jax.problems.lqr_game import lqr_game
 from bchg_jax.problems.toy_game import toy_game
@@ -169,3 +176,54 @@ def test_tabular_game_hypergradient_written_out(x64):
             w = GL**k * (q_l[s[k], a[k], b[k]] - float(V_L[s[k]])) + adv / BETA * guide
             want += w * np.asarray(dlog(theta, s[k], a[k])) / n_ep
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-10, atol=1e-12)
+
+
+def _lqr_pieces():
+    game = lqr_game(U=np.array([[0.3]]))
+    theta, beta = jnp.array([-3.0, 0.5]), 0.1
+    resp = lqr.best_response(game, theta, beta, tol=1e-13, max_iters=10_000)
+    s = jax.random.normal(jax.random.PRNGKey(0), (7, 2), jnp.float64)
+    return game, theta, resp, s
+
+
+def test_lqr_influence_baseline_and_same_noise_baseline_written_out(x64):
+    """baselined_influence(s, a) = V_F(s, a) - E_a' V_F(s, a'), its mean over the leader's
+    noise 0 (Gauss-Hermite, exact for a quadratic); same_noise_baseline = mean_i Q(s, a'_i,
+    mean_g(s, a'_i) + (b - mean_g(s, a))) over the same draws a'_i. Both were only ever used
+    through the estimator, whose statistical check cannot see a wrong baseline."""
+    game, theta, resp, s = _lqr_pieces()
+    z, w = np.polynomial.hermite_e.hermegauss(6)
+    w = jnp.asarray(w / np.sqrt(2 * np.pi))
+    mean_a = s @ lqr.leader_gain(game, theta).T
+    nodes = [mean_a + 0.3 * zi for zi in z]
+    vals = jnp.stack([baselined_influence(game, resp, theta, s, x) for x in nodes])
+    np.testing.assert_allclose(np.asarray(w @ vals), 0.0, atol=1e-9)
+    a = mean_a + 0.2
+    expected = w @ jnp.stack([lqr.follower_value(game, resp, s, x) for x in nodes])
+    want = np.asarray(lqr.follower_value(game, resp, s, a) - expected)
+    got = np.asarray(baselined_influence(game, resp, theta, s, a))
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+    Q = lambda ss, aa, bb: jnp.sum(bb, -1) + 2.0 * jnp.sum(aa, -1) + jnp.sum(ss, -1)  # noqa: E731
+    sampler = lambda k, x: leader_sample(game, theta, k, x)  # noqa: E731
+    key = jax.random.PRNGKey(3)
+    b = resp.mean(s, a) + 0.7
+    got = np.asarray(same_noise_baseline(5)(Q, resp, sampler, key, s, a, b))
+    alt = jax.vmap(lambda k: sampler(k, s))(jax.random.split(key, 5))
+    want = np.mean([np.asarray(Q(s, x, resp.mean(s, x) + 0.7)) for x in alt], 0)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_lqr_sampled_benefit_written_out(x64):
+    """Ben = q - mean_j Q(s, a, b_j), b_j = resp.sample(k_j, s, a) on the split keys (a Q
+    linear in b shows the sign)."""
+    game, theta, resp, s = _lqr_pieces()
+    a = s @ lqr.leader_gain(game, theta).T + 0.1
+    Q = lambda ss, aa, bb: 3.0 * jnp.sum(bb, -1) + jnp.sum(aa, -1)  # noqa: E731
+    b = resp.mean(s, a) + 0.5
+    q = Q(s, a, b)
+    key = jax.random.PRNGKey(4)
+    got = np.asarray(sampled_benefit(6)(Q, resp, key, s, a, b, q))
+    draws = [resp.sample(k, s, a) for k in jax.random.split(key, 6)]
+    want = np.asarray(q) - np.mean([np.asarray(Q(s, a, x)) for x in draws], 0)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
