@@ -177,3 +177,16 @@ def test_best_response_is_optimal_under_gamma_F_with_distinct_discounts(x64, ran
     P, c = policy_value(p, th, br, 0.7)
     np.testing.assert_allclose(np.asarray(br.P), np.asarray(P), rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(float(br.v), float(c), rtol=1e-9)
+
+
+def test_k_step_learner_reaches_the_best_response_under_gamma_F(x64, random_lq):
+    """random_lq (gamma_F 0.8 != gamma_L 0.85): 500 soft Riccati steps from P = 0 give the best
+    response's gain and value, each step and the played gain under gamma_F (the learner's other
+    tests run on thermal, whose discounts are equal; gamma_L in any of its three places
+    passed)."""
+    p = random_lq()
+    th = jnp.array([0.3, -0.2])
+    br = p.best_response(th, 0.7, tol=1e-13)
+    played, P_next = k_step_response(p, th, 0.7, jnp.zeros((2, 2)), 500)
+    np.testing.assert_allclose(np.asarray(played.K), np.asarray(br.K), atol=1e-8)
+    np.testing.assert_allclose(np.asarray(P_next), np.asarray(br.P), atol=1e-8)

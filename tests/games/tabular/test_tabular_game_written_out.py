@@ -16,11 +16,14 @@ import pytest
 from conftest import _backup_game
 
 from bchg_jax.core.follower_model import FollowerModel
+from bchg_jax.games import tabular as games_tabular
 from bchg_jax.games.tabular import exact as ex
+from bchg_jax.games.tabular import train as games_train
 from bchg_jax.games.tabular.check import check_problem, truncated_hypergradient
 from bchg_jax.games.tabular.follower import soft_q_iteration
-from bchg_jax.games.tabular.follower_models import follower_pieces
+from bchg_jax.games.tabular.follower_models import follower_pieces, q_learning_update
 from bchg_jax.games.tabular.game import compute_dtype
+from bchg_jax.games.tabular.rollout import GameEpisodes
 from bchg_jax.problems.toy_game import toy_game
 
 
@@ -150,3 +153,44 @@ def test_a_negative_start_probability_is_refused():
     game = dataclasses.replace(toy_game(), init_dist=jnp.array([1.05, -0.05, 0.0]))
     with pytest.raises(ValueError, match="init_dist.*negative|negative.*init_dist"):
         game.validate()
+
+
+def test_q_learning_follower_update_written_out(x64):
+    """Two soft Q-learning steps along one episode, paper backup: Q(s, a, b) += lr (r_F +
+    gamma_F v(s') - Q(s, a, b)), v(s') = sum_a f beta lse(Q(s', a) / beta), under gamma_F 0.7."""
+    game, beta, lr = _backup_game(None), 0.3, 0.3
+    rng = np.random.default_rng(0)
+    f = rng.dirichlet(np.ones(3), size=5)
+    Q0 = rng.normal(size=(5, 3, 4))
+    ep = GameEpisodes(jnp.asarray([[0, 1, 3]]), jnp.asarray([[0, 2]]), jnp.asarray([[1, 3]]))
+    got = q_learning_update(game, jnp.asarray(Q0), ep, jnp.asarray(f), beta, "paper", lr)
+    Q, rF = Q0.copy(), np.asarray(game.follower_reward)
+    for s, a, b, s2 in [(0, 0, 1, 1), (1, 2, 3, 3)]:
+        v = _next_value(Q, f, beta, "paper")[s2]
+        Q[s, a, b] += lr * (rF[s, a, b] + 0.7 * v - Q[s, a, b])
+    np.testing.assert_allclose(np.asarray(got), Q, atol=1e-10)
+
+
+def test_trainer_surrogate_discounts_the_influence_sums_with_gamma_F(monkeypatch):
+    """The tabular-game trainer's actor surrogate weighs step k of a segment starting at t by
+    gamma_F^(k-t), on a game with gamma_F 0.5 != gamma_L 0.9 (the weights it builds, captured
+    as it runs; with gamma_L the Theorem-2 tests on the toy game passed)."""
+    game = dataclasses.replace(_backup_game(10).astype(jnp.float32), gamma_F=0.5).validate()
+    caught = []
+    built = games_train.influence_weights
+
+    def spy(t, T, gamma_F, dtype):
+        W = built(t, T, gamma_F, dtype)
+        jax.debug.callback(lambda t, W: caught.append((np.asarray(t), np.asarray(W))), t, W)
+        return W
+
+    monkeypatch.setattr(games_train, "influence_weights", spy)
+    tr = games_tabular.make_train(
+        game, "bchg", games_tabular.TrainConfig(actor="tabular", episodes=4, iterations=2)
+    )
+    hp = games_tabular.HParams(1, 1, 0.3)
+    jax.block_until_ready(tr.run(tr.init(jax.random.key(0), hp), hp, 2))
+    assert caught
+    for t, W in caught:
+        k = np.arange(W.shape[1])[None, :] - t[:, None]
+        np.testing.assert_allclose(W, np.where(k >= 0, 0.5 ** np.maximum(k, 0), 0.0), atol=1e-6)
