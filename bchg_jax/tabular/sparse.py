@@ -151,7 +151,10 @@ EXPECTATION_MIN_REDUCTION = 1.0
 # (2.6e13 floors in float64, 4.8e4 in float32) as the goal's value front switched the policy of
 # 62 states, and the solve fell back to plain sweeps (float64 1270 sweeps instead of 545). The
 # rounding-level failures measured sat at 0.11 to 0.46 floors; any multiple from 1 to 1e4 gave
-# the same sweeps on every case measured.
+# the same sweeps on every case measured. The two fixed points' gap grows like 1 / (1 - gamma)
+# (those cases: gamma 0.9 to 0.99); a float32 problem with a discount far above 0.99 (which the
+# trainers warn of) could fail its rounds above 64 floors, and its solve would then run to
+# max_sweeps and be flagged solve_capped, not pass unconverged.
 EXPECTATION_FLOOR_MULTIPLE = 64.0
 # mass outside the table above max(LOST_MASS_ULPS, J) * eps(dtype) per row is lost mass
 # (:func:`lost_mass_tolerance`): float32 7.6e-6 for J <= 64, float64 1.4e-14
