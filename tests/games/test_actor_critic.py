@@ -161,12 +161,11 @@ class _Resp(NamedTuple):  # a follower that always answers
     P: Any
 
 
-def _toy_trainer(objective, opt, accepted=True, follower=None):
+def _toy_trainer(objective, opt, accepted=True, answer=None):
     """The skeleton with trivial pieces: theta [2] float32 ascends ``objective(theta)`` with
     ``opt``; the follower always converges (so only the gradient can undo an update) unless
-    ``follower`` (actor -> _Resp) is given; ``accepted`` False: the family has no ``accepted``
+    ``answer`` (actor -> _Resp) is given; ``accepted`` False: the family has no ``accepted``
     condition."""
-    answer = follower
 
     def follower(actor, beta, warm):
         if answer is not None:
@@ -246,12 +245,12 @@ def test_an_update_the_follower_cannot_answer_is_undone_with_its_answer():
     def answer(actor):  # converges only near theta = 0; its P tells the answers apart
         return _Resp(jnp.sum(actor) < 0.05, jnp.sum(actor) + 7.0)
 
-    tr = _toy_trainer(lambda p: jnp.sum(p), optax.sgd(0.1), follower=answer)
+    tr = _toy_trainer(lambda p: jnp.sum(p), optax.sgd(0.1), answer=answer)
     state, m = tr.run(tr.init(jax.random.key(0), lqr.HParams()), lqr.HParams(), 1)
     assert int(np.asarray(m["skipped"])[0]) == 1  # theta 0.1 each: sum 0.2, refused
     np.testing.assert_array_equal(np.asarray(state.actor), [0.0, 0.0])
     np.testing.assert_allclose(float(state.follower), 7.0)  # the answer to theta = 0
-    tr = _toy_trainer(lambda p: jnp.sum(p), optax.sgd(0.01), follower=answer)
+    tr = _toy_trainer(lambda p: jnp.sum(p), optax.sgd(0.01), answer=answer)
     state, m = tr.run(tr.init(jax.random.key(0), lqr.HParams()), lqr.HParams(), 1)
     assert int(np.asarray(m["skipped"])[0]) == 0  # sum 0.02: taken, and so is its answer
     np.testing.assert_allclose(float(state.follower), 7.02, rtol=1e-6)
