@@ -718,6 +718,16 @@ def test_sparse_soft_solver_respects_max_sweeps():
     for cap in (5, 40):
         br = sparse.sparse_soft_value_iteration(P, r, 0.5, 0.99, succ, tol=1e-6, max_sweeps=cap)
         assert int(br.sweeps) == cap and float(br.residual) > 1e-6, (cap, int(br.sweeps))
+    # and a capped solve ends on a soft sweep: at the cap 1 + linear_sweeps no round starts, so
+    # V and the residual are those of as many plain soft sweeps, the dense solver's (before: a
+    # round ran to the cap and the residual was the soft one from before it, 2.25 for 1.3)
+    with jax.enable_x64(True):
+        P64, r64 = P.astype(jnp.float64), r.astype(jnp.float64)
+        br = sparse.sparse_soft_value_iteration(P64, r64, 0.5, 0.99, succ, max_sweeps=17)
+        plain = soft_value_iteration(P64, r64, 0.5, 0.99, num_sweeps=17)
+        assert int(br.sweeps) == 17
+        np.testing.assert_allclose(float(br.residual), float(plain.residual), rtol=1e-10)
+        np.testing.assert_allclose(np.asarray(br.V), np.asarray(plain.V), rtol=1e-10)
     # the evaluation's sweeps per stopping test (one run: 4) never pass the cap either (before:
     # cap 5 ran 8 sweeps)
     gc = jnp.full((P.shape[0],), 0.99, jnp.float32)
