@@ -188,3 +188,23 @@ def test_trainer_follower_terms_written_out(x64):
     mu = p.mean_next(th, traj.s[:, :-1], traj.b[:, :-1])  # [E, T, n]
     ev = np.asarray(soft_value(br, mu)) + 0.5 * np.trace(U @ U.T @ hess)
     np.testing.assert_allclose(np.asarray(EV_F), ev, rtol=1e-10, atol=1e-10)
+
+
+def test_mlp_critic_scales_written_out():
+    """``critics.scales``: inputs over their RMS per column (+1e-6), outputs times RMS(r) / (1 -
+    gamma) per output column (+1e-6), ones without ``normalize`` (the paper's MLP); no
+    gradient flows through them. A wrong output scale only slows the TD fit, which the critic
+    tests' R^2 thresholds did not see."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(50, 3)) * np.array([0.1, 2.0, 30.0])
+    r = rng.normal(size=(50, 2)) * np.array([1.0, 5.0]) + 0.5
+    xs, ys = critics_quadratic.scales(jnp.asarray(x), jnp.asarray(r), 0.8, True)
+    np.testing.assert_allclose(xs, np.sqrt(np.mean(x**2, 0)) + 1e-6, rtol=1e-6)
+    np.testing.assert_allclose(ys, np.sqrt(np.mean(r**2, 0)) / 0.2 + 1e-6, rtol=1e-6)
+    _, ys1 = critics_quadratic.scales(jnp.asarray(x), jnp.asarray(r[:, 1]), 0.8, True)
+    np.testing.assert_allclose(ys1, [np.sqrt(np.mean(r[:, 1] ** 2)) / 0.2 + 1e-6], rtol=1e-6)
+    xs, ys = critics_quadratic.scales(jnp.asarray(x), jnp.asarray(r), 0.8, False)
+    np.testing.assert_array_equal(xs, np.ones(3))
+    np.testing.assert_array_equal(ys, np.ones(2))
+    grad = jax.grad(lambda x: jnp.sum(critics_quadratic.scales(x, x[:, 0], 0.8, True)[1]))
+    np.testing.assert_array_equal(grad(jnp.asarray(x)), 0.0)

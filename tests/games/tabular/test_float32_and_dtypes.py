@@ -195,6 +195,21 @@ def test_follower_softmax_values_and_derivative():
     np.testing.assert_allclose(np.asarray(d32, np.float64), d64, atol=1e-5 * np.abs(dz64).max())
 
 
+def test_follower_softmax_centres_at_the_most_likely_action():
+    """The tangent is centred at each row's most likely action: there the float32 derivative
+    ``g (dz - sum g dz)`` of a near-1 g cancels exactly (g rounds to 1), so centring at any other
+    action left the top action's derivative at 0 (100% off, by the float64 formula); centred at
+    the top, every entry is within 1e-6 relative (the top action in column 0 and in column 1)."""
+    z = jnp.asarray([[0.0, -18.0, -17.0], [-17.0, 0.0, -18.0]], jnp.float32)
+    dz = jnp.asarray([[1e4, 0.0, 3e3], [-2e3, 1e4, 0.0]], jnp.float32)
+    _, d = jax.jvp(follower_softmax, (z,), (dz,))
+    z64, dz64 = np.asarray(z, np.float64), np.asarray(dz, np.float64)
+    g = np.exp(z64 - z64.max(-1, keepdims=True))
+    g /= g.sum(-1, keepdims=True)
+    want = g * (dz64 - np.sum(g * dz64, -1, keepdims=True))
+    np.testing.assert_allclose(np.asarray(d, np.float64), want, rtol=1e-6)
+
+
 # --- rollout validates the game -----------------------------------------------------------
 
 
