@@ -445,6 +445,8 @@ FLOAT32_LOGIT_WARN = 1e-2
 def float32_logit_rounding(Q, beta) -> float:
     """``eps(float32) * max |Q| / beta``: the rounding of the logits Q / beta of a soft policy
     softmax(Q / beta) computed in float32 (0 for other dtypes or traced values)."""
+    if isinstance(beta, int):  # a Python int beyond int32 would overflow as an array
+        beta = float(beta)
     Q, beta = jax.lax.stop_gradient((Q, beta))  # concrete under an eager grad
     if not is_concrete(Q, beta) or jnp.asarray(Q).dtype != jnp.float32:
         return 0.0

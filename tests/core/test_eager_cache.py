@@ -312,3 +312,95 @@ def test_a_scalar_theta_of_an_lq_problem_is_refused_by_name():
         for theta in (0.3, jnp.asarray(0.3)):
             with pytest.raises(ValueError, match="theta must be one array of 1 axis"):
                 fn(p, theta, 0.5)
+
+
+def test_an_integer_beta_beyond_int32_is_its_float():
+    """A Python int beta is a float to the cached call as to the plain one: 2**33 (finite and >
+    0) overflowed int32 in the float32 logit-rounding check run after the cached program."""
+    from small_problems import cmdp
+
+    problem = cmdp(
+        follower_reward=lambda th: jnp.zeros((3, 2)) + th[0] * jnp.arange(2),
+        leader_reward=lambda th: jnp.ones((3, 2)) * jnp.arange(2),
+    )
+    theta = jnp.array([0.5])
+    for beta in (2, 2**33):
+        got = tabular.exact_hypergradient(problem, theta, beta)
+        want = tabular.exact_hypergradient(problem, theta, float(beta))
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=0)
+        with jax.disable_jit():  # the plain call
+            plain = tabular.exact_hypergradient(problem, theta, beta)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(plain), rtol=1e-5, atol=0)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity, as the problems
+class _Toy:
+    theta0: jax.Array
+
+
+def test_a_partly_broken_cached_result_gives_the_plain_calls_error():
+    """A cached result with any non-finite entry, or any False ``converged`` flag, is recomputed
+    by the plain call, which raises the error it stands for: the cached program's partly broken
+    answer ([x, inf]; flags [True, False]) is never returned."""
+    from typing import NamedTuple
+
+    from bchg_jax.core.eager import cached_when_eager
+    from bchg_jax.core.validate import is_concrete
+
+    class Solved(NamedTuple):
+        value: jax.Array
+        converged: jax.Array
+
+    @cached_when_eager()
+    def one_entry_infinite(problem, theta):
+        out = jnp.stack([theta[0], theta[0] / 0.0])
+        if is_concrete(theta) and not bool(jnp.all(jnp.isfinite(out))):
+            raise ValueError("non-finite values")
+        return out
+
+    @cached_when_eager()
+    def one_solve_unconverged(problem, theta):
+        flags = jnp.stack([theta[0] > -1.0, theta[0] > 1.0])
+        if is_concrete(theta) and not bool(jnp.all(flags)):
+            raise ValueError("did not converge")
+        return Solved(theta * 2.0, flags)
+
+    toy, theta = _Toy(jnp.zeros(1)), jnp.array([0.5])
+    for _ in range(2):  # the first call (traced now) and a cached one
+        with pytest.raises(ValueError, match="non-finite values"):
+            one_entry_infinite(toy, theta)
+        with pytest.raises(ValueError, match="did not converge"):
+            one_solve_unconverged(toy, theta)
+
+
+def test_warnings_replay_per_static_value_and_array_arguments_are_traced():
+    """A cached program's warnings are replayed only for calls with its key (a static discount
+    of 0.5 does not repeat 0.999's), and array arguments of one axis or more are traced: new
+    values reuse the one program (a static array compiled one per value)."""
+    from bchg_jax.core.eager import cached_when_eager
+    from bchg_jax.core.validate import warn_float32_long_horizon
+
+    traces = []
+
+    @cached_when_eager()
+    def discounted(problem, theta, gamma):
+        warn_float32_long_horizon("toy", theta.dtype, gamma)
+        return theta * gamma
+
+    @cached_when_eager()
+    def scaled(problem, theta, weights):
+        traces.append(1)  # runs only when the program is traced
+        return theta * 2.0 + weights.sum()
+
+    toy, theta = _Toy(jnp.zeros(1, jnp.float32)), jnp.ones(1, jnp.float32)
+    for _ in range(2):
+        with pytest.warns(UserWarning, match="discount of 0.999"):
+            discounted(toy, theta, 0.999)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            discounted(toy, theta, 0.5)
+    toy2 = _Toy(jnp.zeros(2))
+    for k in range(4):
+        out = scaled(toy2, jnp.full(2, float(k)), np.arange(3.0) + k)
+        np.testing.assert_allclose(np.asarray(out), 2.0 * k + 3.0 * k + 3.0)
+    assert len(traces) == 1
