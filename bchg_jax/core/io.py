@@ -40,10 +40,9 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=TEMP_PREFIX)
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; results are for sharing
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(fd, "wb") as f:  # closes fd whatever fails below
+            if hasattr(os, "fchmod"):  # mkstemp creates 0600; results are for sharing
+                os.fchmod(f.fileno(), 0o666 & ~_umask())
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -53,6 +52,22 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
             os.remove(tmp)
         raise
     _fsync_folder(os.path.dirname(os.path.abspath(path)))
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where the system says it (Linux 4.7+:
+    ``/proc/self/status``); elsewhere set and restored at once (``os.umask`` has no read-only
+    form), a moment in which another thread's new file would get mode 0666 / 0777."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    umask = os.umask(0o077)  # the safe side for that moment
+    os.umask(umask)
+    return umask
 
 
 def remove_unfinished_writes(folder: str) -> int:

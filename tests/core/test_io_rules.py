@@ -105,3 +105,29 @@ def test_a_non_default_prng_key_is_restored_with_its_implementation(tmp_path):
     assert str(jax.random.key_impl(back)) == str(jax.random.key_impl(key))
     np.testing.assert_array_equal(jax.random.key_data(back), jax.random.key_data(key))
     np.testing.assert_array_equal(jax.random.uniform(back, (3,)), jax.random.uniform(key, (3,)))
+
+
+@pytest.mark.skipif(not hasattr(os, "fchmod"), reason="POSIX file modes")
+def test_an_atomic_write_has_the_umasks_mode_and_a_failure_closes_its_file(tmp_path, monkeypatch):
+    """The written file is readable as the umask allows (mkstemp's 0600 widened to 0666 less the
+    umask), the umask is left as it was, and a failure before the data is written still closes
+    the temporary file's descriptor and removes it."""
+    old = os.umask(0o027)
+    try:
+        bio.atomic_write_bytes(str(tmp_path / "a.bin"), b"x")
+        assert os.stat(tmp_path / "a.bin").st_mode & 0o777 == 0o640
+        assert os.umask(0o027) == 0o027
+    finally:
+        os.umask(old)
+
+    def failing_fchmod(fd, mode):
+        raise OSError("no chmod here")
+
+    monkeypatch.setattr(os, "fchmod", failing_fchmod)
+    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    for _ in range(3):
+        with pytest.raises(OSError, match="no chmod here"):
+            bio.atomic_write_bytes(str(tmp_path / "b.bin"), b"y")
+    assert sorted(os.listdir(tmp_path)) == ["a.bin"]
+    if fds is not None:
+        assert len(os.listdir("/proc/self/fd")) == fds
