@@ -26,6 +26,7 @@ from bchg_jax.core.validate import (
     check_floating,
     check_not_wider,
     check_problem_settings,
+    check_theta,
     check_theta_array,
     probability_tolerance,
 )
@@ -181,6 +182,7 @@ class TabularCMDP:
         check_dtype_available(f"{self.name}: theta0", np.asarray(self.theta0).dtype)
         if theta is not None:
             check_theta_array(self.name, theta, "theta")
+            check_theta(self, theta)  # a function reading th[0] took any longer theta
         theta = jnp.asarray(self.theta0 if theta is None else theta)
         try:
             raw = {
