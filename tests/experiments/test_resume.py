@@ -592,3 +592,58 @@ def test_a_ctrl_c_while_the_run_summary_is_written_completes_the_run(tmp_path, m
     monkeypatch.setattr(run_folder, "finish_run", real)
     fourrooms.main(["--resume", run])
     assert "complete" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_metrics_ahead_of_the_checkpoint_are_recomputed(tmp_path, monkeypatch):
+    """A 6-iteration run (chunks of 2) killed after chunk 4's metrics were written but before
+    its checkpoint resumes from the checkpoint at 2: metrics.npz is cut back to it and
+    metrics.jsonl truncated, so the resumed files are the uninterrupted run's (no repeated jsonl
+    line, one chunk's iterations each); the stopped file names its summary window (4 done)."""
+    import bchg_jax.core.io as bio
+
+    argv = ["--method", "naive", "--seeds", "1", "--iterations", "6", "--chunk", "2"]
+    argv += ["--exact-out"]
+    lines = lambda run: [  # noqa: E731
+        json.loads(x) for x in open(os.path.join(run, "naive", "metrics.jsonl"))
+    ]
+    full = fourrooms.main(argv + ["--out", str(tmp_path / "full")])
+    real = bio.save_state
+
+    def killed_before_the_second_checkpoint(path, state, step=0):
+        if step == 4:
+            raise KeyboardInterrupt
+        return real(path, state, step)
+
+    monkeypatch.setattr(bio, "save_state", killed_before_the_second_checkpoint)
+    run = str(tmp_path / "run")
+    with pytest.raises(SystemExit) as e:
+        fourrooms.main(argv + ["--out", run])
+    assert e.value.code == 130
+    monkeypatch.setattr(bio, "save_state", real)
+    stopped = np.load(os.path.join(run, "naive", "metrics.npz"))
+    assert stopped["J"].shape[-1] == 4 and int(stopped["summary_window"]) == 4
+    assert bio.checkpoint_step(os.path.join(run, "naive", "checkpoint")) == 2
+    fourrooms.main(["--resume", run])
+    np.testing.assert_array_equal(_metrics(run, "naive")["J"], _metrics(full, "naive")["J"])
+    assert [(x["iteration"], x["chunk_iterations"]) for x in lines(run)] == [
+        (2, 2),
+        (4, 2),
+        (6, 2),
+    ]
+    assert [x["metrics"] for x in lines(run)] == [x["metrics"] for x in lines(full)]
+
+
+@pytest.mark.slow
+def test_an_off_policy_run_extends_as_the_longer_run(tmp_path):
+    """The trainer side of the buffer test above: a toy-game ``naive_off`` run extended 6 -> 9
+    iterations (its buffer restored with grow=True) equals a fresh 9-iteration run bit for bit."""
+    toy = importlib.import_module("experiments.toy_game")
+    argv = ["--method", "naive_off", "--seeds", "1", "--chunk", "3", "--exact-out"]
+    run = toy.main(argv + ["--iterations", "6", "--out", str(tmp_path / "run")])
+    toy.main(["--resume", run, "--iterations", "9"])
+    fresh = toy.main(argv + ["--iterations", "9", "--out", str(tmp_path / "fresh")])
+    a, b = _metrics(run, "naive_off"), _metrics(fresh, "naive_off")
+    assert a["J"].shape[-1] == 9 and a.keys() == b.keys()
+    for k in b:
+        np.testing.assert_array_equal(a[k], b[k])
