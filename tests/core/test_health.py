@@ -215,3 +215,47 @@ def test_a_resumed_float_metric_reads_nan_where_it_was_not_recorded():
     m = join_chunks([old, new])
     assert m["pi"].shape == (1, 2, 7, 5) and m["pi"].dtype == np.float32
     assert np.isnan(m["pi"][:, :, :4]).all() and (m["pi"][:, :, 4:] == np.float32(0.2)).all()
+
+
+def _flags(*names, runs=2, iterations=50):
+    return {k: np.zeros((1, runs, iterations), np.int32) for k in names}
+
+
+def test_exactly_one_percent_does_not_warn_and_two_do_for_every_flag():
+    """ "More than 1%" for rounded logits and non-finite metrics as for capped solves: 1 of 100
+    run-iterations gives no warning (and is not ``suspect``), 2 of 100 warn."""
+    from bchg_jax.core.health import suspect
+
+    for flag, share, text in (
+        ("logits_rounded", "rounded_share", "rounded the follower's logits"),
+        ("metric_nonfinite", "nonfinite_share", "2.0% of 100"),
+        ("solve_capped", "capped_share", "2.0% of 100"),
+    ):
+        m = _flags(flag)
+        m[flag][0, 0, 7] = 1
+        h = solver_health(m)
+        assert h[share] == 0.01 and health_warning(h) is None and not suspect(h), flag
+        m[flag][0, 1, 7] = 1
+        w = health_warning(solver_health(m))
+        assert w is not None and text in w and "2.0% of 100" in w, (flag, w)
+    h = solver_health(_flags("metric_nonfinite"))
+    assert h == {"run_iterations": 100, "metric_nonfinite": 0, "nonfinite_share": 0.0}
+
+
+def test_non_finite_metrics_alone_are_suspect_and_skips_alone_not_converged():
+    """5% non-finite exact J with nothing capped makes a run suspect (bold in the table); 5%
+    skipped updates with nothing capped still get the "not converged solves" line naming the
+    flags in metrics.npz."""
+    from bchg_jax.core.health import suspect
+
+    m = _flags("solve_capped", "update_skipped", "metric_nonfinite")
+    assert not suspect(solver_health(m))
+    m["metric_nonfinite"][0, 1, :5] = 1
+    h = solver_health(m)
+    assert h["nonfinite_share"] == 0.05 and suspect(h)
+    m = _flags("solve_capped", "update_skipped")
+    m["update_skipped"][0, 0, :5] = 1
+    w = health_warning(solver_health(m))
+    assert "5.0% of 100 run-iterations updates were skipped (5 times)" in w
+    assert "capped" not in w.splitlines()[0]
+    assert "not converged solves" in w and "metrics.npz (solve_capped, update_skipped)" in w
