@@ -104,3 +104,17 @@ def test_validate_refuses_a_theta_shaped_unlike_theta0():
     p.validate(jnp.zeros(1))
     with pytest.raises(ValueError, match=r"theta must be shaped like theta0 \(1,\), got \(5,\)"):
         p.validate(jnp.zeros(5))
+
+
+def test_the_random_cmdp_is_theorem_1s_general_case():
+    """``random_tabular_cmdp``'s transitions, initial distribution and both rewards all move with
+    theta: the unbiasedness tests built on it see a wrong grad log p or grad rho_0 term only
+    because the estimator and the exact gradient would not both lack it."""
+    from bchg_jax.problems import random_tabular_cmdp
+
+    problem = random_tabular_cmdp(jax.random.key(0))
+    theta = problem.theta0
+    for name in ("transition", "init_dist", "follower_reward", "leader_reward"):
+        fn = getattr(problem, name)
+        moved = np.asarray(fn(theta + 0.5)) - np.asarray(fn(theta))
+        assert np.all(np.isfinite(moved)) and np.max(np.abs(moved)) > 1e-2, name
