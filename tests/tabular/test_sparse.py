@@ -720,7 +720,7 @@ def test_sparse_soft_solver_respects_max_sweeps():
         assert int(br.sweeps) == cap and float(br.residual) > 1e-6, (cap, int(br.sweeps))
     # and a capped solve ends on a soft sweep: at the cap 1 + linear_sweeps no round starts, so
     # V and the residual are those of as many plain soft sweeps, the dense solver's (before: a
-    # round ran to the cap and the residual was the soft one from before it, 2.25 for 1.3)
+    # round ran to the cap and the residual was the soft one from before it, 2.25 for 0.89)
     with jax.enable_x64(True):
         P64, r64 = P.astype(jnp.float64), r.astype(jnp.float64)
         br = sparse.sparse_soft_value_iteration(P64, r64, 0.5, 0.99, succ, max_sweeps=17)
