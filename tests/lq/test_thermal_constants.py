@@ -1,7 +1,7 @@
 """Building thermal control: every constant of the paper's appendix, written out here and compared
-with the problem (the existing tests pin only rows 0 and 2 of A_theta at theta = 0.5 and a loose
-start value, which cannot see e.g. k_2, the airflow links of zones 2 and 4, B, Qbar, Rbar, the
-noise scale, the follower discount or which half of w is insulation)."""
+with the problem: A_theta at generic weights (each k_i, each airflow link, which half of w is
+insulation), B, Qbar, Rbar, the noise scale, the start covariance, both discounts, the horizon
+and r_L. A start-value band and two rows of A_theta at theta 0.5 could not see these."""
 
 import jax.numpy as jnp
 import numpy as np
