@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
 from bchg_jax.core.host_tests import chunked_while_loop
+from bchg_jax.core.validate import check_count
 
 
 def _merge(x, batched: bool, has_run: bool, r_out: int, r_in: int):
@@ -116,7 +117,13 @@ def add_run_axis(x, has_run: bool):
 
 def stage_sizes(runs: int, smallest: int = 16):
     """Lane counts of :func:`compacting_while_loop`'s stages: ``runs``, then halving while
-    above ``smallest`` (240 -> 240, 120, 60, 30, 15)."""
+    above ``smallest`` (240 -> 240, 120, 60, 30, 15).
+
+    Raises:
+      ValueError: ``smallest`` not an integer >= 1 (halving, rounded up, never goes below 1:
+        0 looped for ever).
+    """
+    check_count("smallest (lanes of the last stage)", smallest)
     sizes = [int(runs)]
     while sizes[-1] > smallest:
         sizes.append(-(-sizes[-1] // 2))

@@ -24,7 +24,9 @@ def log_spectral_radius(M: Array, squarings: int = 32) -> Array:
     ``B_{j+1} = B_j^2 / c_{j+1}`` (each c_j the norm of what it divides),
     ``log ||M^(2^k)|| / 2^k = sum_{j<=k} 2^-j log c_j``. Matrix products only, so it runs under
     ``jit`` / ``vmap`` and on accelerators (``jnp.linalg.eigvals`` is CPU-only). A non-finite M
-    gives NaN. A power that comes out exactly zero (M = 0, or a nilpotent M such as
+    gives NaN; a finite one does not, however large its entries (each norm is taken as a power
+    of two near the largest entry times the norm of the matrix scaled by it, which cannot
+    overflow). A power that comes out exactly zero (M = 0, or a nilpotent M such as
     [[0, 5], [0, 0]]: M^2 = 0) means rho(M) = 0 and gives ``-inf``. (Before, a zero squaring
     kept the last partial sum, log||M|| = log 5 there, and a closed loop with rho = 0 was
     called unstable.) Each B_j has norm 1, so a square underflows to exactly zero only when it
@@ -44,12 +46,24 @@ def log_spectral_radius(M: Array, squarings: int = 32) -> Array:
 
     def body(j, carry):
         B, total, done = carry
-        c = jnp.sqrt(jnp.sum(B * B))
-        zero = c == 0
-        term = jnp.log(jnp.where(zero, 1.0, c)) * 2.0 ** (-jnp.asarray(j).astype(M.dtype))
-        term = jnp.where(zero, -jnp.inf, term)  # M^(2^j) = 0: rho(M) = 0
+        # ||B|| as 2^e times the norm of B / 2^e, e the exponent of its largest entry: the sum
+        # of squares of M itself overflowed above ~1.8e19 in float32 (a finite M gave NaN), and
+        # a division by 3e38 is a product with its reciprocal, a subnormal flushed to zero
+        e = jnp.frexp(jnp.max(jnp.abs(B)))[1]
+        B = jnp.ldexp(B, -e)  # exact: largest entry in [0.5, 1)
+        rest = jnp.sqrt(jnp.sum(B * B))
+        zero = rest == 0  # M^(2^j) = 0 (or flushed to it): rho(M) = 0
+        # log of ||B|| itself where it is representable (as before, to the last bit), in two
+        # parts beyond that
+        wide = jnp.abs(e) > 60
+        log_c = jnp.where(
+            wide,
+            e.astype(M.dtype) * jnp.log(jnp.asarray(2.0, M.dtype)) + jnp.log(rest),
+            jnp.log(jnp.ldexp(rest, jnp.where(wide, 0, e))),
+        )
+        term = jnp.where(zero, -jnp.inf, log_c * 2.0 ** (-jnp.asarray(j).astype(M.dtype)))
         total = jnp.where(done, total, total + term)
-        B = B / jnp.where(zero, 1.0, c)
+        B = B / jnp.where(zero, 1.0, rest)
         return B @ B, total, done | zero
 
     init = (M, jnp.zeros((), M.dtype), jnp.zeros((), bool))

@@ -774,8 +774,11 @@ def check_int_range(name: str, value, low: int, high) -> None:
     Returns:
       None.
     Raises:
-      ValueError: an empty ``value``, a non-integer, or an entry outside [low, high].
+      ValueError: an empty ``value``, a boolean (``True`` is not a count; :func:`check_count`
+        refuses it too), a non-integer, or an entry outside [low, high].
     """
+    if np.asarray(value).dtype == np.bool_:  # a list of them too
+        raise ValueError(f"{name} must be integers in [{low}, {high}], got {_show_any(value)}")
     v = np.asarray(value, np.float64)
     if v.size == 0 or np.any(v < low) or np.any(v > high) or np.any(v != np.round(v)):
         whole = v.size and np.all(np.isfinite(v)) and np.all(v == np.round(v))

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.validate import check_positive
 from bchg_jax.games.control_variate import crossfit_baseline, quadratic_features
 
 Array = jax.Array
@@ -113,5 +114,10 @@ def shrink(limit: Callable[[Array], Any]) -> Callable:
 def clip(bound: float) -> Callable:
     """A piece that clips every sample's guiding gradient to norm at most ``bound`` (biased,
     bounded: a robust mean of a heavy-tailed term). Not enabled by any preset; the example of a
-    new variance-reduction idea in ``docs/architecture.md``."""
+    new variance-reduction idea in ``docs/architecture.md``.
+
+    Raises:
+      ValueError: ``bound`` not finite and > 0 (a negative one flipped every sample's term).
+    """
+    check_positive("clip bound", bound)
     return shrink(lambda norm: bound)

@@ -164,3 +164,17 @@ def test_an_integer_setting_out_of_range_is_shown_as_given():
         check_int_range("actor_steps", np.asarray([1.0, 25.0]), 0, 20)
     with pytest.raises(ValueError, match=r"got 2\.5$"):
         check_int_range("actor_steps", 2.5, 0, 20)
+
+
+def test_a_boolean_step_count_is_refused():
+    """``HParams(True, 1, 0.5)`` ran one actor step silently: ``check_int_range`` read True as
+    1, where ``check_count`` (horizons, follower steps) refuses a boolean."""
+    from bchg_jax.core.validate import check_int_range
+    from bchg_jax.games.lqr import train
+
+    for value in (True, np.array([True, False]), [False, True]):
+        with pytest.raises(ValueError, match="actor_steps must be integers"):
+            check_int_range("actor_steps", value, 0, 20)
+    with pytest.raises(ValueError, match="critic_steps must be integers"):
+        train.HParams(1, False, 0.5).validate(max_steps=4)
+    check_int_range("actor_steps", np.array([0, 3]), 0, 20)  # integers still pass

@@ -13,7 +13,9 @@ clipped. ``python -m experiments.lqr_game --preset NAME`` and the benchmarks rea
   the guiding term's control variate; every method clipped; Adam 0.02 with a cosine decay;
   2000 iterations.
 * :func:`reference`: the reference implementation's settings (on-policy buffer of 400 steps,
-  the reference estimator, 4000 random warm-up steps, only BC-HG clipped, 500 iterations).
+  the reference estimator, 4000 random warm-up steps, only BC-HG clipped, 500 iterations;
+  10 actor steps, the largest of the paper's grid {1, 2, 5, 10}, and 5 critic steps per
+  iteration).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bchg_jax.core.validate import check_shape
+from bchg_jax.core.validate import check_count, check_shape
 from bchg_jax.games.tabular.follower import check_game
 from bchg_jax.games.tabular.game import check_policy_shapes, compute_dtype
 
@@ -60,14 +60,14 @@ def rollout(key: Array, game, f: Array, g: Array, num_episodes: int, horizon: in
         ``init_dist`` that does not sum to 1, non-finite entries: the sampler would otherwise
         draw from them as if normalised), or a bad scalar setting of ``game``, as every other
         function of the family; a concrete ``f`` / ``g`` whose rows are not distributions;
-        ``num_episodes`` or ``horizon`` < 1.
+        ``num_episodes`` or ``horizon`` not an integer >= 1.
     """
     check_game(game)
     check_policy_shapes(game, f, g)
     S = np.shape(game.transition)[0]
     check_shape(f"{game.name}: init_dist", game.init_dist, (S,), "S from transition")
-    if num_episodes < 1 or horizon < 1:
-        raise ValueError(f"num_episodes and horizon must be >= 1, got {num_episodes}, {horizon}")
+    check_count("num_episodes", num_episodes)  # a float or a bool got past a comparison
+    check_count("horizon", horizon)
     # the promoted dtype of the policies and the game (games.tabular.game.compute_dtype)
     dtype = compute_dtype(game, f, g)
     f, g = jnp.asarray(f, dtype), jnp.asarray(g, dtype)
