@@ -1,0 +1,87 @@
+"""``experiments.lqr_game``'s flags reach the ``games.lqr.TrainConfig`` and grid it trains with
+(each flag its own field, under either preset), ``--clip-scope``'s clipping per variant,
+``--smoke``'s warm-up cap, the warm-up warning at its boundary and the refusal to extend a
+cosine-decay run (a constant-rate run may be extended)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from experiments import lqr_game as cli
+
+
+def test_lqr_game_each_flag_sets_its_config_field():
+    """--actor-lr, --actor-lr-schedule, --critic-lr, --explore-std, --explore-episodes,
+    --replay, --tau, --minibatch, --iterations and --estimator override the preset's values."""
+    from bchg_jax.games.lqr.presets import ESTIMATORS, PRESETS
+
+    argv = ["--actor-lr", "0.05", "--actor-lr-schedule", "constant", "--critic-lr", "0.003"]
+    argv += ["--explore-std", "0.7", "--explore-episodes", "2", "--replay", "40", "--tau", "0.5"]
+    argv += ["--minibatch", "32", "--iterations", "300", "--estimator", "reference"]
+    c = cli.train_config(cli.parse_args(argv), "bchg")
+    assert (c.actor.lr, c.actor.lr_schedule, c.critic.lr) == (0.05, "constant", 0.003)
+    assert (c.exploration.std, c.exploration.episodes, c.critic.replay) == (0.7, 2, 40)
+    assert (c.tau, c.minibatch, c.iterations) == (0.5, 32, 300)
+    base = PRESETS["explore"]().config.estimator
+    assert c.estimator == dataclasses.replace(base, **ESTIMATORS["reference"])
+    assert c.estimator != cli.train_config(cli.parse_args([]), "bchg").estimator
+
+
+def test_lqr_game_variant_buffers_and_clip_scope():
+    """naive / naive_on train on the on-policy buffer, naive_off off-policy; --clip-scope
+    reference clips only BC-HG, all clips every variant at --clip."""
+    a = cli.parse_args(["--clip", "0.5"])
+    assert cli.train_config(a, "naive").buffer == "on"
+    assert cli.train_config(a, "naive_off").buffer == "off"
+    assert all(cli.train_config(a, m).actor.clip == 0.5 for m in ("bchg", "naive", "bchg_det"))
+    r = cli.parse_args(["--preset", "reference", "--clip", "0.5"])
+    assert cli.train_config(r, "bchg").actor.clip == 0.5
+    assert cli.train_config(r, "naive_on").actor.clip == 0.0
+
+
+def test_lqr_game_grid_carries_critic_steps_and_beta():
+    """The grid's critic_steps and beta columns are the flags', beside each actor step."""
+    g = cli.method_grid(
+        cli.parse_args(["--actor-steps", "3", "4", "--critic-steps", "7", "--beta", "0.2"])
+    )
+    assert g["actor_steps"].tolist() == [3, 4]
+    assert g["critic_steps"].tolist() == [7, 7] and np.allclose(g["beta"], 0.2)
+    g = cli.method_grid(cli.parse_args(["--grid", "paper"]))
+    assert g["actor_steps"].tolist() == [1, 2, 5, 10] and g["critic_steps"].tolist() == [20] * 4
+
+
+def test_lqr_game_smoke_caps_the_warmup():
+    """--smoke: at most 800 warm-up steps."""
+    assert cli.parse_args(["--smoke"]).warmup_steps == 800
+    assert cli.parse_args(["--smoke", "--warmup-steps", "400"]).warmup_steps == 400
+
+
+def test_lqr_game_warmup_warning_at_its_boundary(capsys):
+    """A run whose iterations equal the warm-up's (200 under the explore preset) never updates
+    the leader: warned."""
+    cli.validate_args(cli.parse_args(["--iterations", "200", "--method", "bchg_det"]))
+    assert "no method updates the leader" in capsys.readouterr().err
+
+
+def test_lqr_game_only_a_cosine_run_refuses_extension():
+    """Extending a constant-rate run is fine; a cosine-decay run's extension is refused."""
+    a = cli.parse_args(["--iterations", "3000", "--actor-lr-schedule", "constant"])
+    a._saved_iterations = 2000
+    cli.validate_args(a)
+    b = cli.parse_args(["--iterations", "3000"])
+    b._saved_iterations = 2000
+    with pytest.raises(ValueError, match="would restart the decay"):
+        cli.validate_args(b)
+
+
+def test_lqr_game_actor_steps_bound_follows_critic_steps():
+    """The actor-steps bound is max(10, --critic-steps): 15 actor steps with 5 critic steps are
+    refused, with 15 critic steps accepted (the trainer's max_steps is that bound)."""
+    a = cli.parse_args(["--actor-steps", "15", "--critic-steps", "5"])
+    assert cli.train_config(a, "bchg").max_steps == 10
+    with pytest.raises(ValueError):
+        cli.validate_args(a)
+    b = cli.parse_args(["--actor-steps", "15", "--critic-steps", "15"])
+    assert cli.train_config(b, "bchg").max_steps == 15
+    cli.validate_args(b)
