@@ -1,7 +1,7 @@
 """``core.hparams``: grid points that differ only in a later field are distinct, grid axes of
 different lengths and empty axes are refused with their own messages, the trainer's bounds
 passed to ``from_grid`` reach ``validate``, and ``check_representable`` refuses a fractional step
-count on its own (not only through ``validate``).
+count on its own (not only through ``validate``), and bool or string grid values are refused.
 
 Eager host-side checks on the families' ``HParams`` classes: nothing compiles."""
 
@@ -57,3 +57,13 @@ def test_check_representable_refuses_a_fractional_step_count(steps):
     with pytest.raises(ValueError, match="critic_steps = .* not a whole number"):
         GameHParams(critic_steps=np.array([1.0, steps])).check_representable(jnp.float32)
     GameHParams(actor_steps=3.0, critic_steps=np.array([0.0, 7.0])).check_representable(jnp.float32)
+
+
+@pytest.mark.parametrize("values", [[True, False], ["0.1", "0.01"]])
+def test_bool_and_string_grid_values_are_refused(values):
+    """NumPy reads True as 1 and "0.1" as 0.1: a grid of either is refused by its kind, not
+    run as the numbers it happens to convert to."""
+    with pytest.raises(ValueError, match="strings and bools are not read as hyperparameters"):
+        HParams.from_grid({"lr": values})
+    with pytest.raises(ValueError, match="strings and bools"):
+        GameHParams.from_grid({"actor_steps": [True, True]})
