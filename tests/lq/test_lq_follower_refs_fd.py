@@ -97,3 +97,17 @@ def test_as_if_optimal_hypergradient_off_the_best_response(x64, horizon):
     # and it is not the gradient with the policy held fixed (the tilt matters here)
     fixed = _fd(lambda th: leader_objective(p, th, BETA, horizon, br=g), theta)
     assert np.max(np.abs(got - fixed)) > 1e-3
+
+
+def test_as_if_optimal_hypergradient_refuses_a_covariance_that_is_none(x64):
+    """An eager call checks the policy before its cached program runs (inside it the policy is
+    traced and the value checks are skipped): an asymmetric covariance, and a symmetric one
+    with a negative eigenvalue, are refused by name, not turned into a gradient."""
+    p, theta = _problem(), jnp.asarray([0.2, -0.1])
+    played, _ = k_step_response(p, theta, BETA, jnp.zeros((2, 2)), 1)
+    for cov, what in (
+        (jnp.asarray([[0.3, 0.1], [0.0, 0.2]]), "symmetric"),
+        (jnp.asarray([[0.3, 0.0], [0.0, -0.2]]), "definite"),
+    ):
+        with pytest.raises(ValueError, match=what):
+            as_if_optimal_hypergradient(p, theta, played._replace(cov=cov), BETA)
