@@ -67,3 +67,18 @@ def test_opt_out_and_started_backend_leave_the_environment(env):
     env.delenv("BCHG_JAX_KEEP_XLA_FLAGS")
     env.setattr(co, "_backends_started", lambda: True)
     assert co.configure_xla_cpu() is False and "XLA_FLAGS" not in os.environ
+
+
+def test_a_failing_backend_probe_counts_as_started(monkeypatch):
+    """``_backends_started`` reads a private JAX API: when it fails, the backends are taken as
+    started (appending XLA_FLAGS then would do nothing and claim it had); when it answers, its
+    answer is returned."""
+    from jax._src import xla_bridge
+
+    def broken():
+        raise AttributeError("moved")
+
+    monkeypatch.setattr(xla_bridge, "backends_are_initialized", broken)
+    assert co._backends_started() is True
+    monkeypatch.setattr(xla_bridge, "backends_are_initialized", lambda: False)
+    assert co._backends_started() is False
