@@ -4,41 +4,25 @@ model, a 1000-iteration window), the grids of ``--grid paper``, the refusal of b
 trainer's config, problem and run-folder record of each flag (captured in-process, nothing
 trained)."""
 
-import importlib
 
 import numpy as np
 import pytest
+from cli_capture import captured_run
 
 from experiments import fourrooms as cli
 
 
 def _captured_run(argv, method, monkeypatch, tmp_path):
-    """run_method's trainer arguments and run-folder keywords, with training stubbed out."""
-    seen = {}
-    train = importlib.import_module("bchg_jax.tabular.train")
-    problems = importlib.import_module("bchg_jax.problems.fourrooms")
-    folder = importlib.import_module("experiments.run_folder")
-    real_problem = problems.fourrooms
-
-    def problem(*args, **kw):
-        seen["problem_args"] = (args, kw)
-        return real_problem(*args, **kw)
-
-    def make_train(problem, method, config, *args, **kw):
-        seen["method"], seen["config"] = method, config
-        return "trainer"
-
-    def run_method_folder(out, method, trainer, grid, a, **kw):
-        seen.update(out=out, grid=grid, **kw)
-        return {}
-
-    monkeypatch.setattr(problems, "fourrooms", problem)
-    monkeypatch.setattr(train, "make_train", make_train)
-    monkeypatch.setattr(folder, "run_method_folder", run_method_folder)
-    a = cli.parse_args(argv)
-    cli.validate_all(a)
-    cli.run_method(method, a, str(tmp_path))
-    return seen
+    return captured_run(
+        monkeypatch,
+        tmp_path,
+        cli,
+        argv,
+        method,
+        ("bchg_jax.problems.fourrooms", "fourrooms"),
+        "bchg_jax.tabular.train",
+        "validate_all",
+    )
 
 
 def test_fourrooms_defaults_match_the_documents():

@@ -4,40 +4,24 @@ iterations, a 50-iteration window), every estimator flag, the (actor, critic) st
 ``--grid paper`` ({1, 2, 5, 10, 20}^2), and each variant's buffer (captured in-process,
 nothing trained)."""
 
-import importlib
 
 import numpy as np
+from cli_capture import captured_run
 
 from experiments import toy_game as cli
 
 
 def _captured_run(argv, name, monkeypatch, tmp_path):
-    """run_method's game, method, config and run-folder keywords, with training stubbed out."""
-    seen = {}
-    games = importlib.import_module("bchg_jax.games.tabular")
-    game_mod = importlib.import_module("bchg_jax.problems.toy_game")
-    folder = importlib.import_module("experiments.run_folder")
-    real_game = game_mod.toy_game
-
-    def toy_game(*args, **kw):
-        seen["game_args"] = (args, kw)
-        return real_game(*args, **kw)
-
-    def make_train(game, method, config, *args, **kw):
-        seen["method"], seen["config"] = method, config
-        return "trainer"
-
-    def run_method_folder(out, method, trainer, grid, a, **kw):
-        seen.update(grid=grid, **kw)
-        return {}
-
-    monkeypatch.setattr(game_mod, "toy_game", toy_game)
-    monkeypatch.setattr(games, "make_train", make_train)
-    monkeypatch.setattr(folder, "run_method_folder", run_method_folder)
-    a = cli.parse_args(argv)
-    cli.validate_args(a)
-    cli.run_method(name, a, str(tmp_path))
-    return seen
+    return captured_run(
+        monkeypatch,
+        tmp_path,
+        cli,
+        argv,
+        name,
+        ("bchg_jax.problems.toy_game", "toy_game"),
+        "bchg_jax.games.tabular",
+        "validate_args",
+    )
 
 
 def test_toy_game_defaults_match_the_documents():
@@ -89,7 +73,7 @@ def test_toy_game_variants_train_their_buffer_and_game(monkeypatch, tmp_path):
     ):
         seen = _captured_run(["--R", "3", "--method", name], name, monkeypatch, tmp_path)
         assert (seen["method"], seen["config"].buffer) == (method, buffer), name
-        args, kw = seen["game_args"]
+        args, kw = seen["problem_args"]
         assert 3.0 in list(args) + list(kw.values()), name
         assert seen["window"] == 50 and "R=3" in seen["title"]
         assert seen["describe"] == f"toy game R=3 {method} buffer={buffer}"
