@@ -4,7 +4,6 @@ model, a 1000-iteration window), the grids of ``--grid paper``, the refusal of b
 trainer's config, problem and run-folder record of each flag (captured in-process, nothing
 trained)."""
 
-
 import numpy as np
 import pytest
 from cli_capture import captured_run

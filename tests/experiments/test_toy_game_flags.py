@@ -4,7 +4,6 @@ iterations, a 50-iteration window), every estimator flag, the (actor, critic) st
 ``--grid paper`` ({1, 2, 5, 10, 20}^2), and each variant's buffer (captured in-process,
 nothing trained)."""
 
-
 import numpy as np
 from cli_capture import captured_run
 
