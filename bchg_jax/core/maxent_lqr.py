@@ -89,11 +89,50 @@ from bchg_jax.core.stability import is_discounted_stable
 from bchg_jax.core.validate import (
     check_discount,
     check_if_concrete,
+    check_shape,
     check_solver_settings,
     is_concrete,
 )
 
 Array = jax.Array
+
+
+def held_policy(policy, dtype):
+    """A follower's policy (any pytree, e.g. a Gaussian gain and covariance) held fixed for an
+    exact reference: ``stop_gradient``, its floating leaves in ``dtype`` (theta's: a float64
+    policy beside a float32 theta would widen the reference's sums and loop carries)."""
+    return jax.tree_util.tree_map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+        jax.lax.stop_gradient(policy),
+    )
+
+
+@full_precision
+def check_value_matrix(owner: str, P_prev, n: int, value: str = "V(s) = -s^T P s") -> None:
+    """A learner's value matrix ``P_prev`` (the learner's value ``value``): [n, n] (static, so
+    traced values too) and, when concrete, finite, symmetric and positive semi-definite (the
+    costs are, so every Riccati step from such a P is). ``-I`` (a sign slip: V = s^T s) gave a
+    played covariance with negative eigenvalues, a NaN factor and yet a finite J and gradient.
+
+    Args:
+      owner: the problem's name, for the messages. P_prev: the matrix. n: the state dimension.
+      value: what ``P`` stands for, for the messages.
+    Raises:
+      ValueError: another shape, a non-finite entry, an asymmetric or indefinite matrix.
+    """
+    check_shape("P_prev", P_prev, (n, n), f"n={n} from {owner}")
+    if not is_concrete(P_prev):
+        return
+    P = np.asarray(P_prev, np.float64)
+    scale = max(1.0, float(np.max(np.abs(P)))) if np.all(np.isfinite(P)) else np.nan
+    if not np.max(np.abs(P - P.T)) <= 1e-6 * scale:  # NaN (a non-finite entry) fails too
+        raise ValueError(f"{owner}: P_prev must be a finite symmetric matrix, got {P}")
+    low = float(np.linalg.eigvalsh(P)[0])
+    if low < -1e-6 * scale:
+        raise ValueError(
+            f"{owner}: P_prev must be positive semi-definite (the learner's value is "
+            f"{value}), got smallest eigenvalue {low:.3g}"
+        )
 
 
 @full_precision

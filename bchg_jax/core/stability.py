@@ -74,3 +74,27 @@ def is_discounted_stable(F: Array, gamma) -> Array:
     """True when sqrt(gamma) F is stable, i.e. gamma rho(F)^2 < 1 (:func:`log_spectral_radius`):
     the condition for ``sum_t gamma^t F^t C (F^T)^t`` to converge. Bool [], jit-friendly."""
     return log_spectral_radius(F) + 0.5 * jnp.log(jnp.asarray(gamma, F.dtype)) < 0
+
+
+@full_precision
+def discounted_lyapunov(F: Array, C: Array, gamma) -> Array:
+    """X solving X = C + gamma F X F^T, i.e. X = sum_t gamma^t F^t C (F^T)^t (a Kronecker-form
+    linear solve, n^2 unknowns).
+
+    The sum (the LQ family's infinite-horizon covariances and values,
+    :func:`bchg_jax.lq.exact.leader_objective`, and the values of a fixed follower policy)
+    converges only when sqrt(gamma) F is stable; otherwise the
+    linear system still has a finite but meaningless solution (often of the wrong sign), so the
+    result is NaN instead (:func:`is_discounted_stable`): a diverging closed loop is flagged,
+    never silently wrong.
+
+    Args:
+      F: [n, n] closed-loop matrix. C: [n, n] constant term. gamma: discount, scalar.
+    Returns:
+      [n, n] symmetric solution X, or NaN when gamma rho(F)^2 >= 1.
+    """
+    n = F.shape[0]
+    Mk = jnp.eye(n * n, dtype=F.dtype) - gamma * jnp.kron(F, F)
+    X = jnp.linalg.solve(Mk, C.reshape(-1)).reshape(n, n)
+    X = 0.5 * (X + X.T)
+    return jnp.where(is_discounted_stable(F, gamma), X, jnp.nan)

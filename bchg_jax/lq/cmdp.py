@@ -404,7 +404,8 @@ class LQConfigurableMDP:
         """The follower's closed loop F = A - B K at theta (Proposition 1; K does not depend on
         beta) must be stable under both discounts: ``gamma rho(F)^2 < 1``, so that the
         infinite-horizon sums behind J_L, the critics and the follower's values converge
-        (:func:`bchg_jax.lq.exact.discounted_lyapunov`). The iteration's limit is found by doubling
+        (:func:`bchg_jax.core.stability.discounted_lyapunov`). The iteration's limit is found
+        by doubling
         (numpy, float64, from Qbar like the trainer's); skipped only when it diverges (an
         unstabilisable pair, refused before this)."""
         K = _riccati_gain(

@@ -29,7 +29,11 @@ import numpy as np
 from bchg_jax.core.eager import cached_when_eager, theta_precheck
 from bchg_jax.core.maxent_lqr import GaussianBestResponse, nan_unless, nan_unless_converged
 from bchg_jax.core.precision import full_precision
-from bchg_jax.core.stability import is_discounted_stable, log_spectral_radius  # noqa: F401
+from bchg_jax.core.stability import (  # noqa: F401 (re-exported: lq.exact's own names before)
+    discounted_lyapunov,
+    is_discounted_stable,
+    log_spectral_radius,
+)
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_constants_once,
@@ -42,29 +46,6 @@ from bchg_jax.core.validate import (
 from bchg_jax.lq.cmdp import LQConfigurableMDP, check_policy_fits
 
 Array = jax.Array
-
-
-@full_precision
-def discounted_lyapunov(F: Array, C: Array, gamma) -> Array:
-    """X solving X = C + gamma F X F^T, i.e. X = sum_t gamma^t F^t C (F^T)^t (a Kronecker-form
-    linear solve, n^2 unknowns).
-
-    The sum (the infinite-horizon covariances and values of :func:`leader_objective` and
-    :func:`leader_value_quadratic`) converges only when sqrt(gamma) F is stable; otherwise the
-    linear system still has a finite but meaningless solution (often of the wrong sign), so the
-    result is NaN instead (:func:`is_discounted_stable`): a diverging closed loop is flagged,
-    never silently wrong.
-
-    Args:
-      F: [n, n] closed-loop matrix. C: [n, n] constant term. gamma: discount, scalar.
-    Returns:
-      [n, n] symmetric solution X, or NaN when gamma rho(F)^2 >= 1.
-    """
-    n = F.shape[0]
-    Mk = jnp.eye(n * n, dtype=F.dtype) - gamma * jnp.kron(F, F)
-    X = jnp.linalg.solve(Mk, C.reshape(-1)).reshape(n, n)
-    X = 0.5 * (X + X.T)
-    return jnp.where(is_discounted_stable(F, gamma), X, jnp.nan)
 
 
 @full_precision

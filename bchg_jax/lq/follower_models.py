@@ -20,19 +20,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from bchg_jax.core.eager import cached_when_eager
-from bchg_jax.core.maxent_lqr import GaussianBestResponse, response_from_value, riccati_map
+from bchg_jax.core.maxent_lqr import (
+    GaussianBestResponse,
+    response_from_value,
+    riccati_map,
+)
+from bchg_jax.core.maxent_lqr import check_value_matrix as check_learner_value
 from bchg_jax.core.precision import full_precision
+from bchg_jax.core.stability import discounted_lyapunov
 from bchg_jax.core.validate import (
     check_beta_if_concrete,
     check_constants_once,
     check_count,
     check_finite_if_concrete,
-    check_shape,
     check_theta,
     is_concrete,
 )
 from bchg_jax.lq.cmdp import LQConfigurableMDP, check_policy_fits
-from bchg_jax.lq.exact import discounted_lyapunov
 from bchg_jax.lq.follower import check_dynamics
 
 Array = jax.Array
@@ -64,30 +68,14 @@ def check_model_at(problem: LQConfigurableMDP, theta: Array) -> None:
         check_finite_if_concrete(f"{problem.name}: {label}", value)
 
 
-@full_precision
 def check_value_matrix(problem: LQConfigurableMDP, P_prev) -> None:
-    """A learner's value matrix ``P_prev`` (``V(s) = -s^T P s``): [n, n] (static, so traced
-    values too) and, when concrete, finite, symmetric and positive semi-definite (the costs
-    are, so every Riccati step from such a P is). ``-I`` (a sign slip: V = s^T s) gave a
-    played covariance with negative eigenvalues, a NaN factor and yet a finite J and gradient.
+    """A learner's value matrix ``P_prev`` (``V(s) = -s^T P s``):
+    :func:`~bchg_jax.core.maxent_lqr.check_value_matrix` with the problem's n.
 
     Raises:
       ValueError: another shape, a non-finite entry, an asymmetric or indefinite matrix.
     """
-    n = problem.state_dim
-    check_shape("P_prev", P_prev, (n, n), f"n={n} from {problem.name}")
-    if not is_concrete(P_prev):
-        return
-    P = np.asarray(P_prev, np.float64)
-    scale = max(1.0, float(np.max(np.abs(P)))) if np.all(np.isfinite(P)) else np.nan
-    if not np.max(np.abs(P - P.T)) <= 1e-6 * scale:  # NaN (a non-finite entry) fails too
-        raise ValueError(f"{problem.name}: P_prev must be a finite symmetric matrix, got {P}")
-    low = float(np.linalg.eigvalsh(P)[0])
-    if low < -1e-6 * scale:
-        raise ValueError(
-            f"{problem.name}: P_prev must be positive semi-definite (the learner's value is "
-            f"V(s) = -s^T P s), got smallest eigenvalue {low:.3g}"
-        )
+    check_learner_value(problem.name, P_prev, problem.state_dim)
 
 
 def _k_step_checks(problem, theta, beta, P_prev, K) -> None:
@@ -138,7 +126,8 @@ def policy_value(problem: LQConfigurableMDP, theta: Array, policy: GaussianBestR
     ``(1 - gamma) c_g = tr(Rbar cov) - beta H(cov) + gamma tr(B^T P_g B cov) + gamma tr(U^T P_g U)``
     (H: the Gaussian entropy); at the best response they are Proposition 1's ``P`` and ``v``.
     NaN when the policy's closed loop diverges under gamma_F
-    (:func:`~bchg_jax.lq.exact.discounted_lyapunov`): the trainer flags and skips that iteration.
+    (:func:`~bchg_jax.core.stability.discounted_lyapunov`): the trainer flags and skips that
+    iteration.
 
     Raises:
       ValueError: a concrete ``beta`` not finite and > 0, a ``policy`` that does not fit the

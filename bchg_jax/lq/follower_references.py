@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core.eager import cached_when_eager
-from bchg_jax.core.maxent_lqr import GaussianBestResponse
+from bchg_jax.core.maxent_lqr import GaussianBestResponse, held_policy
 from bchg_jax.core.precision import full_precision
 from bchg_jax.core.validate import check_beta_if_concrete, check_count
 from bchg_jax.lq.cmdp import LQConfigurableMDP, check_policy_fits
@@ -71,10 +71,7 @@ def as_if_optimal_hypergradient(
     # in theta's dtype, as k_step_hypergradient's P_prev: a float64 policy or beta beside a
     # float32 theta would widen the covariance sum's carry
     dt = theta.dtype
-    g = jax.tree_util.tree_map(
-        lambda x: x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-        jax.lax.stop_gradient(policy),
-    )
+    g = held_policy(policy, dt)
     beta = jnp.asarray(beta, dt)
     prec = jnp.linalg.inv(g.cov)
 
