@@ -41,6 +41,8 @@ LEGACY_SETTINGS = {
     "parallel_steps": False,
     # thermal's MLP critic fit (before the fused Pallas form)
     "mlp_kernel": "xla",
+    # the LQR game's deterministic-leader follower reaction (Theorem 3's form before)
+    "reaction": "q_gradient",
 }
 
 
@@ -395,6 +397,11 @@ def add_follower_args(
             default=0.0,
             help="--follower q_learning: probability of a uniformly random action, in [0, 1]",
         )
+
+
+def follower_note(config, prefix: str) -> str:
+    """``prefix`` + the follower model's label, or "" for the best response (as before)."""
+    return "" if config.follower.best_response else prefix + config.follower.label
 
 
 def follower_model(a):

@@ -179,7 +179,7 @@ def run_method(method: str, a, run_dir: str):
     """Trains (or resumes, or skips if complete) one method's grid; returns its summary dict."""
     from bchg_jax.problems.fourrooms import fourrooms
     from bchg_jax.tabular.train import TrainConfig, make_train
-    from experiments.cli import follower_model
+    from experiments.cli import follower_model, follower_note
     from experiments.plot import YLABEL, pretty_label
     from experiments.run_folder import run_method_folder
 
@@ -195,7 +195,7 @@ def run_method(method: str, a, run_dir: str):
         track_reference=a.track_reference,
     )
     trainer = make_train(fourrooms(a.slip_model), method, config)
-    follower = "" if config.follower.best_response else f", follower {config.follower.label}"
+    follower = follower_note(config, ", follower ")
     return run_method_folder(
         os.path.join(run_dir, method),
         method,

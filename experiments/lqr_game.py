@@ -36,6 +36,14 @@ does not concern Naive-PGD). Every method's gradient is clipped (``--clip-scope 
 explore preset's default); the reference preset clips only BC-HG's (``--clip-scope
 reference``). A run whose ``--iterations`` end inside the critic-only warm-up
 (``--warmup-steps``) never updates the leader: the CLI warns.
+``--follower k_step --follower-steps K`` simulates a follower that takes K Riccati steps per
+iteration from its last value instead of its best response (``docs/followers.md``): the leader
+reads its policy with the value of that fixed policy, ``J`` is the return against the policy
+it plays, and the runs add ``follower_gap`` (the largest gain difference from the best
+response). The exact methods ascend the best response's exact hypergradient whatever the
+follower. ``--track-reference`` adds the cosine and projection of the leader's hypergradient
+estimate on the two exact references (``cos_target``, ``proj_target``, ``cos_through``,
+``proj_through``).
 Outputs as for the other experiments.
 """
 
@@ -44,6 +52,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
+
+from experiments.cli import FOLLOWER_SETTINGS
 
 PAPER_STEPS = (1, 2, 5, 10)
 VARIANTS = {
@@ -95,7 +105,9 @@ SETTING_KEYS = (
     "tau",
     "minibatch",
     "explore_episodes",
+    "reaction",
 )
+SETTING_KEYS += FOLLOWER_SETTINGS
 
 
 def parse_args(argv=None):
@@ -103,7 +115,8 @@ def parse_args(argv=None):
     import sys
 
     from bchg_jax.games.lqr.presets import ESTIMATORS, PRESETS
-    from experiments.cli import base_parser, smoke_requested
+    from bchg_jax.games.lqr.train import TRACK_MINIBATCH
+    from experiments.cli import add_follower_args, base_parser, smoke_requested
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--preset", choices=tuple(PRESETS), default="explore")
@@ -185,6 +198,14 @@ def parse_args(argv=None):
     )
     g.add_argument("--beta", type=float, default=0.1, help="follower entropy coefficient")
     g.add_argument(
+        "--reaction",
+        choices=["q_gradient", "policy_score"],
+        default="q_gradient",
+        help="bchg_det's follower reaction: 'q_gradient' (Theorem 3: grad_a Q_F, exact at the "
+        "best response) or 'policy_score' (the follower's own score at each sample's step and "
+        "grad_a V_F after it: unbiased off the best response too, docs/followers.md)",
+    )
+    g.add_argument(
         "--estimator",
         choices=tuple(ESTIMATORS),
         default="reference",
@@ -213,6 +234,13 @@ def parse_args(argv=None):
         default="torch",
         help="network initialisation: PyTorch's nn.Linear default (the reference) or "
         "flax's lecun_normal",
+    )
+    add_follower_args(
+        p,
+        ("best_response", "k_step"),
+        estimate=f"the leader's estimate (its surrogate's gradient on {TRACK_MINIBATCH} segment "
+        "starts drawn ~ gamma_L^t at the iteration's start, times sum_t gamma_L^t, with its "
+        "learned critic; the exact methods' own gradient)",
     )
     p.set_defaults(**preset_flags(preset))
     a = p.parse_args(argv)
@@ -280,6 +308,7 @@ def train_config(a, name: str):
     from dataclasses import replace
 
     from bchg_jax.games.lqr.presets import ESTIMATORS, PRESETS, clipped
+    from experiments.cli import follower_model
 
     method, buffer = VARIANTS[name]
     c = PRESETS[a.preset]().config
@@ -303,7 +332,9 @@ def train_config(a, name: str):
             episodes=a.explore_episodes,
             std=a.explore_std,
         ),
-        estimator=replace(c.estimator, **ESTIMATORS[a.estimator]),
+        estimator=replace(c.estimator, **ESTIMATORS[a.estimator], reaction=a.reaction),
+        follower=follower_model(a),
+        track_reference=a.track_reference,
     ).validate()
 
 
@@ -329,6 +360,8 @@ def unread_flags(a, methods) -> dict:
                 "it sets the score-function estimator's direct baseline and influence, and "
                 "Theorem 3's deterministic-leader estimate of this run's methods has neither"
             )
+    if "bchg_det" not in algos:
+        unread["reaction"] = "it sets the deterministic BC-HG's (bchg_det) follower reaction"
     if not any(clipped(x, a.clip_scope) for x in algos):
         unread["clip"] = f"--clip-scope {a.clip_scope} clips none of this run's methods"
     return unread
@@ -396,6 +429,7 @@ def run_method(name: str, a, run_dir: str):
     from bchg_jax.games import lqr
     from bchg_jax.games.lqr.train import SCORE
     from bchg_jax.problems.lqr_game import gain_metrics, lqr_game
+    from experiments.cli import follower_note
     from experiments.plot import YLABELS, pretty_label
     from experiments.run_folder import run_method_folder
 
@@ -409,11 +443,13 @@ def run_method(name: str, a, run_dir: str):
         method_grid(a),
         a,
         record={"train_config": dataclasses.asdict(config)},
-        title=f"bi-level LQR game, {pretty_label(name)}: β={a.beta:g}, {a.seeds} seeds",
+        title=f"bi-level LQR game, {pretty_label(name)}: β={a.beta:g}, {a.seeds} seeds"
+        + follower_note(config, ", follower "),
         window=SUMMARY_WINDOW,
         ylabel=YLABELS["lqr_game"],
         describe=f"bi-level LQR game {method} buffer={buffer}"
-        + (f" estimator={a.estimator}" if method in SCORE else ""),
+        + (f" estimator={a.estimator}" if method in SCORE else "")
+        + follower_note(config, " follower="),
     )
 
 

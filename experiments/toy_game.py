@@ -193,6 +193,7 @@ def validate_args(a):
 def run_method(name: str, a, run_dir: str):
     from bchg_jax.games import tabular as games
     from bchg_jax.problems.toy_game import toy_game, toy_game_metrics
+    from experiments.cli import follower_note
     from experiments.plot import YLABELS, pretty_label
     from experiments.run_folder import run_method_folder
 
@@ -213,11 +214,6 @@ def run_method(name: str, a, run_dir: str):
         describe=f"toy game R={a.R:g} {method} buffer={buffer}"
         + follower_note(config, " follower="),
     )
-
-
-def follower_note(config, prefix: str) -> str:
-    """``prefix`` + the follower model's label, or "" for the best response (as before)."""
-    return "" if config.follower.best_response else prefix + config.follower.label
 
 
 def main(argv=None) -> str:

@@ -465,6 +465,7 @@ def deterministic_hypergradient(
     gamma_F,
     guide: str = "benefit",
     leader_steps: Optional[int] = None,
+    own_step: Optional[Array] = None,
 ):
     """Theorem 3 (appendix; deterministic leader ``a = policy_fn(theta, s)``), one VJP.
 
@@ -486,6 +487,10 @@ def deterministic_hypergradient(
       gamma_L: the leader's discount. gamma_F: the follower's discount.
       guide: ``"benefit"`` (BC-HG) or ``"none"``.
       leader_steps: optional cut-off of the leader's sums (None: all T steps).
+      own_step: optional [E, T, k] added to each step's own guiding term: the cotangent gains
+        ``gL^k ben_k own_step_k`` (the white-box reaction of a follower off its best response,
+        :func:`bchg_jax.games.lqr.estimator.policy_score_reaction`: pass ``grad_a V_F`` as
+        ``dQF_da`` and ``grad_a log g - grad_a V_F / beta`` here).
     Returns:
       a pytree like ``theta``.
     Raises:
@@ -499,5 +504,7 @@ def deterministic_hypergradient(
     ct = disc[:, None] * dQL_da
     if guide == "benefit":
         ct = ct + _guide_coefficients(disc * ben, gamma_F)[..., None] * dQF_da / beta
+        if own_step is not None:
+            ct = ct + (disc * ben)[..., None] * own_step
     _, vjp = jax.vjp(lambda th: policy_fn(th, s), theta)
     return vjp(jax.lax.stop_gradient(ct) / E)[0]

@@ -6,6 +6,7 @@ its derivative, where the library differentiates it) is traced and every ``dot_g
 jaxpr, sub-jaxprs included, must carry ``Precision.HIGHEST``. Tracing only: nothing compiles.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -231,6 +232,20 @@ def test_lqr_game_follower_and_exact():
     _full(lambda x: resp.log_prob(x, a, b), s)
 
 
+def test_lqr_game_k_step_follower_and_references():
+    from bchg_jax.games.lqr import follower_models as fm
+    from bchg_jax.games.lqr import follower_references as refs
+
+    game = problems.lqr_game()
+    theta, P0 = jnp.asarray([-4.0, 0.5]), jnp.zeros((2, 2))
+    played, _ = fm.k_step_response(game, theta, 0.1, P0, 3)
+    _full(lambda t: fm.k_step_response(game, t, 0.1, P0, 3)[0].P, theta)
+    _full(lambda t: fm.k_step_response(game, t, 0.1, P0, 3, stochastic=False)[1], theta)
+    _full(lambda t: refs.fixed_policy_value(game, t, played), theta)
+    _full(lambda t: refs.as_if_optimal_hypergradient(game, t, played, 0.1), theta)
+    _full(lambda t: refs.k_step_hypergradient(game, t, 0.1, P0, 3), theta)
+
+
 def test_custom_derivative_rules_traced_after_the_callers_scope():
     """A custom JVP rule is traced when a jaxpr holding it is differentiated: for ``grad`` of a
     jitted function, of a ``scan`` or of a ``checkpoint``, that is after the exact reference's
@@ -376,7 +391,15 @@ def test_whole_vmapped_trainers_without_networks_are_at_full_precision(case):
 
 @pytest.mark.parametrize(
     "family",
-    ["thermal_faithful", "toy_game", "toy_game_k_step", "lqr_game", "lqr_game_det", "lqr_explore"],
+    [
+        "thermal_faithful",
+        "toy_game",
+        "toy_game_k_step",
+        "lqr_game",
+        "lqr_game_det",
+        "lqr_explore",
+        "lqr_game_k_step",
+    ],
 )
 @pytest.mark.slow
 def test_neural_critics_and_actors_keep_the_users_precision_inside_the_trainer(family):
@@ -409,8 +432,6 @@ def test_neural_critics_and_actors_keep_the_users_precision_inside_the_trainer(f
         trainer = games.tabular.make_train(problems.toy_game(), "bchg", cfg)
         grid = {"actor_steps": [1], "critic_steps": [2]}
     elif family == "lqr_explore":  # the command line's default: control variate, replay, ...
-        import dataclasses
-
         from bchg_jax.games.lqr.presets import PRESETS
 
         base = PRESETS["explore"]().config
@@ -426,6 +447,10 @@ def test_neural_critics_and_actors_keep_the_users_precision_inside_the_trainer(f
             critic=games.lqr.CriticConfig(hidden=wide, precision=None),
             exploration=games.lqr.ExplorationConfig(warmup_steps=0),
         )
+        if family == "lqr_game_k_step":
+            from bchg_jax.core.follower_model import FollowerModel
+
+            cfg = dataclasses.replace(cfg, follower=FollowerModel("k_step", steps=2))
         method = "bchg_det" if family == "lqr_game_det" else "bchg"
         trainer = games.lqr.make_train(problems.lqr_game(), method, cfg)
         grid = {"actor_steps": [1]}

@@ -295,8 +295,8 @@ def test_every_flag_has_help_and_shows_its_default(module, monkeypatch, capsys):
     assert text.count("(default:") == len(actions)
     assert "checkpoint.npz" not in text and "checkpoint/<iteration>/" in text
     # the --follower help speaks of an exact method only where there is one (the toy game has
-    # none; the LQR game has no --follower)
-    assert ("the exact method ascends" in text) == (module in ("fourrooms", "thermal"))
+    # none)
+    assert ("the exact method ascends" in text) == (module != "toy_game")
 
 
 def test_lqr_game_presets():

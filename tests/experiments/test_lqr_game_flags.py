@@ -85,3 +85,35 @@ def test_lqr_game_actor_steps_bound_follows_critic_steps():
     b = cli.parse_args(["--actor-steps", "15", "--critic-steps", "15"])
     assert cli.train_config(b, "bchg").max_steps == 15
     cli.validate_args(b)
+
+
+def test_lqr_game_follower_flags():
+    """--follower k_step --follower-steps K and --track-reference reach TrainConfig.follower /
+    track_reference of every variant; the best response is the default; the tabular families'
+    models are refused by the parser, --follower-steps without k_step by name."""
+    from bchg_jax.core.follower_model import FollowerModel
+
+    a = cli.parse_args(["--follower", "k_step", "--follower-steps", "3"])
+    for name in ("bchg", "bchg_det", "exact"):
+        assert cli.train_config(a, name).follower == FollowerModel("k_step", steps=3)
+    assert cli.train_config(cli.parse_args([]), "bchg").follower == FollowerModel()
+    assert cli.train_config(cli.parse_args([]), "bchg").track_reference is False
+    tracked = cli.parse_args(["--track-reference"])
+    assert all(cli.train_config(tracked, m).track_reference for m in ("bchg", "exact"))
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--follower", "lag"])
+    with pytest.raises(ValueError, match="--follower-steps"):
+        cli.train_config(cli.parse_args(["--follower-steps", "3"]), "bchg")
+    assert "follower_steps" in cli.SETTING_KEYS
+
+
+def test_lqr_game_reaction_flag():
+    """--reaction policy_score reaches EstimatorConfig.reaction (default q_gradient, Theorem 3);
+    without bchg_det among the methods the flag is refused as unread."""
+    a = cli.parse_args(["--reaction", "policy_score", "--method", "bchg_det"])
+    assert cli.train_config(a, "bchg_det").estimator.reaction == "policy_score"
+    assert cli.train_config(cli.parse_args([]), "bchg_det").estimator.reaction == "q_gradient"
+    cli.validate_args(a)
+    with pytest.raises(ValueError, match="reaction"):
+        cli.validate_args(cli.parse_args(["--reaction", "policy_score", "--method", "bchg"]))
+    assert "reaction" in cli.SETTING_KEYS

@@ -42,6 +42,17 @@ from bchg_jax.games.lqr.follower import (
     follower_state_value,
     follower_value,
 )
+from bchg_jax.games.lqr.follower_models import (
+    LearnerResponse,
+    gain_gap,
+    k_step_response,
+    policy_view,
+)
+from bchg_jax.games.lqr.follower_references import (
+    as_if_optimal_hypergradient,
+    fixed_policy_value,
+    k_step_hypergradient,
+)
 from bchg_jax.games.lqr.game import (
     LQRGame,
     leader_gain,
@@ -71,6 +82,13 @@ __all__ = [
     "follower_q",
     "follower_state_value",
     "follower_value",
+    "LearnerResponse",
+    "gain_gap",
+    "k_step_response",
+    "policy_view",
+    "as_if_optimal_hypergradient",
+    "fixed_policy_value",
+    "k_step_hypergradient",
     "LQRGame",
     "leader_gain",
     "leader_log_prob",

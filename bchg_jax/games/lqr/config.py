@@ -16,6 +16,7 @@ from typing import Optional, Tuple
 import jax.numpy as jnp
 import optax
 
+from bchg_jax.core.follower_model import FollowerSettings
 from bchg_jax.core.loop import clip_by_global_norm
 from bchg_jax.games.actor_critic import LeaderConfig, validate_checks
 
@@ -148,6 +149,11 @@ class EstimatorConfig:
       influence_cv: subtract a cross-fitted control variate from the guiding term's influence
         sums (:func:`bchg_jax.games.guide.control_variate`; for BC-HG it needs the actor's
         buffer ``"on"`` with at least 2 episodes).
+      reaction: the deterministic leader's follower reaction (``bchg_det``):
+        ``"q_gradient"`` (Theorem 3: ``grad_a Q_F``; exact at the best response) or
+        ``"policy_score"`` (the follower's own score at the sample's step and ``grad_a V_F``
+        after it: unbiased for the as-if-optimal gradient of a follower off its best response
+        too; :func:`~bchg_jax.games.lqr.estimator.policy_score_reaction`).
     """
 
     direct_baseline: str = "reference"
@@ -155,19 +161,21 @@ class EstimatorConfig:
     benefit_samples: int = 256
     influence: str = "raw"
     influence_cv: bool = False
+    reaction: str = "q_gradient"
 
     CHECKS = dict(
         positive_ints=("baseline_samples", "benefit_samples"),
         choices={
             "direct_baseline": ("reference", "same_noise", "none"),
             "influence": ("raw", "baseline"),
+            "reaction": ("q_gradient", "policy_score"),
         },
     )
     validate = validate_checks
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig(LeaderConfig):
+class TrainConfig(FollowerSettings, LeaderConfig):
     """Static (non-traced) settings of the LQR game trainer; ``validate()`` checks them. The
     defaults are the reference implementation's settings (the ``reference`` preset).
 
@@ -179,6 +187,14 @@ class TrainConfig(LeaderConfig):
       follower_max_iters: the Riccati iteration's cap.
       actor: :class:`ActorConfig`. critic: :class:`CriticConfig`.
       exploration: :class:`ExplorationConfig`. estimator: :class:`EstimatorConfig`.
+      follower: the simulated follower (:class:`~bchg_jax.core.follower_model.FollowerModel`):
+        the best response (default, the paper's) or ``k_step`` (K Riccati steps per iteration
+        from its last value; :mod:`bchg_jax.games.lqr.follower_models`).
+      track_reference: add per-iteration metrics comparing the leader's hypergradient estimate
+        with the two exact references (``cos_target``, ``proj_target``: the follower's policy
+        as if optimal; ``cos_through``, ``proj_through``: through its update;
+        :mod:`bchg_jax.games.lqr.follower_references`; both the exact hypergradient for the
+        best response). Two exact gradients per iteration.
     """
 
     follower_max_iters: int = 1000
@@ -188,6 +204,7 @@ class TrainConfig(LeaderConfig):
     estimator: EstimatorConfig = EstimatorConfig()
 
     CHECKS = dict(positive_ints=("follower_max_iters",))
+    FOLLOWER_KINDS = ("best_response", "k_step")  # the follower models of this family
 
     def iteration_limit(self):
         """As :meth:`LeaderConfig.iteration_limit`; a ``"cosine"`` learning rate also decays to
@@ -200,6 +217,7 @@ class TrainConfig(LeaderConfig):
         """Host-side range, choice and consistency checks of every part; returns ``self``
         (``ValueError`` naming the field otherwise, e.g. ``CriticConfig.replay``)."""
         validate_checks(self)
+        self.check_follower()
         for part in (self.actor, self.critic, self.exploration, self.estimator):
             part.validate()
         per_iteration = self.episodes + self.exploration.episodes

@@ -16,7 +16,13 @@ does is one small function, and an :class:`Estimator` names the ones in use:
 * the follower's values in the influence sums (Algorithm 7, Eq. (nablaQF_MG)):
   :func:`raw_influence` (V_F(s_k, a_k), the reference) or :func:`baselined_influence`
   (``V_F - E_a' V_F``: unbiased, far lower variance with U = 1e-3);
-* pieces on the guiding term (:mod:`bchg_jax.games.guide`): e.g. the control variate.
+* pieces on the guiding term (:mod:`bchg_jax.games.guide`): e.g. the control variate;
+* the deterministic leader's follower reaction (Theorem 3's FollowerQGrad, Eq.
+  (nablaQF_MG_det)): :func:`q_gradient_reaction` (``grad_a Q_F(s_k, a_k, b_k)`` at every step:
+  the theorem, exact at the follower's best response) or :func:`policy_score_reaction` (the
+  follower's own score ``grad_a log g(b|s, a)`` at the sample's step and ``grad_a V_F(s_k, a_k)``
+  at the later ones: the same at the best response, and unbiased for the as-if-optimal
+  gradient of a follower off it, ``docs/followers.md``).
 
 :func:`estimator` builds the pieces of an :class:`~bchg_jax.games.lqr.config.EstimatorConfig`;
 a study passes its own (``make_train(..., estimator_pieces=...)``), e.g. with one more guide piece.
@@ -24,7 +30,7 @@ a study passes its own (``make_train(..., estimator_pieces=...)``), e.g. with on
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -49,12 +55,16 @@ class Estimator(NamedTuple):
       influence: ``influence(game, resp, theta, s, a)`` -> [M, T] the follower's values along
         each episode in the influence sums of the Gaussian leader.
       guide: pieces on the guiding term (:mod:`bchg_jax.games.guide`), run in order.
+      reaction: ``reaction(game, resp, theta, s, a, b, se, ae, be, beta)`` -> (``dF`` [M, T, k]
+        the follower's action-gradients along each episode, ``own`` [M, k] or None: a term
+        added to the sample's own step, ``Ben_m f(s_m) . own_m``) of the deterministic leader.
     """
 
     baseline: Callable
     benefit: Callable
     influence: Callable
     guide: Tuple[Callable, ...] = ()
+    reaction: Optional[Callable] = None  # None: q_gradient_reaction (Theorem 3)
 
 
 def follower_mean_q(Q, resp, key, s, a, samples: int):
@@ -127,8 +137,30 @@ def baselined_influence(game, resp, theta, s, a):
     return follower_value(game, resp, s, a) - follower_state_value(game, resp, theta, s)
 
 
+def q_gradient_reaction(game, resp, theta, s, a, b, se, ae, be, beta):
+    """Theorem 3 (Eq. (nablaQF_MG_det)): ``grad_a Q_F(s_k, a_k, b_k)`` along each episode
+    [M, T, k], nothing more at the sample's own step."""
+    dF = jax.grad(lambda x: jnp.sum(follower_q(game, resp, theta, se, x, be)))(ae)
+    return dF, None
+
+
+@full_precision
+def policy_score_reaction(game, resp, theta, s, a, b, se, ae, be, beta):
+    """The white-box form for a follower off its best response: ``grad_a V_F(s_k, a_k)`` along
+    each episode [M, T, k] and, at the sample's own step, ``grad_a log g(b|s, a) - grad_a
+    V_F(s, a) / beta`` [M, k] (so the own step's term is ``Ben grad_a log g``: how the
+    follower's action distribution moves with the leader's action it observes). At the best
+    response ``log g = (Q_F - V_F) / beta`` and ``E_b grad_a Q_F = grad_a V_F``, so both are
+    Theorem 3 in expectation (``docs/followers.md``)."""
+    dF = jax.grad(lambda x: jnp.sum(follower_value(game, resp, se, x)))(ae)
+    score = jax.grad(lambda x: jnp.sum(resp.log_prob(s, x, b)))(a)
+    dV = jax.grad(lambda x: jnp.sum(follower_value(game, resp, s, x)))(a)
+    return dF, score - dV / beta
+
+
 BASELINES = {"reference": reference_baseline, "same_noise": same_noise_baseline}
 INFLUENCES = {"raw": raw_influence, "baseline": baselined_influence}
+REACTIONS = {"q_gradient": q_gradient_reaction, "policy_score": policy_score_reaction}
 
 
 def estimator(config: EstimatorConfig = EstimatorConfig()) -> Estimator:
@@ -139,6 +171,7 @@ def estimator(config: EstimatorConfig = EstimatorConfig()) -> Estimator:
         sampled_benefit(config.benefit_samples),
         INFLUENCES[config.influence],
         (control_variate,) if config.influence_cv else (),
+        REACTIONS[config.reaction],
     )
 
 
@@ -187,11 +220,15 @@ def deterministic_surrogate(est, game, theta, Q, resp, beta, key, e, t, buf, gui
     ben = est.benefit(Q, resp, key, s, a_pi, b, Q(s, a_pi, b))
     se, be = buf.s[e, :T], buf.b[e]
     ae = jax.lax.stop_gradient(leader_mean(game, theta, se))
-    dQF = jax.grad(lambda aa: jnp.sum(follower_q(game, resp, theta, se, aa, be)))(ae)
+    reaction = q_gradient_reaction if est.reaction is None else est.reaction
+    dQF, own = reaction(game, resp, theta, s, a_pi, b, se, ae, be, beta)
     W = influence_weights(t, T, game.gamma_F, theta.dtype)
     J = deterministic_objective(
         leader_mean(game, theta, s), dQL, ben, leader_mean(game, theta, se), dQF, W, beta, "benefit"
     )
+    if own is not None:  # Ben_m f(s_m) . own_m, the reaction's own-step term
+        own = jax.lax.stop_gradient(ben[:, None] * own)
+        J = J + jnp.mean(jnp.sum(leader_mean(game, theta, s) * own, -1))
 
     def influence(th):
         return jnp.sum(W * jnp.sum(leader_mean(game, th, se) * dQF, -1), -1)

@@ -817,6 +817,8 @@ def exact_critic_estimate(
     samples: int = 16,
     tol: float = 1e-6,
     max_iters: int = 50_000,
+    resp: GameResponse | None = None,
+    reaction: str = "q_gradient",
 ) -> Array:
     """One batch's hypergradient estimate with *exact* critics (estimator studies and tests).
 
@@ -844,14 +846,24 @@ def exact_critic_estimate(
       influence: ``"raw"`` or ``"baseline"``.
       samples: Monte Carlo samples of the Benefit (and of the ``same_*`` baselines).
       tol: Riccati stopping tolerance. max_iters: Riccati iteration cap.
+      resp: the follower's policy and values (default: the best response, solved here); a
+        follower off its best response is given as the policy it plays with the values
+        ``V^g`` of that fixed policy (:func:`~bchg_jax.games.lqr.follower_models.policy_view`,
+        :func:`~bchg_jax.games.lqr.follower_models.k_step_response`): the estimate is then
+        that of a leader who reads the policy (Assumption 1), and its mean is
+        :func:`~bchg_jax.games.lqr.follower_references.as_if_optimal_hypergradient` (for the
+        deterministic leader with ``reaction="policy_score"`` only).
+      reaction: the deterministic leader's follower reaction, ``"q_gradient"`` (Theorem 3) or
+        ``"policy_score"`` (:class:`~bchg_jax.games.lqr.config.EstimatorConfig`'s ``reaction``).
     Returns:
-      [k * n] the estimate of grad_theta J_L (NaN when the Riccati iteration did not converge
-      and the arguments are traced; an error when concrete).
+      [k * n] the estimate of grad_theta J_L (NaN when the Riccati iteration did not converge,
+      or a given ``resp`` is not ``converged``, and the arguments are traced; an error when
+      concrete).
     Raises:
-      ValueError: an unknown ``direct_baseline`` or ``influence``, a concrete ``beta`` not
-        finite and > 0, a concrete ``gamma`` outside [0, 1], ``episodes`` / ``leader_steps`` /
-        ``samples`` not positive integers or ``extra_steps`` not an integer >= 0, a bad scalar
-        setting of ``game``, or an unknown ``guide``.
+      ValueError: an unknown ``direct_baseline``, ``influence`` or ``reaction``, a concrete
+        ``beta`` not finite and > 0, a concrete ``gamma`` outside [0, 1], ``episodes`` /
+        ``leader_steps`` / ``samples`` not positive integers or ``extra_steps`` not an integer
+        >= 0, a bad scalar setting of ``game``, or an unknown ``guide``.
     """
     _check_args(game, beta, gamma=gamma, theta=theta)
     if stochastic:
@@ -863,6 +875,8 @@ def exact_critic_estimate(
         raise ValueError(f"unknown direct_baseline {direct_baseline!r}")
     if influence not in ("raw", "baseline"):
         raise ValueError(f"influence must be 'raw' or 'baseline', got {influence!r}")
+    if reaction not in ("q_gradient", "policy_score"):
+        raise ValueError(f"reaction must be 'q_gradient' or 'policy_score', got {reaction!r}")
     check_count("episodes", episodes)
     check_count("leader_steps", leader_steps)
     check_count("samples", samples)
@@ -882,7 +896,8 @@ def exact_critic_estimate(
         )
     gL = game.gamma_L if gamma is None else gamma
     T = leader_steps
-    resp = best_response(game, theta, beta, stochastic=stochastic, tol=tol, max_iters=max_iters)
+    if resp is None:
+        resp = best_response(game, theta, beta, stochastic=stochastic, tol=tol, max_iters=max_iters)
     what = "lqr.exact_critic_estimate: the follower's Riccati iteration"
     checked = lambda grad: nan_unless_converged(resp, grad, what)  # noqa: E731
 
@@ -898,7 +913,13 @@ def exact_critic_estimate(
     ben = q - jax.vmap(lambda bb: Qfn(s, a, bb, rem))(bj).mean(0)
     if not stochastic:
         dQL = jax.grad(lambda aa: Qfn(s, aa, b, rem).sum())(a)
-        dQF = jax.grad(lambda aa: follower_q(game, resp, theta, s, aa, b).sum())(a)
+        own = None
+        if reaction == "policy_score":  # games.lqr.estimator.policy_score_reaction
+            dQF = jax.grad(lambda aa: follower_value(game, resp, s, aa).sum())(a)
+            score = jax.grad(lambda aa: resp.log_prob(s, aa, b).sum())(a)
+            own = score - dQF / beta
+        else:
+            dQF = jax.grad(lambda aa: follower_q(game, resp, theta, s, aa, b).sum())(a)
         return checked(
             deterministic_hypergradient(
                 lambda t_, s_: s_ @ leader_gain(game, t_).T,
@@ -912,6 +933,7 @@ def exact_critic_estimate(
                 game.gamma_F,
                 guide,
                 leader_steps=T,
+                own_step=own,
             )
         )
     if direct_baseline == "value":

@@ -68,6 +68,7 @@ from bchg_jax.core.buffers import (
     sample_uniform,
     stored,
 )
+from bchg_jax.core.follower_model import agreement
 from bchg_jax.core.loop import Trainer, check_setup
 from bchg_jax.core.networks import MLP
 from bchg_jax.games.actor_critic import (
@@ -88,8 +89,13 @@ from bchg_jax.games.lqr.estimator import (
     follower_mean_q,
     score_surrogate,
 )
-from bchg_jax.games.lqr.exact import leader_objective, leader_returns
+from bchg_jax.games.lqr.exact import exact_hypergradient, leader_objective, leader_returns
 from bchg_jax.games.lqr.follower import best_response
+from bchg_jax.games.lqr.follower_models import LearnerResponse, gain_gap, k_step_response
+from bchg_jax.games.lqr.follower_references import (
+    as_if_optimal_hypergradient,
+    k_step_hypergradient,
+)
 from bchg_jax.games.lqr.game import LQRGame, leader_mean, leader_reward
 from bchg_jax.games.lqr.rollout import rollout
 
@@ -102,6 +108,9 @@ DETERMINISTIC = ("bchg_det", "naive_det")
 EXACT = ("exact", "exact_direct")
 GUIDED = ("bchg", "bchg_det")  # the methods with Theorem 2's / 3's guiding term
 SCORE = ("bchg", "naive")  # the score-function methods: need a non-singular leader scale U
+
+# segment starts of the one minibatch (drawn ~ gamma_L^t) of track_reference's estimate
+TRACK_MINIBATCH = 1024
 
 # the traced hyperparameters (actor_steps, critic_steps, beta), see bchg_jax.games.hparams
 HParams = game_hparams("LQR game", __name__, actor_steps=1, critic_steps=5, beta=0.1)
@@ -255,11 +264,27 @@ def make_train(
         tol, cap = config.follower_tol, config.follower_max_iters
         return best_response(game, theta, beta, stochastic=not det, P0=P0, tol=tol, max_iters=cap)
 
+    fm = config.follower
+    learner = fm.kind == "k_step"
+
+    def k_step_follower(theta, beta, memory=None):
+        """The K-step learner's reaction to theta (``memory`` None: the start, from the best
+        response's value) and the best response beside it (the gap, the next warm start)."""
+        best = follower(theta, beta, None if memory is None else memory.best.P)
+        own = best.P if memory is None else memory.own
+        played, own = k_step_response(game, theta, beta, own, fm.steps, stochastic=not det)
+        return LearnerResponse(played, own, best, gain_gap(played, best))
+
+    # what the leader plays against (the policy with V^g for the learner) and the solve it flags
+    view = (lambda r: r.played) if learner else (lambda r: r)  # noqa: E731
+    solved = (lambda r: r.best) if learner else (lambda r: r)  # noqa: E731
+
     def collect(key, state, resp):
         """The leader's episodes (its own policy: ``a ~ N(K s, U U^T)``, or ``a = K s`` for the
         deterministic methods; random actions during the warm-up) and, for the critic's ring
         only, the behaviour episodes ``a = K s + std * eps``."""
         warm = dict(random_leader=state.step < warmup_iters, random_std=ex.warmup_std)
+        resp = view(resp)
         tr = ring = rollout(key, game, state.actor, resp, E, T, stochastic=not det, **warm)
         if Ex:
             tx = rollout(jax.random.fold_in(key, 1), explore_game, state.actor, resp, Ex, T, **warm)
@@ -270,6 +295,7 @@ def make_train(
         """The critic to train (inputs scaled by its data), its TD loss and minibatches."""
         buf = critic_data(state)
         scale = input_scale(buf) if cc.normalize else None
+        resp = view(resp)
 
         def draw(key):  # a minibatch of transitions
             return transitions(buf, *sample_uniform(key, buf, cc.minibatch or M))
@@ -282,15 +308,20 @@ def make_train(
 
     def actor_objective(theta, critic, resp, beta, key, e, t, buf):
         """Theorem 2's (or Theorem 3's) surrogate on the minibatch (e, t) of ``buf``."""
-        surrogate = deterministic_surrogate if det else score_surrogate
         Q_L = lambda s, a, b: Q(critic, s, a, b)  # noqa: E731
-        return surrogate(est, game, theta, Q_L, resp, beta, key, e, t, buf, guide)
+        return surrogate(theta, Q_L, resp, beta, key, e, t, buf)
+
+    def surrogate(theta, Q_L, resp, beta, key, e, t, buf):
+        """The surrogate with the leader critic ``Q_L(s, a, b)`` (a function)."""
+        form = deterministic_surrogate if det else score_surrogate
+        return form(est, game, theta, Q_L, resp, beta, key, e, t, buf, guide)
 
     def actor_task(state, critic, resp, beta):
         """What the leader ascends (the exact return for the exact methods; ``exact_direct``
         holds the follower's policy at the iteration's start), on minibatches ~ gamma_L^t,
         after the warm-up."""
         critic, buf = jax.lax.stop_gradient(critic), state.buffer
+        resp = view(resp)
         fixed = dict(resp=resp) if method == "exact_direct" else {}
         solve = dict(tol=config.follower_tol, max_iters=config.follower_max_iters)
 
@@ -311,6 +342,8 @@ def make_train(
         # where the exact return at the kept theta is finite (a return that is not finite
         # means the state's moments overflowed the dtype: metric_nonfinite, not a solve).
         theta, skipped = state.actor, (~ok).astype(jnp.int32)
+        gap = {"follower_gap": resp.gap} if learner else {}
+        best, resp = solved(resp), view(resp)
         # one pass over the state's moments for both returns (leader_returns)
         J_undiscounted, J_discounted = leader_returns(
             game, theta, beta, (1.0, gL), stochastic=not det, resp=resp
@@ -320,7 +353,7 @@ def make_train(
         capped = ~ok & (finite_grad | moments_ok) if method in EXACT else ~ok & finite_grad
         # the follower's solve at the kept theta failed (the iteration's start, its update
         # undone): the run stays there, and its NaN J is that solve, not overflowing moments
-        capped = capped | ~resp.converged
+        capped = capped | ~best.converged
         return {
             "J": J_undiscounted,
             "J_discounted": J_discounted,
@@ -329,27 +362,77 @@ def make_train(
             "update_skipped": skipped,
             "solve_capped": capped.astype(jnp.int32),
             "metric_nonfinite": (~moments_ok).astype(jnp.int32),
-            "riccati_iterations": resp.info.iterations,
+            "riccati_iterations": best.info.iterations,
+            **gap,
             **problem_metrics(metrics_fn, theta, resp),
         }
+
+    # Z = sum_{t<T} gamma_L^t: the minibatch mean over segment starts drawn with probability
+    # gamma_L^t / Z estimates the gradient over Z (Theorem 2's sum over t)
+    Z = jnp.sum(gL ** jnp.arange(T, dtype=dtype))
+    ref_kw = dict(gamma=gL, stochastic=not det)  # the exact methods' objective's discount
+
+    def references(theta, resp, beta):
+        """(as-if-optimal reference, reference through the follower's update) at theta: both
+        the exact hypergradient for the best response."""
+        if learner:
+            target = as_if_optimal_hypergradient(game, theta, resp.played, beta, **ref_kw)
+            return target, k_step_hypergradient(game, theta, beta, resp.own, fm.steps, **ref_kw)
+        solve = dict(tol=config.follower_tol, max_iters=config.follower_max_iters)
+        exact = exact_hypergradient(game, theta, beta, **solve, **ref_kw)
+        return exact, exact
+
+    def reference_metrics(key, theta, Q_L, resp, beta, buf):
+        """``track_reference``'s metrics of the leader theta with the critic ``Q_L(s, a, b)``
+        and the follower's ``resp`` on the episodes of ``buf``: the estimate is Z times the
+        surrogate's gradient on one minibatch of :data:`TRACK_MINIBATCH` segment starts, so
+        that its mean is the gradient the surrogate targets and ``proj`` is 1 for an unbiased
+        one."""
+        e, t = sample_discounted(key, buf, TRACK_MINIBATCH, gL)
+        k = jax.random.fold_in(key, 1)
+        grad = jax.grad(surrogate)(theta, Q_L, view(resp), beta, k, e, t, buf)
+        target, through = references(theta, resp, beta)
+        return {**agreement(Z * grad, target, "target"), **agreement(Z * grad, through, "through")}
+
+    def diagnostics(key, state, critic, resp, beta):
+        """``track_reference``: the estimate against the exact references (:func:`make_train`);
+        the exact methods' own gradient (no minibatch) for them."""
+        if method in EXACT:
+            objective, _, _ = actor_task(state, critic, resp, beta)
+            grad = jax.grad(lambda th: objective(th, None, key))(state.actor)
+            target, through = references(state.actor, resp, beta)
+            return {**agreement(grad, target, "target"), **agreement(grad, through, "through")}
+        fixed = jax.lax.stop_gradient(critic)
+        Q_L = lambda s, a, b: Q(fixed, s, a, b)  # noqa: E731
+        return reference_metrics(key, state.actor, Q_L, resp, beta, state.buffer)
 
     leader = Leader(
         init_actor=lambda key: ax.theta0_std * jax.random.normal(key, (k * n,), dtype),
         init_critic=init_critic,
         buffers=buffers,
-        follower=follower,
-        warm=lambda resp: resp.P,
-        respond=lambda state, beta: follower(state.actor, beta, state.follower),
+        # the best response keeps its Riccati solution (the warm start) and re-solves; the
+        # learner's memory is the whole LearnerResponse (its reaction is not re-taken)
+        follower=k_step_follower if learner else follower,
+        warm=(lambda resp: resp) if learner else (lambda resp: resp.P),
+        respond=(lambda state, beta: state.follower)
+        if learner
+        else (lambda state, beta: follower(state.actor, beta, state.follower)),
         collect=collect,
         critic=None if method in EXACT else critic_task,
         actor=actor_task,
         metrics=metrics,
-        accepted=lambda resp: resp.converged,
+        # the learner: its best-response solve converged and V^g of its policy is finite
+        accepted=(lambda r: r.best.converged & r.played.converged)
+        if learner
+        else (lambda resp: resp.converged),
+        diagnostics=diagnostics if config.track_reference else None,
     )
     # the leader's Adam, its schedule (if any) over the run's actor updates (a traced count)
     a_opt = lambda actor_steps: ax.optimizer(actor_updates(config, T, actor_steps))  # noqa: E731
     c_opt = optax.adam(cc.lr)
-    steps = dict(Q=Q, follower=follower, collect=collect, critic_task=critic_task, estimator=est)
+    follow = k_step_follower if learner else follower
+    steps = dict(Q=Q, follower=follow, collect=collect, critic_task=critic_task, estimator=est)
     steps["actor_objective"] = actor_objective
     steps["actor_grad"] = jax.grad(actor_objective)
+    steps.update(surrogate=surrogate, reference_metrics=reference_metrics, diagnostics=diagnostics)
     return assemble(game, method, config, leader, HParams, a_opt, c_opt, steps)
