@@ -394,3 +394,25 @@ def test_deterministic_estimate_needs_the_best_response(x64):
     est = np.asarray(library_white(jax.random.split(jax.random.PRNGKey(9), 40)))
     z = (est.mean(0) - target) / (est.std(0, ddof=1) / np.sqrt(len(est)))
     assert np.all(np.abs(z) < 4), z
+
+
+@pytest.mark.parametrize("K", [1, 2])
+def test_k_steps_written_out(x64, K):
+    """K steps from P_prev: the learner plays the Boltzmann policy of P_{K-1} =
+    riccati_map^{K-1}(P_prev) on (A + C K_theta, B) (K = 1: of P_prev itself) and keeps
+    P_K = riccati_map(P_{K-1}); by hand with core.maxent_lqr."""
+    from bchg_jax.core.maxent_lqr import riccati_map
+
+    game, th = _game(), jnp.asarray(THETA)
+    A, B, C, Q, R = game.arrays(th.dtype)
+    Acl = A + C @ th.reshape(2, 3)
+    P = 0.3 * jnp.eye(3)
+    played, own = k_step_response(game, th, BETA, P, K)
+    for _ in range(K - 1):
+        P = riccati_map(P, Acl, B, Q, R, game.gamma_F)
+    S = R + game.gamma_F * B.T @ P @ B
+    K_w = game.gamma_F * jnp.linalg.solve(S, B.T @ P)
+    np.testing.assert_allclose(played.K_s, K_w @ A, rtol=1e-10)
+    np.testing.assert_allclose(played.K_a, K_w @ C, rtol=1e-10)
+    np.testing.assert_allclose(played.cov, 0.5 * BETA * jnp.linalg.inv(S), rtol=1e-10)
+    np.testing.assert_allclose(own, riccati_map(P, Acl, B, Q, R, game.gamma_F), rtol=1e-10)
