@@ -435,4 +435,5 @@ def make_train(
     steps["actor_objective"] = actor_objective
     steps["actor_grad"] = jax.grad(actor_objective)
     steps.update(surrogate=surrogate, reference_metrics=reference_metrics, diagnostics=diagnostics)
+    steps["accepted"] = leader.accepted
     return assemble(game, method, config, leader, HParams, a_opt, c_opt, steps)

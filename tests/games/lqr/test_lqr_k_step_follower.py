@@ -416,3 +416,69 @@ def test_k_steps_written_out(x64, K):
     np.testing.assert_allclose(played.K_a, K_w @ C, rtol=1e-10)
     np.testing.assert_allclose(played.cov, 0.5 * BETA * jnp.linalg.inv(S), rtol=1e-10)
     np.testing.assert_allclose(own, riccati_map(P, Acl, B, Q, R, game.gamma_F), rtol=1e-10)
+
+
+def test_a_diverging_learner_is_flagged_and_its_update_refused(x64):
+    """A played policy whose closed loop (I - B K_w)(A + C K) diverges under gamma_F: V^g is NaN
+    and flagged unconverged, and the trainer's acceptance rule refuses the update that led to
+    it (the best response's solve converged)."""
+    game, th = _game(), jnp.asarray(THETA)
+    best = lqr.best_response(game, th, BETA)
+    A, B, C, _, _ = game.arrays(th.dtype)
+    Acl = A + C @ th.reshape(2, 3)
+    K_w = -50.0 * B.T / (B.T @ B)  # (I - B K_w) Acl ~ 50 B B^T Acl / |B|^2: rho > 1
+    rho = np.max(np.abs(np.linalg.eigvals(np.asarray((jnp.eye(3) - B @ K_w) @ Acl))))
+    assert rho**2 * game.gamma_F > 1, rho
+    view = policy_view(game, th, K_w, jnp.eye(1), BETA)
+    assert not bool(view.converged) and not np.isfinite(float(view.v))
+    ok = policy_view(game, th, 0.0 * K_w, jnp.eye(1), BETA)
+    assert bool(ok.converged) and np.isfinite(float(ok.v))
+    tr = lqr.make_train(lqr_game(), "bchg", lqr.TrainConfig(follower=FollowerModel("k_step")))
+    accepted = tr.steps["accepted"]
+    gap = jnp.zeros(())
+    assert not bool(accepted(lqr.LearnerResponse(view, best.P, best, gap)))
+    assert bool(accepted(lqr.LearnerResponse(ok, best.P, best, gap)))
+    unsolved = best._replace(info=best.info._replace(converged=jnp.zeros((), bool)))
+    assert not bool(accepted(lqr.LearnerResponse(ok, best.P, unsolved, gap)))
+
+
+def test_white_box_reaction_pieces_written_out(x64):
+    """policy_score_reaction: grad_a V^g along the episode and, at the sample's step,
+    grad_a log g - grad_a V^g / beta; q_gradient_reaction: grad_a Q_F, nothing more. And
+    deterministic_hypergradient's own_step adds gL^k ben_k own_step_k to each step's
+    cotangent (the VJP of the actions written out)."""
+    from bchg_jax.games.estimators import deterministic_hypergradient
+    from bchg_jax.games.lqr.estimator import policy_score_reaction, q_gradient_reaction
+
+    game, th = _game(), jnp.asarray(THETA)
+    played, _ = k_step_response(game, th, BETA, jnp.zeros((3, 3)), 1, stochastic=False)
+    ks = jax.random.split(jax.random.PRNGKey(1), 6)
+    s, a, b = (jax.random.normal(k, (4, d)) for k, d in zip(ks[:3], (3, 2, 1), strict=True))
+    se, ae, be = (jax.random.normal(k, (4, 5, d)) for k, d in zip(ks[3:], (3, 2, 1), strict=True))
+    args = (game, played, th, s, a, b, se, ae, be, BETA)
+    dF, own = policy_score_reaction(*args)
+    dV_seg = jax.vmap(jax.vmap(jax.grad(lambda x, y: lqr.follower_value(game, played, x, y), 1)))
+    np.testing.assert_allclose(dF, dV_seg(se, ae), rtol=1e-10)
+    dV = jax.vmap(jax.grad(lambda x, y: lqr.follower_value(game, played, x, y), 1))(s, a)
+    score = jax.vmap(jax.grad(lambda x, y, z: played.log_prob(x, y, z), 1))(s, a, b)
+    np.testing.assert_allclose(own, score - dV / BETA, rtol=1e-10)
+    dQ, none = q_gradient_reaction(*args)
+    dQ_seg = jax.vmap(
+        jax.vmap(jax.grad(lambda x, y, z: lqr.follower_q(game, played, th, x, y, z), 1))
+    )
+    assert none is None
+    np.testing.assert_allclose(dQ, dQ_seg(se, ae, be), rtol=1e-10)
+
+    E, T, gL = 4, 5, 0.7
+    s3, dQL, dQF, extra = (
+        jax.random.normal(k, (E, T, d))
+        for k, d in zip(jax.random.split(ks[0], 4), (3, 2, 2, 2), strict=True)
+    )
+    ben = jax.random.normal(ks[1], (E, T))
+    policy = lambda t_, x: x @ lqr.leader_gain(game, t_).T  # noqa: E731
+    base = deterministic_hypergradient(policy, th, s3, dQL, ben, dQF, BETA, gL, 0.5)
+    more = deterministic_hypergradient(policy, th, s3, dQL, ben, dQF, BETA, gL, 0.5, own_step=extra)
+    disc = gL ** jnp.arange(T)
+    ct = (disc * ben)[..., None] * extra  # [E, T, k]: d/dK of sum ct . (K s) is ct^T s
+    by_hand = jnp.einsum("etk,etn->kn", ct, s3).reshape(-1) / E
+    np.testing.assert_allclose(more - base, by_hand, rtol=1e-9, atol=1e-12)
