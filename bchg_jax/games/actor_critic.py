@@ -198,6 +198,9 @@ class Leader(NamedTuple):
         undone when some actor step's gradient is not finite (a non-finite global norm:
         :func:`actor_steps`), before the follower answers when ``accepted`` is None.
         Not with ``learn``: an undone update would drop what the follower learnt.
+      answer: ``answer(response)`` -> dict of [] arrays read from the follower's answer to the
+        actor update before it is undone (with ``accepted``: why it refused the update), passed
+        to ``metrics`` as the keyword ``answer``; None: nothing (``metrics`` gets no keyword).
       learn: ``learn(state, response, episodes, beta)`` -> the follower's memory after learning from
         the batch just collected (passed to ``follower`` as its warm start); None: the follower
         learns nothing from samples and ``warm(response)`` is passed.
@@ -220,6 +223,7 @@ class Leader(NamedTuple):
     accepted: Optional[Callable] = None
     learn: Optional[Callable] = None
     diagnostics: Optional[Callable] = None
+    answer: Optional[Callable] = None
 
 
 def store(state: LeaderState, episodes, mode: str, ring_episodes=None) -> LeaderState:
@@ -319,6 +323,8 @@ def assemble(
             "a Leader with both accepted and learn: an update the follower's response refuses "
             "would drop what the follower learnt from the batch (set one of them)"
         )
+    if leader.answer is not None and leader.accepted is None:
+        raise ValueError("a Leader's answer pieces read why accepted refused: set accepted too")
     dtype, max_steps, tau = jnp.dtype(config.dtype), config.max_steps, config.tau
     # a plain optax transformation is a NamedTuple (not callable)
     leader_opt = actor_opt if callable(actor_opt) else (lambda _: actor_opt)
@@ -372,11 +378,14 @@ def assemble(
         ok = jnp.isfinite(gnorm)
         keep = lambda x, y: jnp.where(ok, x, y)  # noqa: E731
         undo = lambda: jax.tree.map(keep, (actor, a_state), (state.actor, state.actor_opt))  # noqa: E731
+        said = {}  # what the follower's answer says (Leader.answer), before an undo
         if leader.accepted is None:  # undone before the follower answers: it answers the leader
             actor, a_state = undo()  # that stays (and keeps what it learnt from the batch)
             new = leader.follower(actor, hp.beta, memory)
         else:  # the follower's answer to the update decides; undone, it is the answer before
             new = leader.follower(actor, hp.beta, memory)
+            if leader.answer is not None:  # read before the undo below replaces it
+                said = {"answer": leader.answer(new)}
             ok = ok & leader.accepted(new)
             actor, a_state = undo()
             new = jax.tree.map(keep, new, resp)
@@ -393,7 +402,7 @@ def assemble(
             key,
             state.step + 1,
         )
-        return state, {**leader.metrics(state, new, episodes, hp.beta, gnorm, ok), **extra}
+        return state, {**leader.metrics(state, new, episodes, hp.beta, gnorm, ok, **said), **extra}
 
     steps = {**steps, "init": init, "step": step}
     steps.update(update_critic=update_critic, update_actor=update_actor)

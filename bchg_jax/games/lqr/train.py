@@ -200,7 +200,12 @@ def make_train(
       when the exact return ``J`` or ``J_discounted`` is not finite: the state's moments
       overflowed the dtype, a closed loop with rho(F)^t beyond its range;
       :mod:`bchg_jax.core.health` counts it),
-      ``riccati_iterations``, and those of ``metrics_fn``).
+      ``riccati_iterations``, and those of ``metrics_fn``; with ``config.follower`` k_step
+      also ``follower_gap`` (max |K - K^dagger| of the gains) and ``diverging`` (1 when the
+      update was undone because the value V^g of the learner's new policy diverged under
+      gamma_F, its best-response solve converged: counted in ``update_skipped``, not in
+      ``solve_capped``); with ``config.track_reference`` ``cos_target``, ``proj_target``,
+      ``cos_through``, ``proj_through``).
     Raises:
       ValueError: an unknown method, a failed ``validate()`` of the game or the config, a
         start theta = 0 (``theta0_std`` 0) at which the follower's problem is not
@@ -335,7 +340,7 @@ def make_train(
         draw = None if method in EXACT else (lambda key: sample_discounted(key, buf, M, gL))
         return objective, draw, state.step >= warmup_iters
 
-    def metrics(state, resp, tr, beta, grad_norm, ok):
+    def metrics(state, resp, tr, beta, grad_norm, ok, answer=None):
         # skipped: any undone update (a failed solve at the new theta or a gradient that was not
         # finite). capped: a Riccati solve failed - the follower's at the new theta after a
         # finite gradient, or (the exact methods) the objective's own solve: its NaN gradient,
@@ -354,6 +359,11 @@ def make_train(
         # the follower's solve at the kept theta failed (the iteration's start, its update
         # undone): the run stays there, and its NaN J is that solve, not overflowing moments
         capped = capped | ~best.converged
+        diverging = {}
+        if learner:  # refused because V^g of the learner's new policy diverged: not a solve
+            refused = ~ok & answer["diverging"]
+            capped = capped & ~refused
+            diverging = {"diverging": refused.astype(jnp.int32)}
         return {
             "J": J_undiscounted,
             "J_discounted": J_discounted,
@@ -364,6 +374,7 @@ def make_train(
             "metric_nonfinite": (~moments_ok).astype(jnp.int32),
             "riccati_iterations": best.info.iterations,
             **gap,
+            **diverging,
             **problem_metrics(metrics_fn, theta, resp),
         }
 
@@ -426,6 +437,10 @@ def make_train(
         if learner
         else (lambda resp: resp.converged),
         diagnostics=diagnostics if config.track_reference else None,
+        # why the learner's answer was refused: its policy's V^g diverged (its solve converged)
+        answer=(lambda r: {"diverging": r.best.converged & ~r.played.converged})
+        if learner
+        else None,
     )
     # the leader's Adam, its schedule (if any) over the run's actor updates (a traced count)
     a_opt = lambda actor_steps: ax.optimizer(actor_updates(config, T, actor_steps))  # noqa: E731

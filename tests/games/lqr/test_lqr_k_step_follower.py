@@ -482,3 +482,39 @@ def test_white_box_reaction_pieces_written_out(x64):
     ct = (disc * ben)[..., None] * extra  # [E, T, k]: d/dK of sum ct . (K s) is ct^T s
     by_hand = jnp.einsum("etk,etn->kn", ct, s3).reshape(-1) / E
     np.testing.assert_allclose(more - base, by_hand, rtol=1e-9, atol=1e-12)
+
+
+def test_a_diverging_learner_in_the_trainer_is_skipped_not_capped():
+    """A learner whose value matrix is reset to 0 on an open-loop unstable game plays b = 0 plus
+    noise after one step (gamma_F rho(A + C K)^2 > 1): its V^g diverges, so the update is undone
+    (update_skipped 1) and said (diverging 1), and it is not a capped solve (solve_capped 0:
+    the best response's Riccati iteration converged)."""
+    game = lqr.LQRGame(
+        A=1.5 * np.eye(2),
+        B=np.eye(2),
+        C=np.array([[0.1], [0.0]]),
+        Qbar=np.eye(2),
+        Rbar=np.eye(2),
+        s0=np.array([1.0, 0.0]),
+        s_star=np.array([-0.8, 0.0]),
+        Sigma=np.eye(2),
+        U=np.array([[0.1]]),
+        gamma_F=0.95,
+        gamma_L=0.9,
+        horizon=20,
+    )
+    config = lqr.TrainConfig(
+        follower=FollowerModel("k_step", steps=1),
+        exploration=lqr.ExplorationConfig(warmup_steps=0),
+        actor=lqr.ActorConfig(theta0_std=0.0),
+    )
+    tr = lqr.make_train(game, "exact", config)
+    hp = jax.tree.map(lambda x: x[0], tr.hparams({}))
+    state = tr.init(jax.random.PRNGKey(0), hp)
+    _, m = jax.jit(tr.steps["step"])(state, hp)
+    assert int(m["update_skipped"]) == 0 and int(m["diverging"]) == 0
+    reset = state._replace(follower=state.follower._replace(own=jnp.zeros((2, 2))))
+    new, m = jax.jit(tr.steps["step"])(reset, hp)
+    assert int(m["update_skipped"]) == 1 and int(m["diverging"]) == 1
+    assert int(m["solve_capped"]) == 0
+    np.testing.assert_array_equal(new.actor, reset.actor)  # undone
