@@ -487,8 +487,9 @@ def deterministic_hypergradient(
       gamma_L: the leader's discount. gamma_F: the follower's discount.
       guide: ``"benefit"`` (BC-HG) or ``"none"``.
       leader_steps: optional cut-off of the leader's sums (None: all T steps).
-      own_step: optional [E, T, k] added to each step's own guiding term: the cotangent gains
-        ``gL^k ben_k own_step_k`` (the white-box reaction of a follower off its best response,
+      own_step: optional [E, T, k] added to each step's own guiding term (``guide="benefit"``
+        only): the cotangent gains ``gL^k ben_k own_step_k`` (the white-box reaction of a
+        follower off its best response,
         :func:`bchg_jax.games.lqr.estimator.policy_score_reaction`: pass ``grad_a V_F`` as
         ``dQF_da`` and ``grad_a log g - grad_a V_F / beta`` here).
     Returns:

@@ -151,7 +151,8 @@ def policy_score_reaction(game, resp, theta, s, a, b, se, ae, be, beta):
     V_F(s, a) / beta`` [M, k] (so the own step's term is ``Ben grad_a log g``: how the
     follower's action distribution moves with the leader's action it observes). At the best
     response ``log g = (Q_F - V_F) / beta`` and ``E_b grad_a Q_F = grad_a V_F``, so both are
-    Theorem 3 in expectation (``docs/followers.md``)."""
+    Theorem 3 in expectation (``docs/followers.md``). The own-step term is added after the guide
+    pieces (a clip or the control variate acts on the influence sums only)."""
     dF = jax.grad(lambda x: jnp.sum(follower_value(game, resp, se, x)))(ae)
     score = jax.grad(lambda x: jnp.sum(resp.log_prob(s, x, b)))(a)
     dV = jax.grad(lambda x: jnp.sum(follower_value(game, resp, s, x)))(a)
