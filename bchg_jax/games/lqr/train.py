@@ -15,7 +15,11 @@ and exact critics; ``tests/games/lqr/test_det_episodes.py``.)
 The deterministic methods' critic sees the leader's actions vary only through the warm-up's
 random leader and the behaviour episodes (``exploration.episodes``), as in off-policy DPG.
 The follower is Proposition 2's best response, re-solved (warm-started Riccati) every
-iteration. One outer iteration (the reference implementation's settings,
+iteration, unless ``TrainConfig.follower`` is a K-step learner
+(:mod:`bchg_jax.games.lqr.follower_models`, ``docs/followers.md``): the leader then plays
+against the learner's policy paired with ``V^g`` (the value of that fixed policy), and the best
+response is still solved beside it for ``follower_gap`` and ``solve_capped``. One outer
+iteration (the reference implementation's settings,
 ``docs/experiments.md``):
 
   1. ``episodes`` episodes of ``horizon`` steps from s0 with the leader's own policy (while
