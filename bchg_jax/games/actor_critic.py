@@ -194,7 +194,8 @@ class Leader(NamedTuple):
         update was kept).
       accepted: ``accepted(response)`` -> [] bool: keep the actor update only if the
         follower's response to it is usable (else the update is undone and the response is
-        the one before); None: no condition on the response. Every family's update is also
+        the one before, or with :attr:`keeps_learning` the follower's answer to the leader
+        that stays); None: no condition on the response. Every family's update is also
         undone when some actor step's gradient is not finite (a non-finite global norm:
         :func:`actor_steps`), before the follower answers when ``accepted`` is None.
         Not with ``learn``: an undone update would drop what the follower learnt.
@@ -208,6 +209,12 @@ class Leader(NamedTuple):
         added to the metrics, from the iteration's start (``state`` after ``collect``, with the
         actor before its update), the updated :class:`Critic` and the response the batch was
         collected with; ``key`` is its own (the training's draws do not change); None: none.
+      keeps_learning: the follower has a clock of its own (a learner taking K steps per
+        iteration): when ``accepted`` refuses its answer to an update, it answers the leader
+        that stays from the same memory (K more steps there), and that answer is kept if
+        ``accepted`` takes it (else the answer before). False (the best response, whose
+        answer to the same leader is the one before): the answer before. With ``accepted``
+        None the follower always answers the leader that stays.
     """
 
     init_actor: Callable
@@ -224,6 +231,7 @@ class Leader(NamedTuple):
     learn: Optional[Callable] = None
     diagnostics: Optional[Callable] = None
     answer: Optional[Callable] = None
+    keeps_learning: bool = False
 
 
 def store(state: LeaderState, episodes, mode: str, ring_episodes=None) -> LeaderState:
@@ -388,7 +396,16 @@ def assemble(
                 said = {"answer": leader.answer(new)}
             ok = ok & leader.accepted(new)
             actor, a_state = undo()
-            new = jax.tree.map(keep, new, resp)
+            before = resp
+            if leader.keeps_learning:  # its clock runs: it answers the leader that stays
+
+                def again():
+                    kept = leader.follower(actor, hp.beta, memory)
+                    fine = leader.accepted(kept)
+                    return jax.tree.map(lambda x, y: jnp.where(fine, x, y), kept, resp)
+
+                before = jax.lax.cond(ok, lambda: resp, again)
+            new = jax.tree.map(keep, new, before)
         state = LeaderState(
             actor,
             polyak(actor, state.actor_targ, tau),

@@ -161,16 +161,18 @@ class _Resp(NamedTuple):  # a follower that always answers
     P: Any
 
 
-def _toy_trainer(objective, opt, accepted=True, answer=None):
+def _toy_trainer(objective, opt, accepted=True, answer=None, follower=None, **extra):
     """The skeleton with trivial pieces: theta [2] float32 ascends ``objective(theta)`` with
     ``opt``; the follower always converges (so only the gradient can undo an update) unless
     ``answer`` (actor -> _Resp) is given; ``accepted`` False: the family has no ``accepted``
     condition."""
 
-    def follower(actor, beta, warm):
+    def default_follower(actor, beta, warm):
         if answer is not None:
             return answer(actor)
         return _Resp(jnp.asarray(True), jnp.zeros((), jnp.float32))
+
+    follower = default_follower if follower is None else follower
 
     def metrics(state, resp, episodes, beta, grad_norm, ok):
         return {"theta": state.actor, "grad_norm": grad_norm, "skipped": (~ok).astype(jnp.int32)}
@@ -187,6 +189,7 @@ def _toy_trainer(objective, opt, accepted=True, answer=None):
         actor=lambda state, critic, resp, beta: (lambda p, b, k: objective(p), None, True),
         metrics=metrics,
         accepted=(lambda resp: resp.converged) if accepted else None,
+        **extra,
     )
     config = lqr.TrainConfig(iterations=1)
     return ac.assemble(None, "toy", config, leader, lqr.HParams, opt, optax.sgd(0.1), {})
@@ -254,6 +257,31 @@ def test_an_update_the_follower_cannot_answer_is_undone_with_its_answer():
     state, m = tr.run(tr.init(jax.random.key(0), lqr.HParams()), lqr.HParams(), 1)
     assert int(np.asarray(m["skipped"])[0]) == 0  # sum 0.02: taken, and so is its answer
     np.testing.assert_allclose(float(state.follower), 7.02, rtol=1e-6)
+
+
+@pytest.mark.parametrize("limit", [5.0, 1.5], ids=["kept-answer-taken", "kept-answer-refused"])
+def test_a_learner_keeps_learning_at_the_leader_that_stays(limit):
+    """A follower with a clock of its own (``keeps_learning``: a K-step learner) answers the
+    leader that stays when its answer to the update is refused: one more step from the same
+    memory there, kept if ``accepted`` takes it, else the answer before. Without the flag its
+    clock stopped with the refused update (a K-step learner that fell behind a leader at the
+    edge of what it could follow stayed behind, and every later update was refused)."""
+
+    def clock(actor, beta, warm):  # P counts the learner's steps; theta 0.1 each is refused,
+        steps = jnp.float32(0.0) if warm is None else warm + 1.0  # so is a clock past limit
+        return _Resp((jnp.sum(actor) < 0.05) & (steps < limit), steps)
+
+    def follower_after_one_step(**extra):
+        tr = _toy_trainer(lambda p: jnp.sum(p), optax.sgd(0.1), follower=clock, **extra)
+        state, m = tr.run(tr.init(jax.random.key(0), lqr.HParams()), lqr.HParams(), 1)
+        assert int(np.asarray(m["skipped"])[0]) == 1
+        np.testing.assert_array_equal(np.asarray(state.actor), [0.0, 0.0])
+        return float(state.follower)
+
+    start = 1.0  # init answers theta0 (0) and respond answers it again from that memory
+    assert follower_after_one_step() == start  # the answer before
+    expected = start + 1.0 if limit > start + 1.0 else start
+    assert follower_after_one_step(keeps_learning=True) == expected
 
 
 def _nan_critic_step(follower=None):

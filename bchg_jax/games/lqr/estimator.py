@@ -151,8 +151,10 @@ def policy_score_reaction(game, resp, theta, s, a, b, se, ae, be, beta):
     V_F(s, a) / beta`` [M, k] (so the own step's term is ``Ben grad_a log g``: how the
     follower's action distribution moves with the leader's action it observes). At the best
     response ``log g = (Q_F - V_F) / beta`` and ``E_b grad_a Q_F = grad_a V_F``, so both are
-    Theorem 3 in expectation (``docs/followers.md``). The own-step term is added after the guide
-    pieces (a clip or the control variate acts on the influence sums only)."""
+    Theorem 3 in expectation (``docs/followers.md``). The surrogate adds the own-step term to
+    the sample's influence sum, so the guide pieces act on it: there its ``grad_a V_F / beta``
+    cancels the sum's own step, leaving ``grad_a log g``, and the control variate's prediction
+    of the sum from the state no longer leaves that large, predictable part behind."""
     dF = jax.grad(lambda x: jnp.sum(follower_value(game, resp, se, x)))(ae)
     score = jax.grad(lambda x: jnp.sum(resp.log_prob(s, x, b)))(a)
     dV = jax.grad(lambda x: jnp.sum(follower_value(game, resp, s, x)))(a)
@@ -228,10 +230,16 @@ def deterministic_surrogate(est, game, theta, Q, resp, beta, key, e, t, buf, gui
         leader_mean(game, theta, s), dQL, ben, leader_mean(game, theta, se), dQF, W, beta, "benefit"
     )
     if own is not None:  # Ben_m f(s_m) . own_m, the reaction's own-step term
-        own = jax.lax.stop_gradient(ben[:, None] * own)
-        J = J + jnp.mean(jnp.sum(leader_mean(game, theta, s) * own, -1))
+        own = jax.lax.stop_gradient(own)
+        weighted = jax.lax.stop_gradient(ben[:, None] * own)
+        J = J + jnp.mean(jnp.sum(leader_mean(game, theta, s) * weighted, -1))
 
     def influence(th):
-        return jnp.sum(W * jnp.sum(leader_mean(game, th, se) * dQF, -1), -1)
+        sums = jnp.sum(W * jnp.sum(leader_mean(game, th, se) * dQF, -1), -1)
+        if own is None:
+            return sums
+        # the own-step term belongs to the influence sum the guide pieces see (Ben I / beta):
+        # the control variate then predicts the sum with it, whose grad_a V_F parts cancel
+        return sums + beta * jnp.sum(leader_mean(game, th, s) * own, -1)
 
     return _with_guide(J, est, influence, theta, ben, s, e, buf, beta)

@@ -441,6 +441,8 @@ def make_train(
         if learner
         else (lambda resp: resp.converged),
         diagnostics=diagnostics if config.track_reference else None,
+        # the learner's K steps per iteration go on at a theta whose update was undone
+        keeps_learning=learner,
         # why the learner's answer was refused: its policy's V^g diverged (its solve converged)
         answer=(lambda r: {"diverging": r.best.converged & ~r.played.converged})
         if learner
