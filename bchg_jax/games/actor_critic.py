@@ -212,9 +212,10 @@ class Leader(NamedTuple):
       keeps_learning: the follower has a clock of its own (a learner taking K steps per
         iteration): when ``accepted`` refuses its answer to an update, it answers the leader
         that stays from the same memory (K more steps there), and that answer is kept if
-        ``accepted`` takes it (else the answer before). False (the best response, whose
-        answer to the same leader is the one before): the answer before. With ``accepted``
-        None the follower always answers the leader that stays.
+        ``accepted`` takes it, else the answer before, and the metric ``follower_stalled`` is
+        1 (its clock stopped this iteration). False (the best response, whose answer to the
+        same leader is the one before): the answer before. With ``accepted`` None the
+        follower always answers the leader that stays.
     """
 
     init_actor: Callable
@@ -402,9 +403,11 @@ def assemble(
                 def again():
                     kept = leader.follower(actor, hp.beta, memory)
                     fine = leader.accepted(kept)
-                    return jax.tree.map(lambda x, y: jnp.where(fine, x, y), kept, resp)
+                    return jax.tree.map(lambda x, y: jnp.where(fine, x, y), kept, resp), fine
 
-                before = jax.lax.cond(ok, lambda: resp, again)
+                before, fine = jax.lax.cond(ok, lambda: (resp, jnp.asarray(True)), again)
+                # refused there too: the learner keeps its state before (its clock stopped)
+                extra["follower_stalled"] = (~fine).astype(jnp.int32)
             new = jax.tree.map(keep, new, before)
         state = LeaderState(
             actor,

@@ -276,11 +276,13 @@ def test_a_learner_keeps_learning_at_the_leader_that_stays(limit):
         state, m = tr.run(tr.init(jax.random.key(0), lqr.HParams()), lqr.HParams(), 1)
         assert int(np.asarray(m["skipped"])[0]) == 1
         np.testing.assert_array_equal(np.asarray(state.actor), [0.0, 0.0])
-        return float(state.follower)
+        stalled = m.get("follower_stalled")
+        return float(state.follower), None if stalled is None else int(np.asarray(stalled)[0])
 
     start = 1.0  # init answers theta0 (0) and respond answers it again from that memory
-    assert follower_after_one_step() == start  # the answer before
-    expected = start + 1.0 if limit > start + 1.0 else start
+    assert follower_after_one_step() == (start, None)  # the answer before, no such metric
+    moved = limit > start + 1.0  # else its answer at the kept leader is refused too: stalled
+    expected = (start + 1.0, 0) if moved else (start, 1)
     assert follower_after_one_step(keeps_learning=True) == expected
 
 

@@ -152,9 +152,10 @@ def policy_score_reaction(game, resp, theta, s, a, b, se, ae, be, beta):
     follower's action distribution moves with the leader's action it observes). At the best
     response ``log g = (Q_F - V_F) / beta`` and ``E_b grad_a Q_F = grad_a V_F``, so both are
     Theorem 3 in expectation (``docs/followers.md``). The surrogate adds the own-step term to
-    the sample's influence sum, so the guide pieces act on it: there its ``grad_a V_F / beta``
-    cancels the sum's own step, leaving ``grad_a log g``, and the control variate's prediction
-    of the sum from the state no longer leaves that large, predictable part behind."""
+    the sample's influence sum (as ``beta own``), so the guide pieces act on it: there its
+    ``-grad_a V_F`` cancels the sum's own step ``grad_a V_F``, leaving ``beta grad_a log g``,
+    and the control variate's prediction of the sum from the state no longer leaves that
+    large, predictable part behind."""
     dF = jax.grad(lambda x: jnp.sum(follower_value(game, resp, se, x)))(ae)
     score = jax.grad(lambda x: jnp.sum(resp.log_prob(s, x, b)))(a)
     dV = jax.grad(lambda x: jnp.sum(follower_value(game, resp, s, x)))(a)

@@ -593,6 +593,34 @@ def test_a_diverging_learner_in_the_trainer_is_skipped_not_capped():
     assert int(m["update_skipped"]) == 1 and int(m["diverging"]) == 1
     assert int(m["solve_capped"]) == 0
     np.testing.assert_array_equal(new.actor, reset.actor)  # undone
+    # one step from P = 0 diverges at the theta that stays too: the learner keeps its state
+    # and says so (its clock stopped), where it would otherwise look like one that learns
+    assert int(m["follower_stalled"]) == 1
+    np.testing.assert_array_equal(new.follower.own, reset.follower.own)
+
+
+def test_a_learner_refused_an_update_learns_at_the_theta_that_stays():
+    """An update undone (here: a diverged, NaN critic gives a non-finite gradient) leaves the
+    leader where it was, and the learner takes its K steps there from its memory (the
+    skeleton's keeps_learning): its value matrix moves on, as at every other iteration."""
+    game = _game()
+    config = lqr.TrainConfig(
+        follower=FollowerModel("k_step", steps=2),
+        exploration=lqr.ExplorationConfig(warmup_steps=0),
+    )
+    tr = lqr.make_train(game, "bchg_det", config)
+    hp = jax.tree.map(lambda x: x[0], tr.hparams({}))
+    state = tr.init(jax.random.PRNGKey(0), hp)
+    nan = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), state.critic.params)
+    behind = state.follower._replace(own=0.5 * state.follower.own)  # away from its fixed point
+    state = state._replace(critic=state.critic._replace(params=nan), follower=behind)
+    new, m = jax.jit(tr.steps["step"])(state, hp)
+    assert int(m["update_skipped"]) == 1 and int(m["diverging"]) == 0
+    assert int(m["follower_stalled"]) == 0
+    np.testing.assert_array_equal(new.actor, state.actor)
+    _, own = k_step_response(game, state.actor, hp.beta, state.follower.own, 2, stochastic=False)
+    np.testing.assert_allclose(new.follower.own, own, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(new.follower.own, state.follower.own, rtol=1e-2)
 
 
 def test_as_if_optimal_is_the_derivative_through_the_tilt(x64):
