@@ -30,6 +30,21 @@ def tracked_files(folder: str):
     return [ROOT / n for n in names if (ROOT / n).is_file()]  # deleted but not yet committed
 
 
+def ignored_by_git(names):
+    """Those of ``names`` (paths from the root) that git ignores and does not track."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    done = subprocess.run(
+        ["git", "-C", str(ROOT), "check-ignore", "--stdin", "-z"],
+        input="\0".join(names).encode(),
+        capture_output=True,
+        timeout=60,
+    )
+    if done.returncode not in (0, 1):  # 1: none ignored
+        pytest.skip("not a git checkout: " + done.stderr.decode(errors="replace").strip())
+    return [n for n in done.stdout.decode().split("\0") if n]
+
+
 def sizes(folder: str):
     return {str(p.relative_to(ROOT)): os.path.getsize(p) for p in tracked_files(folder)}
 
@@ -81,7 +96,7 @@ def test_the_documents_link_only_to_files_in_the_repository():
         ROOT / "benchmarks" / "RESULTS.md",
         *sorted((ROOT / "docs").glob("*.md")),
     ]
-    broken = []
+    broken, files = [], {}
     for doc in docs:
         for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
             if re.match(r"[a-z]+:", target) or target.startswith("#"):
@@ -89,7 +104,13 @@ def test_the_documents_link_only_to_files_in_the_repository():
             path = (doc.parent / target.split("#")[0]).resolve()
             if not path.exists() or ROOT not in path.parents and path != ROOT:
                 broken.append(f"{doc.relative_to(ROOT)}: {target}")
+            elif path.is_file():
+                files[str(path.relative_to(ROOT))] = f"{doc.relative_to(ROOT)}: {target}"
     assert not broken, f"links to nothing in this repository: {broken}"
+    # A linked file that git ignores is here but not in a clean clone (add it to .gitignore's
+    # list of kept results and `git add` it); untracked files that are not ignored are fine.
+    ignored = ignored_by_git(sorted(files))
+    assert not ignored, f"links to files git ignores: {[files[n] for n in ignored]}"
 
 
 def test_the_sources_name_only_scripts_that_exist():
