@@ -43,6 +43,8 @@ LEGACY_SETTINGS = {
     "mlp_kernel": "xla",
     # the LQR game's deterministic-leader follower reaction (Theorem 3's form before)
     "reaction": "q_gradient",
+    # the LQR game's control variate of the guiding term (fixed by the preset before the flag)
+    "influence_cv": lambda saved: "on" if saved.get("preset") == "explore" else "off",
 }
 
 

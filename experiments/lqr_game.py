@@ -81,6 +81,7 @@ CONFIG_FLAGS = {
     "ExplorationConfig.warmup_steps": "warmup_steps",
     "ExplorationConfig.episodes": "explore_episodes",
     "ExplorationConfig.std": "explore_std",
+    "EstimatorConfig.influence_cv": "influence_cv",
 }
 SUMMARY_WINDOW = 50
 SETTING_KEYS = (
@@ -106,6 +107,7 @@ SETTING_KEYS = (
     "minibatch",
     "explore_episodes",
     "reaction",
+    "influence_cv",
 )
 SETTING_KEYS += FOLLOWER_SETTINGS
 
@@ -206,6 +208,14 @@ def parse_args(argv=None):
         "grad_a V_F after it: unbiased off the best response too, docs/followers.md)",
     )
     g.add_argument(
+        "--influence-cv",
+        choices=["on", "off"],
+        help="BC-HG's control variate on the guiding term's influence sums: each sample's sum "
+        "less its prediction from (s, a), fitted on the iteration's other episodes "
+        "(unbiased; needs 2 or more episodes per iteration); the explore preset's is 'on', "
+        "the reference preset's 'off'",
+    )
+    g.add_argument(
         "--estimator",
         choices=tuple(ESTIMATORS),
         default="reference",
@@ -284,6 +294,7 @@ def preset_flags(name: str) -> dict:
         replay=c.critic.replay,
         tau=c.tau,
         minibatch=c.minibatch,
+        influence_cv="on" if c.estimator.influence_cv else "off",
     )
 
 
@@ -332,7 +343,12 @@ def train_config(a, name: str):
             episodes=a.explore_episodes,
             std=a.explore_std,
         ),
-        estimator=replace(c.estimator, **ESTIMATORS[a.estimator], reaction=a.reaction),
+        estimator=replace(
+            c.estimator,
+            **ESTIMATORS[a.estimator],
+            reaction=a.reaction,
+            influence_cv=a.influence_cv == "on",
+        ),
         follower=follower_model(a),
         track_reference=a.track_reference,
     ).validate()
@@ -344,7 +360,7 @@ def unread_flags(a, methods) -> dict:
     minibatch or behaviour episode, the behaviour episodes' noise needs behaviour episodes,
     and ``--clip`` a method that ``--clip-scope`` clips."""
     from bchg_jax.games.lqr.presets import clipped
-    from bchg_jax.games.lqr.train import DETERMINISTIC, EXACT
+    from bchg_jax.games.lqr.train import DETERMINISTIC, EXACT, GUIDED
 
     algos = [VARIANTS[m][0] for m in methods]
     unread = {}
@@ -360,6 +376,8 @@ def unread_flags(a, methods) -> dict:
                 "it sets the score-function estimator's direct baseline and influence, and "
                 "Theorem 3's deterministic-leader estimate of this run's methods has neither"
             )
+    if not any(x in GUIDED for x in algos):
+        unread["influence_cv"] = "it acts on BC-HG's guiding term, and this run has no BC-HG"
     if "bchg_det" not in algos:
         unread["reaction"] = "it sets the deterministic BC-HG's (bchg_det) follower reaction"
     if not any(clipped(x, a.clip_scope) for x in algos):

@@ -117,3 +117,26 @@ def test_lqr_game_reaction_flag():
     with pytest.raises(ValueError, match="reaction"):
         cli.validate_args(cli.parse_args(["--reaction", "policy_score", "--method", "bchg"]))
     assert "reaction" in cli.SETTING_KEYS
+
+
+def test_lqr_game_influence_cv_flag():
+    """--influence-cv sets EstimatorConfig.influence_cv (default: the preset's, on in explore
+    and off in reference) and is refused as unread without a BC-HG method; runs saved before
+    the flag read as their preset's value."""
+    from experiments.cli import with_legacy
+
+    def cv(argv, method="bchg"):
+        return cli.train_config(cli.parse_args(argv), method).estimator.influence_cv
+
+    assert cv([]) is True and cv(["--preset", "reference"]) is False
+    assert cv(["--influence-cv", "off"]) is False
+    assert cv(["--influence-cv", "off"], "bchg_det") is False
+    cli.validate_args(cli.parse_args(["--influence-cv", "off", "--method", "bchg_det"]))
+    with pytest.raises(ValueError, match="--influence-cv would be ignored"):
+        cli.validate_args(cli.parse_args(["--influence-cv", "off", "--method", "naive,exact"]))
+    assert cv(["--preset", "reference", "--influence-cv", "on"]) is True
+    assert "influence_cv" in cli.SETTING_KEYS
+    # runs saved before the flag had the preset's value (a resumed one keeps it)
+    dests = vars(cli.parse_args([]))
+    assert with_legacy({"preset": "explore"}, dests)["influence_cv"] == "on"
+    assert with_legacy({"preset": "reference"}, dests)["influence_cv"] == "off"
