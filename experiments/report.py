@@ -27,13 +27,15 @@ NOT_HPARAMS = (
 )
 # summary.csv columns of the solver-health flags (bchg_jax.core.health.FLAGS): the share of
 # capped solves and the counts of skipped updates, sampler-support losses, float32-rounded
-# follower logits and non-finite exact returns (0 where the trainer does not record the flag)
+# follower logits, non-finite exact returns and stalled learners (0 where the trainer does not
+# record the flag)
 HEALTH_COLUMNS = [
     "capped_share",
     "skipped_updates",
     "support_lost",
     "logits_rounded",
     "metric_nonfinite",
+    "follower_stalled",
 ]
 
 
@@ -164,6 +166,7 @@ def _health_cells(health: dict):
         int(health.get("support_lost", 0)),
         int(health.get("logits_rounded", 0)),
         int(health.get("metric_nonfinite", 0)),
+        int(health.get("follower_stalled", 0)),
     )
 
 

@@ -26,6 +26,11 @@ Every trainer records two per-iteration flags in its metrics (int32, 0 or 1 per 
   more than :data:`~bchg_jax.core.validate.FLOAT32_LOGIT_WARN` (beta small next to the
   follower's values, :func:`~bchg_jax.core.validate.logits_rounded`): every solve converged,
   but the policy, J and the estimates can be off by percent; float64 removes it.
+* ``follower_stalled`` (the LQR game's K-step learner, ``Leader.keeps_learning``): the
+  learner's answer to the iteration's update was refused and so was its answer to the leader
+  that stayed (its next closed loop diverges under the discounts), so the learner kept its
+  policy: its clock stopped that iteration. The iteration's update is also skipped (counted in
+  ``update_skipped``); this flag says the follower did not learn either.
 
 A share above :data:`WARN_SHARE` (1%) of all run-iterations is a sign that the run is not what it
 claims to be (e.g. float32 matmuls at reduced precision on an accelerator, a tolerance below what
@@ -38,7 +43,14 @@ from typing import Dict, Mapping, Optional
 
 import numpy as np
 
-FLAGS = ("solve_capped", "update_skipped", "support_lost", "metric_nonfinite", "logits_rounded")
+FLAGS = (
+    "solve_capped",
+    "update_skipped",
+    "support_lost",
+    "metric_nonfinite",
+    "logits_rounded",
+    "follower_stalled",
+)
 WARN_SHARE = 0.01
 
 
@@ -52,8 +64,8 @@ def solver_health(metrics: Mapping[str, np.ndarray]) -> Dict[str, float]:
       ``{"run_iterations": n, "solve_capped": count, "capped_share": share,
       "update_skipped": count, "skipped_share": share, "support_lost": count,
       "lost_share": share, "metric_nonfinite": count, "nonfinite_share": share,
-      "logits_rounded": count, "rounded_share": share}`` for the flags present (an empty dict
-      when none is).
+      "logits_rounded": count, "rounded_share": share, "follower_stalled": count,
+      "stalled_share": share}`` for the flags present (an empty dict when none is).
     """
     out: Dict[str, float] = {}
     for flag, share in (
@@ -62,6 +74,7 @@ def solver_health(metrics: Mapping[str, np.ndarray]) -> Dict[str, float]:
         ("support_lost", "lost_share"),
         ("metric_nonfinite", "nonfinite_share"),
         ("logits_rounded", "rounded_share"),
+        ("follower_stalled", "stalled_share"),
     ):
         if flag in metrics:
             x = np.asarray(metrics[flag])
@@ -84,6 +97,8 @@ def health_text(health: Mapping[str, float]) -> str:
         parts.append(f"J not finite {health['metric_nonfinite']}")
     if health.get("logits_rounded"):  # shown only when it happened
         parts.append(f"float32 logits rounded {health['logits_rounded']}")
+    if health.get("follower_stalled"):  # shown only when it happened
+        parts.append(f"follower stalled {health['follower_stalled']}")
     return " ".join(parts)
 
 
@@ -120,7 +135,8 @@ def health_warning(health: Mapping[str, float], share: float = WARN_SHARE) -> Op
     ]
     rounded = health.get("rounded_share", 0.0) > share
     nonfinite = health.get("nonfinite_share", 0.0) > share
-    if not bad and not rounded and not nonfinite:
+    stalled = health.get("stalled_share", 0.0) > share
+    if not bad and not rounded and not nonfinite and not stalled:
         return None
     lines = [
         f"WARNING: in {100 * v:.1f}% of {health['run_iterations']} run-iterations "
@@ -142,6 +158,15 @@ def health_warning(health: Mapping[str, float], share: float = WARN_SHARE) -> Op
             "(beta small next to the follower's values): the solves converged, but the policy, "
             "J and the estimates can be off by percent. Run in float64 (jax_enable_x64 and a "
             "float64 problem or config dtype); the flags are in metrics.npz (logits_rounded)."
+        )
+    if stalled:
+        lines.append(
+            f"WARNING: in {100 * health['stalled_share']:.1f}% of {health['run_iterations']} "
+            "run-iterations the learning follower could answer neither the update nor the "
+            "leader that stayed (its next closed loop diverges under the discounts: "
+            "follower_stalled), so it kept its policy: the leader trains against a follower "
+            "that stopped learning there (often a leader past the ridge of its return). The "
+            "flags are in metrics.npz (follower_stalled)."
         )
     if not any(flag in ("solve_capped", "update_skipped") for flag in _flags(bad)):
         return "\n".join(lines)

@@ -186,8 +186,8 @@ def test_cli_summary_reports_health(tmp_path, capsys):
     assert s["health"]["solve_capped"] == 10
     header, row = open(tmp_path / "summary.csv").read().splitlines()[:2]
     health = "capped_share,skipped_updates,support_lost,logits_rounded,metric_nonfinite"
-    assert header.endswith("nonfinite_seeds," + health)
-    assert row.endswith("0,0.1000,0,0,0,0")
+    assert header.endswith("nonfinite_seeds," + health + ",follower_stalled")
+    assert row.endswith("0,0.1000,0,0,0,0,0")
     finish_run(str(tmp_path), [s], 10)
     out = capsys.readouterr()
     assert "capped 10.00%" in out.out and "bchg" in out.err
@@ -259,3 +259,25 @@ def test_non_finite_metrics_alone_are_suspect_and_skips_alone_not_converged():
     assert "5.0% of 100 run-iterations updates were skipped (5 times)" in w
     assert "capped" not in w.splitlines()[0]
     assert "not converged solves" in w and "metrics.npz (solve_capped, update_skipped)" in w
+
+
+def test_a_stalled_follower_is_counted_shown_and_warned():
+    """The LQR game's K-step learner records ``follower_stalled`` (it answered neither the
+    update nor the leader that stayed, and kept its policy); it was only in metrics.npz. It is
+    counted, shown when it happened, warned about above 1%, and a summary.csv column."""
+    from experiments.report import HEALTH_COLUMNS, _health_cells
+
+    m = _flags("solve_capped", "update_skipped", "follower_stalled")
+    h = solver_health(m)
+    assert h["follower_stalled"] == 0 and health_text(h) == "capped 0.00% skipped 0"
+    assert health_warning(h) is None
+    m["follower_stalled"][0, 0, 7] = 1
+    m["update_skipped"][0, 0, 7] = 1  # a stall is always a skipped update too
+    h = solver_health(m)
+    assert health_text(h) == "capped 0.00% skipped 1 follower stalled 1"
+    assert health_warning(h) is None  # 1 of 100: at the threshold
+    m["follower_stalled"][0, 1, 7] = m["update_skipped"][0, 1, 7] = 1
+    w = health_warning(solver_health(m))
+    assert "2.0% of 100" in w and "follower_stalled" in w and "kept its policy" in w
+    cells = dict(zip(HEALTH_COLUMNS, _health_cells(solver_health(m)), strict=True))
+    assert cells["follower_stalled"] == 2 and cells["skipped_updates"] == 2
