@@ -50,6 +50,7 @@ from bchg_jax.tabular.sparse import (
     sparse_soft_value_iteration,
 )
 from bchg_jax.tabular.train import METHODS, HParams, TrainConfig, make_train
+from bchg_jax.tabular.unseen import score_visible, unseen_hypergradient
 
 __all__ = [
     "TabularCMDP",
@@ -91,4 +92,6 @@ __all__ = [
     "check_problem",
     "truncated_hypergradient",
     "first_episode_mask",
+    "score_visible",
+    "unseen_hypergradient",
 ]

@@ -21,9 +21,15 @@ follower's fixed point). Per theta it reports
   limit or the end of the batch) before a terminal state; ``truncated_target`` and ``cut_bias``:
   what the first-episode forms estimate when the episodes are cut at H = min(``time_limit``,
   ``num_steps``) (:func:`truncated_hypergradient`) and its relative error ||truncated_target -
-  exact|| / ||exact||, the bias that the cut alone causes (below); ``cut_weight`` =
+  visible_target|| / ||exact||, the bias that the cut alone causes (below); ``cut_weight`` =
   ``truncated`` x :func:`~bchg_jax.core.bias_check.discount_weight_beyond` (gamma_L, gamma_F,
   H): the discount weight beyond the cut;
+* ``unseen_share`` and ``visible_target``: the share of the exact hypergradient's norm that
+  comes through transition or initial probabilities that are 0 at theta but move with it (a
+  kink of the model), which no sampled estimate can see, and the exact hypergradient without it
+  (:mod:`bchg_jax.tabular.unseen`), what the estimates target; ``cut_bias`` is measured against
+  ``visible_target`` (the cut's share alone), and a warning names an ``unseen_share`` above
+  ``CUT_WEIGHT_WARN``;
 * ``support_lost``: with the sparse solvers, the sampler's table put mass outside its successor
   table at theta, so the batches were drawn from the whole table (as a training run does);
 * ``rare_share``, ``resolved_target``, ``resolved_bias_se``, ``resolved_p_value`` (computed when
@@ -59,8 +65,12 @@ follower's fixed point). Per theta it reports
 
 Only the unbiased forms (``TrainConfig(grouping="first_episode", partial="first_episode")``,
 :mod:`bchg_jax.tabular.estimators`) should pass at every resolution, and only when the first
-episode ends at a terminal state; the reference convention and the ratio forms are biased by the
-episodes the batch cuts off, by O(1 / episodes per stream). A cut episode is truncated at H
+episode ends at a terminal state; the ratio forms are biased by the episodes the batch cuts off,
+by O(1 / episodes per stream), and the every-visit reference convention by the segments the cut
+shortens, which it reuses for every visit: where every episode is cut (a time limit, no terminal
+state) that does not shrink with more episodes per stream
+(:func:`~bchg_jax.core.bias_check.every_visit_share`, about 1 / ((1 - gamma) H) of the terms
+it averages). A cut episode is truncated at H
 while :func:`~bchg_jax.tabular.exact.exact_hypergradient` has no time limit, a bias that no
 estimator form removes. Its size follows from Theorem 1: the hypergradient is
 ``sum_t gamma_L^t E[a_t] + (1/beta) sum_k gamma_L^k E[B_L(s_k, b_k) dQF(s_k, b_k)]`` with
@@ -146,6 +156,7 @@ from bchg_jax.tabular.exact import (
 )
 from bchg_jax.tabular.follower import BestResponse, continuation
 from bchg_jax.tabular.train import METHOD_SPECS, TrainConfig, make_train
+from bchg_jax.tabular.unseen import score_visible
 
 Array = jax.Array
 CRITICS = ("exact", "monte_carlo")
@@ -226,7 +237,11 @@ def truncated_hypergradient(problem: TabularCMDP, theta: Array, beta, horizon: i
     and the follower's best response. Computed by propagating the first episode's occupancy
     (terminal states end it) and the expected forward sums of the estimator for H steps, then
     one VJP; as H grows it tends to
-    :func:`~bchg_jax.tabular.exact.exact_hypergradient` (tested to rounding).
+    :func:`~bchg_jax.tabular.exact.exact_hypergradient` (tested to rounding), except at a theta
+    where a transition or initial probability that is 0 moves with theta (a kink of the model:
+    :mod:`bchg_jax.tabular.unseen`): it tends to the exact hypergradient of
+    :func:`~bchg_jax.tabular.unseen.score_visible` there, which is what every sampled estimate
+    targets.
 
     Args:
       problem: the :class:`TabularCMDP` (its model ``transition``, not a ``sample_transition``).
@@ -288,6 +303,8 @@ def check_problem(
       enough; computed when ``p_value`` < ``BIASED_P`` or a component is an exact mismatch,
       else NaN; a warning when the comparison reads as biased and the resolved one does not:
       module docstring),
+      ``visible_target`` [D] and ``unseen_share`` (zero probabilities that move with theta:
+      module docstring; a warning above ``CUT_WEIGHT_WARN``),
       ``support_lost`` (the batches came from the whole table: module docstring),
       ``model_gap`` (the sampler's table against the model's; a warning above
       ``MODEL_GAP_WARN``).
@@ -316,6 +333,8 @@ def check_problem(
 
     horizon = config.num_steps if problem.time_limit is None else problem.time_limit
     horizon = min(int(horizon), int(config.num_steps))
+
+    visible_problem = score_visible(problem)
 
     @jax.jit
     def exact_and_estimates(theta, keys):
@@ -357,6 +376,8 @@ def check_problem(
         target = _truncated(problem, theta, beta, horizon, br, V_L, Q_L)
         return (
             jnp.ravel(exact_hypergradient(problem, theta, beta)),
+            # what every sampled estimate targets (no cut): without zero probabilities' moves
+            jnp.ravel(exact_hypergradient(visible_problem, theta, beta)),
             est,
             cut,
             sampler_lost,
@@ -372,7 +393,7 @@ def check_problem(
     out = []
     for i, theta in enumerate(theta_list):
         theta = jnp.asarray(theta, dtype)
-        g, est, cut, lost, gap, target, q_max, visits, starts = exact_and_estimates(
+        g, visible, est, cut, lost, gap, target, q_max, visits, starts = exact_and_estimates(
             theta, jax.random.split(jax.random.fold_in(key, i), batches)
         )
         # float32 rounding of the follower's logits: the exact references and the truncated
@@ -384,9 +405,16 @@ def check_problem(
         warn_if_unresolved(f"tabular.check_problem, theta {i}", row, batches)
         target = np.asarray(target, np.float64)
         norm_g = max(float(np.linalg.norm(row["exact"])), np.finfo(np.float64).tiny)
-        # relative to an exact gradient of 0 it is undefined (NaN): the warning uses cut_weight
-        cut_bias = (
-            np.nan if row["zero_exact"] else float(np.linalg.norm(target - row["exact"]) / norm_g)
+        # relative to an exact gradient of 0 it is undefined (NaN): the warning uses cut_weight;
+        # the cut's alone: against the part of the exact gradient that samples can see
+        visible = np.asarray(visible, np.float64)
+        cut_bias, unseen_share = (
+            (np.nan, np.nan)
+            if row["zero_exact"]
+            else (
+                float(np.linalg.norm(target - visible) / norm_g),
+                float(np.linalg.norm(row["exact"] - visible) / norm_g),
+            )
         )
         to_target = compare(target, est)
         row.update(_resolved(problem, theta, beta, horizon, row, target, est, visits, starts))
@@ -397,6 +425,8 @@ def check_problem(
             truncated_p_value=to_target["p_value"],
             cut_bias=cut_bias,
             cut_weight=cut_weight,
+            visible_target=visible,
+            unseen_share=unseen_share,
             support_lost=bool(lost),
             model_gap=float(gap),
         )
@@ -410,6 +440,18 @@ def check_problem(
                     batches,
                     "Sample more (batches, num_envs x num_steps), or check at a larger beta",
                 ),
+                stacklevel=2,
+            )
+        if unseen_share > CUT_WEIGHT_WARN:  # NaN compares False
+            warnings.warn(
+                f"theta {i}: {unseen_share:.2g} of the exact hypergradient's norm comes through "
+                "transition or initial probabilities that are 0 at this theta but move with it "
+                "(a kink of the model, e.g. a clip at its bound, where the derivative is "
+                "one-sided or JAX's mean of the sides): no sampled estimate can see it, since "
+                "the sampler never draws those entries (unseen_share; visible_target is what "
+                "the estimates target; bchg_jax.tabular.unseen). The bias reported includes it; "
+                "it is not the cut's. Check at a theta off the kink, or make the model smooth "
+                "there",
                 stacklevel=2,
             )
         if row["model_gap"] > MODEL_GAP_WARN:
@@ -456,6 +498,8 @@ def check_problem(
                 if truncated > 0
                 else ""
             )
+            if unseen_share > CUT_WEIGHT_WARN:
+                cut_clause += f"; unseen_share {unseen_share:.2g} (zero probabilities that move)"
             cut_clause += resolved_clause(row, "pairs")
             print(
                 f"theta {i}: {describe(row)}{cut_clause}  [{method}, {config.num_envs} x "

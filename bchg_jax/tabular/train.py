@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bchg_jax.core import hparams as hparams_lib
-from bchg_jax.core.bias_check import CUT_WEIGHT_WARN, discount_weight_beyond
+from bchg_jax.core.bias_check import CUT_WEIGHT_WARN, discount_weight_beyond, every_visit_share
 from bchg_jax.core.follower_model import FollowerSettings, agreement, lag_mix
 from bchg_jax.core.loop import Trainer, build_trainer, check_setup, global_norm, sgd_ascent
 from bchg_jax.core.precision import full_precision
@@ -286,21 +286,50 @@ def warn_cut_without_terminal(problem: TabularCMDP, method: str, config: "TrainC
     states the cut's share depends on how often episodes reach them, which only sampling shows
     (``check_problem``'s ``truncated``), so nothing is said here; the LQ trainer, whose
     episodes always end by the cut, refuses such a horizon instead.
+
+    The every-visit forms (``partial="every_visit"``; ``grouping="every_visit"`` for the guides
+    with FollowerQGrad segments, BC-HG's and HPGD's) add a bias of their own that more episodes
+    per stream do not reduce: their means reuse the segments of visits late in an episode, which
+    the cut shortens, for every visit (:func:`~bchg_jax.core.bias_check.every_visit_share`,
+    about 1 / ((1 - gamma) H)); it is named too when it exceeds :data:`CUT_WEIGHT_WARN`, with
+    the first-episode forms as the remedy.
     """
     if method == "exact" or bool(jnp.any(problem.terminal_mask)):
         return
     cut = min(int(problem.time_limit or config.num_steps), int(config.num_steps))
     weight = discount_weight_beyond(float(problem.gamma_L), float(problem.gamma_F), cut)
+    shares = []  # (form, its every-visit share)
+    if config.partial == "every_visit":
+        shares.append(("partial='every_visit'", every_visit_share(problem.gamma_L, cut)))
+    if config.grouping == "every_visit" and METHOD_SPECS[method][1] in ("benefit", "hpgd"):
+        shares.append(("grouping='every_visit'", every_visit_share(problem.gamma_F, cut)))
+    shares = [(form, x) for form, x in shares if x > CUT_WEIGHT_WARN]
+    if weight <= CUT_WEIGHT_WARN and not shares:
+        return
+    text = (
+        f"{problem.name}: tabular.make_train({method!r}): no terminal state, so every "
+        f"episode is cut at step {cut} at the latest (time_limit {problem.time_limit}, "
+        f"num_steps {config.num_steps})"
+    )
     if weight > CUT_WEIGHT_WARN:
-        warnings.warn(
-            f"{problem.name}: tabular.make_train({method!r}): no terminal state, so every "
-            f"episode is cut at step {cut} at the latest (time_limit {problem.time_limit}, "
-            f"num_steps {config.num_steps}), which leaves {weight:.2g} of the discount weight "
-            "beyond it: the estimates target the hypergradient truncated there (a bias of "
-            "about that share; tabular.check_problem measures it on your problem). Raise "
-            "time_limit and num_steps",
-            stacklevel=3,
+        text += (
+            f", which leaves {weight:.2g} of the discount weight beyond it: the estimates "
+            "target the hypergradient truncated there (a bias of about that share)"
         )
+    if shares:
+        forms = " and ".join(f"{form} ({x:.2g})" for form, x in shares)
+        text += (
+            f"; the every-visit forms {forms} add a bias of about that share of their terms, "
+            "however many episodes a stream holds: their means reuse the segments of visits "
+            "late in an episode, which the cut shortens (TrainConfig(grouping='first_episode', "
+            "partial='first_episode') is the unbiased form; HPGD needs the every-visit "
+            "grouping)"
+        )
+    warnings.warn(
+        text + ". tabular.check_problem measures it on your problem. Raise time_limit and "
+        "num_steps",
+        stacklevel=3,
+    )
 
 
 def check_successors(
