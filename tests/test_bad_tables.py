@@ -64,8 +64,7 @@ def test_tabular_trainer_warns_when_every_episode_ends_by_a_cut():
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*no terminal state")
         tabular.make_train(cmdp, "exact")
-        # (the every-visit partial term would be named: tabular/test_every_visit_bias.py)
-        tabular.make_train(cmdp, "naive", tabular.TrainConfig(num_steps=3000, partial="trajectory"))
+        tabular.make_train(cmdp, "naive", tabular.TrainConfig(num_steps=3000))
         tabular.make_train(fourrooms(), "bchg")
 
 

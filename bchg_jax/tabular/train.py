@@ -29,7 +29,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from bchg_jax.core import hparams as hparams_lib
-from bchg_jax.core.bias_check import CUT_WEIGHT_WARN, discount_weight_beyond, every_visit_share
+from bchg_jax.core.bias_check import (
+    CUT_WEIGHT_WARN,
+    EVERY_VISIT_WARN,
+    discount_weight_beyond,
+    every_visit_share,
+)
 from bchg_jax.core.follower_model import FollowerSettings, agreement, lag_mix
 from bchg_jax.core.loop import Trainer, build_trainer, check_setup, global_norm, sgd_ascent
 from bchg_jax.core.precision import full_precision
@@ -291,8 +296,9 @@ def warn_cut_without_terminal(problem: TabularCMDP, method: str, config: "TrainC
     with FollowerQGrad segments, BC-HG's and HPGD's) add a bias of their own that more episodes
     per stream do not reduce: their means reuse the segments of visits late in an episode, which
     the cut shortens, for every visit (:func:`~bchg_jax.core.bias_check.every_visit_share`,
-    about 1 / ((1 - gamma) H)); it is named too when it exceeds :data:`CUT_WEIGHT_WARN`, with
-    the first-episode forms as the remedy.
+    about 1 / ((1 - gamma) H)); it is named too when it exceeds
+    :data:`~bchg_jax.core.bias_check.EVERY_VISIT_WARN` (0.1: those forms are biased by design
+    for their lower variance), with the first-episode forms as the remedy.
     """
     if method == "exact" or bool(jnp.any(problem.terminal_mask)):
         return
@@ -303,7 +309,7 @@ def warn_cut_without_terminal(problem: TabularCMDP, method: str, config: "TrainC
         shares.append(("partial='every_visit'", every_visit_share(problem.gamma_L, cut)))
     if config.grouping == "every_visit" and METHOD_SPECS[method][1] in ("benefit", "hpgd"):
         shares.append(("grouping='every_visit'", every_visit_share(problem.gamma_F, cut)))
-    shares = [(form, x) for form, x in shares if x > CUT_WEIGHT_WARN]
+    shares = [(form, x) for form, x in shares if x > EVERY_VISIT_WARN]
     if weight <= CUT_WEIGHT_WARN and not shares:
         return
     text = (
