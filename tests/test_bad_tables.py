@@ -142,3 +142,38 @@ def test_lq_function_of_a_wider_dtype_than_theta_is_refused(x64):
             theta0=jnp.zeros(1, jnp.float32),
         ).validate()
     _lq(A_fn=lambda th: np.eye(2) * 0.5, theta0=jnp.zeros(1, jnp.float64)).validate()
+
+
+def test_a_problem_function_reading_past_theta0_is_refused():
+    """A theta0 shorter than the problem's functions read was accepted: JAX clamps the index,
+    so ``th[1]`` of a [1] theta read th[0] and every table, J and gradient was finite and not
+    the model's (this problem's exact hypergradient is [0.] with the clamp, where the user
+    meant two parameters). validate() and the functions that run it (make_train, the exact
+    references) now trace each function once with checkify's index checks and name it;
+    an index clamped on purpose (``.at[i].get(mode="clip")``) passes."""
+    reads_two = _cmdp(follower_reward=lambda th: jnp.zeros((S, B)) + th[0] - th[1])
+    with pytest.raises(ValueError, match=r"follower_reward\(theta\) indexes out of range.*index 1"):
+        reads_two.validate()
+    with pytest.raises(ValueError, match="indexes out of range"):
+        tabular.exact_hypergradient(reads_two, TH, 0.5)
+    with pytest.raises(ValueError, match="indexes out of range"):
+        tabular.make_train(reads_two, "bchg")
+    _cmdp(follower_reward=lambda th: jnp.zeros((S, B)) + th[0] - th[0:2].sum()).validate()
+    clamped = _cmdp(follower_reward=lambda th: jnp.zeros((S, B)) + th.at[1].get(mode="clip"))
+    clamped.validate()
+    two = _cmdp(follower_reward=lambda th: jnp.zeros((S, B)) + th[0] - th[1], theta0=jnp.zeros(2))
+    two.validate()
+    # the LQ family: A(theta) reading theta[2] of a [2] theta0
+    with pytest.raises(ValueError, match=r"A\(theta\) indexes out of range.*index 2"):
+        _lq(A_fn=lambda th: jnp.eye(2) * (0.5 + th[2]), theta0=jnp.zeros(2)).validate()
+    _lq(A_fn=lambda th: jnp.eye(2) * (0.5 + th[1]), theta0=jnp.zeros(2)).validate()
+    # a game leader's policy_fn reading a parameter its theta lacks
+    toy = toy_game()
+    S_g, A_g = toy.transition.shape[:2]
+
+    def policy_fn(th):  # meant: per-state logits plus one shared bias th[-1] of a longer theta
+        return jax.nn.softmax(th[:, :A_g] + th[0, A_g], -1)
+
+    with pytest.raises(ValueError, match=r"exact_hypergradient: policy_fn\(theta\) indexes out"):
+        game_tab.exact_hypergradient(policy_fn, jnp.zeros((S_g, A_g)), toy, 0.05)
+    game_tab.exact_hypergradient(policy_fn, jnp.zeros((S_g, A_g + 1)), toy, 0.05)

@@ -98,6 +98,96 @@ def check_constants_once(problem) -> None:
         pass
 
 
+# problems whose functions of theta were traced once for out-of-range indices (by object)
+_INDEXING_CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+# the primitives whose indices JAX clamps (reads) or drops (writes) when out of range
+_INDEXING_PRIMITIVES = ("gather", "dynamic_slice", "dynamic_update_slice")
+
+
+def _indexes(jaxpr) -> bool:
+    """Whether a jaxpr (or a sub-jaxpr of a loop, a branch, a call) gathers, scatters or
+    slices at a computed index: the only operations that can index out of range."""
+    from jax.extend.core import ClosedJaxpr, Jaxpr  # noqa: PLC0415
+
+    def subs(value):
+        if isinstance(value, ClosedJaxpr):
+            yield value.jaxpr
+        elif isinstance(value, Jaxpr):
+            yield value
+        elif isinstance(value, (tuple, list)):
+            for item in value:
+                yield from subs(item)
+
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in _INDEXING_PRIMITIVES or name.startswith("scatter"):
+            return True
+        if any(_indexes(sub) for value in eqn.params.values() for sub in subs(value)):
+            return True
+    return False
+
+
+def check_indexing_once(problem, functions: dict, theta, pname: Optional[str] = None) -> None:
+    """The problem's functions of theta never index past the end of an array, checked once per
+    problem object (``jax.experimental.checkify``'s index checks, on one trace of each).
+
+    JAX clamps an out-of-range gather index and drops an out-of-range scatter without a word, so
+    a ``transition(theta)`` that reads ``theta[3]`` of a ``theta0`` of length 3 runs on
+    ``theta[2]`` twice: finite tables, a gradient that is not the model's. Explicit clamping
+    (``x.at[i].get(mode="clip")``, an index passed through ``jnp.clip``) is not flagged.
+    A function that cannot be traced is skipped here (it ran eagerly; a trainer's ``jit``
+    names it).
+
+    Args:
+      problem: the problem (its ``name`` is shown; the cache is keyed by the object), or the
+        one function checked (a game leader's ``policy_fn``).
+      functions: label -> function of theta (e.g. ``{"transition(theta)": problem.transition}``).
+      theta: concrete parameters to trace at (an array or a pytree of them).
+      pname: the name shown first in the error (None: ``problem.name``).
+    Returns:
+      None.
+    Raises:
+      ValueError: the first function that indexes out of range, with checkify's account of
+        the array and the index (not cached).
+    """
+    try:
+        if problem in _INDEXING_CHECKED:
+            return
+    except TypeError:  # not weak-referenceable: check every time
+        pass
+    from jax.experimental import checkify  # noqa: PLC0415 - only needed here
+
+    if pname is None:
+        pname = getattr(problem, "name", type(problem).__name__)
+    shapes = [tuple(np.shape(x)) for x in jax.tree_util.tree_leaves(theta)]
+    shown = shapes[0] if len(shapes) == 1 else shapes
+    for label, fn in functions.items():
+        if fn is None:
+            continue
+        try:
+            if not _indexes(jax.make_jaxpr(fn)(theta).jaxpr):
+                continue  # nothing to check (the instrumented compile costs ~0.1 s a function)
+            # jit: under ensure_compile_time_eval (validate_if_concrete) a plain checkify
+            # call evaluates eagerly and checks nothing
+            err, _ = jax.jit(checkify.checkify(fn, errors=checkify.index_checks))(theta)
+            message = err.get()
+        except Exception:  # noqa: BLE001 - untraceable: the eager call ran, jit will name it
+            continue
+        if message:
+            raise ValueError(
+                f"{pname}: {label} indexes out of range at theta of shape {shown}: "
+                f"{message.strip()} JAX clamps (reads) or drops (writes) such an index silently, "
+                "so the tables would not be the model's: a theta0 shorter than the functions "
+                "read? (clamp deliberately with x.at[i].get(mode='clip') or jnp.clip of the "
+                "index)"
+            )
+    try:
+        _INDEXING_CHECKED[problem] = True
+    except TypeError:
+        pass
+
+
 def check_if_concrete(check: Callable[..., None], *args) -> None:
     """``check(*args)`` when every argument is concrete; nothing when one is traced.
 

@@ -64,6 +64,7 @@ from bchg_jax.core.validate import (
     check_discount,
     check_finite_if_concrete,
     check_if_concrete,
+    check_indexing_once,
     check_indices_if_concrete,
     check_probability_rows_if_concrete,
     check_shape,
@@ -118,6 +119,7 @@ def check_policy_fn_on_simplex(policy_fn, theta, caller: str, game=None) -> None
     f = policy_fn(theta)
     if not is_concrete(f):  # a policy_fn closing over traced values (under jit): skipped
         return
+    check_indexing_once(policy_fn, {"policy_fn(theta)": policy_fn}, theta, pname=caller)
     check_probability_rows_if_concrete(f"{caller}: policy_fn(theta) (leader policy)", f)
     f64, df = _tangent_in_float64(policy_fn, theta)
     df = np.asarray(df, np.float64)

@@ -31,6 +31,7 @@ from bchg_jax.core.validate import (
     check_discounts,
     check_dtype_available,
     check_floating,
+    check_indexing_once,
     check_not_wider,
     check_shape,
     check_theta_array,
@@ -302,6 +303,16 @@ class LQConfigurableMDP:
         th = jnp.asarray(theta)
         raw_A, raw_B = self.A_fn(th), self.B_fn(th)
         raw_quad = self.leader_quadratic(th)
+        check_indexing_once(
+            self,
+            {
+                "A(theta)": self.A_fn,
+                "B(theta)": self.B_fn,
+                "leader_quadratic(theta)": self.leader_quadratic,
+                "components(theta)": self.components,
+            },
+            th,
+        )
         # the Riccati loops carry theta's dtype: a matrix of a wider dtype (a float64 numpy
         # constant under jax_enable_x64 with a float32 theta) failed deep inside a while_loop
         # ("carry input and carry output must have equal types"); narrower is fine, and so is

@@ -24,6 +24,7 @@ from bchg_jax.core.validate import (
     check_bool_mask,
     check_dtype_available,
     check_floating,
+    check_indexing_once,
     check_not_wider,
     check_problem_settings,
     check_theta,
@@ -197,6 +198,18 @@ class TabularCMDP:
             raise ValueError(
                 f"{self.name}: a problem function failed on theta of shape {theta.shape}: {err}"
             ) from err
+        check_indexing_once(
+            self,
+            {
+                "transition(theta)": self.transition,
+                "init_dist(theta)": self.init_dist,
+                "follower_reward(theta)": self.follower_reward,
+                "leader_reward(theta)": self.leader_reward,
+                "sample_transition(theta)": self.sample_transition,
+                "leader_regularizer(theta)": self.leader_regularizer,
+            },
+            theta,
+        )
         # the solvers' loops carry theta's dtype: a table of a wider dtype (e.g. a float64
         # numpy constant under jax_enable_x64 with a float32 theta) would change the carry's
         # dtype and fail deep inside a while_loop; narrower tables are promoted and are fine
