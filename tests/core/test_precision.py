@@ -243,7 +243,7 @@ def test_lqr_game_k_step_follower_and_references():
     _full(lambda t: fm.k_step_response(game, t, 0.1, P0, 3, stochastic=False)[1], theta)
     _full(lambda t: refs.fixed_policy_value(game, t, played), theta)
     _full(lambda t: refs.as_if_optimal_hypergradient(game, t, played, 0.1), theta)
-    _full(lambda t: refs.k_step_hypergradient(game, t, 0.1, P0, 3), theta)
+    _full(lambda t: refs.k_step_hypergradient(game, t, P0, 0.1, 3), theta)
 
 
 def test_custom_derivative_rules_traced_after_the_callers_scope():

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bchg_jax.core.eager import cached_when_eager
 from bchg_jax.core.maxent_lqr import held_policy
@@ -133,8 +134,14 @@ def as_if_optimal_hypergradient(
     return jax.grad(objective)(theta)
 
 
-def _k_step_checks(game, theta, beta, P_prev, K, **_) -> None:
+def _k_step_checks(game, theta, P_prev, beta, K, **_) -> None:
     """:func:`k_step_hypergradient`'s checks (an eager call's precheck)."""
+    if np.ndim(beta) == 2 and np.ndim(P_prev) == 0:
+        raise ValueError(
+            "games.lqr.k_step_hypergradient takes (game, theta, P_prev, beta, K), the order of "
+            "the other families' k_step_hypergradient (beta came before P_prev until "
+            "2026-12-07); got a matrix for beta and a scalar for P_prev"
+        )
     _common_checks(game, theta, beta)
     check_count("K (Riccati steps)", K)
     check_value_matrix(game, P_prev)
@@ -145,8 +152,8 @@ def _k_step_checks(game, theta, beta, P_prev, K, **_) -> None:
 def k_step_hypergradient(
     game: LQRGame,
     theta: Array,
-    beta,
     P_prev: Array,
+    beta,
     K: int,
     *,
     horizon: int | None = None,
@@ -155,6 +162,10 @@ def k_step_hypergradient(
 ) -> Array:
     """d/dtheta J_L(theta, g_K(theta)), g_K the K-step learner's policy from ``P_prev`` [n, n]
     (held fixed; module docstring).
+
+    The arguments come in the order of the other families' ``k_step_hypergradient``
+    (``lq``, ``tabular``: the learner's previous values, then beta; until 2026-12-07 this one
+    took beta first, and the swapped call is named).
 
     Args:
       game, theta, beta, horizon, gamma, stochastic: as :func:`as_if_optimal_hypergradient`.
@@ -165,7 +176,7 @@ def k_step_hypergradient(
       ValueError: as :func:`as_if_optimal_hypergradient`, ``K`` not an integer >= 1, or a bad
         ``P_prev`` (:func:`~bchg_jax.games.lqr.follower_models.check_value_matrix`).
     """
-    _k_step_checks(game, theta, beta, P_prev, K)
+    _k_step_checks(game, theta, P_prev, beta, K)
     kw = _objective_kw(horizon, gamma, stochastic, game)
 
     def objective(th):

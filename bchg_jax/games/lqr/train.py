@@ -392,7 +392,7 @@ def make_train(
         the exact hypergradient for the best response."""
         if learner:
             target = as_if_optimal_hypergradient(game, theta, resp.played, beta, **ref_kw)
-            return target, k_step_hypergradient(game, theta, beta, resp.own, fm.steps, **ref_kw)
+            return target, k_step_hypergradient(game, theta, resp.own, beta, fm.steps, **ref_kw)
         solve = dict(tol=config.follower_tol, max_iters=config.follower_max_iters)
         exact = exact_hypergradient(game, theta, beta, **solve, **ref_kw)
         return exact, exact

@@ -121,7 +121,7 @@ def test_k_step_reference_matches_finite_differences(x64, stochastic):
     """d/dtheta J_L(theta, g_K(theta)) through 3 Riccati steps = central differences."""
     game, th = _game(), jnp.asarray(THETA)
     P_prev = 0.5 * jnp.eye(3)
-    grad = k_step_hypergradient(game, th, BETA, P_prev, 3, stochastic=stochastic)
+    grad = k_step_hypergradient(game, th, P_prev, BETA, 3, stochastic=stochastic)
 
     def J(t):
         played, _ = k_step_response(game, t, BETA, P_prev, 3, stochastic=stochastic)
@@ -145,8 +145,13 @@ def test_references_are_the_exact_hypergradient_at_the_best_response(x64, stocha
     br = lqr.best_response(game, th, BETA, tol=1e-13, max_iters=10_000, **kw)
     exact = lqr.exact_hypergradient(game, th, BETA, tol=1e-13, max_iters=10_000, **kw)
     np.testing.assert_allclose(as_if_optimal_hypergradient(game, th, br, BETA, **kw), exact, 1e-7)
-    through = k_step_hypergradient(game, th, BETA, br.P, 300, **kw)
+    through = k_step_hypergradient(game, th, br.P, BETA, 300, **kw)
     np.testing.assert_allclose(through, exact, rtol=1e-6, atol=1e-12)
+
+
+def br_P(game, th):
+    """The best response's value matrix at th (a valid P_prev)."""
+    return lqr.best_response(game, th, BETA).P
 
 
 def test_learner_inputs_are_refused_by_name(x64):
@@ -158,7 +163,10 @@ def test_learner_inputs_are_refused_by_name(x64):
     with pytest.raises(ValueError, match="positive semi-definite"):
         k_step_response(game, th, BETA, -jnp.eye(3), 1)
     with pytest.raises(ValueError, match="P_prev"):
-        k_step_hypergradient(game, th, BETA, jnp.zeros((2, 2)), 1)
+        k_step_hypergradient(game, th, jnp.zeros((2, 2)), BETA, 1)
+    # the order before 2026-12-07 (beta, P_prev), named rather than read as a matrix beta
+    with pytest.raises(ValueError, match=r"takes \(game, theta, P_prev, beta, K\)"):
+        k_step_hypergradient(game, th, BETA, br_P(game, th), 1)
     br = lqr.best_response(game, th, BETA)
     with pytest.raises(ValueError, match="K_a"):
         as_if_optimal_hypergradient(game, th, br._replace(K_a=br.K_a[:, :1]), BETA)
@@ -228,7 +236,7 @@ def test_estimate_under_a_learner_is_unbiased_for_the_as_if_optimal_reference():
     mean, se = e.mean(0), e.std(0, ddof=1) / np.sqrt(len(e))
     kw = dict(horizon=T, gamma=GL, stochastic=stochastic)
     target = as_if_optimal_hypergradient(game, th, played, BETA_, **kw)
-    through = k_step_hypergradient(game, th, BETA_, P0, 1, **kw)
+    through = k_step_hypergradient(game, th, P0, BETA_, 1, **kw)
     assert np.all(np.abs((mean - target) / se) < 4), (mean, target, se)
     assert np.max(np.abs((mean - through) / se)) > 4, (mean, through, se)
 
