@@ -107,15 +107,54 @@ def apply_config_file(parser: argparse.ArgumentParser, a) -> None:
     if foreign:
         fail(f"--config {a.config}: settings {foreign} are not flags of {parser.prog}")
     a._config_args = dict(cfg["args"])  # what FILE set (a CLI may need to know)
+    actions = {x.dest: x for x in parser._actions}
     for k, v in cfg["args"].items():
         if k not in a._explicit and k not in NOT_SETTINGS:
-            setattr(a, k, v)
+            setattr(a, k, saved_value(actions[k], v, f"--config {a.config}"))
     for k, v in LEGACY_SETTINGS.items():  # a file saved before the flag existed
         if k in dests and k not in cfg["args"] and k not in a._explicit:
             setattr(a, k, v(cfg["args"]) if callable(v) else v)
     if "method" in cfg and "method" not in a._explicit:  # a method folder's config.json
         a.method = cfg["method"]
     _reset_other_followers_settings(parser, a, cfg["args"].get("follower"))
+
+
+def saved_value(action: argparse.Action, value, where: str):
+    """A setting read from a config.json, checked and converted as its flag would be on the
+    command line (the flag's type, its choices, one value or a list; a switch is true or
+    false): a hand-written ``"seeds": 1.5`` or ``"lr": 0.2`` for a list failed deep inside the
+    run with a traceback, after its folder was made. Exits 2 with ``error: WHERE: ...``."""
+    flag = f"--{action.dest.replace('_', '-')}"
+
+    def bad(why: str) -> None:
+        fail(f"{where}: {action.dest} = {json.dumps(value)}: {why}")
+
+    if action.nargs == 0:  # a switch (store_true)
+        if not isinstance(value, bool):
+            bad("must be true or false")
+        return value
+    if value is None:
+        if action.default is None:  # an optional setting left unset
+            return None
+        bad("must not be null")
+
+    def one(v):
+        if v is None or isinstance(v, (bool, list, dict)):
+            bad(f"{json.dumps(v)} is not a value of {flag}")
+        text = repr(v) if isinstance(v, float) else str(v)  # repr: every digit of a float
+        try:
+            out = action.type(text) if action.type is not None else text
+        except (TypeError, ValueError, argparse.ArgumentTypeError) as err:
+            bad(f"{json.dumps(v)} is not a value of {flag} ({err})")
+        if action.choices is not None and out not in action.choices:
+            bad(f"must be one of {', '.join(map(str, action.choices))}")
+        return out
+
+    if action.nargs in ("+", "*"):
+        if not isinstance(value, list) or (action.nargs == "+" and not value):
+            bad("must be a list of values (the flag takes several)")
+        return [one(v) for v in value]
+    return one(value)
 
 
 def _reset_other_followers_settings(parser, a, saved_kind) -> None:

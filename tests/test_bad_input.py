@@ -163,6 +163,11 @@ def test_empty_grids():
     # a repeated value ran the same grid points twice
     with pytest.raises(ValueError, match="'lr' repeats a value"):
         product_grid(lr=[0.1, 0.1], beta=[1e-3])
+    # a scalar axis was a TypeError ("object of type 'float' has no len()")
+    with pytest.raises(
+        ValueError, match=r"'lr' must be a list of values, got 0.1 \(write lr=\[0.1\]\)"
+    ):
+        product_grid(lr=0.1, beta=[1e-3])
     # ... and so did a plain dict, or values one in the trainer's float32 (an audit: two
     # bit-identical rows of 0.1 in the table); refused before anything compiles
     from bchg_jax import problems, run_grid, tabular
@@ -1056,6 +1061,10 @@ def test_train_key_and_dict_hparams():
     # shapes); a grid goes through run_grid
     with pytest.raises(ValueError, match=r"scalars, got shapes \{'lr': \(2,\)\}.*run_grid"):
         trainer.train(jax.random.key(0), hp._replace(lr=np.array([0.1, 0.2])))
+    # ... and a dict of the same: its shapes as given (it read "(1, 2)", the list wrapped
+    # into a one-point grid)
+    with pytest.raises(ValueError, match=r"scalars, got shapes \{'lr': \(2,\)\}.*run_grid"):
+        trainer.train(jax.random.key(0), {"lr": [0.1, 0.2], "sarsa_alpha": 0.5, "beta": 0.1})
     # clip_norm may be inf (no clipping); a finite-only field may not
     tabular.TrainConfig(clip_norm=np.inf).validate()
     with pytest.raises(ValueError, match="vi_tol must be finite, got inf"):

@@ -121,24 +121,29 @@ def build_trainer(
         return hparams.from_grid(grid, dtype, **validate_kw)
 
     def checked(fn, takes_key):
+        def not_one_run(shaped) -> None:
+            if shaped:  # a vector would be applied per coordinate or fail on shapes
+                raise ValueError(
+                    f"{fn.__name__}: hyperparameters of one run are scalars, got shapes "
+                    f"{shaped}; {fn.__name__} runs one setting: for a grid use "
+                    "bchg_jax.core.sweep.run_grid (or vmap over trainer.hparams(grid), the grid "
+                    "checked against this trainer's settings)"
+                )
+
         def wrapped(x, hp, *rest):
             if isinstance(hp, Mapping):  # {"lr": 0.1, ...}: one point, as HParams
+                # the shapes as given (wrapped into a one-point grid below, a list would read
+                # as [1, G])
+                not_one_run({k: np.shape(v) for k, v in hp.items() if np.ndim(v) > 0})
                 hp = jax.tree.map(lambda v: v[0], from_grid({k: [v] for k, v in hp.items()}))
             if takes_key:
                 check_key(x)
             if is_concrete(hp):
-                shaped = (
+                not_one_run(
                     {k: np.shape(v) for k, v in hp._asdict().items() if np.ndim(v) > 0}
                     if hasattr(hp, "_asdict")
                     else {}
                 )
-                if shaped:  # a vector would be applied per coordinate or fail on shapes
-                    raise ValueError(
-                        f"{fn.__name__}: hyperparameters of one run are scalars, got shapes "
-                        f"{shaped}; for a grid use bchg_jax.core.sweep.run_grid (or vmap over "
-                        "trainer.hparams(grid), the grid checked against this trainer's "
-                        "settings)"
-                    )
                 hparams.validate(hp, **validate_kw)
                 if hasattr(hp, "check_representable"):  # 1e-46 > 0 in float64, 0 in float32
                     hp.check_representable(dtype)

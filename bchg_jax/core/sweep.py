@@ -118,10 +118,15 @@ def product_grid(**axes: Sequence[float]) -> Dict[str, np.ndarray]:
     Returns:
       name -> [G] float64 array (the last name varies fastest).
     Raises:
-      ValueError: an empty axis, or one that repeats a value (the same runs twice; more runs of
-        one setting are more seeds).
+      ValueError: an axis that is not a list (a scalar), an empty axis, or one that repeats a
+        value (the same runs twice; more runs of one setting are more seeds).
     """
     for name, values in axes.items():
+        if np.ndim(values) != 1:  # len() of a scalar was a TypeError
+            raise ValueError(
+                f"hyperparameter grid axis {name!r} must be a list of values, got "
+                f"{values!r}" + (f" (write {name}=[{values!r}])" if np.ndim(values) == 0 else "")
+            )
         if len(values) == 0:
             raise ValueError(f"hyperparameter grid axis {name!r} is empty")
         flat = np.asarray(values).ravel()
