@@ -150,7 +150,7 @@ def test_a_problem_function_reading_past_theta0_is_refused():
     the model's (this problem's exact hypergradient is [0.] with the clamp, where the user
     meant two parameters). validate() and the functions that run it (make_train, the exact
     references) now trace each function once with checkify's index checks and name it;
-    an index clamped on purpose (``.at[i].get(mode="clip")``) passes."""
+    an index whose out-of-range mode is chosen (``jnp.take(th, i, mode="clip")``) passes."""
     reads_two = _cmdp(follower_reward=lambda th: jnp.zeros((S, B)) + th[0] - th[1])
     with pytest.raises(ValueError, match=r"follower_reward\(theta\) indexes out of range.*index 1"):
         reads_two.validate()
@@ -161,6 +161,25 @@ def test_a_problem_function_reading_past_theta0_is_refused():
     _cmdp(follower_reward=lambda th: jnp.zeros((S, B)) + th[0] - th[0:2].sum()).validate()
     clamped = _cmdp(follower_reward=lambda th: jnp.zeros((S, B)) + th.at[1].get(mode="clip"))
     clamped.validate()
+    # a computed index (here 1: out of range) with its mode chosen passes; plain indexing is
+    # named (and so is x.at[i].get(mode="clip") with a computed scalar i: JAX lowers it to the
+    # same clamped slice as x[i], so the two cannot be told apart)
+    at = lambda th: (th[0] + 1.0).astype(jnp.int32)  # noqa: E731
+    for chosen in (
+        lambda th: jnp.take(th, at(th), mode="clip"),
+        lambda th: jnp.nan_to_num(jnp.take(th, at(th), mode="fill")),
+        lambda th: th.at[at(th)].set(5.0)[0],  # a scatter's default: dropped
+    ):
+        _cmdp(follower_reward=lambda th, g=chosen: jnp.zeros((S, B)) + g(th)).validate()
+    with pytest.raises(ValueError, match=r"follower_reward\(theta\) indexes out of range"):
+        _cmdp(follower_reward=lambda th: jnp.zeros((S, B)) + th[at(th)]).validate()
+    # checkify's own rules are as they were afterwards (a user's checkify flags the clip mode)
+    from jax.experimental import checkify
+
+    err, _ = checkify.checkify(
+        lambda th: jnp.take(th, at(th), mode="clip"), errors=checkify.index_checks
+    )(jnp.zeros(1))
+    assert "out of bounds" in str(err.get())
     two = _cmdp(follower_reward=lambda th: jnp.zeros((S, B)) + th[0] - th[1], theta0=jnp.zeros(2))
     two.validate()
     # the LQ family: A(theta) reading theta[2] of a [2] theta0

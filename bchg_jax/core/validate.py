@@ -9,6 +9,7 @@ The public pure functions check their concrete arguments with :func:`check_if_co
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 import weakref
@@ -128,14 +129,50 @@ def _indexes(jaxpr) -> bool:
     return False
 
 
+@contextlib.contextmanager
+def _explicit_modes_unchecked():
+    """While active, checkify's index checks pass a gather or scatter whose out-of-range mode was
+    chosen (``clip``, ``fill`` / ``drop``: ``jnp.take(x, i, mode="clip")`` and a scatter's
+    default ``drop``); plain indexing (promised in bounds, or a clamped dynamic slice) stays
+    checked. checkify has no option for it, so its
+    rules (a private registry) are wrapped for the duration; without that registry every
+    gather and scatter is checked."""
+    try:
+        from jax._src import checkify as impl  # noqa: PLC0415 - private: checkify's rules
+
+        rules = impl.error_checks
+    except (ImportError, AttributeError):
+        yield
+        return
+    chosen = (jax.lax.GatherScatterMode.CLIP, jax.lax.GatherScatterMode.FILL_OR_DROP)
+    saved = {p: r for p, r in rules.items() if p.name == "gather" or p.name.startswith("scatter")}
+
+    def passing(prim, rule):
+        def check(error, enabled, *args, **params):
+            if params.get("mode") in chosen:
+                return error, prim.bind(*args, **params)
+            return rule(error, enabled, *args, **params)
+
+        return check
+
+    rules.update({p: passing(p, r) for p, r in saved.items()})
+    try:
+        yield
+    finally:
+        rules.update(saved)
+
+
 def check_indexing_once(problem, functions: dict, theta, pname: Optional[str] = None) -> None:
     """The problem's functions of theta never index past the end of an array, checked once per
     problem object (``jax.experimental.checkify``'s index checks, on one trace of each).
 
     JAX clamps an out-of-range gather index and drops an out-of-range scatter without a word, so
     a ``transition(theta)`` that reads ``theta[3]`` of a ``theta0`` of length 3 runs on
-    ``theta[2]`` twice: finite tables, a gradient that is not the model's. Explicit clamping
-    (``x.at[i].get(mode="clip")``, an index passed through ``jnp.clip``) is not flagged.
+    ``theta[2]`` twice: finite tables, a gradient that is not the model's. A mode chosen on
+    purpose (``jnp.take(x, i, mode="clip")`` or ``"fill"``, a scatter's default ``drop``:
+    :func:`_explicit_modes_unchecked`) or an index passed through ``jnp.clip`` is not flagged;
+    ``x.at[i].get(mode="clip")`` with a computed scalar ``i`` is (JAX lowers it to the clamped
+    slice of ``x[i]``).
     A function that cannot be traced is skipped here (it ran eagerly; a trainer's ``jit``
     names it).
 
@@ -170,7 +207,8 @@ def check_indexing_once(problem, functions: dict, theta, pname: Optional[str] = 
                 continue  # nothing to check (the instrumented compile costs ~0.1 s a function)
             # jit: under ensure_compile_time_eval (validate_if_concrete) a plain checkify
             # call evaluates eagerly and checks nothing
-            err, _ = jax.jit(checkify.checkify(fn, errors=checkify.index_checks))(theta)
+            with _explicit_modes_unchecked():
+                err, _ = jax.jit(checkify.checkify(fn, errors=checkify.index_checks))(theta)
             message = err.get()
         except Exception:  # noqa: BLE001 - untraceable: the eager call ran, jit will name it
             continue
@@ -179,8 +217,8 @@ def check_indexing_once(problem, functions: dict, theta, pname: Optional[str] = 
                 f"{pname}: {label} indexes out of range at theta of shape {shown}: "
                 f"{message.strip()} JAX clamps (reads) or drops (writes) such an index silently, "
                 "so the tables would not be the model's: a theta0 shorter than the functions "
-                "read? (clamp deliberately with x.at[i].get(mode='clip') or jnp.clip of the "
-                "index)"
+                "read? (to clamp on purpose, say so: jnp.take(x, i, mode='clip') or "
+                "jnp.clip of the index)"
             )
     try:
         _INDEXING_CHECKED[problem] = True
