@@ -134,9 +134,8 @@ def _explicit_modes_unchecked():
     """While active, checkify's index checks pass a gather or scatter whose out-of-range mode was
     chosen (``clip``, ``fill`` / ``drop``: ``jnp.take(x, i, mode="clip")`` and a scatter's
     default ``drop``); plain indexing (promised in bounds, or a clamped dynamic slice) stays
-    checked. checkify has no option for it, so its
-    rules (a private registry) are wrapped for the duration; without that registry every
-    gather and scatter is checked."""
+    checked. checkify has no option for it, so its rules (a private registry) are wrapped for
+    the duration; without that registry every gather and scatter is checked."""
     try:
         from jax._src import checkify as impl  # noqa: PLC0415 - private: checkify's rules
 
