@@ -173,6 +173,14 @@ def test_a_problem_function_reading_past_theta0_is_refused():
         _cmdp(follower_reward=lambda th, g=chosen: jnp.zeros((S, B)) + g(th)).validate()
     with pytest.raises(ValueError, match=r"follower_reward\(theta\) indexes out of range"):
         _cmdp(follower_reward=lambda th: jnp.zeros((S, B)) + th[at(th)]).validate()
+    # only functions that index where the check looks pay its compile: thermal's A(theta), all
+    # scatters that drop, does not
+    from bchg_jax.core.validate import _indexes
+    from bchg_jax.problems import thermal
+
+    th_w = thermal().theta0
+    assert not _indexes(jax.make_jaxpr(thermal().A_fn)(th_w).jaxpr)
+    assert _indexes(jax.make_jaxpr(lambda th: th[at(th)])(jnp.zeros(1)).jaxpr)
     # checkify's own rules are as they were afterwards (a user's checkify flags the clip mode)
     from jax.experimental import checkify
 

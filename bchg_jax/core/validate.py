@@ -102,13 +102,17 @@ def check_constants_once(problem) -> None:
 # problems whose functions of theta were traced once for out-of-range indices (by object)
 _INDEXING_CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
-# the primitives whose indices JAX clamps (reads) or drops (writes) when out of range
-_INDEXING_PRIMITIVES = ("gather", "dynamic_slice", "dynamic_update_slice")
+# the out-of-range modes of a gather or scatter that say what to do there (clip, fill / drop):
+# chosen on purpose, not checked (a scatter's default is drop)
+_CHOSEN_MODES = (jax.lax.GatherScatterMode.CLIP, jax.lax.GatherScatterMode.FILL_OR_DROP)
 
 
 def _indexes(jaxpr) -> bool:
-    """Whether a jaxpr (or a sub-jaxpr of a loop, a branch, a call) gathers, scatters or
-    slices at a computed index: the only operations that can index out of range."""
+    """Whether a jaxpr (or a sub-jaxpr of a loop, a branch, a call) indexes where
+    :func:`check_indexing_once` checks: a dynamic slice or update (clamped), or a gather or
+    scatter whose mode is not one of :data:`_CHOSEN_MODES` (plain indexing promises in-range
+    indices). Thermal's ``A(theta)``, built by ``.at[i, j].add`` (scatters that drop), has none:
+    no instrumented compile for it."""
     from jax.extend.core import ClosedJaxpr, Jaxpr  # noqa: PLC0415
 
     def subs(value):
@@ -122,7 +126,11 @@ def _indexes(jaxpr) -> bool:
 
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
-        if name in _INDEXING_PRIMITIVES or name.startswith("scatter"):
+        if name in ("dynamic_slice", "dynamic_update_slice"):
+            return True
+        if (name == "gather" or name.startswith("scatter")) and (
+            eqn.params.get("mode") not in _CHOSEN_MODES
+        ):
             return True
         if any(_indexes(sub) for value in eqn.params.values() for sub in subs(value)):
             return True
@@ -143,12 +151,11 @@ def _explicit_modes_unchecked():
     except (ImportError, AttributeError):
         yield
         return
-    chosen = (jax.lax.GatherScatterMode.CLIP, jax.lax.GatherScatterMode.FILL_OR_DROP)
     saved = {p: r for p, r in rules.items() if p.name == "gather" or p.name.startswith("scatter")}
 
     def passing(prim, rule):
         def check(error, enabled, *args, **params):
-            if params.get("mode") in chosen:
+            if params.get("mode") in _CHOSEN_MODES:
                 return error, prim.bind(*args, **params)
             return rule(error, enabled, *args, **params)
 
