@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bchg_jax.core.precision import jaxpr_eqns
+
 Array = jax.Array
 
 
@@ -105,6 +107,13 @@ _INDEXING_CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 # the out-of-range modes of a gather or scatter that say what to do there (clip, fill / drop):
 # chosen on purpose, not checked (a scatter's default is drop)
 _CHOSEN_MODES = (jax.lax.GatherScatterMode.CLIP, jax.lax.GatherScatterMode.FILL_OR_DROP)
+# the primitives that index at a computed position (jax.lax's names)
+_INDEXING_PRIMITIVES = (
+    "dynamic_slice",
+    "dynamic_update_slice",
+    "gather",
+    *(f"scatter{op}" for op in ("", "-add", "-sub", "-mul", "-min", "-max")),
+)
 
 
 def _indexes(jaxpr) -> bool:
@@ -113,26 +122,8 @@ def _indexes(jaxpr) -> bool:
     scatter whose mode is not one of :data:`_CHOSEN_MODES` (plain indexing promises in-range
     indices). Thermal's ``A(theta)``, built by ``.at[i, j].add`` (scatters that drop), has none:
     no instrumented compile for it."""
-    from jax.extend.core import ClosedJaxpr, Jaxpr  # noqa: PLC0415
-
-    def subs(value):
-        if isinstance(value, ClosedJaxpr):
-            yield value.jaxpr
-        elif isinstance(value, Jaxpr):
-            yield value
-        elif isinstance(value, (tuple, list)):
-            for item in value:
-                yield from subs(item)
-
-    for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        if name in ("dynamic_slice", "dynamic_update_slice"):
-            return True
-        if (name == "gather" or name.startswith("scatter")) and (
-            eqn.params.get("mode") not in _CHOSEN_MODES
-        ):
-            return True
-        if any(_indexes(sub) for value in eqn.params.values() for sub in subs(value)):
+    for eqn in jaxpr_eqns(jaxpr, _INDEXING_PRIMITIVES):
+        if eqn.primitive.name.startswith("dynamic") or eqn.params.get("mode") not in _CHOSEN_MODES:
             return True
     return False
 
