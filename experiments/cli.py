@@ -26,6 +26,8 @@ NOT_SETTINGS = ("config", "resume", "out", "exact_out", "shard", "distributed", 
 # flag's default)
 LEGACY_SETTINGS = {
     "solver": "dense",
+    # every run computed in float32 before --dtype
+    "dtype": "float32",
     # the LQR game's critic ring and target rate (fixed by the preset before they were flags)
     "replay": lambda saved: 200 if saved.get("preset") == "explore" else 0,
     "tau": lambda saved: 0.05 if saved.get("preset") == "explore" else 0.01,
@@ -45,6 +47,13 @@ LEGACY_SETTINGS = {
     "reaction": "q_gradient",
     # the LQR game's control variate of the guiding term (fixed by the preset before the flag)
     "influence_cv": lambda saved: "on" if saved.get("preset") == "explore" else "off",
+}
+
+
+# (flag dest, value): where a value that a saved run may hold, and the flag no longer takes, went
+RETIRED_VALUES = {
+    ("estimator", "shuffled"): "the LQR game's 'shuffled' control runs as python -m "
+    "benchmarks.lqr_game_controls",
 }
 
 
@@ -123,7 +132,8 @@ def saved_value(action: argparse.Action, value, where: str):
     """A setting read from a config.json, checked and converted as its flag would be on the
     command line (the flag's type, its choices, one value or a list; a switch is true or
     false): a hand-written ``"seeds": 1.5`` or ``"lr": 0.2`` for a list failed deep inside the
-    run with a traceback, after its folder was made. Exits 2 with ``error: WHERE: ...``."""
+    run with a traceback, after its folder was made. Exits 2 with ``error: WHERE: ...``; a
+    value of :data:`RETIRED_VALUES` is told where it went."""
     flag = f"--{action.dest.replace('_', '-')}"
 
     def bad(why: str) -> None:
@@ -147,7 +157,9 @@ def saved_value(action: argparse.Action, value, where: str):
         except (TypeError, ValueError, argparse.ArgumentTypeError) as err:
             bad(f"{json.dumps(v)} is not a value of {flag} ({err})")
         if action.choices is not None and out not in action.choices:
-            bad(f"must be one of {', '.join(map(str, action.choices))}")
+            went = RETIRED_VALUES.get((action.dest, out))
+            allowed = ", ".join(map(str, action.choices))
+            bad(f"must be one of {allowed}" + (f" ({went})" if went else ""))
         return out
 
     if action.nargs in ("+", "*"):
@@ -155,6 +167,20 @@ def saved_value(action: argparse.Action, value, where: str):
             bad("must be a list of values (the flag takes several)")
         return [one(v) for v in value]
     return one(value)
+
+
+def checked_saved_args(saved: dict, a, where: str, experiment: str) -> dict:
+    """A resumed run's saved settings (its config.json's ``args``), each checked and converted
+    as :func:`saved_value` checks a ``--config`` file's (a config.json edited by hand is read
+    once more, then trained on); one the CLI has no flag for is refused, as ``--config``
+    refuses it. ``a``: the command line's parse (its ``_actions``: the flags by dest)."""
+    actions = a._actions
+    foreign = sorted(set(saved) - set(actions))
+    if foreign:
+        fail(f"{where}: settings {foreign} are not flags of python -m experiments.{experiment}")
+    return {
+        k: v if k in NOT_SETTINGS else saved_value(actions[k], v, where) for k, v in saved.items()
+    }
 
 
 def _reset_other_followers_settings(parser, a, saved_kind) -> None:
@@ -215,6 +241,7 @@ class ExperimentParser(argparse.ArgumentParser):
                 )
         a = super().parse_args(args, namespace)
         a._explicit = frozenset(explicit)
+        a._actions = {x.dest: x for x in self._actions}  # --resume checks the saved values
         if getattr(a, "config", None):
             apply_config_file(self, a)
         given = [f for f in self.grid_flags if f[2:].replace("-", "_") in a._explicit]
@@ -335,6 +362,14 @@ def base_parser(
         "to repeat that run exactly; flags given on the command line override "
         "it (--out, --exact-out, --chunk, --shard are never taken from FILE)",
     )
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="float32",
+        help="the float dtype of the problem, the trainer and its results; float64 switches "
+        "jax_enable_x64 on for the run: slower (much slower on a GPU), for when a WARNING says "
+        "float32 rounded the follower's logits (a small --beta) or J",
+    )
     add_scale_args(p)
     p.add_argument(
         "--smoke",
@@ -363,6 +398,10 @@ def add_scale_args(p: argparse.ArgumentParser) -> None:
 
 
 # the follower-model flags (add_follower_args), settings of every run folder that has them
+# the settings of base_parser's flags that define a run (part of every CLI's SETTING_KEYS: a
+# second command into the same folder may add methods, not change them)
+SHARED_SETTINGS = ("dtype",)
+
 FOLLOWER_SETTINGS = (
     "follower",
     "follower_steps",
@@ -490,25 +529,27 @@ def parse_methods(spec: str, all_methods: Sequence[str], valid: Sequence[str]):
 
 def check_distinct_values(a) -> None:
     """Every list of values given to a flag (the grid axes: ``--lr 0.1 0.05``, ...) holds each
-    value once, compared in float32: a repeated one would train the same grid point twice and
-    report both (as would 0.1 and 0.1000000001, one value in float32).
+    value once, compared in the run's ``--dtype`` (float32 unless given): a repeated one would
+    train the same grid point twice and report both (as would 0.1 and 0.1000000001, one value
+    in float32).
 
     Raises:
       ValueError: naming the flag and the value repeated.
     """
     import numpy as np
 
+    dtype = getattr(a, "dtype", "float32")
     for dest, values in vars(a).items():
         if dest.startswith("_") or not isinstance(values, (list, tuple)):
             continue
         seen = {}
         for v in values:
             if isinstance(v, (int, float)) and not isinstance(v, bool):
-                rounded = float(np.float32(v))  # float32: the trainers' default dtype
+                rounded = float(np.asarray(v, dtype))  # the value the trainer computes with
                 if rounded in seen:
                     same = f"{v:g}" if seen[rounded] == v else f"{seen[rounded]!r} and {v!r}"
                     raise ValueError(
-                        f"--{dest.replace('_', '-')} repeats {same} (one value in float32): each "
+                        f"--{dest.replace('_', '-')} repeats {same} (one value in {dtype}): each "
                         "value is a grid point, and a repeated one would train the same runs "
                         "twice (use --seeds for more runs of one setting)"
                     )
@@ -579,6 +620,20 @@ def flag_names(message: str, a, config_flags=None) -> str:
     if lead and lead.group(1) in vars(a) and not lead.group(1).startswith("_"):
         message = f"--{lead.group(1).replace('_', '-')}{message[len(lead.group(1)) :]}"
     return message
+
+
+DTYPES = ("float32", "float64")
+
+
+def use_dtype(dtype: str) -> None:
+    """``--dtype float64``: switches ``jax_enable_x64`` on for this process (a training command
+    is a process of its own), before the run builds a problem or its folder records the
+    setting; without it JAX would compute the float64 run in float32. float32 leaves the
+    setting as the environment gave it (``JAX_ENABLE_X64``)."""
+    if dtype == "float64":
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
 
 
 def check_same_x64(cfg: dict, run_dir: str, how: str = "") -> None:
@@ -656,8 +711,9 @@ def resume_args(a, experiment: str):
             f"--resume {a.resume} holds a {cfg['experiment']} run; resume it with "
             f"python -m experiments.{cfg['experiment']} --resume {shlex.quote(a.resume)}"
         )
-    check_same_x64(cfg, a.resume)
     saved = with_legacy(cfg["args"], vars(a))
+    use_dtype(saved.get("dtype"))  # a float64 run goes on with x64, as it started
+    check_same_x64(cfg, a.resume)
     changed = [
         f"--{k.replace('_', '-')} {saved.get(k)!r} there, {jsonable(getattr(a, k))!r} given"
         for k in sorted(a._explicit)
@@ -675,6 +731,7 @@ def resume_args(a, experiment: str):
             "continues a run with its saved settings (only --iterations may grow and --chunk, "
             "--shard, --distributed change); start a new run with another --out"
         )
+    saved = checked_saved_args(saved, a, f"--resume {a.resume}: its config.json", experiment)
     iterations = saved["iterations"]
     if "iterations" in a._explicit:
         if a.iterations < saved["iterations"]:

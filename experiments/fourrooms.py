@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from experiments.cli import FOLLOWER_SETTINGS
+from experiments.cli import FOLLOWER_SETTINGS, SHARED_SETTINGS
 
 PAPER_LR = (0.5, 0.1, 0.05, 0.01)
 PAPER_ALPHA = (0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
@@ -37,7 +37,7 @@ SETTING_KEYS = (
     "solver",
     "parallel_steps",
 )
-SETTING_KEYS += FOLLOWER_SETTINGS
+SETTING_KEYS += FOLLOWER_SETTINGS + SHARED_SETTINGS
 
 
 def batch_shape(batch: int):
@@ -194,7 +194,7 @@ def run_method(method: str, a, run_dir: str):
         follower=follower_model(a),
         track_reference=a.track_reference,
     )
-    trainer = make_train(fourrooms(a.slip_model), method, config)
+    trainer = make_train(fourrooms(a.slip_model, dtype=a.dtype), method, config)
     follower = follower_note(config, ", follower ")
     return run_method_folder(
         os.path.join(run_dir, method),

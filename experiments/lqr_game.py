@@ -53,7 +53,7 @@ import os
 
 import numpy as np
 
-from experiments.cli import FOLLOWER_SETTINGS
+from experiments.cli import FOLLOWER_SETTINGS, SHARED_SETTINGS
 
 PAPER_STEPS = (1, 2, 5, 10)
 VARIANTS = {
@@ -109,7 +109,7 @@ SETTING_KEYS = (
     "reaction",
     "influence_cv",
 )
-SETTING_KEYS += FOLLOWER_SETTINGS
+SETTING_KEYS += FOLLOWER_SETTINGS + SHARED_SETTINGS
 
 
 def parse_args(argv=None):
@@ -330,6 +330,7 @@ def train_config(a, name: str):
         minibatch=a.minibatch,
         max_steps=max(10, a.critic_steps),
         tau=a.tau,
+        dtype=a.dtype,
         actor=replace(
             c.actor,
             lr=a.actor_lr,
@@ -386,7 +387,6 @@ def unread_flags(a, methods) -> dict:
 
 
 def validate_args(a):
-    from bchg_jax.games.lqr.presets import ESTIMATORS
     from bchg_jax.games.lqr.train import GUIDED, HParams
     from bchg_jax.problems.lqr_game import lqr_game
     from experiments.cli import check_counts, refuse_unread
@@ -396,11 +396,6 @@ def validate_args(a):
     refuse_unread(a, unread_flags(a, methods))
     if a.critic_steps < 0:  # before the grid's check, whose bound max(10, critic_steps) it sets
         raise ValueError(f"--critic-steps must be an integer >= 0, got {a.critic_steps}")
-    if a.estimator not in ESTIMATORS:  # e.g. 'shuffled', a control that went to benchmarks/
-        raise ValueError(
-            f"--estimator must be one of {tuple(ESTIMATORS)}, got {a.estimator!r} (the "
-            "'shuffled' control runs as python -m benchmarks.lqr_game_controls)"
-        )
     for m in methods:
         config = train_config(a, m)
         if VARIANTS[m][0] in GUIDED:

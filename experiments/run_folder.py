@@ -45,6 +45,7 @@ from experiments.cli import (
     resume_args,
     same_methods,
     saved_args,
+    use_dtype,
     with_legacy,
 )
 from experiments.report import finish_method, finish_run
@@ -91,6 +92,7 @@ def run_experiment(
     a = parse_args(argv)
     if a.resume is not None:
         a = resume_args(a, experiment)
+    use_dtype(a.dtype)
     if getattr(a, "distributed", False):
         _start_distributed(a)
     try:

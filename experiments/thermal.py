@@ -18,7 +18,7 @@ import dataclasses
 import math
 import os
 
-from experiments.cli import FOLLOWER_SETTINGS, smoke_requested
+from experiments.cli import FOLLOWER_SETTINGS, SHARED_SETTINGS, smoke_requested
 
 PAPER_LR = (0.1, 0.01, 0.001)
 ALL_METHODS = ("bchg", "hpgd_td", "hpgd_mc", "naive")
@@ -45,7 +45,7 @@ SETTING_KEYS = (
     "mlp_normalize",
     "mlp_kernel",
 )
-SETTING_KEYS += FOLLOWER_SETTINGS
+SETTING_KEYS += FOLLOWER_SETTINGS + SHARED_SETTINGS
 # the flags only the MLP critic reads (refused with another --critic)
 MLP_CRITIC = tuple(k for k in SETTING_KEYS if k.startswith("mlp_")) + ("value_samples",)
 # --smoke's MLP critic: at most this many Adam steps and value samples
@@ -288,7 +288,7 @@ def unread_flags(a, methods) -> dict:
 
 
 def validate_args(a):
-    from bchg_jax.lq.train import HParams
+    from bchg_jax.lq.train import METHOD_SPECS, HParams
     from experiments.cli import check_counts, refuse_unread
 
     methods = methods_of(a.method)
@@ -297,6 +297,12 @@ def validate_args(a):
     if not (math.isfinite(a.init_std) and a.init_std >= 0):  # NaN compared False
         raise ValueError(f"--init-std must be finite and >= 0, got {a.init_std}")
     train_config(a)
+    fitted = [m for m in methods if METHOD_SPECS[m][0] is not None and METHOD_SPECS[m][1] != "mc"]
+    if a.dtype != "float32" and a.critic == "mlp" and a.mlp_kernel == "fused" and fitted:
+        raise ValueError(
+            f"--mlp-kernel fused computes in float32, and this run has --dtype {a.dtype}; use "
+            "--mlp-kernel xla"
+        )
     HParams.from_grid(method_grid(a))
     return methods
 
@@ -308,7 +314,7 @@ def run_method(method: str, a, run_dir: str):
     from experiments.run_folder import run_method_folder
 
     config = train_config(a)
-    trainer = lq.make_train(thermal(), method, config)
+    trainer = lq.make_train(thermal(dtype=a.dtype), method, config)
     sampled = method != "exact"  # exact ascent uses no critic, estimator or episodes
     return run_method_folder(
         os.path.join(run_dir, method),

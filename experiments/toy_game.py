@@ -23,7 +23,7 @@ import os
 
 import numpy as np
 
-from experiments.cli import FOLLOWER_SETTINGS
+from experiments.cli import FOLLOWER_SETTINGS, SHARED_SETTINGS
 
 PAPER_STEPS = (1, 2, 5, 10, 20)
 VARIANTS = {
@@ -52,7 +52,7 @@ SETTING_KEYS = (
     "direct_baseline",
     "init",
 )
-SETTING_KEYS += FOLLOWER_SETTINGS
+SETTING_KEYS += FOLLOWER_SETTINGS + SHARED_SETTINGS
 
 
 def parse_args(argv=None):
@@ -165,6 +165,7 @@ def train_config(a, buffer: str):
         init=a.init,
         follower=follower_model(a),
         track_reference=a.track_reference,
+        dtype=a.dtype,
     ).validate()
 
 
@@ -178,10 +179,11 @@ def validate_args(a):
     if all(VARIANTS[m][0] == "biac" for m in methods):  # its own Stackelberg TD target
         refuse_unread(a, {"critic_target": "Bi-AC's critic takes max_a' Q(s', a', b*(a'))"})
     with np.errstate(over="ignore"):  # 1e39 is a finite float, inf in the game's float32
-        if not np.isfinite(np.float32(a.R)):
-            raise ValueError(f"--R must be finite in float32 (|R| < 3.4e38), got {a.R}")
+        if not np.isfinite(np.asarray(a.R, a.dtype)):
+            big = {"float32": "3.4e38", "float64": "1.8e308"}[a.dtype]  # the dtype's max
+            raise ValueError(f"--R must be finite in {a.dtype} (|R| < {big}), got {a.R}")
     try:
-        toy_game(a.R).validate()
+        toy_game(a.R, dtype=a.dtype).validate()
     except ValueError as e:
         raise ValueError(f"--R {a.R}: {e}") from None
     HParams.from_grid(method_grid(a), max_steps=train_config(a, "on").max_steps)
@@ -199,7 +201,9 @@ def run_method(name: str, a, run_dir: str):
 
     method, buffer = VARIANTS[name]
     config = train_config(a, buffer)
-    trainer = games.make_train(toy_game(a.R), method, config, metrics_fn=toy_game_metrics)
+    trainer = games.make_train(
+        toy_game(a.R, dtype=a.dtype), method, config, metrics_fn=toy_game_metrics
+    )
     return run_method_folder(
         os.path.join(run_dir, name),
         name,

@@ -148,16 +148,17 @@ def health_warning(health: Mapping[str, float], share: float = WARN_SHARE) -> Op
             f"WARNING: in {100 * health['nonfinite_share']:.1f}% of {health['run_iterations']} "
             "run-iterations the exact return J was not finite (metric_nonfinite): the state's "
             "moments overflowed the dtype (a closed loop with spectral radius > 1 over the "
-            "horizon, which the follower still answers). The curve has NaN there; float64 or a "
-            "shorter horizon computes it."
+            "horizon, which the follower still answers). The curve has NaN there; float64 (--dtype "
+            "float64) or a shorter horizon computes it."
         )
     if rounded:
         lines.append(
             f"WARNING: in {100 * health['rounded_share']:.1f}% of {health['run_iterations']} "
             "run-iterations float32 rounded the follower's logits Q / beta by more than 1e-2 "
             "(beta small next to the follower's values): the solves converged, but the policy, "
-            "J and the estimates can be off by percent. Run in float64 (jax_enable_x64 and a "
-            "float64 problem or config dtype); the flags are in metrics.npz (logits_rounded)."
+            "J and the estimates can be off by percent. Run in float64 (the experiment "
+            "commands: --dtype float64; the library: jax_enable_x64 and a float64 problem or "
+            "config dtype); the flags are in metrics.npz (logits_rounded)."
         )
     if stalled:
         lines.append(

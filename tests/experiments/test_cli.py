@@ -390,7 +390,7 @@ def test_lqr_game_run_saved_before_the_replay_and_tau_flags_resumes_with_its_val
     saved = {
         k: v
         for k, v in saved.items()
-        if k not in ("replay", "tau", "explore_episodes", "_explicit")
+        if k not in ("replay", "tau", "explore_episodes") and not k.startswith("_")
     }
     run = tmp_path / "run"
     run.mkdir()
@@ -408,9 +408,9 @@ def test_lqr_game_run_of_the_removed_shuffled_control_is_refused(tmp_path, capsy
     """``--estimator shuffled`` (a control, now ``benchmarks/lqr_game_controls.py``): resuming
     such a run exits 2 and says where the control went."""
     from experiments import lqr_game as cli
+    from experiments.cli import saved_args
 
-    saved = {**vars(cli.parse_args(["--preset", "reference"])), "estimator": "shuffled"}
-    saved.pop("_explicit")
+    saved = {**saved_args(cli.parse_args(["--preset", "reference"])), "estimator": "shuffled"}
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps({"experiment": "lqr_game", "args": saved}))
@@ -434,7 +434,7 @@ def test_toy_game_follower_flags_are_settings_a_resume_keeps(tmp_path, capsys):
     assert c.follower == FollowerModel("k_step", steps=3) and c.track_reference
     assert {"follower", "follower_steps", "track_reference"} <= set(cli.SETTING_KEYS)
     for name, saved in [("new", vars(a)), ("old", vars(cli.parse_args([])))]:
-        saved = {k: v for k, v in saved.items() if k != "_explicit"}
+        saved = {k: v for k, v in saved.items() if not k.startswith("_")}
         if name == "old":  # saved before the follower flags
             saved = {k: v for k, v in saved.items() if "follower" not in k}
             saved.pop("track_reference")

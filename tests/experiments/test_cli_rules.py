@@ -86,6 +86,34 @@ def test_config_file_values_are_checked_as_their_flags(tmp_path, capsys, setting
     assert isinstance(a.lr[1], float)
 
 
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ({"seeds": 1.5}, r"its config\.json: seeds = 1\.5: 1\.5 is not a value of --seeds"),
+        ({"lr": 0.2}, "lr = 0.2: must be a list"),
+        ({"dtype": "float16"}, 'dtype = "float16": must be one of float32, float64'),
+        ({"speed": 3}, r"settings \['speed'\] are not flags of python -m experiments\.fourrooms"),
+    ],
+)
+def test_resume_checks_the_saved_values_as_their_flags(tmp_path, capsys, setting, message):
+    """--resume trained on its config.json's values unchecked (only --config checked them): a
+    hand-edited "seeds": 1.5 ended in a traceback deep in the run. They are now checked as
+    --config's are (exit 2); the saved values of an intact run are read back unchanged, and a
+    run saved before --dtype existed goes on in float32."""
+    run = _run(tmp_path, ["--method", "naive", "--lr", "0.1", "0.05", "--iterations", "40"])
+    record = json.loads((run / "config.json").read_text())
+    del record["args"]["dtype"]  # a run saved before --dtype computed in float32
+    (run / "config.json").write_text(json.dumps(record))
+    intact = resume_args(fourrooms.parse_args(["--resume", str(run)]), "fourrooms")
+    assert (intact.lr, intact.iterations, intact.dtype) == ([0.1, 0.05], 40, "float32")
+    record["args"].update(setting)
+    (run / "config.json").write_text(json.dumps(record))
+    with pytest.raises(SystemExit) as stop:
+        resume_args(fourrooms.parse_args(["--resume", str(run)]), "fourrooms")
+    assert stop.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
 def test_an_explicit_setting_of_another_follower_is_refused_not_reset(tmp_path):
     """--config (a k_step run) --follower lag --follower-steps 5: the saved --follower-steps is
     reset with the model, the one given is kept, and refused as k_step's setting."""
