@@ -688,11 +688,11 @@ def final_table(run_dirs, footnote: bool = True) -> str:
             if m in r:
                 s = r[m][1]
                 planned = _config(d).get("args", {}).get("iterations", s["iterations"])
-                hp = (
-                    f"lr {s['lr']:g}"
-                    if "lr" in s
-                    else f"actor {s.get('actor_steps', 0):g}, critic {s.get('critic_steps', 0):g}"
-                )
+                # the steps the method reads (no critic: no critic_steps in its grid)
+                steps = [
+                    f"{w} {s[f'{w}_steps']:g}" for w in ("actor", "critic") if f"{w}_steps" in s
+                ]
+                hp = f"lr {s['lr']:g}" if "lr" in s else ", ".join(steps)
                 cells.append(
                     f"{s['mean']:.3f} +- {s['se']:.3f} ({hp}"
                     + (

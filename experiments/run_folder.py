@@ -468,11 +468,16 @@ def run_method_folder(
     ``metrics.npz`` and the orbax checkpoint ``checkpoint/<iteration>/`` are rewritten and one
     line is appended to ``metrics.jsonl``; the checkpoint of the last iteration is kept, so a
     later ``--resume DIR --iterations M`` continues from it. Returns the method's summary dict.
+    A grid axis the method never reads (``trainer.unread``: the LQR game's ``critic_steps``
+    for a method without a critic) is left out of the grid, and so of its tables, labels and
+    files: the trainer takes its default, which changes nothing.
     """
     from bchg_jax.core import io as bio
     from bchg_jax.core.io import checkpoint_exists, load_state, save_json, save_npz
     from bchg_jax.core.sweep import run_grid, state_template
 
+    read = {k: v for k, v in grid.items() if k not in getattr(trainer, "unread", ())}
+    grid = read or grid  # a grid of nothing but unread axes is kept as it is
     metrics_path, ckpt_path = os.path.join(out, "metrics.npz"), os.path.join(out, "checkpoint")
     jsonl_path = os.path.join(out, "metrics.jsonl")
     state, start, metrics = None, 0, None

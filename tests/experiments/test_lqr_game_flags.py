@@ -1,9 +1,11 @@
 """``experiments.lqr_game``'s flags reach the ``games.lqr.TrainConfig`` and grid it trains with
 (each flag its own field, under either preset), ``--clip-scope``'s clipping per variant,
 ``--smoke``'s warm-up cap, the warm-up warning at its boundary and the refusal to extend a
-cosine-decay run (a constant-rate run may be extended)."""
+cosine-decay run (a constant-rate run may be extended); an exact method's grid has no critic
+steps."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -140,3 +142,19 @@ def test_lqr_game_influence_cv_flag():
     dests = vars(cli.parse_args([]))
     assert with_legacy({"preset": "explore"}, dests)["influence_cv"] == "on"
     assert with_legacy({"preset": "reference"}, dests)["influence_cv"] == "off"
+
+
+@pytest.mark.slow
+def test_an_axis_the_method_never_reads_is_left_out_of_its_grid(tmp_path, capsys):
+    """The exact methods train no critic (``trainer.unread``): their grid, config.json, tables
+    and summary.csv carried critic_steps 20, a setting with no effect. It is left out (the
+    trainer takes its default), and the run's table names the actor steps alone."""
+    run = tmp_path / "run"
+    argv = ["--smoke", "--method", "exact", "--seeds", "1", "--iterations", "2", "--chunk", "2"]
+    cli.main(argv + ["--out", str(run), "--exact-out"])
+    assert json.loads((run / "exact" / "config.json").read_text())["grid"].keys() == {
+        "actor_steps",
+        "beta",
+    }
+    assert "critic_steps" not in (run / "exact" / "summary.csv").read_text()
+    assert "exact  actor_steps=1 beta=0.1 " in capsys.readouterr().out
