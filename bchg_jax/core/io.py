@@ -221,7 +221,8 @@ def save_state(directory: str, state, step: int = 0) -> None:
 
     Orbax writes each step to a temporary folder and renames it when complete; the previous
     step is deleted only after that, so a run killed while saving keeps its last checkpoint.
-    The temporary folders of saves that a kill interrupted are removed after the next save.
+    The temporary folders of saves that a kill interrupted are removed before the next save
+    (orbax, finding one of the step it writes, removed it with an absl WARNING).
     Leaves are stored with their tree paths (``jax.tree_util.keystr``), typed PRNG keys as raw
     key data, so a restore checks the structure leaf by leaf.
 
@@ -239,6 +240,9 @@ def save_state(directory: str, state, step: int = 0) -> None:
     import orbax.checkpoint as ocp
 
     check_checkpoint_path(directory)
+    # before the manager opens (a barrier of every process): no save of this run is under way
+    if jax.process_index() == 0 and os.path.isdir(directory):
+        _remove_unfinished(directory)
 
     arrays, names, keys = {}, [], []
     for i, (kp, x) in enumerate(_leaves(state)):
@@ -262,8 +266,6 @@ def save_state(directory: str, state, step: int = 0) -> None:
             force=True,
         )
         mgr.wait_until_finished()
-    if jax.process_index() == 0:  # every process has finished its part (orbax waits for all)
-        _remove_unfinished(directory)
 
 
 def _remove_unfinished(directory: str) -> None:

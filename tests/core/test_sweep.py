@@ -1,5 +1,6 @@
 """sweep.py: sharding the runs over devices gives the unsharded results; checkpoint round trip."""
 
+import logging
 import os
 import subprocess
 import sys
@@ -197,10 +198,10 @@ def test_progress_line_marks_every_compiling_chunk_and_never_picks_a_nan_point(c
     assert "grid point 2" in progress_line(J, 3, 3, 3, 1.0, False, 1.0, window=2)
 
 
-def test_a_save_removes_the_folder_an_interrupted_save_left(tmp_path):
+def test_a_save_removes_the_folder_an_interrupted_save_left(tmp_path, caplog):
     """A kill while step 80 was written leaves ``80.orbax-checkpoint-tmp-...``; a resume with
     another chunk never writes step 80 again, and the folder (a whole copy of the state) stayed
-    for good. The next completed save removes it and keeps the checkpoint."""
+    for good. The next save removes it and keeps the checkpoint."""
     from bchg_jax.core.io import checkpoint_step, load_state, save_state
 
     ckpt = str(tmp_path / "checkpoint")
@@ -211,6 +212,13 @@ def test_a_save_removes_the_folder_an_interrupted_save_left(tmp_path):
     save_state(ckpt, {"x": jnp.arange(3.0) + 1}, 75)
     assert not os.path.exists(stale) and checkpoint_step(ckpt) == 75
     np.testing.assert_array_equal(load_state(ckpt, state)["x"], [1.0, 2.0, 3.0])
+    # the same chunk again (a plain resume) writes the step it was killed in: the folder goes
+    # before the save (orbax removed it itself, with an absl WARNING on every such resume)
+    os.makedirs(os.path.join(ckpt, "90.orbax-checkpoint-tmp", "arrays"))
+    with caplog.at_level(logging.WARNING):
+        save_state(ckpt, {"x": jnp.arange(3.0) + 2}, 90)
+    assert not [r for r in caplog.records if "orbax-checkpoint-tmp" in r.getMessage()]
+    assert checkpoint_step(ckpt) == 90
 
 
 def test_a_checkpoint_path_orbax_cannot_read_back_is_refused_before_saving(tmp_path):
