@@ -417,7 +417,8 @@ FOLLOWER_HELP = {
     "best_response": "solved every iteration, the paper",
     "k_step": "K steps of its own solver per iteration from its last value: soft Bellman backups "
     "on tables, Riccati steps in the linear-quadratic problems",
-    "lag": "mixes its last policy with the best response",
+    "lag": "mixes its last policy with the best response: the action probabilities on tables, "
+    "the gain and covariance in the linear-quadratic problems",
     "q_learning": "soft Q-learning on its own transitions of the leader's batch, a black box",
 }
 

@@ -129,7 +129,7 @@ class FollowerSettings:
         if self.follower.validate().kind not in self.FOLLOWER_KINDS:
             raise ValueError(
                 f"TrainConfig.follower: this family simulates {self.FOLLOWER_KINDS}, got "
-                f"{self.follower.kind!r} (lag and q_learning: the tabular families)"
+                f"{self.follower.kind!r} (the tabular families simulate all of {FOLLOWERS})"
             )
         if not isinstance(self.track_reference, (bool, np.bool_)):
             raise ValueError(

@@ -24,8 +24,18 @@ from bchg_jax.lq.exact import (
     objective_and_components,
 )
 from bchg_jax.lq.follower import GaussianBestResponse, best_response, riccati, soft_q, soft_value
-from bchg_jax.lq.follower_models import k_step_response, observed_follower, policy_value
-from bchg_jax.lq.follower_references import as_if_optimal_hypergradient, k_step_hypergradient
+from bchg_jax.lq.follower_models import (
+    first_policy,
+    k_step_response,
+    lag_response,
+    observed_follower,
+    policy_value,
+)
+from bchg_jax.lq.follower_references import (
+    as_if_optimal_hypergradient,
+    k_step_hypergradient,
+    lag_hypergradient,
+)
 from bchg_jax.lq.fused_td import td_fit_fused
 from bchg_jax.lq.rollout import Trajectories, rollout
 from bchg_jax.lq.train import METHODS, HParams, TrainConfig, make_train
@@ -48,11 +58,14 @@ __all__ = [
     "riccati",
     "soft_q",
     "soft_value",
+    "first_policy",
     "k_step_response",
+    "lag_response",
     "observed_follower",
     "policy_value",
     "as_if_optimal_hypergradient",
     "k_step_hypergradient",
+    "lag_hypergradient",
     "Trajectories",
     "rollout",
     "METHODS",

@@ -8,6 +8,14 @@ it keeps its value matrix ``P`` (``V(s) = -s^T P s``) and at iteration i takes K
 and keeps ``P_i = riccati_map(P_{K-1})``: the tabular learner's K backups, in closed form.
 K -> infinity is Proposition 1's best response.
 
+The ``lag`` follower (:func:`lag_response`) moves its policy the share ``mix`` toward the best
+response each iteration, in the policy's parameters: gain ``K_i = (1 - mix) K_{i-1} + mix
+K^dagger_i`` and covariance ``cov_i = (1 - mix) cov_{i-1} + mix cov^dagger_i``. (The tabular lag
+mixes action probabilities; a mixture of two Gaussians is no Gaussian, so the LQ family mixes
+the parameters, which keeps the follower linear-Gaussian: a convex sum of covariances is one.)
+It starts from the policy of the value 0 (gain 0, covariance ``(beta / 2) Rbar^-1``), as the
+``k_step`` learner does. ``mix = 1`` is the best response.
+
 What the leader knows: it reads the follower's policy (its gain and covariance) and pairs it
 with ``V^g``, the entropy-regularised value of that fixed policy on the model
 (:func:`observed_follower`: a discounted Lyapunov equation), never the learner's own ``P``.
@@ -107,6 +115,49 @@ def k_step_response(problem: LQConfigurableMDP, theta: Array, beta, P_prev: Arra
     P = jax.lax.fori_loop(0, K - 1, step, jnp.asarray(P_prev, theta.dtype))
     played = response_from_value(P, A, B, Rbar, U, problem.gamma_F, beta)
     return played, riccati_map(P, A, B, Qbar, Rbar, problem.gamma_F)
+
+
+def first_policy(problem: LQConfigurableMDP, beta, dtype) -> GaussianBestResponse:
+    """The policy of a follower that knows nothing yet (the value 0): gain 0, covariance
+    ``(beta / 2) Rbar^-1`` (:func:`~bchg_jax.core.maxent_lqr.response_from_value` at ``P = 0``;
+    the ``k_step`` learner's first policy and the ``lag`` follower's start)."""
+    n = problem.state_dim
+    A = jnp.zeros((n, n), dtype)  # with P = 0 the policy reads neither A nor B
+    B = jnp.zeros((n, problem.action_dim), dtype)
+    Rbar, U = (jnp.asarray(x, dtype) for x in (problem.Rbar, problem.U))
+    zero = jnp.zeros((n, n), dtype)
+    return response_from_value(zero, A, B, Rbar, U, problem.gamma_F, jnp.asarray(beta, dtype))
+
+
+@full_precision
+def lag_response(
+    best: GaussianBestResponse, previous: GaussianBestResponse, mix, beta
+) -> GaussianBestResponse:
+    """The ``lag`` follower's policy (module docstring): ``previous``'s gain and covariance moved
+    the share ``mix`` toward ``best``'s (the best response at this theta).
+
+    Args:
+      best: the best response g^{theta dagger} (Proposition 1).
+      previous: the policy played at the previous iteration (its ``K`` and ``cov`` are read).
+      mix: the weight of the best response, in (0, 1] (1: the best response).
+      beta: the follower's entropy weight (the covariance's ``S = (beta / 2) cov^-1``).
+    Returns:
+      a :class:`~bchg_jax.core.maxent_lqr.GaussianBestResponse` with the mixed ``K``, ``K_w``,
+      ``cov`` (and its ``chol``, ``S``); ``P``, ``v``, ``M`` and ``info`` are ``best``'s (the
+      trainer pairs the policy with its own value, :func:`observed_follower`).
+    """
+    dt = best.K.dtype
+    mix = jnp.asarray(mix, dt)
+    mixed = lambda old, new: (1.0 - mix) * jnp.asarray(old, dt) + mix * new  # noqa: E731
+    cov = mixed(previous.cov, best.cov)
+    cov = 0.5 * (cov + cov.T)
+    return best._replace(
+        K=mixed(previous.K, best.K),
+        K_w=mixed(previous.K_w, best.K_w),
+        cov=cov,
+        chol=jnp.linalg.cholesky(cov),
+        S=0.5 * jnp.asarray(beta, dt) * jnp.linalg.inv(cov),
+    )
 
 
 def _policy_value_checks(problem, theta, policy, beta) -> None:

@@ -10,8 +10,13 @@
 * :func:`k_step_hypergradient`: ``d/dtheta J_L(theta, g_K(theta))`` through the learner's K
   Riccati steps from ``P_prev`` (held fixed), unrolled; from the learner's value after its
   reaction to theta_i (what the trainer passes), the leader's true one-step gradient.
+* :func:`lag_hypergradient`: ``d/dtheta J_L(theta, lag(g_prev, g^{theta dagger}))`` with the
+  previous policy held fixed and the best response implicitly differentiated (the Riccati
+  solution's ``custom_root``): the ``lag`` follower's step
+  (:func:`~bchg_jax.lq.follower_models.lag_response`), ``mix`` times the best response's share
+  of the derivative.
 
-Both equal :func:`~bchg_jax.lq.exact.exact_hypergradient` at the best response (tested).
+All three equal :func:`~bchg_jax.lq.exact.exact_hypergradient` at the best response (tested).
 """
 
 from __future__ import annotations
@@ -20,15 +25,27 @@ import jax
 import jax.numpy as jnp
 
 from bchg_jax.core.eager import cached_when_eager
-from bchg_jax.core.maxent_lqr import GaussianBestResponse, held_policy
+from bchg_jax.core.follower_model import mix_in_range
+from bchg_jax.core.maxent_lqr import (
+    GaussianBestResponse,
+    held_policy,
+    nan_unless,
+    nan_unless_converged,
+)
 from bchg_jax.core.precision import full_precision
-from bchg_jax.core.validate import check_beta_if_concrete, check_count
+from bchg_jax.core.validate import (
+    check_beta_if_concrete,
+    check_count,
+    check_mix_if_concrete,
+    is_concrete,
+)
 from bchg_jax.lq.cmdp import LQConfigurableMDP, check_policy_fits
 from bchg_jax.lq.exact import leader_objective, refuse_divergence
 from bchg_jax.lq.follower_models import (
     check_model_at,
     check_value_matrix,
     k_step_response,
+    lag_response,
     policy_value,
 )
 
@@ -119,4 +136,62 @@ def k_step_hypergradient(
     grad, played = jax.grad(objective, has_aux=True)(theta)
     H = problem.horizon if horizon == "default" else horizon
     refuse_divergence(problem, theta, played, H, grad, "lq.k_step_hypergradient")
+    return grad
+
+
+def _lag_checks(problem, theta, previous, beta, mix, *_, **__) -> None:
+    """:func:`lag_hypergradient`'s checks (an eager call's precheck, as above)."""
+    check_model_at(problem, theta)
+    check_beta_if_concrete(beta)
+    check_mix_if_concrete(mix)
+    check_policy_fits(problem, previous)
+
+
+@cached_when_eager(_lag_checks)
+@full_precision
+def lag_hypergradient(
+    problem: LQConfigurableMDP,
+    theta: Array,
+    previous: GaussianBestResponse,
+    beta,
+    mix,
+    horizon="default",
+    P0=None,
+    tol: float = 1e-6,
+    max_iters: int = 50_000,
+) -> Array:
+    """d/dtheta J_L(theta, lag(g_prev, g^{theta dagger})), ``previous`` = g_prev held fixed
+    (module docstring; :func:`~bchg_jax.lq.follower_models.lag_response`).
+
+    Args:
+      problem: the configurable MDP. theta: [d] leader parameters.
+      previous: the lag follower's previous policy (its ``K`` and ``cov`` are read).
+      beta: the follower's entropy weight. mix: the weight of the best response, in (0, 1].
+      horizon: as :func:`~bchg_jax.lq.exact.leader_objective`.
+      P0: [n, n] warm start of the best response's Riccati iteration (default Qbar): a start
+        only, the solve runs to ``tol``.
+      tol, max_iters: the Riccati iteration's tolerance and cap.
+    Returns:
+      the gradient, shaped like ``theta``; NaN under a trace where the solve missed ``tol`` or a
+      traced ``mix`` is outside (0, 1].
+    Raises:
+      ValueError: a ``mix`` that is not a scalar in (0, 1], a concrete solve that missed
+        ``tol``, or as :func:`as_if_optimal_hypergradient` (``previous`` as its ``policy``).
+    """
+    _lag_checks(problem, theta, previous, beta, mix)
+    what = "lq.lag_hypergradient: the follower's Riccati iteration"
+    prev = held_policy(previous, theta.dtype)
+
+    def objective(th):
+        best = problem.best_response(th, beta, P0=P0, tol=tol, max_iters=max_iters)
+        if is_concrete(best.K, best.info):  # dynamics that do not depend on theta
+            nan_unless_converged(best, best.K, what)
+        played = lag_response(best, prev, mix, beta)
+        return leader_objective(problem, th, beta, horizon, br=played), (best, played)
+
+    grad, (best, played) = jax.grad(objective, has_aux=True)(theta)
+    grad = nan_unless_converged(best, grad, what)
+    grad = nan_unless(mix_in_range(mix), grad)  # a traced mix is not checked above
+    H = problem.horizon if horizon == "default" else horizon
+    refuse_divergence(problem, theta, played, H, grad, "lq.lag_hypergradient")
     return grad

@@ -62,8 +62,18 @@ from bchg_jax.lq.estimators import (
     per_step_follower_grad,
     per_step_follower_grad_pathwise,
 )
-from bchg_jax.lq.follower_models import gain_gap, k_step_response, observed_follower
-from bchg_jax.lq.follower_references import as_if_optimal_hypergradient, k_step_hypergradient
+from bchg_jax.lq.follower_models import (
+    first_policy,
+    gain_gap,
+    k_step_response,
+    lag_response,
+    observed_follower,
+)
+from bchg_jax.lq.follower_references import (
+    as_if_optimal_hypergradient,
+    k_step_hypergradient,
+    lag_hypergradient,
+)
 from bchg_jax.lq.rollout import rollout
 
 Array = jax.Array
@@ -80,7 +90,7 @@ METHOD_SPECS = {
 }
 METHODS = tuple(METHOD_SPECS)  # the method names make_train accepts
 CRITICS = ("quadratic", "quadratic_loo", "mlp", "exact")
-FOLLOWERS = ("best_response", "k_step")  # the follower models of this family
+FOLLOWERS = ("best_response", "k_step", "lag")  # the follower models of this family
 FOLLOWER_GRADS = ("score", "pathwise")
 #: how the leader's MLP critic is fitted: XLA's program of ``critics.td_fit``, or two Pallas
 #: kernels per Adam step (:mod:`bchg_jax.lq.fused_td`; full batch, a CUDA GPU)
@@ -143,8 +153,9 @@ class TrainConfig(FollowerSettings):
       ridge: LSTD ridge of the quadratic critics.
       riccati_tol: relative-change tolerance of the follower's Riccati iteration.
       riccati_max_iters: its iteration cap.
-      follower: the simulated follower: the best response (default) or ``k_step`` (K Riccati
-        steps per iteration from its last value; :mod:`bchg_jax.lq.follower_models`).
+      follower: the simulated follower: the best response (default), ``k_step`` (K Riccati
+        steps per iteration from its last value) or ``lag`` (its gain and covariance moved the
+        share ``mix`` toward the best response's; :mod:`bchg_jax.lq.follower_models`).
       track_reference: also record the estimate's cosine and projection against the two exact
         references of :mod:`bchg_jax.lq.follower_references` every iteration.
     """
@@ -223,7 +234,9 @@ class TrainState(NamedTuple):
     critic: object  # MLP critics' starting parameters (q, dVF) for the next iteration, or ()
     key: Array
     step: Array
-    follower: Optional[Array] = None  # the k_step learner's value matrix P [n, n], else None
+    # the k_step learner's value matrix P [n, n]; the lag follower's last policy (K [m, n],
+    # cov [m, m]); else None
+    follower: Optional[object] = None
 
 
 class _Fields(NamedTuple):
@@ -377,28 +390,49 @@ def make_train(
                 q_model.init(k_q, jnp.zeros((1, n + m), dtype)),
                 v_model.init(k_v, jnp.zeros((1, n), dtype)),
             )
-        own = jnp.zeros((n, n), dtype) if fm.kind == "k_step" else None  # knows nothing yet
+        own = None
+        if fm.kind == "k_step":
+            own = jnp.zeros((n, n), dtype)  # knows nothing yet
+        elif fm.kind == "lag":  # the policy of knowing nothing, as the learner's first
+            start = first_policy(problem, hp.beta, dtype)
+            own = (start.K, start.cov)
         Qbar = jnp.asarray(problem.Qbar, dtype)
         return TrainState(theta, Qbar, critic_init, k_run, jnp.zeros((), jnp.int32), own)
 
     fm = config.follower
 
+    def previous_policy(br, own):
+        """The lag follower's last policy (its state) as a policy of ``br``'s kind."""
+        return br._replace(K=own[0], K_w=jnp.zeros_like(br.K_w), cov=own[1])
+
     def play(theta, beta, br, own):
-        """(the policy played, what the estimators see of it, the learner's next state): the
-        best response, or the K-step learner's policy with ``V^g``."""
-        if fm.kind != "k_step":
+        """(the policy played, what the estimators see of it, the follower's next state): the
+        best response, or the K-step learner's or the lag follower's policy with ``V^g``."""
+        if fm.kind == "k_step":
+            played, own = k_step_response(problem, theta, beta, own, fm.steps)
+        elif fm.kind == "lag":
+            played = lag_response(br, previous_policy(br, own), fm.mix, beta)
+            # an unconverged best response (flagged, its update skipped) is not followed
+            own = jax.tree.map(
+                lambda new, old: jnp.where(br.converged, new, old), (played.K, played.cov), own
+            )
+        else:
             return br, br, own
-        played, own = k_step_response(problem, theta, beta, own, fm.steps)
         return played, observed_follower(problem, theta, played, beta), own
 
     def references(theta, beta, played, own):
-        """(as-if-optimal reference, reference through the learner's update) at theta."""
-        if fm.kind != "k_step":
-            kw = dict(tol=config.riccati_tol, max_iters=config.riccati_max_iters)
+        """(as-if-optimal reference, reference through the follower's update) at theta; ``own``:
+        the follower's state after its reaction to theta (where its next one starts)."""
+        kw = dict(tol=config.riccati_tol, max_iters=config.riccati_max_iters)
+        if fm.kind == "best_response":
             exact = exact_lq.exact_hypergradient(problem, theta, beta, **kw)
             return exact, exact
         target = as_if_optimal_hypergradient(problem, theta, played, beta)
-        return target, k_step_hypergradient(problem, theta, own, beta, fm.steps)
+        if fm.kind == "k_step":
+            return target, k_step_hypergradient(problem, theta, own, beta, fm.steps)
+        previous = previous_policy(played, own)
+        P0 = jnp.where(played.converged, played.P, jnp.asarray(problem.Qbar, dtype))  # br's P
+        return target, lag_hypergradient(problem, theta, previous, beta, fm.mix, P0=P0, **kw)
 
     def leader_critic(key, theta, br, traj, rL, critic_init):
         """(V_L [E,T+1], Q_L [E,T], EV_L [E,T] or None, fitted MLP params or None)."""
@@ -585,8 +619,9 @@ def make_train(
         metrics["diverging"] = (~stable | br.info.unstable).astype(jnp.int32)
         metrics["grad_norm"] = global_norm(raw)  # the estimate's, skipped or not
         if fm.kind == "k_step":
-            metrics["follower_gap"] = gain_gap(played, br)
             own = jnp.where(jnp.all(jnp.isfinite(own)), own, jnp.zeros_like(own))
+        if fm.kind != "best_response":
+            metrics["follower_gap"] = gain_gap(played, br)
         if config.track_reference:
             # "through": from the learner's state after this reaction (where its reaction to
             # the leader's next theta starts), as the tabular and game trainers

@@ -4,6 +4,7 @@ beta grid, and the documented defaults (docs/experiments.md: 10 seeds x 2000 ite
 episodes, lr in {0.1, 0.01, 0.001}, initial weights N(0, 0.01^2), a 100-iteration window)."""
 
 import numpy as np
+import pytest
 
 from experiments import thermal as cli
 
@@ -72,3 +73,14 @@ def test_thermal_init_std_zero_is_allowed():
     """--init-std must be finite and >= 0: 0 (theta exactly 0.5) is a valid start."""
     cli.validate_args(cli.parse_args(["--init-std", "0"]))
     assert cli.train_config(cli.parse_args(["--init-std", "0"])).weights_init_std == 0.0
+
+
+def test_thermal_takes_the_lag_follower():
+    """--follower lag --follower-mix reaches the trainer's config (the LQ family simulates it);
+    q_learning is no choice of this command."""
+    from bchg_jax.core.follower_model import FollowerModel
+
+    a = cli.parse_args(["--follower", "lag", "--follower-mix", "0.3"])
+    assert cli.train_config(a).follower == FollowerModel("lag", mix=0.3)
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--follower", "q_learning"])

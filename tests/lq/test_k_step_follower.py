@@ -1,4 +1,5 @@
-"""The LQ K-step follower (issue 30): its policy, V^g, the exact references, the trainer."""
+"""The LQ K-step follower (issue 30): its policy, V^g, the exact references, the trainer (with
+the lag follower too: its own tests are in ``test_lag_follower.py``)."""
 
 import pathlib
 import re
@@ -73,47 +74,51 @@ def test_observed_follower_values_the_played_policy(x64):
 
 
 @pytest.mark.slow
-def test_trainer_with_a_k_step_follower():
-    """The thermal trainer with a 2-step learner: finite J at the played policy, its gain gap
-    to the best response shrinking, cos / proj against both references recorded."""
-    config = lq.TrainConfig(
-        num_episodes=8,
-        iterations=30,
-        follower=FollowerModel("k_step", steps=2),
-        track_reference=True,
-    )
+@pytest.mark.parametrize(
+    "model, shrink",
+    [(FollowerModel("k_step", steps=2), 0.1), (FollowerModel("lag", mix=0.3), 0.05)],
+)
+def test_trainer_with_a_follower_off_its_best_response(model, shrink):
+    """The thermal trainer with a 2-step learner or a lag follower (mix 0.3: its gap falls by
+    0.7 an iteration, behind a moving target): finite J at the played policy, no skipped
+    update, its gain gap to the best response shrinking, cos / proj against both references
+    recorded."""
+    config = lq.TrainConfig(num_episodes=8, iterations=30, follower=model, track_reference=True)
     tr = lq.make_train(thermal(), "bchg", config)
     _, m = jax.jit(tr.train)(jax.random.key(0), lq.HParams(lr=0.1, beta=0.1))
     m = jax.tree.map(np.asarray, m)
     assert np.all(np.isfinite(m["J"])) and np.all(m["update_skipped"] == 0)
-    assert m["follower_gap"][-1] < 0.1 * m["follower_gap"][0]
+    assert m["follower_gap"][-1] < shrink * m["follower_gap"][0]
     for k in ("cos_target", "cos_through"):
         assert np.all(np.abs(m[k]) <= 1 + 1e-5)
 
 
 def test_lq_refuses_the_tabular_followers():
-    with pytest.raises(ValueError, match="lag and q_learning"):
-        lq.TrainConfig(follower=FollowerModel("lag")).validate()
+    with pytest.raises(ValueError, match="the tabular families simulate all of"):
+        lq.TrainConfig(follower=FollowerModel("q_learning")).validate()
 
 
 @pytest.mark.slow
-def test_bchg_under_a_one_step_learner_targets_the_as_if_optimal_reference(x64, random_lq):
-    """Sampling under the K = 1 learner's policy with V^g (what the trainer's estimate step
-    sees), BC-HG with the exact leader critic is unbiased for the as-if-optimal reference
-    (measured 0.9 SE over the test's 4000 batches) and far from the reference through the
-    learner's next update (89 SE, cosine 0.37; from the state before its reaction, as the
-    trainer once took it: 115 SE, cosine -0.84): the LQ counterpart of the tabular test
-    (docs/followers.md)."""
+@pytest.mark.parametrize(
+    "model", [FollowerModel("k_step", steps=1), FollowerModel("lag", mix=0.3)], ids=str
+)
+def test_bchg_off_the_best_response_targets_the_as_if_optimal_reference(x64, random_lq, model):
+    """Sampling under the K = 1 learner's policy (or the lag follower's, mix 0.3, one step
+    from its start) with V^g (what the trainer's estimate step sees), BC-HG with the exact
+    leader critic is unbiased for the as-if-optimal reference (measured 0.9 SE over the test's
+    4000 batches; lag: 0.97 and 0.20 SE) and far from the reference through the follower's
+    next update (89 SE, cosine 0.37; from the state before its reaction, as the trainer once
+    took it: 115 SE, cosine -0.84; lag: 18 and 96 SE, cosine 0.58): the LQ counterpart of the
+    tabular test (docs/followers.md)."""
     p = random_lq()
     theta, beta = jnp.array([0.3, -0.2]), jnp.asarray(0.3)
-    cfg = lq.TrainConfig(
-        num_episodes=4, critic="exact", follower=FollowerModel(kind="k_step", steps=1)
-    )
-    steps = lq.make_train(p, "bchg", cfg).steps
+    cfg = lq.TrainConfig(num_episodes=4, critic="exact", follower=model)
+    trainer = lq.make_train(p, "bchg", cfg)
+    steps = trainer.steps
     br = steps["follower"](theta, beta, jnp.asarray(p.Qbar))
-    own = jnp.zeros((2, 2))
+    own = trainer.init(jax.random.key(1), lq.HParams(lr=0.1, beta=beta)).follower  # its start
     played, view, after = steps["play"](theta, beta, br, own)
-    # "through" starts where the learner's next reaction does: its state after this one
+    # "through" starts where the follower's next reaction does: its state after this one
     target, through = (np.asarray(g) for g in steps["references"](theta, beta, played, after))
     est = jax.jit(
         jax.vmap(lambda k: steps["estimate"](k, jax.random.fold_in(k, 7), theta, beta, view, ())[0])
@@ -122,7 +127,7 @@ def test_bchg_under_a_one_step_learner_targets_the_as_if_optimal_reference(x64, 
     g = np.concatenate([np.asarray(est(k)) for k in jnp.split(keys, 2)])
     se = g.std(0) / np.sqrt(len(g))
     assert np.all(np.abs(g.mean(0) - target) < 4 * se), (g.mean(0), target, se)
-    assert np.max(np.abs(g.mean(0) - through) / se) > 20
+    assert np.max(np.abs(g.mean(0) - through) / se) > 15, (g.mean(0), through, se)
 
 
 def test_followers_doc_quotes_the_lq_through_reference_the_trainer_takes(x64, random_lq):
