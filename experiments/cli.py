@@ -712,16 +712,23 @@ def resume_args(a, experiment: str):
             f"--resume {a.resume} holds a {cfg['experiment']} run; resume it with "
             f"python -m experiments.{cfg['experiment']} --resume {shlex.quote(a.resume)}"
         )
-    saved = with_legacy(cfg["args"], vars(a))
-    use_dtype(saved.get("dtype"))  # a float64 run goes on with x64, as it started
+    where = f"--resume {a.resume}: its config.json"
+    saved = checked_saved_args(with_legacy(cfg["args"], vars(a)), a, where, experiment)
+    if saved["dtype"] == "float64" and cfg.get("jax_enable_x64") is False:
+        fail(
+            f"{where} has dtype float64, but the run was started with jax_enable_x64=False (a "
+            "float32 run); was the file edited? Its dtype is float32"
+        )
+    use_dtype(saved["dtype"])  # a float64 run goes on with x64, as it started
     check_same_x64(cfg, a.resume)
     changed = [
-        f"--{k.replace('_', '-')} {saved.get(k)!r} there, {jsonable(getattr(a, k))!r} given"
+        f"--{k.replace('_', '-')} {jsonable(saved.get(k))!r} there, "
+        f"{jsonable(getattr(a, k))!r} given"
         for k in sorted(a._explicit)
         if k not in NOT_SETTINGS
         and k not in ("iterations", "method")
         and k in saved
-        and jsonable(getattr(a, k)) != saved[k]
+        and jsonable(getattr(a, k)) != jsonable(saved[k])
     ]
     # another spelling of the saved methods ('all' for the list of all of them) is the same
     # setting: run_experiment compares the two as the experiment reads them (same_methods)
@@ -732,7 +739,6 @@ def resume_args(a, experiment: str):
             "continues a run with its saved settings (only --iterations may grow and --chunk, "
             "--shard, --distributed change); start a new run with another --out"
         )
-    saved = checked_saved_args(saved, a, f"--resume {a.resume}: its config.json", experiment)
     iterations = saved["iterations"]
     if "iterations" in a._explicit:
         if a.iterations < saved["iterations"]:

@@ -41,6 +41,7 @@ from bchg_jax.core.validate import (
     check_constants_once,
     check_count,
     check_finite_if_concrete,
+    check_mix_if_concrete,
     check_theta,
     is_concrete,
 )
@@ -145,7 +146,11 @@ def lag_response(
       a :class:`~bchg_jax.core.maxent_lqr.GaussianBestResponse` with the mixed ``K``, ``K_w``,
       ``cov`` (and its ``chol``, ``S``); ``P``, ``v``, ``M`` and ``info`` are ``best``'s (the
       trainer pairs the policy with its own value, :func:`observed_follower`).
+    Raises:
+      ValueError: a ``mix`` that is not a scalar, or a concrete one outside (0, 1] (past 1 the
+        covariance is no covariance).
     """
+    check_mix_if_concrete(mix)
     dt = best.K.dtype
     mix = jnp.asarray(mix, dt)
     mixed = lambda old, new: (1.0 - mix) * jnp.asarray(old, dt) + mix * new  # noqa: E731

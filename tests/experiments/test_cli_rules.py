@@ -114,6 +114,26 @@ def test_resume_checks_the_saved_values_as_their_flags(tmp_path, capsys, setting
     assert re.search(message, capsys.readouterr().err)
 
 
+def test_resume_names_a_hand_edited_dtype_before_the_x64_check(tmp_path, capsys):
+    """A float64 run whose dtype was edited to float16 was told to set JAX_ENABLE_X64=1 (the x64
+    check ran on the unchecked value), and a float32 run edited to float64 to set
+    JAX_ENABLE_X64=0, which the float64 setting overrides: each is now named as it is, before
+    x64 is touched."""
+    for x64, dtype, says in (
+        (True, "float16", 'dtype = "float16": must be one of float32, float64'),
+        (False, "float64", "has dtype float64, but the run was started with jax_enable_x64=False"),
+    ):
+        (tmp_path / dtype).mkdir()
+        run = _run(tmp_path / dtype, ["--method", "naive"], jax_enable_x64=x64)
+        record = json.loads((run / "config.json").read_text())
+        record["args"]["dtype"] = dtype
+        (run / "config.json").write_text(json.dumps(record))
+        with pytest.raises(SystemExit) as stop:
+            resume_args(fourrooms.parse_args(["--resume", str(run)]), "fourrooms")
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and says in err and "JAX_ENABLE_X64" not in err, err
+
+
 def test_an_explicit_setting_of_another_follower_is_refused_not_reset(tmp_path):
     """--config (a k_step run) --follower lag --follower-steps 5: the saved --follower-steps is
     reset with the model, the one given is kept, and refused as k_step's setting."""

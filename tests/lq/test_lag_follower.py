@@ -63,7 +63,7 @@ def test_lag_hypergradient_matches_finite_differences(x64, random_lq, horizon):
     assert np.max(np.abs(got - exact)) > 0.1 * np.max(np.abs(exact))
 
 
-def test_lag_hypergradient_refuses_a_mix_outside_its_range(x64, random_lq):
+def test_lag_policy_and_reference_refuse_a_mix_outside_its_range(x64, random_lq):
     p, theta = random_lq(), jnp.asarray([0.2, -0.1])
     prev = first_policy(p, BETA, jnp.float64)
     for mix in (0.0, 1.5):
@@ -71,3 +71,5 @@ def test_lag_hypergradient_refuses_a_mix_outside_its_range(x64, random_lq):
             lag_hypergradient(p, theta, prev, BETA, mix)
     traced = jax.jit(lambda m: lag_hypergradient(p, theta, prev, BETA, m))(2.0)
     assert np.all(np.isnan(traced))
+    with pytest.raises(ValueError, match="mix"):  # past 1 the covariance is none
+        lag_response(p.best_response(theta, BETA), prev, 1.5, BETA)
