@@ -397,11 +397,11 @@ def add_scale_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-# the follower-model flags (add_follower_args), settings of every run folder that has them
 # the settings of base_parser's flags that define a run (part of every CLI's SETTING_KEYS: a
 # second command into the same folder may add methods, not change them)
 SHARED_SETTINGS = ("dtype",)
 
+# the follower-model flags (add_follower_args), settings of every run folder that has them
 FOLLOWER_SETTINGS = (
     "follower",
     "follower_steps",
