@@ -245,9 +245,11 @@ def parse_args(argv=None):
         help="network initialisation: PyTorch's nn.Linear default (the reference) or "
         "flax's lecun_normal",
     )
+    from bchg_jax.games.lqr.config import TrainConfig  # its follower models: FOLLOWER_KINDS
+
     add_follower_args(
         p,
-        ("best_response", "k_step"),
+        TrainConfig.FOLLOWER_KINDS,
         estimate=f"the leader's estimate (its surrogate's gradient on {TRACK_MINIBATCH} segment "
         "starts drawn ~ gamma_L^t at the iteration's start, times sum_t gamma_L^t, with its "
         "learned critic; the exact methods' own gradient)",

@@ -161,7 +161,9 @@ def parse_args(argv=None):
         help="MLP critics continue from the last iteration's fit (the paper "
         "re-initialises them every iteration)",
     )
-    add_follower_args(p, ("best_response", "k_step", "lag"), "the estimate (before clipping)")
+    from bchg_jax.lq.train import FOLLOWERS  # the follower models the family simulates
+
+    add_follower_args(p, FOLLOWERS, "the estimate (before clipping)")
     a = p.parse_args(argv)
     if a.faithful:
         # --faithful fixes the estimator and the paper's critic training (the parser's
